@@ -1,0 +1,49 @@
+// Early-return helpers for absl::Status and absl::StatusOr.
+#pragma once
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+// Returns the status of `expr` from the enclosing function when it is not OK.
+#define FL_RETURN_IF_ERROR(expr)                    \
+  do {                                              \
+    if (absl::Status _fl_s = (expr); !_fl_s.ok()) { \
+      return _fl_s;                                 \
+    }                                               \
+  } while (0)
+
+#define FL_CONCAT_INNER(a, b) a##b
+#define FL_CONCAT(a, b) FL_CONCAT_INNER(a, b)
+
+// `lhs = value of expr`, or returns its status from the enclosing function.
+#define FL_ASSIGN_OR_RETURN(lhs, expr) \
+  FL_ASSIGN_OR_RETURN_IMPL(FL_CONCAT(_fl_or_, __LINE__), lhs, expr)
+#define FL_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                             \
+  if (!tmp.ok()) return tmp.status();            \
+  lhs = std::move(tmp).value()
+
+namespace fuselink {
+
+// The one place an errno becomes a Status: the failed call's text, errno's name,
+// and a code chosen by what the caller should do about it.
+absl::Status ErrnoStatus(absl::string_view call, int err);
+
+}  // namespace fuselink
+
+namespace fuselink {
+
+// Errors carry a machine-readable reason (UPPER_SNAKE_CASE) as a payload; the gRPC
+// layer turns it into google.rpc.ErrorInfo.
+inline constexpr absl::string_view kReasonPayloadUrl = "type.fuselink.dev/reason";
+
+absl::Status WithReason(absl::Status status, absl::string_view reason);
+// The reason attached by WithReason, or empty.
+std::string ReasonOf(const absl::Status& status);
+
+}  // namespace fuselink

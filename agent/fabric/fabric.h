@@ -1,0 +1,120 @@
+// The fabric: one-sided writes from a local region into a peer's registered region,
+// over the node's NICs. Shaped after RDMA WRITE WITH IMMEDIATE so that a verbs
+// transport and the TCP transport serve the same callers:
+//  - the target registers memory and hands its region key to the source (out of band,
+//    through the peer bootstrap);
+//  - the source posts a write (local extent -> remote key + offset, with a 32-bit
+//    immediate) on a NIC; the target places the bytes, bounds-checked against the
+//    region, and is told of the arrival with the immediate; the source's completion
+//    fires once the target has placed them.
+// NIC i of one node talks to NIC i of every peer (one rail per NIC index).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace fuselink::fabric {
+
+// Names a registered region on its own node. 0 is never a valid key.
+using RegionKey = uint32_t;
+// Names a connected peer on this node; assigned by Connect or by an accepted HELLO.
+using PeerId = uint32_t;
+
+// Where one of a node's NICs accepts fabric connections.
+struct Endpoint {
+  int nic = 0;
+  std::string address;
+  uint16_t port = 0;
+};
+
+struct WriteOp {
+  RegionKey local_key = 0;  // source region, registered on this node
+  uint64_t local_offset = 0;
+  RegionKey remote_key = 0;  // target region, registered on the peer
+  uint64_t remote_offset = 0;
+  // 0 makes a notification: no bytes, only the immediate reaches the target.
+  uint32_t bytes = 0;
+  uint32_t imm = 0;    // delivered to the target with the arrival
+  uint64_t wr_id = 0;  // returned to the source in the completion
+};
+
+// The outcome of a posted write, on the source.
+struct Completion {
+  uint64_t wr_id = 0;
+  int nic = 0;
+  uint32_t bytes = 0;
+  absl::Status status;  // OK: the bytes are placed at the target
+};
+
+// A write that landed here, on the target: the bytes are in place.
+struct Arrival {
+  PeerId peer = 0;
+  int nic = 0;
+  RegionKey key = 0;
+  uint64_t offset = 0;
+  uint32_t bytes = 0;
+  uint32_t imm = 0;
+};
+
+// Receives the fabric's events. Called on the fabric's threads, concurrently from
+// several of them; implementations must be thread-safe and must not block.
+class Handler {
+ public:
+  virtual ~Handler() = default;
+  virtual void OnCompletion(const Completion& completion) = 0;
+  virtual void OnArrival(const Arrival& arrival) = 0;
+  // Every connection with this peer is gone; the peer's in-flight writes have all
+  // completed with an error before this is called.
+  virtual void OnPeerLost(PeerId peer, const absl::Status& why) = 0;
+};
+
+// Counters of one NIC, readable at any time.
+struct NicCounters {
+  uint64_t transmitted_bytes = 0;
+  uint64_t received_bytes = 0;
+  uint64_t malformed_frames = 0;
+};
+
+class Fabric {
+ public:
+  virtual ~Fabric() = default;
+
+  // "tcp" or "verbs".
+  virtual absl::string_view transport() const = 0;
+  virtual int nic_count() const = 0;
+  // Where this node's NICs listen; sent to peers in the bootstrap.
+  virtual std::vector<Endpoint> endpoints() const = 0;
+
+  // Makes [base, base + bytes) readable by local writes and writable by peers.
+  // `keepalive` owns the memory; the fabric holds it until the region is deregistered
+  // and no write into it is in progress.
+  virtual absl::StatusOr<RegionKey> RegisterRegion(
+      void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) = 0;
+  // Writes that arrive for the key afterwards are refused as malformed.
+  virtual absl::Status DeregisterRegion(RegionKey key) = 0;
+
+  // Connects NIC i here to `remote[i]` for every NIC, introducing this node by the
+  // name the fabric was created with. Returns the id that PostWrite takes.
+  // Connecting a peer that is already connected returns its id.
+  virtual absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
+                                         const std::vector<Endpoint>& remote) = 0;
+  // Closes every connection with the peer; its writes in flight fail UNAVAILABLE.
+  virtual void Disconnect(PeerId peer) = 0;
+  // The name a peer gave in its HELLO, or empty.
+  virtual std::string PeerName(PeerId peer) const = 0;
+
+  // Queues a write on one NIC. Never blocks. RESOURCE_EXHAUSTED when the NIC's
+  // queue is full; UNAVAILABLE when the peer is not connected on that NIC;
+  // INVALID_ARGUMENT when the local extent is outside its region.
+  virtual absl::Status PostWrite(PeerId peer, int nic, const WriteOp& op) = 0;
+
+  virtual NicCounters counters(int nic) const = 0;
+};
+
+}  // namespace fuselink::fabric

@@ -1,0 +1,212 @@
+#include "agent/fabric/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+
+namespace fuselink::fabric {
+namespace {
+
+absl::Status SetOption(int fd, int level, int name, int value, absl::string_view call) {
+  if (setsockopt(fd, level, name, &value, sizeof(value)) != 0) {
+    return ErrnoStatus(call, errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SetBuffers(int fd) {
+  FL_RETURN_IF_ERROR(
+      SetOption(fd, SOL_SOCKET, SO_SNDBUF, kSocketBufferBytes, "setsockopt(SO_SNDBUF)"));
+  return SetOption(fd, SOL_SOCKET, SO_RCVBUF, kSocketBufferBytes,
+                   "setsockopt(SO_RCVBUF)");
+}
+
+absl::StatusOr<UniqueFd> NewTcpSocket(const SocketAddress& address) {
+  UniqueFd fd(socket(address.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus("socket", errno);
+  return fd;
+}
+
+absl::Status SetBlocking(int fd, bool blocking) {
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0) return ErrnoStatus("fcntl(F_GETFL)", errno);
+  flags = blocking ? (flags & ~O_NONBLOCK) : (flags | O_NONBLOCK);
+  if (fcntl(fd, F_SETFL, flags) != 0) return ErrnoStatus("fcntl(F_SETFL)", errno);
+  return absl::OkStatus();
+}
+
+// Waits for a non-blocking connect() to finish.
+absl::Status AwaitConnect(int fd, int timeout_ms) {
+  pollfd waiting{.fd = fd, .events = POLLOUT, .revents = 0};
+  int ready;
+  do {
+    ready = poll(&waiting, 1, timeout_ms);
+  } while (ready < 0 && errno == EINTR);
+  if (ready < 0) return ErrnoStatus("poll", errno);
+  if (ready == 0) return ErrnoStatus("connect", ETIMEDOUT);
+  int error = 0;
+  socklen_t length = sizeof(error);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) {
+    return ErrnoStatus("getsockopt(SO_ERROR)", errno);
+  }
+  if (error != 0) return ErrnoStatus("connect", error);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint16_t SocketAddress::port() const {
+  if (storage.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port);
+  }
+  return ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
+}
+
+std::string SocketAddress::ToString() const {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (storage.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr, text,
+              sizeof(text));
+    return absl::StrCat("[", text, "]:", port());
+  }
+  inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr, text,
+            sizeof(text));
+  return absl::StrCat(text, ":", port());
+}
+
+absl::StatusOr<SocketAddress> ParseSocketAddress(absl::string_view address,
+                                                 uint16_t port) {
+  const std::string text(address);
+  SocketAddress out;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&out.storage);
+  if (inet_pton(AF_INET, text.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    out.length = sizeof(sockaddr_in);
+    return out;
+  }
+  out = SocketAddress{};
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&out.storage);
+  if (inet_pton(AF_INET6, text.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    out.length = sizeof(sockaddr_in6);
+    return out;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", address, "' is not a numeric IPv4 or IPv6 address"));
+}
+
+absl::StatusOr<UniqueFd> Listen(const SocketAddress& local) {
+  FL_ASSIGN_OR_RETURN(UniqueFd fd, NewTcpSocket(local));
+  FL_RETURN_IF_ERROR(SetOption(fd.get(), SOL_SOCKET, SO_REUSEADDR, 1,
+                               "setsockopt(SO_REUSEADDR)"));
+  // Accepted sockets inherit the buffers; setting them before listen() lets the
+  // kernel advertise a matching window scale in the handshake.
+  FL_RETURN_IF_ERROR(SetBuffers(fd.get()));
+  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&local.storage), local.length) !=
+      0) {
+    return ErrnoStatus("bind", errno);
+  }
+  if (listen(fd.get(), kListenBacklog) != 0) return ErrnoStatus("listen", errno);
+  return fd;
+}
+
+absl::StatusOr<SocketAddress> LocalAddress(int fd) {
+  SocketAddress out;
+  out.length = sizeof(out.storage);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&out.storage), &out.length) != 0) {
+    return ErrnoStatus("getsockname", errno);
+  }
+  return out;
+}
+
+absl::StatusOr<UniqueFd> ConnectFrom(const SocketAddress& local,
+                                     const SocketAddress& remote, int timeout_ms) {
+  FL_ASSIGN_OR_RETURN(UniqueFd fd, NewTcpSocket(remote));
+  FL_RETURN_IF_ERROR(ConfigureDataSocket(fd.get()));
+  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&local.storage), local.length) !=
+      0) {
+    return ErrnoStatus("bind", errno);
+  }
+  FL_RETURN_IF_ERROR(SetBlocking(fd.get(), false));
+  if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&remote.storage),
+              remote.length) != 0) {
+    if (errno != EINPROGRESS) return ErrnoStatus("connect", errno);
+    FL_RETURN_IF_ERROR(AwaitConnect(fd.get(), timeout_ms));
+  }
+  FL_RETURN_IF_ERROR(SetBlocking(fd.get(), true));
+  return fd;
+}
+
+absl::StatusOr<UniqueFd> Accept(int listener) {
+  UniqueFd fd(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus("accept4", errno);
+  return fd;
+}
+
+absl::Status ConfigureDataSocket(int fd) {
+  FL_RETURN_IF_ERROR(SetOption(fd, IPPROTO_TCP, TCP_NODELAY, 1, "setsockopt(TCP_NODELAY)"));
+  return SetBuffers(fd);
+}
+
+absl::Status SetReceiveTimeout(int fd, int timeout_ms) {
+  timeval timeout{.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout)) != 0) {
+    return ErrnoStatus("setsockopt(SO_RCVTIMEO)", errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SendAll(int fd, std::span<iovec> iov) {
+  while (!iov.empty()) {
+    msghdr message{};
+    message.msg_iov = iov.data();
+    message.msg_iovlen = iov.size();
+    ssize_t sent = sendmsg(fd, &message, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus("sendmsg", errno);
+    }
+    auto left = static_cast<size_t>(sent);
+    while (!iov.empty() && left >= iov.front().iov_len) {
+      left -= iov.front().iov_len;
+      iov = iov.subspan(1);
+    }
+    if (!iov.empty()) {
+      iov.front().iov_base = static_cast<char*>(iov.front().iov_base) + left;
+      iov.front().iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecvAll(int fd, void* data, size_t bytes) {
+  auto* at = static_cast<char*>(data);
+  while (bytes > 0) {
+    ssize_t got = recv(fd, at, bytes, MSG_WAITALL);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus("recv", errno);
+    }
+    if (got == 0) return absl::UnavailableError("peer closed the connection");
+    at += got;
+    bytes -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WithContext(const absl::Status& status, absl::string_view context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace fuselink::fabric

@@ -1,0 +1,66 @@
+// Thin wrappers over the BSD socket calls the TCP fabric makes. Each errno failure
+// becomes an absl::Status here, once, through ErrnoStatus.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include "absl/strings/string_view.h"
+#include "agent/common/unique_fd.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace fuselink::fabric {
+
+// Kernel socket buffer sizes asked for on every fabric socket: large enough to keep
+// a fast link busy with one write in flight per connection.
+inline constexpr int kSocketBufferBytes = 4 << 20;
+// Connections a listener lets the kernel complete before we accept them.
+inline constexpr int kListenBacklog = 128;
+
+// An IPv4 or IPv6 address and port.
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+
+  uint16_t port() const;
+  // "1.2.3.4:5" or "[::1]:5".
+  std::string ToString() const;
+};
+
+// INVALID_ARGUMENT unless `address` is a numeric IPv4 or IPv6 address.
+absl::StatusOr<SocketAddress> ParseSocketAddress(absl::string_view address,
+                                                 uint16_t port);
+
+// A TCP socket bound to `local` and listening; local.port() == 0 lets the kernel
+// pick the port (read it back with LocalAddress).
+absl::StatusOr<UniqueFd> Listen(const SocketAddress& local);
+absl::StatusOr<SocketAddress> LocalAddress(int fd);
+
+// A TCP connection from `local` (port 0: any) to `remote`, configured for the data
+// path; gives up after timeout_ms.
+absl::StatusOr<UniqueFd> ConnectFrom(const SocketAddress& local,
+                                     const SocketAddress& remote, int timeout_ms);
+// Accepts one connection on a listener; UNAVAILABLE when none is pending.
+absl::StatusOr<UniqueFd> Accept(int listener);
+
+// TCP_NODELAY and kSocketBufferBytes buffers.
+absl::Status ConfigureDataSocket(int fd);
+// Bounds how long a blocking receive waits; 0 waits forever.
+absl::Status SetReceiveTimeout(int fd, int timeout_ms);
+
+// Sends all of `iov` (modified in place as it goes) with MSG_NOSIGNAL.
+absl::Status SendAll(int fd, std::span<iovec> iov);
+// Receives exactly `bytes`; UNAVAILABLE when the peer closes first.
+absl::Status RecvAll(int fd, void* data, size_t bytes);
+
+// `status` with `context` before its message, same code.
+absl::Status WithContext(const absl::Status& status, absl::string_view context);
+
+}  // namespace fuselink::fabric

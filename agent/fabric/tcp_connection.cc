@@ -1,0 +1,239 @@
+#include "agent/fabric/tcp_connection.h"
+
+#include <sys/socket.h>
+
+#include <utility>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+#include "agent/fabric/wire.h"
+
+namespace fuselink::fabric {
+
+TcpConnection::TcpConnection(ConnectionHost& host, uint64_t id, int nic, Role role,
+                             UniqueFd fd, int queue_capacity)
+    : host_(host),
+      id_(id),
+      nic_(nic),
+      role_(role),
+      ring_(role == Role::kOutbound ? static_cast<size_t>(queue_capacity) : 0),
+      fd_(std::move(fd)) {}
+
+TcpConnection::~TcpConnection() {
+  Close(absl::UnavailableError("connection destroyed"));
+  for (std::thread& thread : threads_) {
+    if (thread.joinable()) thread.join();
+  }
+}
+
+void TcpConnection::Start() {
+  if (role_ == Role::kOutbound) {
+    running_threads_.store(2);
+    threads_.emplace_back(&TcpConnection::RunThread, this, &TcpConnection::SendWrites);
+    threads_.emplace_back(&TcpConnection::RunThread, this, &TcpConnection::ReceiveAcks);
+  } else {
+    running_threads_.store(1);
+    threads_.emplace_back(&TcpConnection::RunThread, this, &TcpConnection::ServeInbound);
+  }
+}
+
+void TcpConnection::RunThread(absl::Status (TcpConnection::*body)()) {
+  Close((this->*body)());
+  if (running_threads_.fetch_sub(1) == 1) host_.OnConnectionFinished(id_);
+}
+
+absl::Status TcpConnection::Enqueue(PendingWrite write) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) {
+    return absl::UnavailableError(
+        absl::StrCat("connection closed: ", close_reason_.message()));
+  }
+  if (tail_ - head_ == ring_.size()) {
+    return absl::ResourceExhaustedError("connection queue full");
+  }
+  ring_[tail_ % ring_.size()] = std::move(write);
+  ++tail_;
+  queued_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+void TcpConnection::Close(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    close_reason_ = why.ok() ? absl::UnavailableError("connection closed") : why;
+  }
+  // Wakes a blocked send or recv on either thread; the descriptor stays open until
+  // destruction, so no thread can see it reused. ENOTCONN (never connected, already
+  // reset) leaves nothing to do.
+  shutdown(fd_.get(), SHUT_RDWR);
+}
+
+void TcpConnection::JoinAndFailPending() {
+  for (std::thread& thread : threads_) {
+    if (thread.joinable()) thread.join();
+  }
+  std::vector<PendingWrite> failed;
+  absl::Status why;
+  {
+    absl::MutexLock lock(&mu_);
+    why = close_reason_;
+    failed.reserve(tail_ - head_);
+    for (; head_ != tail_; ++head_) {
+      failed.push_back(std::move(ring_[head_ % ring_.size()]));
+    }
+    sent_ = head_;
+    queued_.store(0, std::memory_order_relaxed);
+  }
+  for (const PendingWrite& write : failed) {
+    Complete(write,
+             absl::UnavailableError(absl::StrCat("connection lost: ", why.message())));
+  }
+}
+
+bool TcpConnection::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+absl::Status TcpConnection::close_reason() const {
+  absl::MutexLock lock(&mu_);
+  return close_reason_;
+}
+
+bool TcpConnection::HasWorkOrClosed() const { return closed_ || sent_ != tail_; }
+
+absl::Status TcpConnection::Malformed(const absl::Status& why) {
+  host_.nic_stats(nic_).malformed_frames.fetch_add(1, std::memory_order_relaxed);
+  return absl::InvalidArgumentError(
+      absl::StrCat("closed on a malformed frame: ", why.message()));
+}
+
+void TcpConnection::Complete(const PendingWrite& write, absl::Status status) {
+  NicStats& stats = host_.nic_stats(nic_);
+  // The slot is free before the handler runs, so that it may post again.
+  stats.outstanding_writes.fetch_sub(1, std::memory_order_acq_rel);
+  if (status.ok()) {
+    stats.transmitted_bytes.fetch_add(write.op.bytes, std::memory_order_relaxed);
+  }
+  host_.handler().OnCompletion(Completion{
+      .wr_id = write.op.wr_id, .nic = nic_, .bytes = write.op.bytes, .status = status});
+}
+
+absl::Status TcpConnection::SendWrites() {
+  while (true) {
+    PendingWrite next;  // a copy: the ring slot may be completed while we send
+    {
+      absl::MutexLock lock(&mu_,
+                           absl::Condition(this, &TcpConnection::HasWorkOrClosed));
+      if (closed_) return absl::OkStatus();
+      next = ring_[sent_ % ring_.size()];
+      ++sent_;
+    }
+    const WriteOp& op = next.op;
+    wire::HeaderBytes header = wire::EncodeWrite(wire::WriteHeader{.key = op.remote_key,
+                                                                   .offset = op.remote_offset,
+                                                                   .bytes = op.bytes,
+                                                                   .imm = op.imm,
+                                                                   .wr_id = op.wr_id});
+    iovec iov[2] = {{header.data(), header.size()}, {nullptr, 0}};
+    size_t iov_count = 1;
+    if (op.bytes > 0) {
+      iov[1] = {next.source->base + op.local_offset, op.bytes};
+      iov_count = 2;
+    }
+    FL_RETURN_IF_ERROR(SendAll(fd_.get(), std::span<iovec>(iov, iov_count)));
+  }
+}
+
+absl::Status TcpConnection::ReceiveAcks() {
+  const uint32_t max_write_bytes = host_.max_write_bytes();
+  while (true) {
+    wire::HeaderBytes header;
+    FL_RETURN_IF_ERROR(RecvAll(fd_.get(), header.data(), header.size()));
+    absl::StatusOr<wire::Header> decoded = wire::DecodeHeader(header, max_write_bytes);
+    if (!decoded.ok()) return Malformed(decoded.status());
+    const auto* ack = std::get_if<wire::AckFrame>(&*decoded);
+    if (ack == nullptr) return Malformed(absl::InvalidArgumentError("expected an ACK"));
+    PendingWrite done;
+    {
+      absl::MutexLock lock(&mu_);
+      if (head_ == sent_) {
+        return Malformed(absl::InvalidArgumentError("ACK with no write in flight"));
+      }
+      PendingWrite& oldest = ring_[head_ % ring_.size()];
+      if (oldest.op.wr_id != ack->wr_id) {
+        return Malformed(absl::InvalidArgumentError(
+            absl::StrCat("ACK for wr_id ", ack->wr_id, ", expected ", oldest.op.wr_id)));
+      }
+      done = std::move(oldest);
+      ++head_;
+      queued_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    Complete(done, ack->code == absl::StatusCode::kOk
+                       ? absl::OkStatus()
+                       : absl::Status(ack->code, "the target refused the write"));
+  }
+}
+
+absl::Status TcpConnection::ReceiveHello() {
+  // Bounds how long an accepted socket may hold its thread without saying who it is.
+  FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHelloTimeoutMs));
+  wire::HeaderBytes header;
+  FL_RETURN_IF_ERROR(RecvAll(fd_.get(), header.data(), header.size()));
+  absl::StatusOr<wire::Header> decoded =
+      wire::DecodeHeader(header, host_.max_write_bytes());
+  if (!decoded.ok()) return Malformed(decoded.status());
+  const auto* hello = std::get_if<wire::HelloHeader>(&*decoded);
+  if (hello == nullptr) {
+    return Malformed(absl::InvalidArgumentError("first frame is not a HELLO"));
+  }
+  if (hello->nic != static_cast<uint32_t>(nic_)) {
+    return Malformed(absl::InvalidArgumentError(
+        absl::StrCat("HELLO from NIC ", hello->nic, " on NIC ", nic_)));
+  }
+  std::string name(hello->name_bytes, '\0');  // at most kMaxNodeNameBytes
+  FL_RETURN_IF_ERROR(RecvAll(fd_.get(), name.data(), name.size()));
+  if (absl::Status valid = wire::ValidateNodeName(name); !valid.ok()) {
+    return Malformed(valid);
+  }
+  FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), 0));
+  FL_ASSIGN_OR_RETURN(peer_, host_.AttachInbound(id_, name));
+  return absl::OkStatus();
+}
+
+absl::Status TcpConnection::ServeInbound() {
+  FL_RETURN_IF_ERROR(ReceiveHello());
+  NicStats& stats = host_.nic_stats(nic_);
+  const uint32_t max_write_bytes = host_.max_write_bytes();
+  while (true) {
+    wire::HeaderBytes header;
+    FL_RETURN_IF_ERROR(RecvAll(fd_.get(), header.data(), header.size()));
+    absl::StatusOr<wire::Header> decoded = wire::DecodeHeader(header, max_write_bytes);
+    if (!decoded.ok()) return Malformed(decoded.status());
+    const auto* write = std::get_if<wire::WriteHeader>(&*decoded);
+    if (write == nullptr) return Malformed(absl::InvalidArgumentError("expected a WRITE"));
+    if (write->bytes > 0) {
+      // Held until the payload is in place: deregistration cannot free it under us.
+      absl::StatusOr<std::shared_ptr<const Region>> target =
+          host_.regions().Find(write->key, write->offset, write->bytes);
+      if (!target.ok()) return Malformed(target.status());
+      FL_RETURN_IF_ERROR(
+          RecvAll(fd_.get(), (*target)->base + write->offset, write->bytes));
+      stats.received_bytes.fetch_add(write->bytes, std::memory_order_relaxed);
+    }
+    host_.handler().OnArrival(Arrival{.peer = peer_,
+                                      .nic = nic_,
+                                      .key = write->key,
+                                      .offset = write->offset,
+                                      .bytes = write->bytes,
+                                      .imm = write->imm});
+    wire::HeaderBytes ack = wire::EncodeAck({.wr_id = write->wr_id});
+    iovec iov[1] = {{ack.data(), ack.size()}};
+    FL_RETURN_IF_ERROR(SendAll(fd_.get(), iov));
+  }
+}
+
+}  // namespace fuselink::fabric

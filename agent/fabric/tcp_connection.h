@@ -1,0 +1,142 @@
+// One TCP connection of the fabric, in one of two roles:
+//  - outbound (we connected, we sent HELLO): a tx thread drains a bounded ring of
+//    posted writes onto the socket, header and payload in one sendmsg straight from
+//    the registered source memory; an rx thread reads ACKs and completes the writes
+//    in order.
+//  - inbound (we accepted): one rx thread reads HELLO, then WRITEs, places each
+//    payload straight into the target region, reports the arrival and sends the ACK
+//    itself (it is the only writer of an inbound socket, so it needs no tx thread).
+//
+// Lifecycle: constructed with a connected socket, Start()ed, then Close()d by
+// anyone or by its own threads on any error. Its last thread to exit tells the host
+// (OnConnectionFinished); the host then calls JoinAndFailPending() from another
+// thread, which completes every write still in the ring with UNAVAILABLE, and
+// destroys the connection. So each write completes exactly once: by its ACK on the
+// rx thread, or by JoinAndFailPending after every thread is gone.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/fabric/fabric.h"
+#include "agent/fabric/region_table.h"
+#include "agent/fabric/socket.h"
+
+namespace fuselink::fabric {
+
+// How long an accepted connection may take to send its HELLO.
+inline constexpr int kHelloTimeoutMs = 10'000;
+
+// Counters and the write budget of one NIC, shared by its connections.
+struct NicStats {
+  std::atomic<uint64_t> transmitted_bytes{0};
+  std::atomic<uint64_t> received_bytes{0};
+  std::atomic<uint64_t> malformed_frames{0};
+  // Writes posted on the NIC and not yet completed; at most queue_depth_per_nic.
+  std::atomic<int> outstanding_writes{0};
+};
+
+// What a connection needs from its fabric. Outlives every connection.
+class ConnectionHost {
+ public:
+  virtual ~ConnectionHost() = default;
+  virtual Handler& handler() = 0;
+  virtual NicStats& nic_stats(int nic) = 0;
+  virtual const RegionTable& regions() const = 0;
+  virtual uint32_t max_write_bytes() const = 0;
+  // An inbound connection said HELLO as `name`: the peer it now belongs to.
+  virtual absl::StatusOr<PeerId> AttachInbound(uint64_t connection_id,
+                                               absl::string_view name) = 0;
+  // The connection's last thread is exiting; called once, from that thread.
+  virtual void OnConnectionFinished(uint64_t connection_id) = 0;
+};
+
+// A posted write; holds its source region alive until it completes.
+struct PendingWrite {
+  WriteOp op;
+  std::shared_ptr<const Region> source;  // null for a notification
+};
+
+class TcpConnection {
+ public:
+  enum class Role { kOutbound, kInbound };
+
+  // `queue_capacity` bounds the writes queued or in flight on this connection
+  // (outbound only); the ring is allocated here, once.
+  TcpConnection(ConnectionHost& host, uint64_t id, int nic, Role role, UniqueFd fd,
+                int queue_capacity);
+  // Closes and joins if the host has not; the socket closes last.
+  ~TcpConnection();
+  TcpConnection(const TcpConnection&) = delete;
+  TcpConnection& operator=(const TcpConnection&) = delete;
+
+  uint64_t id() const { return id_; }
+  int nic() const { return nic_; }
+  Role role() const { return role_; }
+
+  // Starts the threads. Call once.
+  void Start();
+  // Queues a write (outbound only). Never blocks. UNAVAILABLE once closed,
+  // RESOURCE_EXHAUSTED when the ring is full.
+  absl::Status Enqueue(PendingWrite write);
+  // Stops the connection: the first reason is kept, the socket is shut down so that
+  // both threads wake. Thread-safe, idempotent; calls no handler.
+  void Close(const absl::Status& why);
+  // Joins the threads, then completes every write left with UNAVAILABLE. Only after
+  // OnConnectionFinished; never from the connection's own threads.
+  void JoinAndFailPending();
+
+  bool closed() const;
+  // Why the connection closed; OK while open.
+  absl::Status close_reason() const;
+  // Writes queued or awaiting their ACK; a hint, read without the lock.
+  int queued() const { return queued_.load(std::memory_order_relaxed); }
+
+ private:
+  // Thread bodies; each returns why it stopped.
+  absl::Status SendWrites();
+  absl::Status ReceiveAcks();
+  absl::Status ServeInbound();
+  absl::Status ReceiveHello();
+  void RunThread(absl::Status (TcpConnection::*body)());
+
+  // Counts a malformed frame on the NIC and returns the reason to close.
+  absl::Status Malformed(const absl::Status& why);
+  // Returns the write's NIC slot, then reports it to the handler.
+  void Complete(const PendingWrite& write, absl::Status status);
+  bool HasWorkOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  ConnectionHost& host_;
+  const uint64_t id_;
+  const int nic_;
+  const Role role_;
+  PeerId peer_ = 0;  // inbound: set by its rx thread once HELLO arrives
+
+  mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status close_reason_ ABSL_GUARDED_BY(mu_);
+  // Ring of outbound writes: [head_, sent_) are on the wire awaiting their ACK,
+  // [sent_, tail_) wait for the tx thread. Indices grow; slot = index % size.
+  std::vector<PendingWrite> ring_ ABSL_GUARDED_BY(mu_);
+  uint64_t head_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t tail_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int> queued_{0};  // tail_ - head_, for PostWrite's choice
+
+  // Declared before the threads: members die in reverse order, so the socket
+  // outlives them (the destructor has joined them by then anyway).
+  UniqueFd fd_;
+  std::atomic<int> running_threads_{0};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace fuselink::fabric

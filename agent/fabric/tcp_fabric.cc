@@ -1,0 +1,446 @@
+#include "agent/fabric/tcp_fabric.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/common/status_macros.h"
+#include "agent/fabric/acceptor.h"
+#include "agent/fabric/region_table.h"
+#include "agent/fabric/socket.h"
+#include "agent/fabric/tcp_connection.h"
+#include "agent/fabric/wire.h"
+
+namespace fuselink::fabric {
+namespace {
+
+using ConnectionPtr = std::shared_ptr<TcpConnection>;
+
+absl::Status ValidateOptions(const TcpFabricOptions& options, const Handler* handler) {
+  if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
+  FL_RETURN_IF_ERROR(wire::ValidateNodeName(options.node_name));
+  if (options.nics.empty() || options.nics.size() > wire::kMaxNics) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a fabric needs 1..", wire::kMaxNics, " NICs"));
+  }
+  for (size_t i = 0; i < options.nics.size(); ++i) {
+    if (options.nics[i].nic != static_cast<int>(i)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("nics[", i, "] names NIC ", options.nics[i].nic));
+    }
+  }
+  if (options.connections_per_nic < 1 ||
+      options.connections_per_nic > kMaxConnectionsPerNic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("connections_per_nic must be 1..", kMaxConnectionsPerNic));
+  }
+  if (options.max_write_bytes < 1 || options.max_write_bytes > wire::kMaxWriteBytesLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_write_bytes must be 1..", wire::kMaxWriteBytesLimit));
+  }
+  if (options.queue_depth_per_nic < 1 ||
+      options.queue_depth_per_nic > kMaxQueueDepthPerNic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("queue_depth_per_nic must be 1..", kMaxQueueDepthPerNic));
+  }
+  return absl::OkStatus();
+}
+
+class TcpFabric final : public Fabric, public ConnectionHost {
+ public:
+  // `local` holds NIC i's address with port 0, for binding outbound sockets.
+  TcpFabric(const TcpFabricOptions& options, Handler& handler,
+            std::vector<SocketAddress> local, std::vector<Endpoint> endpoints)
+      : options_(options),
+        handler_(handler),
+        local_(std::move(local)),
+        endpoints_(std::move(endpoints)),
+        stats_(options.nics.size()) {}
+  ~TcpFabric() override;
+
+  absl::Status Start(std::vector<UniqueFd> listeners);
+
+  // Fabric.
+  absl::string_view transport() const override { return "tcp"; }
+  int nic_count() const override { return static_cast<int>(endpoints_.size()); }
+  std::vector<Endpoint> endpoints() const override { return endpoints_; }
+  absl::StatusOr<RegionKey> RegisterRegion(
+      void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) override {
+    return regions_.Register(base, bytes, std::move(keepalive));
+  }
+  absl::Status DeregisterRegion(RegionKey key) override {
+    return regions_.Deregister(key);
+  }
+  absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
+                                 const std::vector<Endpoint>& remote) override;
+  void Disconnect(PeerId peer) override;
+  std::string PeerName(PeerId peer) const override;
+  absl::Status PostWrite(PeerId peer, int nic, const WriteOp& op) override;
+  NicCounters counters(int nic) const override;
+
+  // ConnectionHost.
+  Handler& handler() override { return handler_; }
+  NicStats& nic_stats(int nic) override { return stats_[nic]; }
+  const RegionTable& regions() const override { return regions_; }
+  uint32_t max_write_bytes() const override { return options_.max_write_bytes; }
+  absl::StatusOr<PeerId> AttachInbound(uint64_t connection_id,
+                                       absl::string_view name) override;
+  void OnConnectionFinished(uint64_t connection_id) override;
+
+ private:
+  struct Peer {
+    std::string name;
+    // Out of peer_by_name_: Disconnect()ed, or found with every connection closed.
+    bool retired = false;
+    std::vector<ConnectionPtr> connections;  // both roles, every NIC
+  };
+  struct ConnectionEntry {
+    ConnectionPtr connection;
+    PeerId peer = 0;  // 0 until an inbound connection says HELLO
+  };
+
+  // Opens, and says HELLO on, every outbound connection of a Connect. Unstarted:
+  // dropping them closes their sockets, which is the whole rollback.
+  absl::StatusOr<std::vector<ConnectionPtr>> OpenConnections(
+      absl::string_view peer_name, const std::vector<Endpoint>& remote);
+  void OnAccepted(int nic, UniqueFd socket);
+  // The live peer called `name`, made if there is none. A peer whose connections are
+  // all closed is retired here, so that its OnPeerLost still fires.
+  PeerId LivePeer(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool HasLiveConnection(const Peer& peer, std::optional<TcpConnection::Role> role);
+  // The reaper thread: joins finished connections, fails their writes, reports lost
+  // peers.
+  void Reap();
+  void ReapOne(uint64_t connection_id);
+  bool ReaperHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return reaper_stop_ || !finished_.empty();
+  }
+  bool AllConnectionsReaped() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return connections_.empty();
+  }
+
+  const TcpFabricOptions options_;
+  Handler& handler_;
+  const std::vector<SocketAddress> local_;
+  const std::vector<Endpoint> endpoints_;
+  std::vector<NicStats> stats_;  // sized once; NicStats is all atomics
+  RegionTable regions_;
+  std::atomic<uint64_t> next_connection_id_{1};
+
+  absl::Mutex connect_mu_;  // one Connect at a time; taken before mu_
+  mutable absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
+  PeerId next_peer_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<PeerId, Peer> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, PeerId, std::less<>> peer_by_name_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, ConnectionEntry> connections_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> finished_ ABSL_GUARDED_BY(mu_);  // for the reaper
+
+  std::thread reaper_;
+  std::unique_ptr<Acceptor> acceptor_;
+};
+
+absl::Status TcpFabric::Start(std::vector<UniqueFd> listeners) {
+  reaper_ = std::thread(&TcpFabric::Reap, this);
+  FL_ASSIGN_OR_RETURN(acceptor_,
+                      Acceptor::Start(std::move(listeners), [this](int nic, UniqueFd s) {
+                        OnAccepted(nic, std::move(s));
+                      }));
+  return absl::OkStatus();
+}
+
+TcpFabric::~TcpFabric() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+  }
+  acceptor_.reset();  // no accepts from here on
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, entry] : connections_) {
+      entry.connection->Close(absl::CancelledError("fabric shutting down"));
+    }
+    mu_.Await(absl::Condition(this, &TcpFabric::AllConnectionsReaped));
+    reaper_stop_ = true;
+  }
+  if (reaper_.joinable()) reaper_.join();
+}
+
+absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
+    absl::string_view peer_name, const std::vector<Endpoint>& remote) {
+  std::vector<ConnectionPtr> opened;
+  for (size_t nic = 0; nic < remote.size(); ++nic) {
+    FL_ASSIGN_OR_RETURN(SocketAddress target,
+                        ParseSocketAddress(remote[nic].address, remote[nic].port));
+    FL_ASSIGN_OR_RETURN(std::string hello,
+                        wire::EncodeHello(static_cast<uint32_t>(nic), options_.node_name));
+    const std::string context =
+        absl::StrCat("Connect to '", peer_name, "': NIC ", nic, " (",
+                     endpoints_[nic].address, " -> ", target.ToString(), ")");
+    for (int i = 0; i < options_.connections_per_nic; ++i) {
+      absl::StatusOr<UniqueFd> socket = ConnectFrom(local_[nic], target, kConnectTimeoutMs);
+      if (!socket.ok()) return WithContext(socket.status(), context);
+      iovec iov[1] = {{hello.data(), hello.size()}};
+      if (absl::Status sent = SendAll(socket->get(), iov); !sent.ok()) {
+        return WithContext(sent, context);
+      }
+      opened.push_back(std::make_shared<TcpConnection>(
+          *this, next_connection_id_.fetch_add(1), static_cast<int>(nic),
+          TcpConnection::Role::kOutbound, *std::move(socket),
+          options_.queue_depth_per_nic));
+    }
+  }
+  return opened;
+}
+
+absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
+                                          const std::vector<Endpoint>& remote) {
+  FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
+  if (remote.size() != endpoints_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer has ", remote.size(), " endpoints, this node ", endpoints_.size(), " NICs"));
+  }
+  for (size_t nic = 0; nic < remote.size(); ++nic) {
+    if (remote[nic].nic != static_cast<int>(nic)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote[", nic, "] names NIC ", remote[nic].nic));
+    }
+  }
+  absl::MutexLock connect_lock(&connect_mu_);
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (auto it = peer_by_name_.find(peer_name); it != peer_by_name_.end()) {
+      if (HasLiveConnection(peers_.at(it->second), TcpConnection::Role::kOutbound)) {
+        return it->second;
+      }
+    }
+  }
+  FL_ASSIGN_OR_RETURN(std::vector<ConnectionPtr> opened,
+                      OpenConnections(peer_name, remote));
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::FailedPreconditionError("fabric shutting down");
+  if (connections_.size() + opened.size() > kMaxConnections) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("already ", connections_.size(), " connections open"));
+  }
+  const PeerId id = LivePeer(peer_name);
+  for (ConnectionPtr& connection : opened) {
+    connections_.emplace(connection->id(), ConnectionEntry{connection, id});
+    peers_.at(id).connections.push_back(connection);
+    connection->Start();
+  }
+  return id;
+}
+
+void TcpFabric::Disconnect(PeerId peer) {
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return;
+  if (!it->second.retired) {
+    it->second.retired = true;
+    peer_by_name_.erase(it->second.name);
+  }
+  for (const ConnectionPtr& connection : it->second.connections) {
+    connection->Close(absl::CancelledError("disconnected locally"));
+  }
+}
+
+std::string TcpFabric::PeerName(PeerId peer) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = peers_.find(peer);
+  return it == peers_.end() ? std::string() : it->second.name;
+}
+
+absl::Status TcpFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
+  if (nic < 0 || nic >= nic_count()) {
+    return absl::InvalidArgumentError(absl::StrCat("no NIC ", nic));
+  }
+  if (op.bytes > options_.max_write_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "write of ", op.bytes, " bytes > max_write_bytes ", options_.max_write_bytes));
+  }
+  PendingWrite write{.op = op, .source = nullptr};
+  if (op.bytes > 0) {
+    absl::StatusOr<std::shared_ptr<const Region>> source =
+        regions_.Find(op.local_key, op.local_offset, op.bytes);
+    if (!source.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("local extent: ", source.status().message()));
+    }
+    write.source = *std::move(source);
+  }
+
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || it->second.retired) {
+    return absl::UnavailableError(absl::StrCat("peer ", peer, " is not connected"));
+  }
+  TcpConnection* least_queued = nullptr;
+  for (const ConnectionPtr& connection : it->second.connections) {
+    if (connection->role() != TcpConnection::Role::kOutbound || connection->nic() != nic ||
+        connection->closed()) {
+      continue;
+    }
+    if (least_queued == nullptr || connection->queued() < least_queued->queued()) {
+      least_queued = connection.get();
+    }
+  }
+  if (least_queued == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("peer '", it->second.name, "' is not connected on NIC ", nic));
+  }
+  std::atomic<int>& outstanding = stats_[nic].outstanding_writes;
+  int before = outstanding.load(std::memory_order_relaxed);
+  do {
+    if (before >= options_.queue_depth_per_nic) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "NIC ", nic, " has ", options_.queue_depth_per_nic, " writes outstanding"));
+    }
+  } while (!outstanding.compare_exchange_weak(before, before + 1,
+                                              std::memory_order_acq_rel));
+  absl::Status queued = least_queued->Enqueue(std::move(write));
+  if (!queued.ok()) outstanding.fetch_sub(1, std::memory_order_acq_rel);
+  return queued;
+}
+
+NicCounters TcpFabric::counters(int nic) const {
+  if (nic < 0 || nic >= nic_count()) return {};
+  const NicStats& stats = stats_[nic];
+  return NicCounters{
+      .transmitted_bytes = stats.transmitted_bytes.load(std::memory_order_relaxed),
+      .received_bytes = stats.received_bytes.load(std::memory_order_relaxed),
+      .malformed_frames = stats.malformed_frames.load(std::memory_order_relaxed)};
+}
+
+void TcpFabric::OnAccepted(int nic, UniqueFd socket) {
+  if (!ConfigureDataSocket(socket.get()).ok()) return;  // drops the client
+  auto connection =
+      std::make_shared<TcpConnection>(*this, next_connection_id_.fetch_add(1), nic,
+                                      TcpConnection::Role::kInbound, std::move(socket), 0);
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_ || connections_.size() >= kMaxConnections) return;
+  connections_.emplace(connection->id(), ConnectionEntry{connection, 0});
+  connection->Start();
+}
+
+absl::StatusOr<PeerId> TcpFabric::AttachInbound(uint64_t connection_id,
+                                                absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::CancelledError("fabric shutting down");
+  ConnectionEntry& entry = connections_.at(connection_id);
+  entry.peer = LivePeer(name);
+  peers_.at(entry.peer).connections.push_back(entry.connection);
+  return entry.peer;
+}
+
+void TcpFabric::OnConnectionFinished(uint64_t connection_id) {
+  absl::MutexLock lock(&mu_);
+  finished_.push_back(connection_id);
+}
+
+bool TcpFabric::HasLiveConnection(const Peer& peer,
+                                  std::optional<TcpConnection::Role> role) {
+  return std::any_of(peer.connections.begin(), peer.connections.end(),
+                     [&](const ConnectionPtr& connection) {
+                       return (!role || connection->role() == *role) &&
+                              !connection->closed();
+                     });
+}
+
+PeerId TcpFabric::LivePeer(absl::string_view name) {
+  if (auto it = peer_by_name_.find(name); it != peer_by_name_.end()) {
+    Peer& peer = peers_.at(it->second);
+    if (HasLiveConnection(peer, std::nullopt)) return it->second;
+    peer.retired = true;
+    peer_by_name_.erase(it);
+  }
+  const PeerId id = next_peer_id_++;
+  peers_.emplace(id, Peer{.name = std::string(name), .retired = false, .connections = {}});
+  peer_by_name_.emplace(std::string(name), id);
+  return id;
+}
+
+void TcpFabric::Reap() {
+  while (true) {
+    uint64_t connection_id;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &TcpFabric::ReaperHasWork));
+      if (finished_.empty()) return;  // stopping, and nothing left
+      connection_id = finished_.front();
+      finished_.pop_front();
+    }
+    ReapOne(connection_id);
+  }
+}
+
+void TcpFabric::ReapOne(uint64_t connection_id) {
+  ConnectionPtr connection;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    connection = connections_.at(connection_id).connection;
+  }
+  // Every thread of the connection is gone after this, and so is every write on it.
+  connection->JoinAndFailPending();
+
+  std::optional<PeerId> lost;
+  {
+    absl::MutexLock lock(&mu_);
+    auto entry = connections_.find(connection_id);
+    const PeerId peer_id = entry->second.peer;
+    connections_.erase(entry);
+    if (peer_id != 0) {
+      Peer& peer = peers_.at(peer_id);
+      std::erase(peer.connections, connection);
+      if (peer.connections.empty()) {
+        if (!peer.retired) peer_by_name_.erase(peer.name);
+        peers_.erase(peer_id);
+        lost = peer_id;
+      }
+    }
+  }
+  if (lost.has_value()) {
+    const absl::Status why = connection->close_reason();
+    handler_.OnPeerLost(*lost, why.code() == absl::StatusCode::kCancelled
+                                   ? why
+                                   : absl::UnavailableError(
+                                         absl::StrCat("peer lost: ", why.message())));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Fabric>> CreateTcpFabric(const TcpFabricOptions& options,
+                                                        Handler* handler) {
+  FL_RETURN_IF_ERROR(ValidateOptions(options, handler));
+  std::vector<UniqueFd> listeners;
+  std::vector<SocketAddress> local;
+  std::vector<Endpoint> endpoints;
+  for (const Endpoint& nic : options.nics) {
+    const std::string context = absl::StrCat("NIC ", nic.nic, " (", nic.address, ")");
+    absl::StatusOr<SocketAddress> address = ParseSocketAddress(nic.address, nic.port);
+    if (!address.ok()) return WithContext(address.status(), context);
+    absl::StatusOr<UniqueFd> listener = Listen(*address);
+    if (!listener.ok()) return WithContext(listener.status(), context);
+    FL_ASSIGN_OR_RETURN(SocketAddress bound, LocalAddress(listener->get()));
+    endpoints.push_back(Endpoint{.nic = nic.nic, .address = nic.address, .port = bound.port()});
+    FL_ASSIGN_OR_RETURN(SocketAddress outbound, ParseSocketAddress(nic.address, 0));
+    local.push_back(outbound);
+    listeners.push_back(*std::move(listener));
+  }
+  auto fabric = std::make_unique<TcpFabric>(options, *handler, std::move(local),
+                                            std::move(endpoints));
+  FL_RETURN_IF_ERROR(fabric->Start(std::move(listeners)));
+  return fabric;
+}
+
+}  // namespace fuselink::fabric

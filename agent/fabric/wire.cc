@@ -1,0 +1,140 @@
+#include "agent/fabric/wire.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace fuselink::fabric::wire {
+namespace {
+
+// Field offsets inside the header; see the table in wire.h.
+constexpr size_t kMagicAt = 0;
+constexpr size_t kVersionAt = 4;
+constexpr size_t kTypeAt = 6;
+constexpr size_t kWord0At = 8;
+constexpr size_t kWord1At = 12;
+constexpr size_t kWord2At = 16;
+constexpr size_t kReservedAt = 20;
+constexpr size_t kDword0At = 24;
+constexpr size_t kDword1At = 32;
+static_assert(kDword1At + sizeof(uint64_t) == kHeaderBytes, "fields fill the header");
+
+// The largest absl::StatusCode an ACK may carry.
+constexpr uint32_t kMaxStatusCode = static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
+
+template <typename T>
+void Put(HeaderBytes& out, size_t at, T value) {
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    out[at + i] = static_cast<uint8_t>(value >> (8 * i));
+  }
+}
+
+template <typename T>
+T Get(std::span<const uint8_t, kHeaderBytes> in, size_t at) {
+  T value = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    value |= static_cast<T>(static_cast<T>(in[at + i]) << (8 * i));
+  }
+  return value;
+}
+
+HeaderBytes EmptyHeader(FrameType type) {
+  HeaderBytes out{};
+  Put<uint32_t>(out, kMagicAt, kMagic);
+  Put<uint16_t>(out, kVersionAt, kProtocolVersion);
+  Put<uint16_t>(out, kTypeAt, static_cast<uint16_t>(type));
+  return out;
+}
+
+absl::Status Malformed(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("malformed frame: ", what));
+}
+
+}  // namespace
+
+absl::Status ValidateNodeName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxNodeNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node name must be 1..", kMaxNodeNameBytes, " bytes, is ", name.size()));
+  }
+  for (char c : name) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError("node name must be printable ASCII");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> EncodeHello(uint32_t nic, absl::string_view node_name) {
+  if (absl::Status valid = ValidateNodeName(node_name); !valid.ok()) return valid;
+  if (nic >= kMaxNics) {
+    return absl::InvalidArgumentError(absl::StrCat("NIC index ", nic, " >= ", kMaxNics));
+  }
+  HeaderBytes header = EmptyHeader(FrameType::kHello);
+  Put<uint32_t>(header, kWord0At, nic);
+  Put<uint32_t>(header, kWord1At, static_cast<uint32_t>(node_name.size()));
+  std::string frame(reinterpret_cast<const char*>(header.data()), header.size());
+  frame.append(node_name.data(), node_name.size());
+  return frame;
+}
+
+HeaderBytes EncodeWrite(const WriteHeader& write) {
+  HeaderBytes header = EmptyHeader(FrameType::kWrite);
+  Put<uint32_t>(header, kWord0At, write.key);
+  Put<uint32_t>(header, kWord1At, write.bytes);
+  Put<uint32_t>(header, kWord2At, write.imm);
+  Put<uint64_t>(header, kDword0At, write.offset);
+  Put<uint64_t>(header, kDword1At, write.wr_id);
+  return header;
+}
+
+HeaderBytes EncodeAck(const AckFrame& ack) {
+  HeaderBytes header = EmptyHeader(FrameType::kAck);
+  Put<uint32_t>(header, kWord0At, static_cast<uint32_t>(ack.code));
+  Put<uint64_t>(header, kDword1At, ack.wr_id);
+  return header;
+}
+
+absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes,
+                                    uint32_t max_write_bytes) {
+  const auto magic = Get<uint32_t>(bytes, kMagicAt);
+  if (magic != kMagic) return Malformed(absl::StrCat("bad magic 0x", absl::Hex(magic)));
+  const auto version = Get<uint16_t>(bytes, kVersionAt);
+  if (version != kProtocolVersion) {
+    return Malformed(absl::StrCat("protocol version ", version, ", expected ",
+                                  kProtocolVersion));
+  }
+  if (Get<uint32_t>(bytes, kReservedAt) != 0) return Malformed("reserved field set");
+
+  const auto word0 = Get<uint32_t>(bytes, kWord0At);
+  const auto word1 = Get<uint32_t>(bytes, kWord1At);
+  const auto word2 = Get<uint32_t>(bytes, kWord2At);
+  const auto dword0 = Get<uint64_t>(bytes, kDword0At);
+  const auto dword1 = Get<uint64_t>(bytes, kDword1At);
+  const auto type = Get<uint16_t>(bytes, kTypeAt);
+  switch (static_cast<FrameType>(type)) {
+    case FrameType::kHello:
+      if (word2 != 0 || dword0 != 0 || dword1 != 0) {
+        return Malformed("HELLO with unused fields set");
+      }
+      if (word0 >= kMaxNics) return Malformed(absl::StrCat("HELLO NIC index ", word0));
+      if (word1 == 0 || word1 > kMaxNodeNameBytes) {
+        return Malformed(absl::StrCat("HELLO name length ", word1));
+      }
+      return HelloHeader{.nic = word0, .name_bytes = word1};
+    case FrameType::kWrite:
+      if (word1 > max_write_bytes) {
+        return Malformed(
+            absl::StrCat("WRITE of ", word1, " bytes > max_write_bytes ", max_write_bytes));
+      }
+      return WriteHeader{
+          .key = word0, .offset = dword0, .bytes = word1, .imm = word2, .wr_id = dword1};
+    case FrameType::kAck:
+      if (word1 != 0 || word2 != 0 || dword0 != 0) {
+        return Malformed("ACK with unused fields set");
+      }
+      if (word0 > kMaxStatusCode) return Malformed(absl::StrCat("ACK status ", word0));
+      return AckFrame{.wr_id = dword1, .code = static_cast<absl::StatusCode>(word0)};
+  }
+  return Malformed(absl::StrCat("unknown frame type ", type));
+}
+
+}  // namespace fuselink::fabric::wire

@@ -1,0 +1,98 @@
+// The TCP fabric's frames, as bytes. Pure: no sockets, no state.
+//
+// Every frame starts with a fixed kHeaderBytes header, all integers little-endian:
+//   off size  field
+//    0   u32  magic            kMagic
+//    4   u16  version          kProtocolVersion
+//    6   u16  type             FrameType
+//    8   u32  word0            HELLO: nic        WRITE: region key  ACK: status code
+//   12   u32  word1            HELLO: name bytes WRITE: bytes       ACK: 0
+//   16   u32  word2            HELLO: 0          WRITE: imm         ACK: 0
+//   20   u32  reserved         0
+//   24   u64  dword0           HELLO: 0          WRITE: offset      ACK: 0
+//   32   u64  dword1           HELLO: 0          WRITE: wr_id       ACK: wr_id
+// HELLO is followed by `name bytes` of node name, WRITE by `bytes` of payload; ACK
+// has no body. Fields a type does not use must be zero, so that a later version can
+// give them a meaning without old peers misreading it.
+//
+// A connection carries, from the connecting side: HELLO, then WRITEs; from the
+// accepting side: one ACK per WRITE, in the order the WRITEs arrived.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <variant>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/fabric/fabric.h"
+
+namespace fuselink::fabric::wire {
+
+inline constexpr uint32_t kMagic = 0x4B4E4C46;  // "FLNK" as little-endian bytes
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderBytes = 40;
+// Bounds a peer's HELLO, so that a hostile name cannot make us allocate much.
+inline constexpr size_t kMaxNodeNameBytes = 255;
+// NIC indices a HELLO may name.
+inline constexpr uint32_t kMaxNics = 64;
+// The largest max_write_bytes a fabric may be configured with; a WRITE's length is a
+// u32 on the wire and one write must fit in memory many times over.
+inline constexpr uint32_t kMaxWriteBytesLimit = 1u << 30;
+
+static_assert(kHeaderBytes == 5 * sizeof(uint32_t) + sizeof(uint32_t) +
+                                  2 * sizeof(uint64_t),
+              "the header layout above adds up to kHeaderBytes");
+static_assert(kHeaderBytes % sizeof(uint64_t) == 0, "header keeps payloads aligned");
+static_assert(kMaxNodeNameBytes <= UINT32_MAX, "a name length is a u32 on the wire");
+
+enum class FrameType : uint16_t {
+  kHello = 1,
+  kWrite = 2,
+  kAck = 3,
+};
+
+// First frame of a connection: who is connecting, on which NIC index.
+struct HelloHeader {
+  uint32_t nic = 0;
+  uint32_t name_bytes = 0;  // length of the node name that follows the header
+};
+
+// A one-sided write; `bytes` of payload follow the header.
+struct WriteHeader {
+  RegionKey key = 0;
+  uint64_t offset = 0;
+  uint32_t bytes = 0;
+  uint32_t imm = 0;
+  uint64_t wr_id = 0;
+};
+
+// The target's answer to one WRITE: kOk once the bytes are placed.
+struct AckFrame {
+  uint64_t wr_id = 0;
+  absl::StatusCode code = absl::StatusCode::kOk;
+};
+
+using Header = std::variant<HelloHeader, WriteHeader, AckFrame>;
+using HeaderBytes = std::array<uint8_t, kHeaderBytes>;
+
+// The header and name of a HELLO. INVALID_ARGUMENT when the name is not a valid
+// node name or the NIC index is out of range.
+absl::StatusOr<std::string> EncodeHello(uint32_t nic, absl::string_view node_name);
+HeaderBytes EncodeWrite(const WriteHeader& write);
+HeaderBytes EncodeAck(const AckFrame& ack);
+
+// Validates every field of a header: magic, version, type, unused fields zero,
+// NIC index, name length in [1, kMaxNodeNameBytes], WRITE bytes <= max_write_bytes,
+// ACK code a known absl::StatusCode. INVALID_ARGUMENT on anything else.
+absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes,
+                                    uint32_t max_write_bytes);
+
+// A node name is 1..kMaxNodeNameBytes printable ASCII characters.
+absl::Status ValidateNodeName(absl::string_view name);
+
+}  // namespace fuselink::fabric::wire

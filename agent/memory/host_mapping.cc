@@ -1,0 +1,44 @@
+#include "agent/memory/host_mapping.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+
+namespace fuselink::memory {
+
+absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
+                                                              uint64_t offset_bytes,
+                                                              uint64_t size_bytes) {
+  const uint64_t page_bytes = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (size_bytes == 0) {
+    return WithReason(absl::InvalidArgumentError("host memory: size_bytes is 0"),
+                      "BAD_MEMORY");
+  }
+  if (offset_bytes % page_bytes != 0) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "host memory: offset_bytes ", offset_bytes,
+                          " is not a multiple of the page size ", page_bytes)),
+                      "BAD_MEMORY");
+  }
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat(memfd)", errno);
+  uint64_t end = 0;
+  if (__builtin_add_overflow(offset_bytes, size_bytes, &end) ||
+      end > static_cast<uint64_t>(st.st_size)) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "host memory: offset ", offset_bytes, " + size ", size_bytes,
+                          " is past the end of the file (", st.st_size, " bytes)")),
+                      "BAD_MEMORY");
+  }
+  void* data = mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
+                    static_cast<off_t>(offset_bytes));
+  if (data == MAP_FAILED) return ErrnoStatus("mmap(memfd)", errno);
+  return std::unique_ptr<HostMapping>(new HostMapping(data, size_bytes));
+}
+
+HostMapping::~HostMapping() { munmap(data_, size_bytes_); }
+
+}  // namespace fuselink::memory

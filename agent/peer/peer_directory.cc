@@ -1,0 +1,138 @@
+#include "agent/peer/peer_directory.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/common/grpc_status.h"
+#include "agent/common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+
+namespace fuselink::peer {
+namespace {
+
+// Bound on one bootstrap call, whatever the transfer's own deadline.
+constexpr absl::Duration kBootstrapTimeout = absl::Seconds(5);
+constexpr uint32_t kProtocolVersion = 1;
+
+void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
+  context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + kBootstrapTimeout)));
+}
+
+// A failed peer call: the target's own verdict keeps its code; not reaching it at
+// all is UNAVAILABLE, PEER_UNREACHABLE.
+absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node) {
+  absl::Status s = FromGrpcStatus(status);
+  if (ReasonOf(s).empty() && (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s))) {
+    return WithReason(absl::UnavailableError(absl::StrCat("cannot reach node '", node,
+                                                          "': ", s.message())),
+                      "PEER_UNREACHABLE");
+  }
+  return s;
+}
+
+}  // namespace
+
+PeerDirectory::PeerDirectory(v1::Topology local, fabric::Fabric* fabric,
+                             const std::map<std::string, std::string>& peers)
+    : local_(std::move(local)), fabric_(fabric) {
+  for (const auto& [name, address] : peers) {
+    auto session = std::make_unique<Session>();
+    session->name = name;
+    session->stub = v1::Peer::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    sessions_.emplace(name, std::move(session));
+  }
+}
+
+bool PeerDirectory::Knows(absl::string_view node) const {
+  return sessions_.contains(node);
+}
+
+absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
+                                                      absl::Time deadline) {
+  absl::MutexLock lock(&session.mu);
+  if (session.connected) return session.peer;
+  v1::HelloRequest request;
+  request.set_version(kProtocolVersion);
+  *request.mutable_topology() = local_;
+  v1::HelloResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, deadline);
+  grpc::Status status = session.stub->Hello(&context, request, &response);
+  if (!status.ok()) return PeerCallStatus(status, session.name);
+  if (response.topology().node() != session.name) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "the agent configured as '", session.name, "' calls itself '",
+                          response.topology().node(), "'")),
+                      "PEER_MISMATCH");
+  }
+  std::vector<fabric::Endpoint> remote;
+  for (const v1::Nic& nic : response.topology().nics()) {
+    remote.push_back(fabric::Endpoint{static_cast<int>(nic.index()), nic.address(),
+                                      static_cast<uint16_t>(nic.port())});
+  }
+  if (static_cast<int>(remote.size()) != fabric_->nic_count()) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "node '", session.name, "' has ", remote.size(),
+                          " NICs and this node ", fabric_->nic_count(),
+                          "; rails pair NIC i with NIC i")),
+                      "RAIL_MISMATCH");
+  }
+  absl::StatusOr<fabric::PeerId> peer = fabric_->Connect(session.name, remote);
+  if (!peer.ok()) {
+    return WithReason(absl::UnavailableError(absl::StrCat(
+                          "fabric to node '", session.name, "': ",
+                          peer.status().message())),
+                      "PEER_UNREACHABLE");
+  }
+  session.connected = true;
+  session.peer = *peer;
+  return *peer;
+}
+
+void PeerDirectory::OnPeerLost(fabric::PeerId peer) {
+  for (auto& [name, session] : sessions_) {
+    absl::MutexLock lock(&session->mu);
+    if (session->connected && session->peer == peer) session->connected = false;
+  }
+}
+
+absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
+    const transfer::IncomingSpec& spec) {
+  auto it = sessions_.find(spec.target_node);
+  if (it == sessions_.end()) {
+    return WithReason(absl::NotFoundError(absl::StrCat("unknown node '",
+                                                       spec.target_node, "'")),
+                      "UNKNOWN_NODE");
+  }
+  Session& session = *it->second;
+  FL_ASSIGN_OR_RETURN(fabric::PeerId peer, Connect(session, spec.deadline));
+
+  v1::PrepareIncomingRequest request;
+  request.set_source_node(local_.node());
+  request.set_transfer_id(spec.transfer_id);
+  request.set_tensor(spec.tensor);
+  *request.mutable_block_ids() = {spec.block_ids.begin(), spec.block_ids.end()};
+  request.set_layer_begin(spec.layer_begin);
+  request.set_layer_end(spec.layer_end);
+  request.set_block_bytes(spec.block_bytes);
+  request.set_total_bytes(spec.total_bytes);
+  v1::PrepareIncomingResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, spec.deadline);
+  grpc::Status status = session.stub->PrepareIncoming(&context, request, &response);
+  if (!status.ok()) return PeerCallStatus(status, session.name);
+
+  transfer::Prepared prepared;
+  prepared.peer = peer;
+  prepared.region_key = response.region_key();
+  prepared.slot = response.slot();
+  const v1::Layout& l = response.layout();
+  prepared.layout = memory::Layout{l.layers(), l.blocks_per_layer(), l.block_bytes(),
+                                   l.block_stride_bytes(), l.layer_stride_bytes()};
+  // The target's layout is checked like our own: a peer's bytes are never trusted.
+  FL_ASSIGN_OR_RETURN(prepared.layout, memory::NormalizeLayout(prepared.layout,
+                                                               UINT64_MAX));
+  return prepared;
+}
+
+}  // namespace fuselink::peer

@@ -1,0 +1,47 @@
+// The other agents this one knows, by node name, and the sessions with them:
+// bootstrap over gRPC (Hello: NIC endpoints), then the fabric connects NIC by NIC.
+// A session lost on the fabric is bootstrapped again on next use. Thread-safe.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/fabric/fabric.h"
+#include "agent/transfer/peer_link.h"
+#include "fuselink/v1/peer.grpc.pb.h"
+
+namespace fuselink::peer {
+
+class PeerDirectory final : public transfer::PeerLink {
+ public:
+  // `peers`: node name -> gRPC address ("host:port"). `local` is this node's
+  // topology with its NICs' listening ports filled in.
+  PeerDirectory(v1::Topology local, fabric::Fabric* fabric,
+                const std::map<std::string, std::string>& peers);
+
+  bool Knows(absl::string_view node) const override;
+  absl::StatusOr<transfer::Prepared> PrepareIncoming(
+      const transfer::IncomingSpec& spec) override;
+  // The fabric lost the peer: its session is bootstrapped anew next time.
+  void OnPeerLost(fabric::PeerId peer);
+
+ private:
+  struct Session {
+    std::string name;
+    std::unique_ptr<v1::Peer::Stub> stub;
+    absl::Mutex mu;  // serializes bootstrap
+    bool connected ABSL_GUARDED_BY(mu) = false;
+    fabric::PeerId peer ABSL_GUARDED_BY(mu) = 0;
+  };
+  absl::StatusOr<fabric::PeerId> Connect(Session& session, absl::Time deadline);
+
+  const v1::Topology local_;
+  fabric::Fabric* const fabric_;
+  // Fixed after construction; each Session guards itself.
+  std::map<std::string, std::unique_ptr<Session>, std::less<>> sessions_;
+};
+
+}  // namespace fuselink::peer

@@ -1,0 +1,103 @@
+#include "agent/topo/topology.h"
+
+#include <arpa/inet.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace fuselink::topo {
+namespace {
+
+absl::Status BadTopology(absl::string_view why) {
+  return WithReason(absl::InvalidArgumentError(absl::StrCat("topology: ", why)),
+                    "BAD_TOPOLOGY");
+}
+
+}  // namespace
+
+absl::StatusOr<Topology> LoadTopologyFile(absl::string_view path) {
+  std::ifstream in{std::string(path)};
+  if (!in) return BadTopology(absl::StrCat("cannot read '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseTopologyJson(text.str());
+}
+
+absl::StatusOr<Topology> ParseTopologyJson(absl::string_view json) {
+  Topology topology;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &topology, options);
+  if (!status.ok()) return BadTopology(status.ToString());
+  FL_RETURN_IF_ERROR(ValidateTopology(topology));
+  return topology;
+}
+
+Topology EmulatedTopology(int nics, int loopback_net, uint64_t rate_bytes_per_s) {
+  Topology topology;
+  for (int i = 0; i < nics; ++i) {
+    v1::Gpu* gpu = topology.add_gpus();
+    gpu->set_index(i);
+    gpu->set_name("emulated");
+    v1::Nic* nic = topology.add_nics();
+    nic->set_name(absl::StrCat("rail", i));
+    nic->set_address(absl::StrCat("127.0.", loopback_net, ".", i + 1));
+    nic->set_rate_bytes_per_s(rate_bytes_per_s);
+    nic->set_owner_gpu(i);
+    nic->set_index(i);
+  }
+  return topology;
+}
+
+absl::Status ValidateTopology(Topology& topology) {
+  if (topology.nics_size() == 0) return BadTopology("no NICs");
+  if (topology.nics_size() > kMaxNics) {
+    return BadTopology(absl::StrCat("more than ", kMaxNics, " NICs"));
+  }
+  if (topology.gpus_size() > kMaxGpus) {
+    return BadTopology(absl::StrCat("more than ", kMaxGpus, " GPUs"));
+  }
+  if (topology.gpus_size() == 0) {  // a node without GPUs: one notional GPU 0
+    topology.add_gpus()->set_name("none");
+  }
+  for (int i = 0; i < topology.gpus_size(); ++i) {
+    if (topology.gpus(i).index() != static_cast<uint32_t>(i)) {
+      return BadTopology("GPU indices must be 0, 1, 2, ... in order");
+    }
+  }
+  absl::flat_hash_set<std::string> names;
+  for (int i = 0; i < topology.nics_size(); ++i) {
+    v1::Nic& nic = *topology.mutable_nics(i);
+    nic.set_index(i);
+    if (nic.name().empty()) return BadTopology(absl::StrCat("NIC ", i, " has no name"));
+    if (!names.insert(nic.name()).second) {
+      return BadTopology(absl::StrCat("NIC name '", nic.name(), "' appears twice"));
+    }
+    in_addr addr{};
+    if (inet_pton(AF_INET, nic.address().c_str(), &addr) != 1) {
+      return BadTopology(absl::StrCat("NIC '", nic.name(), "' address '", nic.address(),
+                                      "' is not an IPv4 address"));
+    }
+    if (nic.owner_gpu() >= static_cast<uint32_t>(topology.gpus_size())) {
+      return BadTopology(absl::StrCat("NIC '", nic.name(), "' owner_gpu ",
+                                      nic.owner_gpu(), " does not exist"));
+    }
+    if (nic.port() > 65535) return BadTopology("port above 65535");
+  }
+  return absl::OkStatus();
+}
+
+int DirectNic(const Topology& topology, uint32_t gpu) {
+  for (const v1::Nic& nic : topology.nics()) {
+    if (nic.owner_gpu() == gpu) return static_cast<int>(nic.index());
+  }
+  return 0;
+}
+
+}  // namespace fuselink::topo

@@ -1,0 +1,151 @@
+#include "agent/transfer/landing.h"
+
+#include <optional>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+#include "agent/transfer/plan.h"
+
+namespace fuselink::transfer {
+
+Landing::Landing(memory::Registry* registry, WatchFn on_event)
+    : registry_(registry), on_event_(std::move(on_event)) {
+  absl::MutexLock lock(&mu_);
+  slots_.resize(kMaxIncoming);
+  for (uint32_t i = 0; i < kMaxIncoming; ++i) free_.push_back(kMaxIncoming - 1 - i);
+}
+
+absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
+    const v1::PrepareIncomingRequest& request) {
+  FL_ASSIGN_OR_RETURN(memory::TensorLease tensor, registry_->Acquire(request.tensor()));
+  const memory::Layout& layout = tensor.info().layout;
+  FL_RETURN_IF_ERROR(ValidateBlocks(layout, {request.block_ids().data(), static_cast<size_t>(request.block_ids_size())}, "target", true));
+  FL_RETURN_IF_ERROR(ValidateLayers(layout, request.layer_begin(), request.layer_end()));
+  if (request.block_bytes() != layout.block_bytes) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "source blocks are ", request.block_bytes(),
+                          " bytes, target blocks ", layout.block_bytes)),
+                      "BLOCK_SIZE_MISMATCH");
+  }
+  const uint64_t expected = layout.block_bytes * request.block_ids_size() *
+                            (request.layer_end() - request.layer_begin());
+  if (request.total_bytes() != expected) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "total_bytes ", request.total_bytes(), " should be ", expected)),
+                      "BAD_TOTAL");
+  }
+  absl::MutexLock lock(&mu_);
+  if (free_.empty()) {
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          "the target already has ", kMaxIncoming, " incoming transfers")),
+                      "TOO_MANY_INCOMING");
+  }
+  const uint32_t index = free_.back();
+  free_.pop_back();
+  Slot& slot = slots_[index];
+  slot.generation = (slot.generation + 1) & ((1u << kImmGenerationBits) - 1);
+  slot.active = true;
+  slot.source_node = request.source_node();
+  slot.transfer_id = request.transfer_id();
+  slot.block_ids.assign(request.block_ids().begin(), request.block_ids().end());
+  slot.layer_begin = request.layer_begin();
+  slot.layer_end = request.layer_end();
+  slot.expected_bytes = expected;
+  slot.landed_bytes = 0;
+  slot.last_activity = absl::Now();
+
+  v1::PrepareIncomingResponse response;
+  response.set_region_key(tensor.region_key());
+  v1::Layout* out = response.mutable_layout();
+  out->set_layers(layout.layers);
+  out->set_blocks_per_layer(layout.blocks_per_layer);
+  out->set_block_bytes(layout.block_bytes);
+  out->set_block_stride_bytes(layout.block_stride_bytes);
+  out->set_layer_stride_bytes(layout.layer_stride_bytes);
+  response.set_slot(SlotId{index, slot.generation}.Pack());
+  slot.tensor = std::move(tensor);
+  return response;
+}
+
+v1::WatchEvent Landing::CloseLocked(Slot& slot, const absl::Status& status) {
+  v1::WatchEvent event;
+  event.set_transfer_id(slot.transfer_id);
+  event.set_source_node(slot.source_node);
+  event.set_tensor(slot.tensor.info().name);
+  *event.mutable_block_ids() = {slot.block_ids.begin(), slot.block_ids.end()};
+  event.mutable_layers()->set_begin(slot.layer_begin);
+  event.mutable_layers()->set_end(slot.layer_end);
+  event.set_bytes(slot.landed_bytes);
+  event.set_code(static_cast<int>(status.code()));
+  event.set_message(std::string(status.message()));
+  slot.active = false;
+  slot.tensor = memory::TensorLease();
+  slot.block_ids.clear();
+  free_.push_back(static_cast<uint32_t>(&slot - slots_.data()));
+  return event;
+}
+
+void Landing::OnArrival(const fabric::Arrival& arrival) {
+  const SlotId id = ImmSlot(arrival.imm);
+  std::optional<v1::WatchEvent> event;
+  {
+    absl::MutexLock lock(&mu_);
+    Slot* slot = id.index < slots_.size() ? &slots_[id.index] : nullptr;
+    if (slot == nullptr || !slot->active || slot->generation != id.generation ||
+        (arrival.bytes > 0 && arrival.key != slot->tensor.region_key())) {
+      stray_writes_.fetch_add(1);
+      return;
+    }
+    slot->last_activity = absl::Now();
+    if (ImmOpOf(arrival.imm) == ImmOp::kAbort) {
+      event = CloseLocked(*slot, WithReason(absl::AbortedError("the source stopped the "
+                                                               "transfer"),
+                                            "SOURCE_ABORTED"));
+    } else {
+      slot->landed_bytes += arrival.bytes;
+      if (slot->landed_bytes >= slot->expected_bytes) {
+        event = CloseLocked(*slot, absl::OkStatus());
+      }
+    }
+  }
+  if (event) on_event_(*event);
+}
+
+void Landing::OnPeerLost(absl::string_view peer_name, const absl::Status& why) {
+  absl::InlinedVector<v1::WatchEvent, 4> events;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Slot& slot : slots_) {
+      if (slot.active && slot.source_node == peer_name) {
+        events.push_back(CloseLocked(
+            slot, WithReason(absl::UnavailableError(absl::StrCat(
+                                 "lost the source node '", peer_name, "': ", why.message())),
+                             "PEER_LOST")));
+      }
+    }
+  }
+  for (const auto& e : events) on_event_(e);
+}
+
+void Landing::Expire(absl::Time now) {
+  absl::InlinedVector<v1::WatchEvent, 4> events;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Slot& slot : slots_) {
+      if (slot.active && now - slot.last_activity > kIncomingIdleTimeout) {
+        events.push_back(CloseLocked(
+            slot, WithReason(absl::UnavailableError("no data from the source for 30 s"),
+                             "SOURCE_IDLE")));
+      }
+    }
+  }
+  for (const auto& e : events) on_event_(e);
+}
+
+size_t Landing::active() const {
+  absl::MutexLock lock(&mu_);
+  return kMaxIncoming - free_.size();
+}
+
+}  // namespace fuselink::transfer

@@ -1,0 +1,77 @@
+// The target side of transfers: incoming slots reserved by PrepareIncoming, filled
+// by the fabric's arrivals, and the watchers that learn when blocks are ready.
+// Thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "agent/fabric/fabric.h"
+#include "agent/memory/registry.h"
+#include "agent/transfer/imm.h"
+#include "fuselink/v1/agent.pb.h"
+#include "fuselink/v1/peer.pb.h"
+
+namespace fuselink::transfer {
+
+// A slot that sees no arrival for this long is failed and freed: its source is
+// gone without a word.
+inline constexpr absl::Duration kIncomingIdleTimeout = absl::Seconds(30);
+
+// Receives the end of every incoming transfer. Called with no lock held, on the
+// fabric's threads or the caller of Expire.
+using WatchFn = std::function<void(const v1::WatchEvent& event)>;
+
+class Landing {
+ public:
+  Landing(memory::Registry* registry, WatchFn on_event);
+
+  // Checks the target side of a transfer and reserves a slot for it.
+  absl::StatusOr<v1::PrepareIncomingResponse> Prepare(
+      const v1::PrepareIncomingRequest& request);
+
+  void OnArrival(const fabric::Arrival& arrival);
+  // Fails every slot whose source is `peer_name`.
+  void OnPeerLost(absl::string_view peer_name, const absl::Status& why);
+  // Fails slots idle longer than kIncomingIdleTimeout.
+  void Expire(absl::Time now);
+
+  // Writes that named no live slot (stale generation, unknown slot, wrong region).
+  uint64_t stray_writes() const { return stray_writes_.load(); }
+  size_t active() const;
+
+ private:
+  struct Slot {
+    uint32_t generation = 0;
+    bool active = false;
+    std::string source_node;
+    std::string transfer_id;
+    memory::TensorLease tensor;
+    std::vector<uint32_t> block_ids;
+    uint32_t layer_begin = 0, layer_end = 0;
+    uint64_t expected_bytes = 0;
+    uint64_t landed_bytes = 0;
+    absl::Time last_activity;
+  };
+  // Frees the slot and returns the watch event describing its end.
+  v1::WatchEvent CloseLocked(Slot& slot, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  memory::Registry* const registry_;
+  const WatchFn on_event_;
+  std::atomic<uint64_t> stray_writes_{0};
+
+  mutable absl::Mutex mu_;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // kMaxIncoming, fixed
+  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fuselink::transfer

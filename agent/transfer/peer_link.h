@@ -1,0 +1,47 @@
+// What the transfer engine needs from the peers: whether a node is known, and a
+// target's acceptance of an incoming transfer. Implemented over gRPC by agent/peer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "agent/fabric/fabric.h"
+#include "agent/memory/layout.h"
+
+namespace fuselink::transfer {
+
+struct IncomingSpec {
+  std::string target_node;
+  std::string transfer_id;
+  std::string tensor;
+  std::vector<uint32_t> block_ids;
+  uint32_t layer_begin = 0;
+  uint32_t layer_end = 0;
+  uint64_t block_bytes = 0;
+  uint64_t total_bytes = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// The target's answer: where to write, and the slot to name in every immediate.
+struct Prepared {
+  fabric::PeerId peer = 0;
+  fabric::RegionKey region_key = 0;
+  memory::Layout layout;
+  uint32_t slot = 0;
+};
+
+class PeerLink {
+ public:
+  virtual ~PeerLink() = default;
+  virtual bool Knows(absl::string_view node) const = 0;
+  // Connects to the target if needed, then asks it to accept. Blocks up to the
+  // spec's deadline. The target's own errors come back with their codes; an
+  // unreachable target is UNAVAILABLE (reason PEER_UNREACHABLE).
+  virtual absl::StatusOr<Prepared> PrepareIncoming(const IncomingSpec& spec) = 0;
+};
+
+}  // namespace fuselink::transfer

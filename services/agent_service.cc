@@ -1,0 +1,208 @@
+#include "services/agent_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "agent/common/grpc_status.h"
+#include "agent/common/status_macros.h"
+
+namespace fuselink::services {
+namespace {
+
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                 const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+void ToProto(const memory::TensorInfo& info, absl::string_view node, v1::Tensor* out) {
+  out->set_name(info.name);
+  v1::Layout* l = out->mutable_layout();
+  l->set_layers(info.layout.layers);
+  l->set_blocks_per_layer(info.layout.blocks_per_layer);
+  l->set_block_bytes(info.layout.block_bytes);
+  l->set_block_stride_bytes(info.layout.block_stride_bytes);
+  l->set_layer_stride_bytes(info.layout.layer_stride_bytes);
+  out->set_memory_kind(info.memory_kind);
+  out->set_size_bytes(info.size_bytes);
+  out->set_home_gpu(info.home_gpu);
+  out->set_node(std::string(node));
+}
+
+absl::Time CallDeadline(const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline >= std::chrono::system_clock::time_point::max() -
+                      std::chrono::hours(24 * 365)) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(deadline);
+}
+
+// Follows one transfer and writes its events to the caller.
+class TransferStream final : public grpc::ServerWriteReactor<v1::TransferEvent>,
+                             public transfer::EventSink {
+ public:
+  TransferStream(transfer::Engine& engine, grpc::CallbackServerContext* context,
+                 const v1::TransferRequest& request) {
+    absl::StatusOr<std::shared_ptr<transfer::Transfer>> t =
+        engine.Submit(request, CallDeadline(context));
+    if (!t.ok()) {
+      Finish(ToGrpcStatus(t.status()));
+      return;
+    }
+    transfer_ = std::move(*t);
+    transfer_->Subscribe(this, &sub_);
+  }
+  void SendEvent(const v1::TransferEvent* event) override { StartWrite(event); }
+  void End(const absl::Status& status) override { Finish(ToGrpcStatus(status)); }
+  void OnWriteDone(bool ok) override { transfer_->OnWriteDone(sub_, ok); }
+  void OnCancel() override {
+    if (transfer_) transfer_->OnStreamCancelled(sub_);
+  }
+  void OnDone() override {
+    if (transfer_) transfer_->Unsubscribe(sub_);
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<transfer::Transfer> transfer_;
+  transfer::Transfer::Subscription* sub_ = nullptr;
+};
+
+class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
+                          public WatchSink {
+ public:
+  WatchStream(WatchHub& hub, std::string tensor) : hub_(hub) {
+    hub_.Add(this, std::move(tensor), &watcher_);
+  }
+  void SendEvent(const v1::WatchEvent* event) override { StartWrite(event); }
+  void End(const absl::Status& status) override { Finish(ToGrpcStatus(status)); }
+  void OnWriteDone(bool ok) override { hub_.OnWriteDone(watcher_, ok); }
+  void OnCancel() override { hub_.OnCancel(watcher_); }
+  void OnDone() override {
+    hub_.Remove(watcher_);
+    delete this;
+  }
+
+ private:
+  WatchHub& hub_;
+  WatchHub::Watcher* watcher_ = nullptr;
+};
+
+absl::StatusOr<std::shared_ptr<transfer::Transfer>> FindTransfer(
+    transfer::Engine& engine, const std::string& transfer_id,
+    const std::string& request_id) {
+  if (transfer_id.empty() && request_id.empty()) {
+    return WithReason(absl::InvalidArgumentError("give transfer_id or request_id"),
+                      "MISSING_ID");
+  }
+  return engine.Find(transfer_id, request_id);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AgentService::RegisterTensor(
+    grpc::CallbackServerContext* context, const v1::RegisterTensorRequest* request,
+    v1::Tensor* response) {
+  const v1::TensorMemory& memory = request->memory();
+  if (memory.kind_case() == v1::TensorMemory::KIND_NOT_SET) {
+    return Answer(context,
+                  WithReason(absl::InvalidArgumentError("memory is required"), "BAD_MEMORY"));
+  }
+  if (memory.kind_case() != v1::TensorMemory::kHost) {
+    return Answer(context, WithReason(absl::UnimplementedError(
+                                          "this agent imports host memory only; GPU "
+                                          "memory handles are not supported yet"),
+                                      "GPU_MEMORY_UNSUPPORTED"));
+  }
+  if (request->home_gpu() >= static_cast<uint32_t>(node_->topology().gpus_size())) {
+    return Answer(context, WithReason(absl::InvalidArgumentError(absl::StrCat(
+                                          "home_gpu ", request->home_gpu(),
+                                          " does not exist on this node")),
+                                      "BAD_HOME_GPU"));
+  }
+  // Check the cheap things before spending the token.
+  if (absl::Status s = memory::ValidateName(request->name()); !s.ok()) {
+    return Answer(context, s);
+  }
+  absl::StatusOr<UniqueFd> fd = node_->fd_tokens().Take(memory.host().fd_token());
+  if (!fd.ok()) return Answer(context, fd.status());
+  memory::TensorInfo want;
+  want.name = request->name();
+  const v1::Layout& l = request->layout();
+  want.layout = memory::Layout{l.layers(), l.blocks_per_layer(), l.block_bytes(),
+                               l.block_stride_bytes(), l.layer_stride_bytes()};
+  want.home_gpu = request->home_gpu();
+  absl::StatusOr<memory::TensorInfo> info = node_->registry().RegisterHost(
+      std::move(want), std::move(*fd), memory.host().offset_bytes(),
+      memory.host().size_bytes());
+  if (info.ok()) ToProto(*info, node_->name(), response);
+  return Answer(context, info.status());
+}
+
+grpc::ServerUnaryReactor* AgentService::UnregisterTensor(
+    grpc::CallbackServerContext* context, const v1::UnregisterTensorRequest* request,
+    v1::UnregisterTensorResponse*) {
+  return Answer(context, node_->registry().Unregister(request->name()));
+}
+
+grpc::ServerUnaryReactor* AgentService::GetTensor(grpc::CallbackServerContext* context,
+                                                  const v1::GetTensorRequest* request,
+                                                  v1::Tensor* response) {
+  absl::StatusOr<memory::TensorInfo> info = node_->registry().Get(request->name());
+  if (info.ok()) ToProto(*info, node_->name(), response);
+  return Answer(context, info.status());
+}
+
+grpc::ServerUnaryReactor* AgentService::ListTensors(
+    grpc::CallbackServerContext* context, const v1::ListTensorsRequest* request,
+    v1::ListTensorsResponse* response) {
+  constexpr uint32_t kDefaultPage = 100, kMaxPage = 1000;
+  const uint32_t page = request->page_size() == 0
+                            ? kDefaultPage
+                            : std::min(request->page_size(), kMaxPage);
+  bool more = false;
+  // The page token is the last name of the previous page.
+  std::vector<memory::TensorInfo> tensors =
+      node_->registry().List(request->page_token(), page, &more);
+  for (const auto& info : tensors) ToProto(info, node_->name(), response->add_tensors());
+  if (more && !tensors.empty()) response->set_next_page_token(tensors.back().name);
+  return Answer(context, absl::OkStatus());
+}
+
+grpc::ServerWriteReactor<v1::TransferEvent>* AgentService::TransferKVCache(
+    grpc::CallbackServerContext* context, const v1::TransferRequest* request) {
+  return new TransferStream(node_->engine(), context, *request);
+}
+
+grpc::ServerUnaryReactor* AgentService::GetTransfer(grpc::CallbackServerContext* context,
+                                                    const v1::GetTransferRequest* request,
+                                                    v1::TransferStatus* response) {
+  auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id());
+  if (t.ok()) *response = (*t)->Status();
+  return Answer(context, t.status());
+}
+
+grpc::ServerUnaryReactor* AgentService::CancelTransfer(
+    grpc::CallbackServerContext* context, const v1::CancelTransferRequest* request,
+    v1::TransferStatus* response) {
+  auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id());
+  if (!t.ok()) return Answer(context, t.status());
+  absl::Status s = node_->engine().Cancel(*t);
+  *response = (*t)->Status();
+  return Answer(context, s);
+}
+
+grpc::ServerWriteReactor<v1::WatchEvent>* AgentService::WatchTransfers(
+    grpc::CallbackServerContext*, const v1::WatchTransfersRequest* request) {
+  return new WatchStream(node_->watch_hub(), request->tensor());
+}
+
+grpc::ServerUnaryReactor* AgentService::GetTopology(grpc::CallbackServerContext* context,
+                                                    const v1::GetTopologyRequest*,
+                                                    v1::Topology* response) {
+  *response = node_->topology();
+  return Answer(context, absl::OkStatus());
+}
+
+}  // namespace fuselink::services

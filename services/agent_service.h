@@ -1,0 +1,46 @@
+// The control API (fuselink.v1.Agent) on the gRPC callback API. Handlers validate,
+// call into the node and answer; none blocks: transfers are prepared on the engine's
+// threads and streamed by reactors that the transfer drives.
+#pragma once
+
+#include "fuselink/v1/agent.grpc.pb.h"
+#include "services/node.h"
+
+namespace fuselink::services {
+
+class AgentService final : public v1::Agent::CallbackService {
+ public:
+  explicit AgentService(Node* node) : node_(node) {}
+
+  grpc::ServerUnaryReactor* RegisterTensor(grpc::CallbackServerContext* context,
+                                           const v1::RegisterTensorRequest* request,
+                                           v1::Tensor* response) override;
+  grpc::ServerUnaryReactor* UnregisterTensor(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterTensorRequest* request,
+                                             v1::UnregisterTensorResponse* response) override;
+  grpc::ServerUnaryReactor* GetTensor(grpc::CallbackServerContext* context,
+                                      const v1::GetTensorRequest* request,
+                                      v1::Tensor* response) override;
+  grpc::ServerUnaryReactor* ListTensors(grpc::CallbackServerContext* context,
+                                        const v1::ListTensorsRequest* request,
+                                        v1::ListTensorsResponse* response) override;
+  grpc::ServerWriteReactor<v1::TransferEvent>* TransferKVCache(
+      grpc::CallbackServerContext* context, const v1::TransferRequest* request) override;
+  grpc::ServerUnaryReactor* GetTransfer(grpc::CallbackServerContext* context,
+                                        const v1::GetTransferRequest* request,
+                                        v1::TransferStatus* response) override;
+  grpc::ServerUnaryReactor* CancelTransfer(grpc::CallbackServerContext* context,
+                                           const v1::CancelTransferRequest* request,
+                                           v1::TransferStatus* response) override;
+  grpc::ServerWriteReactor<v1::WatchEvent>* WatchTransfers(
+      grpc::CallbackServerContext* context,
+      const v1::WatchTransfersRequest* request) override;
+  grpc::ServerUnaryReactor* GetTopology(grpc::CallbackServerContext* context,
+                                        const v1::GetTopologyRequest* request,
+                                        v1::Topology* response) override;
+
+ private:
+  Node* const node_;
+};
+
+}  // namespace fuselink::services

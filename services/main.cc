@@ -1,0 +1,149 @@
+// fuselink-agent: the per-node daemon. Flags may also come from a file
+// (--flagfile=agent.flags, one --flag=value a line).
+#include <pthread.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "services/agent_service.h"
+#include "services/handle_socket.h"
+#include "services/metrics.h"
+#include "services/peer_service.h"
+
+ABSL_FLAG(std::string, node, "", "This node's name (required).");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address; port 0 lets the kernel pick.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address.");
+ABSL_FLAG(std::string, handle_socket, "", "Unix socket for memfds; default /tmp/fuselink-<node>.sock.");
+ABSL_FLAG(std::string, topology, "", "Topology JSON file; empty: an emulated node.");
+ABSL_FLAG(int, nics, 4, "Emulated node: number of NICs (one GPU each).");
+ABSL_FLAG(int, loopback_net, 1, "Emulated node: NIC i at 127.0.<loopback_net>.<i+1>.");
+ABSL_FLAG(std::vector<std::string>, peer, {}, "Peers as name=host:port, comma-separated.");
+ABSL_FLAG(std::string, policy, "static", "NIC policy: static or stripe.");
+ABSL_FLAG(uint32_t, chunk_bytes, 4u << 20, "Bytes per fabric write.");
+ABSL_FLAG(uint32_t, window_chunks, 16, "Chunks in flight per transfer.");
+ABSL_FLAG(uint32_t, max_transfers, 64, "Outgoing transfers in flight at once.");
+ABSL_FLAG(int, connections_per_nic, 2, "TCP connections per NIC and peer.");
+ABSL_FLAG(std::string, ready_file, "", "Write the bound addresses here as JSON once serving.");
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "fuselink-agent: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("fuselink-agent --node=NAME [--peer=name=host:port,...]");
+  absl::ParseCommandLine(argc, argv);
+  // SIGINT and SIGTERM are taken by sigwait below; every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  using namespace fuselink;
+  services::NodeOptions options;
+  options.node = absl::GetFlag(FLAGS_node);
+  if (absl::Status s = memory::ValidateName(options.node); !s.ok()) {
+    return Fail(absl::InvalidArgumentError("--node: a name of [A-Za-z0-9._/-] is required"));
+  }
+  if (std::string path = absl::GetFlag(FLAGS_topology); !path.empty()) {
+    absl::StatusOr<topo::Topology> t = topo::LoadTopologyFile(path);
+    if (!t.ok()) return Fail(t.status());
+    options.topology = *std::move(t);
+  } else {
+    options.topology = topo::EmulatedTopology(absl::GetFlag(FLAGS_nics),
+                                              absl::GetFlag(FLAGS_loopback_net), 0);
+    if (absl::Status s = topo::ValidateTopology(options.topology); !s.ok()) return Fail(s);
+  }
+  for (const std::string& p : absl::GetFlag(FLAGS_peer)) {
+    std::vector<std::string> kv = absl::StrSplit(p, absl::MaxSplits('=', 1));
+    if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--peer '", p, "': want name=host:port")));
+    }
+    options.peers[kv[0]] = kv[1];
+  }
+  options.policy = absl::GetFlag(FLAGS_policy);
+  options.connections_per_nic = absl::GetFlag(FLAGS_connections_per_nic);
+  options.engine.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  options.engine.window_chunks = absl::GetFlag(FLAGS_window_chunks);
+  options.engine.max_active_transfers = absl::GetFlag(FLAGS_max_transfers);
+  if (options.engine.chunk_bytes < transfer::kMinChunkBytes ||
+      options.engine.chunk_bytes > transfer::kMaxChunkBytes ||
+      options.engine.window_chunks == 0 || options.engine.window_chunks > 1024) {
+    return Fail(absl::InvalidArgumentError(
+        "--chunk_bytes must be 4 KiB to 64 MiB and --window_chunks 1 to 1024"));
+  }
+
+  absl::StatusOr<std::unique_ptr<services::Metrics>> metrics =
+      services::Metrics::Start(absl::GetFlag(FLAGS_metrics_listen));
+  if (!metrics.ok()) return Fail(metrics.status());
+  absl::StatusOr<std::unique_ptr<services::Node>> node =
+      services::Node::Create(options, metrics->get());
+  if (!node.ok()) return Fail(node.status());
+  (*metrics)->Attach(node->get());
+
+  std::string socket_path = absl::GetFlag(FLAGS_handle_socket);
+  if (socket_path.empty()) socket_path = absl::StrCat("/tmp/fuselink-", options.node, ".sock");
+  absl::StatusOr<std::unique_ptr<services::HandleSocket>> handles =
+      services::HandleSocket::Listen(socket_path, &(*node)->fd_tokens());
+  if (!handles.ok()) return Fail(handles.status());
+
+  services::AgentService agent_service(node->get());
+  services::PeerService peer_service(node->get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(),
+                           &grpc_port);
+  builder.RegisterService(&agent_service);
+  builder.RegisterService(&peer_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat("cannot serve gRPC on ", absl::GetFlag(FLAGS_listen))));
+  }
+  const std::string host = absl::GetFlag(FLAGS_listen).substr(
+      0, absl::GetFlag(FLAGS_listen).rfind(':'));
+  const std::string grpc_address = absl::StrCat(host, ":", grpc_port);
+  const std::string metrics_url =
+      absl::StrCat("http://", host, ":", (*metrics)->port(), "/metrics");
+  std::printf("fuselink-agent node=%s grpc=%s metrics=%s handle_socket=%s transport=%s nics=%d policy=%s\n",
+              options.node.c_str(), grpc_address.c_str(), metrics_url.c_str(),
+              socket_path.c_str(), (*node)->topology().transport().c_str(),
+              (*node)->topology().nics_size(), options.policy.c_str());
+  std::fflush(stdout);
+  if (std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
+    std::ofstream out(ready + ".tmp");
+    out << "{\"node\":\"" << options.node << "\",\"grpc\":\"" << grpc_address
+        << "\",\"metrics\":\"" << metrics_url << "\",\"handle_socket\":\"" << socket_path
+        << "\"}\n";
+    out.close();
+    std::rename((ready + ".tmp").c_str(), ready.c_str());
+  }
+
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  std::printf("fuselink-agent node=%s stopping\n", options.node.c_str());
+  (*node)->watch_hub().Close();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  handles->reset();
+  node->reset();
+  return 0;
+}

@@ -1,0 +1,25 @@
+// The agent-to-agent control service (fuselink.v1.Peer): session bootstrap and the
+// target's side of a transfer's set-up. Answers from memory; never blocks.
+#pragma once
+
+#include "fuselink/v1/peer.grpc.pb.h"
+#include "services/node.h"
+
+namespace fuselink::services {
+
+class PeerService final : public v1::Peer::CallbackService {
+ public:
+  explicit PeerService(Node* node) : node_(node) {}
+
+  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* context,
+                                  const v1::HelloRequest* request,
+                                  v1::HelloResponse* response) override;
+  grpc::ServerUnaryReactor* PrepareIncoming(
+      grpc::CallbackServerContext* context, const v1::PrepareIncomingRequest* request,
+      v1::PrepareIncomingResponse* response) override;
+
+ private:
+  Node* const node_;
+};
+
+}  // namespace fuselink::services

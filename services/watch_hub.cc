@@ -1,0 +1,129 @@
+#include "services/watch_hub.h"
+
+#include <algorithm>
+
+#include "agent/common/status_macros.h"
+
+namespace fuselink::services {
+
+struct WatchHub::Watcher {
+  WatchSink* sink = nullptr;
+  std::string tensor;  // filter; empty: all
+  std::deque<v1::WatchEvent> queue;
+  v1::WatchEvent writing_event;
+  bool writing = false;
+  bool finished = false;
+  bool cancelled = false;
+  bool overflowed = false;
+};
+
+WatchHub::WatchHub() = default;
+WatchHub::~WatchHub() = default;
+
+void WatchHub::Add(WatchSink* sink, std::string tensor, Watcher** handle) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    watchers_.push_back(std::make_unique<Watcher>());
+    Watcher* w = watchers_.back().get();
+    w->sink = sink;
+    w->tensor = std::move(tensor);
+    w->cancelled = closed_;
+    *handle = w;
+    Advance(w, &actions);
+  }
+  Run(actions);
+}
+
+void WatchHub::OnWriteDone(Watcher* w, bool ok) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    w->writing = false;
+    if (!ok) w->cancelled = true;
+    Advance(w, &actions);
+  }
+  Run(actions);
+}
+
+void WatchHub::OnCancel(Watcher* w) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    w->cancelled = true;
+    Advance(w, &actions);
+  }
+  Run(actions);
+}
+
+void WatchHub::Remove(Watcher* watcher) {
+  absl::MutexLock lock(&mu_);
+  std::erase_if(watchers_, [watcher](const auto& w) { return w.get() == watcher; });
+}
+
+void WatchHub::Publish(const v1::WatchEvent& event) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& w : watchers_) {
+      if (w->finished || (!w->tensor.empty() && w->tensor != event.tensor())) continue;
+      if (w->queue.size() >= kMaxQueuedWatchEvents) {
+        w->overflowed = true;
+      } else {
+        w->queue.push_back(event);
+      }
+      Advance(w.get(), &actions);
+    }
+  }
+  Run(actions);
+}
+
+void WatchHub::Close() {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    for (auto& w : watchers_) {
+      w->cancelled = true;
+      Advance(w.get(), &actions);
+    }
+  }
+  Run(actions);
+}
+
+size_t WatchHub::size() const {
+  absl::MutexLock lock(&mu_);
+  return watchers_.size();
+}
+
+void WatchHub::Advance(Watcher* w, Actions* actions) {
+  if (w->writing || w->finished) return;
+  if (w->cancelled || w->overflowed) {
+    w->finished = true;
+    absl::Status why =
+        w->overflowed
+            ? WithReason(absl::ResourceExhaustedError(
+                             "the watcher fell too far behind; watch again"),
+                         "WATCHER_TOO_SLOW")
+            : absl::CancelledError("watch ended");
+    actions->push_back(Action{w->sink, nullptr, std::move(why)});
+    return;
+  }
+  if (w->queue.empty()) return;
+  w->writing_event = std::move(w->queue.front());
+  w->queue.pop_front();
+  w->writing = true;
+  actions->push_back(Action{w->sink, &w->writing_event, absl::OkStatus()});
+}
+
+void WatchHub::Run(const Actions& actions) {
+  for (const Action& a : actions) {
+    if (a.event != nullptr) {
+      a.sink->SendEvent(a.event);
+    } else {
+      a.sink->End(a.status);
+    }
+  }
+}
+
+}  // namespace fuselink::services

@@ -1,0 +1,62 @@
+// Fans out the ends of incoming transfers to WatchTransfers streams. Each stream
+// has a bounded queue; a stream that falls kMaxQueuedWatchEvents behind is ended
+// RESOURCE_EXHAUSTED rather than grown. Stream state lives here, under the hub's
+// lock, and the sink is called with no lock held, at most one write outstanding.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "fuselink/v1/agent.pb.h"
+
+namespace fuselink::services {
+
+inline constexpr size_t kMaxQueuedWatchEvents = 1024;
+
+class WatchSink {
+ public:
+  virtual ~WatchSink() = default;
+  virtual void SendEvent(const v1::WatchEvent* event) = 0;
+  virtual void End(const absl::Status& status) = 0;
+};
+
+class WatchHub {
+ public:
+  struct Watcher;
+
+  WatchHub();
+  ~WatchHub();
+
+  // Stores the handle in `*handle` before the sink's first call.
+  void Add(WatchSink* sink, std::string tensor, Watcher** handle);
+  void OnWriteDone(Watcher* watcher, bool ok);
+  void OnCancel(Watcher* watcher);
+  // The sink is done for good.
+  void Remove(Watcher* watcher);
+  void Publish(const v1::WatchEvent& event);
+  // Ends every stream (the agent is stopping).
+  void Close();
+  size_t size() const;
+
+ private:
+  struct Action {
+    WatchSink* sink;
+    const v1::WatchEvent* event;  // null: Finish with status
+    absl::Status status;
+  };
+  using Actions = absl::InlinedVector<Action, 4>;
+  void Advance(Watcher* w, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Run(const Actions& actions);
+
+  mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<Watcher>> watchers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace fuselink::services

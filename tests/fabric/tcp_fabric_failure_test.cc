@@ -1,0 +1,257 @@
+// The TCP fabric against hostile and failing peers.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agent/fabric/tcp_fabric.h"
+#include "agent/fabric/wire.h"
+#include "gtest/gtest.h"
+#include "tests/fabric/test_util.h"
+
+namespace fuselink::fabric {
+namespace {
+
+using testing::LoopbackOptions;
+using testing::RawConnect;
+using testing::RecordingHandler;
+using testing::SendRaw;
+using testing::SilentPeer;
+using testing::WaitUntilClosed;
+
+constexpr uint8_t kUntouched = 0xAB;
+constexpr uint32_t kMaxWriteBytes = 1 << 20;
+constexpr size_t kRegionBytes = 4096;
+
+// What a hostile client sends after connecting to NIC 0 of the target.
+struct HostileCase {
+  std::string name;
+  bool say_hello = true;
+  // Builds the frame from the target region's key.
+  std::string (*frame)(RegionKey key);
+};
+
+std::string AsString(const wire::HeaderBytes& header) {
+  return std::string(reinterpret_cast<const char*>(header.data()), header.size());
+}
+
+std::string WriteFrame(RegionKey key, uint64_t offset, uint32_t bytes) {
+  return AsString(wire::EncodeWrite({.key = key, .offset = offset, .bytes = bytes})) +
+         std::string(std::min<uint32_t>(bytes, kRegionBytes), 'X');
+}
+
+const HostileCase kHostileCases[] = {
+    {.name = "BadMagic",
+     .frame =
+         [](RegionKey key) {
+           std::string frame = WriteFrame(key, 0, 16);
+           frame[0] = 'Z';
+           return frame;
+         }},
+    {.name = "UnknownType",
+     .frame =
+         [](RegionKey key) {
+           std::string frame = WriteFrame(key, 0, 16);
+           frame[6] = 9;
+           return frame;
+         }},
+    {.name = "UnknownKey", .frame = [](RegionKey key) { return WriteFrame(key + 7, 0, 16); }},
+    {.name = "OffsetPastEnd",
+     .frame = [](RegionKey key) { return WriteFrame(key, kRegionBytes - 15, 16); }},
+    {.name = "OffsetWraps",
+     .frame =
+         [](RegionKey key) {
+           return WriteFrame(key, std::numeric_limits<uint64_t>::max() - 7, 16);
+         }},
+    {.name = "Oversize",
+     .frame = [](RegionKey key) { return WriteFrame(key, 0, kMaxWriteBytes + 1); }},
+    {.name = "WriteBeforeHello",
+     .say_hello = false,
+     .frame = [](RegionKey key) { return WriteFrame(key, 0, 16); }},
+    {.name = "AckToTarget",
+     .frame = [](RegionKey) { return AsString(wire::EncodeAck({.wr_id = 1})); }},
+    {.name = "HelloOnWrongNic",
+     .say_hello = false,
+     .frame = [](RegionKey) { return *wire::EncodeHello(1, "raw"); }},
+};
+
+class HostileFrameTest : public ::testing::TestWithParam<HostileCase> {};
+
+TEST_P(HostileFrameTest, ClosesCountsAndLeavesTheRegionAlone) {
+  const HostileCase& hostile = GetParam();
+  RecordingHandler target_events;
+  TcpFabricOptions options = LoopbackOptions("target", 3);
+  options.max_write_bytes = kMaxWriteBytes;
+  std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &target_events);
+  std::vector<uint8_t> region(kRegionBytes, kUntouched);
+  RegionKey key = *target->RegisterRegion(region.data(), region.size(), nullptr);
+
+  absl::StatusOr<UniqueFd> raw = RawConnect(9, target->endpoints()[0]);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  std::string bytes = hostile.say_hello ? *wire::EncodeHello(0, "raw") : "";
+  bytes += hostile.frame(key);
+  // The target may close before reading it all; a failed send is fine here.
+  (void)SendRaw(raw->get(), bytes.data(), bytes.size());
+  EXPECT_TRUE(WaitUntilClosed(raw->get()));
+
+  // The fabric keeps serving: a well-behaved source still writes.
+  RecordingHandler source_events;
+  TcpFabricOptions source_options = LoopbackOptions("source", 1);
+  source_options.max_write_bytes = kMaxWriteBytes;
+  std::unique_ptr<Fabric> source = *CreateTcpFabric(source_options, &source_events);
+  PeerId peer = *source->Connect("target", target->endpoints());
+  ASSERT_TRUE(source->PostWrite(peer, 0, {.remote_key = key, .imm = 1, .wr_id = 1}).ok());
+  ASSERT_TRUE(source_events.WaitForCompletions(1));
+  EXPECT_TRUE(source_events.completions()[0].status.ok());
+
+  EXPECT_EQ(target->counters(0).malformed_frames, 1u);
+  EXPECT_EQ(target->counters(0).received_bytes, 0u);
+  EXPECT_TRUE(std::all_of(region.begin(), region.end(),
+                          [](uint8_t byte) { return byte == kUntouched; }));
+  ASSERT_EQ(target_events.arrivals().size(), 1u);  // only the good notification
+  EXPECT_EQ(target_events.arrivals()[0].imm, 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, HostileFrameTest, ::testing::ValuesIn(kHostileCases),
+                         [](const ::testing::TestParamInfo<HostileCase>& info) {
+                           return info.param.name;
+                         });
+
+TEST(TcpFabricFailureTest, HangingPeerFillsTheQueueThenItsWritesFail) {
+  constexpr int kDepth = 8;
+  constexpr uint32_t kWriteBytes = 1 << 20;
+  absl::StatusOr<std::unique_ptr<SilentPeer>> silent = SilentPeer::Create(5, 2);
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  RecordingHandler events;
+  TcpFabricOptions options = LoopbackOptions("a", 1);
+  options.queue_depth_per_nic = kDepth;
+  std::unique_ptr<Fabric> fabric = *CreateTcpFabric(options, &events);
+  absl::StatusOr<PeerId> peer = fabric->Connect("silent", (*silent)->endpoints());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::vector<uint8_t> source(kWriteBytes);
+  RegionKey key = *fabric->RegisterRegion(source.data(), source.size(), nullptr);
+
+  const WriteOp op{.local_key = key, .remote_key = 1, .bytes = kWriteBytes};
+  for (uint64_t i = 0; i < kDepth; ++i) {
+    WriteOp numbered = op;
+    numbered.wr_id = i;
+    ASSERT_TRUE(fabric->PostWrite(*peer, 0, numbered).ok()) << i;
+  }
+  EXPECT_EQ(fabric->PostWrite(*peer, 0, op).code(), absl::StatusCode::kResourceExhausted);
+  WriteOp on_nic1 = op;
+  on_nic1.wr_id = kDepth;
+  ASSERT_TRUE(fabric->PostWrite(*peer, 1, on_nic1).ok());  // NICs have their own queue
+
+  // The peer crashes: every connection is reset.
+  ASSERT_TRUE((*silent)->AcceptAndReset(2 * options.connections_per_nic).ok());
+  ASSERT_TRUE(events.WaitForPeersLost(1));
+  const std::vector<Completion> completions = events.completions();
+  ASSERT_EQ(completions.size(), kDepth + 1u);  // all of them, before OnPeerLost
+  std::set<uint64_t> wr_ids;
+  for (const Completion& completion : completions) {
+    EXPECT_EQ(completion.status.code(), absl::StatusCode::kUnavailable);
+    wr_ids.insert(completion.wr_id);
+  }
+  EXPECT_EQ(wr_ids.size(), kDepth + 1u);  // each exactly once
+  EXPECT_EQ(events.peers_lost()[0].first, *peer);
+  EXPECT_EQ(events.peers_lost()[0].second.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(fabric->counters(0).transmitted_bytes, 0u);
+  EXPECT_EQ(fabric->PostWrite(*peer, 0, op).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(TcpFabricFailureTest, DestructionFailsWritesInFlight) {
+  absl::StatusOr<std::unique_ptr<SilentPeer>> silent = SilentPeer::Create(5, 2);
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  RecordingHandler events;
+  std::unique_ptr<Fabric> fabric = *CreateTcpFabric(LoopbackOptions("a", 1), &events);
+  PeerId peer = *fabric->Connect("silent", (*silent)->endpoints());
+  for (uint64_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(fabric->PostWrite(peer, i % 2, {.wr_id = i}).ok());
+  }
+  fabric.reset();
+  ASSERT_EQ(events.completions().size(), 4u);
+  for (const Completion& completion : events.completions()) {
+    EXPECT_EQ(completion.status.code(), absl::StatusCode::kUnavailable);
+  }
+  ASSERT_EQ(events.peers_lost().size(), 1u);
+  EXPECT_EQ(events.peers_lost()[0].second.code(), absl::StatusCode::kCancelled);
+}
+
+TEST(TcpFabricFailureTest, PeerDestroyedMidStream) {
+  constexpr size_t kWrites = 256;
+  constexpr uint32_t kWriteBytes = 256 << 10;
+  RecordingHandler a_events;
+  RecordingHandler b_events;
+  std::unique_ptr<Fabric> a = *CreateTcpFabric(LoopbackOptions("a", 1), &a_events);
+  std::unique_ptr<Fabric> b = *CreateTcpFabric(LoopbackOptions("b", 3), &b_events);
+  std::vector<uint8_t> source(kWriteBytes);
+  std::vector<uint8_t> target(kWriteBytes);
+  RegionKey source_key = *a->RegisterRegion(source.data(), source.size(), nullptr);
+  RegionKey target_key = *b->RegisterRegion(target.data(), target.size(), nullptr);
+  PeerId peer = *a->Connect("b", b->endpoints());
+  for (uint64_t i = 0; i < kWrites; ++i) {
+    ASSERT_TRUE(a->PostWrite(peer, i % 2,
+                             {.local_key = source_key,
+                              .remote_key = target_key,
+                              .bytes = kWriteBytes,
+                              .wr_id = i})
+                    .ok());
+  }
+  // Once b has placed a write it knows "a" as a peer, and must report it lost.
+  ASSERT_TRUE(b_events.WaitForArrivals(1));
+  b.reset();
+  ASSERT_TRUE(a_events.WaitForPeersLost(1));
+  const std::vector<Completion> completions = a_events.completions();
+  ASSERT_EQ(completions.size(), kWrites);
+  std::set<uint64_t> wr_ids;
+  for (const Completion& completion : completions) {
+    EXPECT_TRUE(completion.status.ok() ||
+                completion.status.code() == absl::StatusCode::kUnavailable)
+        << completion.status;
+    wr_ids.insert(completion.wr_id);
+  }
+  EXPECT_EQ(wr_ids.size(), kWrites);
+  EXPECT_EQ(a_events.peers_lost().size(), 1u);
+  EXPECT_EQ(a_events.peers_lost()[0].second.code(), absl::StatusCode::kUnavailable);
+  ASSERT_EQ(b_events.peers_lost().size(), 1u);
+  EXPECT_EQ(b_events.peers_lost()[0].second.code(), absl::StatusCode::kCancelled);
+}
+
+TEST(TcpFabricFailureTest, SilentClientDoesNotHoldUpDestruction) {
+  RecordingHandler events;
+  std::unique_ptr<Fabric> fabric = *CreateTcpFabric(LoopbackOptions("a", 1), &events);
+  absl::StatusOr<UniqueFd> raw = RawConnect(9, fabric->endpoints()[1]);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  fabric.reset();  // must not wait for a HELLO that never comes
+  EXPECT_TRUE(WaitUntilClosed(raw->get()));
+  EXPECT_TRUE(events.peers_lost().empty());  // it never became a peer
+}
+
+TEST(TcpFabricFailureTest, RejectsBadOptions) {
+  RecordingHandler events;
+  TcpFabricOptions options = LoopbackOptions("a", 1);
+  EXPECT_EQ(CreateTcpFabric(options, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TcpFabricOptions no_name = options;
+  no_name.node_name = "";
+  EXPECT_EQ(CreateTcpFabric(no_name, &events).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TcpFabricOptions bad_address = options;
+  bad_address.nics[1].address = "not-an-address";
+  EXPECT_EQ(CreateTcpFabric(bad_address, &events).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TcpFabricOptions misnumbered = options;
+  misnumbered.nics[1].nic = 0;
+  EXPECT_EQ(CreateTcpFabric(misnumbered, &events).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TcpFabricOptions zero_depth = options;
+  zero_depth.queue_depth_per_nic = 0;
+  EXPECT_EQ(CreateTcpFabric(zero_depth, &events).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fuselink::fabric

@@ -1,0 +1,135 @@
+#include "tests/fabric/test_util.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+
+namespace fuselink::fabric::testing {
+
+void RecordingHandler::OnCompletion(const Completion& completion) {
+  absl::MutexLock lock(&mu_);
+  completions_.push_back(completion);
+  ++completion_count_;
+}
+
+void RecordingHandler::OnArrival(const Arrival& arrival) {
+  absl::MutexLock lock(&mu_);
+  arrivals_.push_back(arrival);
+  ++arrival_count_;
+}
+
+void RecordingHandler::OnPeerLost(PeerId peer, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  peers_lost_.emplace_back(peer, why);
+  ++peers_lost_count_;
+}
+
+bool RecordingHandler::WaitFor(const size_t* size, size_t count) {
+  absl::MutexLock lock(&mu_);
+  struct Args {
+    const size_t* size;
+    size_t count;
+  } args{size, count};
+  return mu_.AwaitWithTimeout(
+      absl::Condition(+[](Args* a) { return *a->size >= a->count; }, &args),
+      kWaitTimeout);
+}
+
+bool RecordingHandler::WaitForCompletions(size_t count) {
+  return WaitFor(&completion_count_, count);
+}
+bool RecordingHandler::WaitForArrivals(size_t count) {
+  return WaitFor(&arrival_count_, count);
+}
+bool RecordingHandler::WaitForPeersLost(size_t count) {
+  return WaitFor(&peers_lost_count_, count);
+}
+
+std::vector<Completion> RecordingHandler::completions() const {
+  absl::MutexLock lock(&mu_);
+  return completions_;
+}
+std::vector<Arrival> RecordingHandler::arrivals() const {
+  absl::MutexLock lock(&mu_);
+  return arrivals_;
+}
+std::vector<std::pair<PeerId, absl::Status>> RecordingHandler::peers_lost() const {
+  absl::MutexLock lock(&mu_);
+  return peers_lost_;
+}
+
+std::string LoopbackAddress(int host) { return absl::StrCat("127.0.0.", host); }
+
+TcpFabricOptions LoopbackOptions(std::string name, int first_host, int nic_count) {
+  TcpFabricOptions options;
+  options.node_name = std::move(name);
+  for (int nic = 0; nic < nic_count; ++nic) {
+    options.nics.push_back({.nic = nic, .address = LoopbackAddress(first_host + nic)});
+  }
+  return options;
+}
+
+absl::StatusOr<UniqueFd> RawConnect(int from_host, const Endpoint& to) {
+  absl::StatusOr<SocketAddress> local = ParseSocketAddress(LoopbackAddress(from_host), 0);
+  if (!local.ok()) return local.status();
+  absl::StatusOr<SocketAddress> remote = ParseSocketAddress(to.address, to.port);
+  if (!remote.ok()) return remote.status();
+  return ConnectFrom(*local, *remote, /*timeout_ms=*/5000);
+}
+
+absl::Status SendRaw(int fd, const void* data, size_t bytes) {
+  iovec iov[1] = {{const_cast<void*>(data), bytes}};
+  return SendAll(fd, iov);
+}
+
+bool WaitUntilClosed(int fd) {
+  const absl::Time deadline = absl::Now() + kWaitTimeout;
+  char sink[4096];
+  while (absl::Now() < deadline) {
+    pollfd waiting{.fd = fd, .events = POLLIN, .revents = 0};
+    if (poll(&waiting, 1, 100) <= 0) continue;
+    ssize_t got = recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (got == 0 || (got < 0 && errno == ECONNRESET)) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<SilentPeer>> SilentPeer::Create(int first_host,
+                                                               int nic_count) {
+  auto peer = std::make_unique<SilentPeer>();
+  for (int nic = 0; nic < nic_count; ++nic) {
+    absl::StatusOr<SocketAddress> address =
+        ParseSocketAddress(LoopbackAddress(first_host + nic), 0);
+    if (!address.ok()) return address.status();
+    absl::StatusOr<UniqueFd> listener = Listen(*address);
+    if (!listener.ok()) return listener.status();
+    absl::StatusOr<SocketAddress> bound = LocalAddress(listener->get());
+    if (!bound.ok()) return bound.status();
+    peer->endpoints_.push_back(
+        {.nic = nic, .address = LoopbackAddress(first_host + nic), .port = bound->port()});
+    peer->listeners_.push_back(*std::move(listener));
+  }
+  return peer;
+}
+
+absl::Status SilentPeer::AcceptAndReset(int count) {
+  int accepted = 0;
+  while (accepted < count) {
+    for (UniqueFd& listener : listeners_) {
+      pollfd waiting{.fd = listener.get(), .events = POLLIN, .revents = 0};
+      if (poll(&waiting, 1, 10) <= 0) continue;
+      absl::StatusOr<UniqueFd> socket = Accept(listener.get());
+      if (!socket.ok()) return socket.status();
+      const linger reset{.l_onoff = 1, .l_linger = 0};  // close() sends RST
+      setsockopt(socket->get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+      ++accepted;
+    }
+  }
+  listeners_.clear();
+  return absl::OkStatus();
+}
+
+}  // namespace fuselink::fabric::testing

@@ -1,0 +1,77 @@
+// Helpers shared by the fabric tests: a recording Handler, loopback options, raw
+// sockets that play a misbehaving peer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "agent/fabric/fabric.h"
+#include "agent/fabric/socket.h"
+#include "agent/fabric/tcp_fabric.h"
+
+namespace fuselink::fabric::testing {
+
+// Long enough for a loaded machine; waits end as soon as their condition holds.
+inline constexpr absl::Duration kWaitTimeout = absl::Seconds(20);
+
+// Records every event; thread-safe, never blocks for long.
+class RecordingHandler : public Handler {
+ public:
+  void OnCompletion(const Completion& completion) override;
+  void OnArrival(const Arrival& arrival) override;
+  void OnPeerLost(PeerId peer, const absl::Status& why) override;
+
+  // Each waits up to kWaitTimeout until at least `count` events are recorded.
+  bool WaitForCompletions(size_t count);
+  bool WaitForArrivals(size_t count);
+  bool WaitForPeersLost(size_t count);
+
+  std::vector<Completion> completions() const;
+  std::vector<Arrival> arrivals() const;
+  std::vector<std::pair<PeerId, absl::Status>> peers_lost() const;
+
+ private:
+  bool WaitFor(const size_t* size, size_t count);
+
+  mutable absl::Mutex mu_;
+  std::vector<Completion> completions_ ABSL_GUARDED_BY(mu_);
+  std::vector<Arrival> arrivals_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<PeerId, absl::Status>> peers_lost_ ABSL_GUARDED_BY(mu_);
+  size_t completion_count_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t arrival_count_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t peers_lost_count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Options for a fabric of `nic_count` NICs on 127.0.0.<first_host>, <first_host + 1>,
+// ..., ports picked by the kernel.
+TcpFabricOptions LoopbackOptions(std::string name, int first_host, int nic_count = 2);
+std::string LoopbackAddress(int host);
+
+// A raw TCP connection from 127.0.0.<from_host> to `to`.
+absl::StatusOr<UniqueFd> RawConnect(int from_host, const Endpoint& to);
+absl::Status SendRaw(int fd, const void* data, size_t bytes);
+// True when the peer closes the connection (EOF or reset) within kWaitTimeout.
+bool WaitUntilClosed(int fd);
+
+// Listens like a fabric's NICs but never reads or answers: a peer that hangs.
+class SilentPeer {
+ public:
+  static absl::StatusOr<std::unique_ptr<SilentPeer>> Create(int first_host, int nic_count);
+  const std::vector<Endpoint>& endpoints() const { return endpoints_; }
+  // Accepts `count` pending connections and resets them all, as a crash would.
+  absl::Status AcceptAndReset(int count);
+
+ private:
+  std::vector<UniqueFd> listeners_;
+  std::vector<Endpoint> endpoints_;
+};
+
+}  // namespace fuselink::fabric::testing

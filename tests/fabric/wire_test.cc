@@ -1,0 +1,151 @@
+#include "agent/fabric/wire.h"
+
+#include <cstring>
+#include <string>
+#include <variant>
+
+#include "gtest/gtest.h"
+
+namespace fuselink::fabric::wire {
+namespace {
+
+constexpr uint32_t kMaxWrite = 1 << 20;
+
+HeaderBytes HeaderOf(const std::string& frame) {
+  HeaderBytes header;
+  std::memcpy(header.data(), frame.data(), header.size());
+  return header;
+}
+
+absl::StatusCode DecodeCode(const HeaderBytes& header) {
+  return DecodeHeader(header, kMaxWrite).status().code();
+}
+
+TEST(WireTest, HelloRoundTrips) {
+  absl::StatusOr<std::string> frame = EncodeHello(3, "node-a");
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  ASSERT_EQ(frame->size(), kHeaderBytes + 6);
+  EXPECT_EQ(frame->substr(kHeaderBytes), "node-a");
+  absl::StatusOr<Header> decoded = DecodeHeader(HeaderOf(*frame), kMaxWrite);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const auto& hello = std::get<HelloHeader>(*decoded);
+  EXPECT_EQ(hello.nic, 3u);
+  EXPECT_EQ(hello.name_bytes, 6u);
+}
+
+TEST(WireTest, WriteRoundTrips) {
+  const WriteHeader write{.key = 0xdeadbeef,
+                          .offset = 0x0123456789abcdefULL,
+                          .bytes = kMaxWrite,
+                          .imm = 0xfeedface,
+                          .wr_id = 0xfedcba9876543210ULL};
+  HeaderBytes header = EncodeWrite(write);
+  EXPECT_EQ(header[0], 'F');  // little-endian magic spells FLNK
+  EXPECT_EQ(header[3], 'K');
+  absl::StatusOr<Header> decoded = DecodeHeader(header, kMaxWrite);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const auto& got = std::get<WriteHeader>(*decoded);
+  EXPECT_EQ(got.key, write.key);
+  EXPECT_EQ(got.offset, write.offset);
+  EXPECT_EQ(got.bytes, write.bytes);
+  EXPECT_EQ(got.imm, write.imm);
+  EXPECT_EQ(got.wr_id, write.wr_id);
+}
+
+TEST(WireTest, NotificationWriteHasNoBytes) {
+  absl::StatusOr<Header> decoded =
+      DecodeHeader(EncodeWrite({.key = 0, .imm = 7, .wr_id = 1}), kMaxWrite);
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(std::get<WriteHeader>(*decoded).bytes, 0u);
+  EXPECT_EQ(std::get<WriteHeader>(*decoded).imm, 7u);
+}
+
+TEST(WireTest, AckRoundTrips) {
+  for (absl::StatusCode code :
+       {absl::StatusCode::kOk, absl::StatusCode::kOutOfRange,
+        absl::StatusCode::kUnauthenticated}) {
+    absl::StatusOr<Header> decoded =
+        DecodeHeader(EncodeAck({.wr_id = 42, .code = code}), kMaxWrite);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(std::get<AckFrame>(*decoded).wr_id, 42u);
+    EXPECT_EQ(std::get<AckFrame>(*decoded).code, code);
+  }
+}
+
+TEST(WireTest, RejectsBadMagic) {
+  HeaderBytes header = EncodeAck({.wr_id = 1});
+  header[0] ^= 0xff;
+  EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, RejectsOtherVersion) {
+  HeaderBytes header = EncodeAck({.wr_id = 1});
+  header[4] = kProtocolVersion + 1;
+  EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, RejectsUnknownType) {
+  for (uint8_t type : {0, 4, 0xff}) {
+    HeaderBytes header = EncodeAck({.wr_id = 1});
+    header[6] = type;
+    EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument) << int{type};
+  }
+}
+
+TEST(WireTest, RejectsReservedField) {
+  HeaderBytes header = EncodeWrite({.key = 1, .bytes = 8});
+  header[20] = 1;
+  EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, RejectsWriteOverMaxBytes) {
+  EXPECT_TRUE(DecodeHeader(EncodeWrite({.key = 1, .bytes = kMaxWrite}), kMaxWrite).ok());
+  EXPECT_EQ(DecodeCode(EncodeWrite({.key = 1, .bytes = kMaxWrite + 1})),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeCode(EncodeWrite({.key = 1, .bytes = UINT32_MAX})),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, RejectsHelloNameLengthOutOfBounds) {
+  HeaderBytes header = HeaderOf(*EncodeHello(0, "a"));
+  header[12] = 0;  // name bytes = 0
+  EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument);
+  header[12] = 0;
+  header[13] = 1;  // name bytes = 256
+  EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, RejectsHelloNicOutOfBounds) {
+  HeaderBytes header = HeaderOf(*EncodeHello(0, "a"));
+  header[8] = kMaxNics;
+  EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, RejectsUnusedFieldsSet) {
+  HeaderBytes hello = HeaderOf(*EncodeHello(0, "a"));
+  hello[32] = 1;  // wr_id of a HELLO
+  EXPECT_EQ(DecodeCode(hello), absl::StatusCode::kInvalidArgument);
+  HeaderBytes ack = EncodeAck({.wr_id = 1});
+  ack[24] = 1;  // offset of an ACK
+  EXPECT_EQ(DecodeCode(ack), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, RejectsUnknownAckCode) {
+  HeaderBytes header = EncodeAck({.wr_id = 1});
+  header[8] = 17;
+  EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, HelloValidatesName) {
+  EXPECT_EQ(EncodeHello(0, "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeHello(0, std::string(kMaxNodeNameBytes + 1, 'x')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(EncodeHello(0, std::string(kMaxNodeNameBytes, 'x')).ok());
+  EXPECT_EQ(EncodeHello(0, std::string("a\0b", 3)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeHello(kMaxNics, "a").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fuselink::fabric::wire

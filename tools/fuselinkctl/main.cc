@@ -1,0 +1,55 @@
+// fuselinkctl: the command line for people (and, with --json, scripts).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "grpcpp/grpcpp.h"
+#include "tools/fuselinkctl/commands.h"
+
+ABSL_FLAG(std::string, agent, "127.0.0.1:50051", "The agent's gRPC address.");
+ABSL_FLAG(bool, json, false, "Print JSON instead of text.");
+
+constexpr char kUsage[] = R"(fuselinkctl [--agent=host:port] [--json] COMMAND
+
+Commands:
+  topology                      GPUs and NICs of the agent's node
+  tensors                       registered tensors
+  tensor get|unregister NAME    one tensor
+  transfer                      move blocks: --source=node/tensor --target=node/tensor
+                                --blocks=0-63 [--target_blocks=..] [--layers=0:32]
+                                [--request_id=..] [--timeout_s=..]
+  status ID | cancel ID         a transfer, by transfer id or request id
+  watch [--tensor=NAME]         transfers landing on this node, as they finish
+  demo                          register synthetic KV caches on --agent (source) and
+                                --target_agent, move them, verify the bytes)";
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> args(positional.begin() + 1, positional.end());
+  if (args.empty()) {
+    std::fprintf(stderr, "%s\n", kUsage);
+    return 2;
+  }
+  fuselink::ctl::Context ctx;
+  ctx.agent_address = absl::GetFlag(FLAGS_agent);
+  ctx.json = absl::GetFlag(FLAGS_json);
+  ctx.agent = fuselink::v1::Agent::NewStub(
+      grpc::CreateChannel(ctx.agent_address, grpc::InsecureChannelCredentials()));
+  const std::string command = args[0];
+  args.erase(args.begin());
+  using namespace fuselink::ctl;
+  if (command == "topology") return Topology(ctx);
+  if (command == "tensors") return Tensors(ctx);
+  if (command == "tensor") return Tensor(ctx, args);
+  if (command == "transfer") return Transfer(ctx, args);
+  if (command == "status") return Status(ctx, args);
+  if (command == "cancel") return Cancel(ctx, args);
+  if (command == "watch") return Watch(ctx);
+  if (command == "demo") return Demo(ctx);
+  std::fprintf(stderr, "unknown command '%s'\n%s\n", command.c_str(), kUsage);
+  return 2;
+}

@@ -31,8 +31,8 @@ void ToProto(const memory::TensorInfo& info, absl::string_view node, v1::Tensor*
 
 absl::Time CallDeadline(const grpc::CallbackServerContext* context) {
   const auto deadline = context->deadline();
-  if (deadline >= std::chrono::system_clock::time_point::max() -
-                      std::chrono::hours(24 * 365)) {
+  if (deadline >=
+      std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
     return absl::InfiniteFuture();
   }
   return absl::FromChrono(deadline);
@@ -74,6 +74,11 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
  public:
   WatchStream(WatchHub& hub, std::string tensor) : hub_(hub) {
     hub_.Add(this, std::move(tensor), &watcher_);
+    // Tells the client the watch is in place: every transfer that finishes from now
+    // on reaches it. Without this a client cannot know when it may start the
+    // transfers it watches for. gRPC holds operations started in the constructor
+    // until the reactor is bound, and sends initial metadata before any write.
+    StartSendInitialMetadata();
   }
   void SendEvent(const v1::WatchEvent* event) override { StartWrite(event); }
   void End(const absl::Status& status) override { Finish(ToGrpcStatus(status)); }
@@ -106,8 +111,8 @@ grpc::ServerUnaryReactor* AgentService::RegisterTensor(
     v1::Tensor* response) {
   const v1::TensorMemory& memory = request->memory();
   if (memory.kind_case() == v1::TensorMemory::KIND_NOT_SET) {
-    return Answer(context,
-                  WithReason(absl::InvalidArgumentError("memory is required"), "BAD_MEMORY"));
+    return Answer(context, WithReason(absl::InvalidArgumentError("memory is required"),
+                                      "BAD_MEMORY"));
   }
   if (memory.kind_case() != v1::TensorMemory::kHost) {
     return Answer(context, WithReason(absl::UnimplementedError(
@@ -116,10 +121,11 @@ grpc::ServerUnaryReactor* AgentService::RegisterTensor(
                                       "GPU_MEMORY_UNSUPPORTED"));
   }
   if (request->home_gpu() >= static_cast<uint32_t>(node_->topology().gpus_size())) {
-    return Answer(context, WithReason(absl::InvalidArgumentError(absl::StrCat(
-                                          "home_gpu ", request->home_gpu(),
-                                          " does not exist on this node")),
-                                      "BAD_HOME_GPU"));
+    return Answer(
+        context,
+        WithReason(absl::InvalidArgumentError(absl::StrCat(
+                       "home_gpu ", request->home_gpu(), " does not exist on this node")),
+                   "BAD_HOME_GPU"));
   }
   // Check the cheap things before spending the token.
   if (absl::Status s = memory::ValidateName(request->name()); !s.ok()) {
@@ -154,13 +160,12 @@ grpc::ServerUnaryReactor* AgentService::GetTensor(grpc::CallbackServerContext* c
   return Answer(context, info.status());
 }
 
-grpc::ServerUnaryReactor* AgentService::ListTensors(
-    grpc::CallbackServerContext* context, const v1::ListTensorsRequest* request,
-    v1::ListTensorsResponse* response) {
+grpc::ServerUnaryReactor* AgentService::ListTensors(grpc::CallbackServerContext* context,
+                                                    const v1::ListTensorsRequest* request,
+                                                    v1::ListTensorsResponse* response) {
   constexpr uint32_t kDefaultPage = 100, kMaxPage = 1000;
-  const uint32_t page = request->page_size() == 0
-                            ? kDefaultPage
-                            : std::min(request->page_size(), kMaxPage);
+  const uint32_t page =
+      request->page_size() == 0 ? kDefaultPage : std::min(request->page_size(), kMaxPage);
   bool more = false;
   // The page token is the last name of the previous page.
   std::vector<memory::TensorInfo> tensors =

@@ -15,9 +15,9 @@ class AgentService final : public v1::Agent::CallbackService {
   grpc::ServerUnaryReactor* RegisterTensor(grpc::CallbackServerContext* context,
                                            const v1::RegisterTensorRequest* request,
                                            v1::Tensor* response) override;
-  grpc::ServerUnaryReactor* UnregisterTensor(grpc::CallbackServerContext* context,
-                                             const v1::UnregisterTensorRequest* request,
-                                             v1::UnregisterTensorResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterTensor(
+      grpc::CallbackServerContext* context, const v1::UnregisterTensorRequest* request,
+      v1::UnregisterTensorResponse* response) override;
   grpc::ServerUnaryReactor* GetTensor(grpc::CallbackServerContext* context,
                                       const v1::GetTensorRequest* request,
                                       v1::Tensor* response) override;

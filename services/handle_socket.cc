@@ -131,12 +131,14 @@ absl::StatusOr<uint64_t> SendFd(const std::string& path, int fd_to_send) {
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &fd_to_send, sizeof(int));
-  if (sendmsg(fd.get(), &msg, MSG_NOSIGNAL) != 1) return ErrnoStatus("sendmsg(fd)", errno);
+  if (sendmsg(fd.get(), &msg, MSG_NOSIGNAL) != 1)
+    return ErrnoStatus("sendmsg(fd)", errno);
   uint8_t reply[16];
   size_t got = 0;
   while (got < sizeof(reply)) {
     const ssize_t n = recv(fd.get(), reply + got, sizeof(reply) - got, 0);
-    if (n <= 0) return ErrnoStatus("recv(handle socket reply)", n == 0 ? ECONNRESET : errno);
+    if (n <= 0)
+      return ErrnoStatus("recv(handle socket reply)", n == 0 ? ECONNRESET : errno);
     got += static_cast<size_t>(n);
   }
   const uint32_t code = reply[0] | reply[1] << 8 | reply[2] << 16 | reply[3] << 24;

@@ -23,19 +23,23 @@
 #include "services/peer_service.h"
 
 ABSL_FLAG(std::string, node, "", "This node's name (required).");
-ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address; port 0 lets the kernel pick.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "gRPC address; port 0 lets the kernel pick.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address.");
-ABSL_FLAG(std::string, handle_socket, "", "Unix socket for memfds; default /tmp/fuselink-<node>.sock.");
+ABSL_FLAG(std::string, handle_socket, "",
+          "Unix socket for memfds; default /tmp/fuselink-<node>.sock.");
 ABSL_FLAG(std::string, topology, "", "Topology JSON file; empty: an emulated node.");
 ABSL_FLAG(int, nics, 4, "Emulated node: number of NICs (one GPU each).");
 ABSL_FLAG(int, loopback_net, 1, "Emulated node: NIC i at 127.0.<loopback_net>.<i+1>.");
-ABSL_FLAG(std::vector<std::string>, peer, {}, "Peers as name=host:port, comma-separated.");
+ABSL_FLAG(std::vector<std::string>, peer, {},
+          "Peers as name=host:port, comma-separated.");
 ABSL_FLAG(std::string, policy, "static", "NIC policy: static or stripe.");
 ABSL_FLAG(uint32_t, chunk_bytes, 4u << 20, "Bytes per fabric write.");
 ABSL_FLAG(uint32_t, window_chunks, 16, "Chunks in flight per transfer.");
 ABSL_FLAG(uint32_t, max_transfers, 64, "Outgoing transfers in flight at once.");
 ABSL_FLAG(int, connections_per_nic, 2, "TCP connections per NIC and peer.");
-ABSL_FLAG(std::string, ready_file, "", "Write the bound addresses here as JSON once serving.");
+ABSL_FLAG(std::string, ready_file, "",
+          "Write the bound addresses here as JSON once serving.");
 
 namespace {
 
@@ -60,7 +64,8 @@ int main(int argc, char** argv) {
   services::NodeOptions options;
   options.node = absl::GetFlag(FLAGS_node);
   if (absl::Status s = memory::ValidateName(options.node); !s.ok()) {
-    return Fail(absl::InvalidArgumentError("--node: a name of [A-Za-z0-9._/-] is required"));
+    return Fail(
+        absl::InvalidArgumentError("--node: a name of [A-Za-z0-9._/-] is required"));
   }
   if (std::string path = absl::GetFlag(FLAGS_topology); !path.empty()) {
     absl::StatusOr<topo::Topology> t = topo::LoadTopologyFile(path);
@@ -69,12 +74,14 @@ int main(int argc, char** argv) {
   } else {
     options.topology = topo::EmulatedTopology(absl::GetFlag(FLAGS_nics),
                                               absl::GetFlag(FLAGS_loopback_net), 0);
-    if (absl::Status s = topo::ValidateTopology(options.topology); !s.ok()) return Fail(s);
+    if (absl::Status s = topo::ValidateTopology(options.topology); !s.ok())
+      return Fail(s);
   }
   for (const std::string& p : absl::GetFlag(FLAGS_peer)) {
     std::vector<std::string> kv = absl::StrSplit(p, absl::MaxSplits('=', 1));
     if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--peer '", p, "': want name=host:port")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--peer '", p, "': want name=host:port")));
     }
     options.peers[kv[0]] = kv[1];
   }
@@ -99,7 +106,8 @@ int main(int argc, char** argv) {
   (*metrics)->Attach(node->get());
 
   std::string socket_path = absl::GetFlag(FLAGS_handle_socket);
-  if (socket_path.empty()) socket_path = absl::StrCat("/tmp/fuselink-", options.node, ".sock");
+  if (socket_path.empty())
+    socket_path = absl::StrCat("/tmp/fuselink-", options.node, ".sock");
   absl::StatusOr<std::unique_ptr<services::HandleSocket>> handles =
       services::HandleSocket::Listen(socket_path, &(*node)->fd_tokens());
   if (!handles.ok()) return Fail(handles.status());
@@ -119,15 +127,17 @@ int main(int argc, char** argv) {
     return Fail(absl::UnavailableError(
         absl::StrCat("cannot serve gRPC on ", absl::GetFlag(FLAGS_listen))));
   }
-  const std::string host = absl::GetFlag(FLAGS_listen).substr(
-      0, absl::GetFlag(FLAGS_listen).rfind(':'));
+  const std::string host =
+      absl::GetFlag(FLAGS_listen).substr(0, absl::GetFlag(FLAGS_listen).rfind(':'));
   const std::string grpc_address = absl::StrCat(host, ":", grpc_port);
   const std::string metrics_url =
       absl::StrCat("http://", host, ":", (*metrics)->port(), "/metrics");
-  std::printf("fuselink-agent node=%s grpc=%s metrics=%s handle_socket=%s transport=%s nics=%d policy=%s\n",
-              options.node.c_str(), grpc_address.c_str(), metrics_url.c_str(),
-              socket_path.c_str(), (*node)->topology().transport().c_str(),
-              (*node)->topology().nics_size(), options.policy.c_str());
+  std::printf(
+      "fuselink-agent node=%s grpc=%s metrics=%s handle_socket=%s transport=%s nics=%d "
+      "policy=%s\n",
+      options.node.c_str(), grpc_address.c_str(), metrics_url.c_str(),
+      socket_path.c_str(), (*node)->topology().transport().c_str(),
+      (*node)->topology().nics_size(), options.policy.c_str());
   std::fflush(stdout);
   if (std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
     std::ofstream out(ready + ".tmp");

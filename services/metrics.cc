@@ -26,12 +26,13 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
       }
       out.push_back(std::move(f));
     };
-    per_nic("fuselink_nic_transmitted_bytes",
+    per_nic("fuselink_nic_transmitted_bytes_total",
             "Payload bytes this node's NIC sent and the target acknowledged.",
             [](const fabric::NicCounters& c) { return c.transmitted_bytes; });
-    per_nic("fuselink_nic_received_bytes", "Payload bytes that landed through this NIC.",
+    per_nic("fuselink_nic_received_bytes_total",
+            "Payload bytes that landed through this NIC.",
             [](const fabric::NicCounters& c) { return c.received_bytes; });
-    per_nic("fuselink_fabric_malformed_frames",
+    per_nic("fuselink_fabric_malformed_frames_total",
             "Frames from peers that were refused and closed their connection.",
             [](const fabric::NicCounters& c) { return c.malformed_frames; });
     auto gauge = [&](const char* name, const char* help, double value) {
@@ -48,7 +49,7 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
           static_cast<double>(node_->landing().active()));
     gauge("fuselink_tensors_registered", "Tensors registered on this node.",
           static_cast<double>(node_->registry().size()));
-    prometheus::MetricFamily stray{"fuselink_stray_writes",
+    prometheus::MetricFamily stray{"fuselink_stray_writes_total",
                                    "Writes that named no live incoming transfer.",
                                    MetricType::Counter,
                                    {}};
@@ -86,8 +87,8 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer)
                    .Help("Time from acceptance to the last acknowledged byte.")
                    .Register(*registry_)
                    .Add({}, prometheus::Histogram::BucketBoundaries{
-                                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                0.5, 1, 2.5, 5, 10, 30, 60});
+                                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                1, 2.5, 5, 10, 30, 60});
   exposer_->RegisterCollectable(registry_);
 }
 

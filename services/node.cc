@@ -38,7 +38,8 @@ absl::Status Node::Start() {
   registry_ = std::make_unique<memory::Registry>(fabric_.get());
   landing_ = std::make_unique<transfer::Landing>(
       registry_.get(), [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); });
-  peers_ = std::make_unique<peer::PeerDirectory>(topology_, fabric_.get(), options_.peers);
+  peers_ =
+      std::make_unique<peer::PeerDirectory>(topology_, fabric_.get(), options_.peers);
   transfer::EngineOptions engine_options = options_.engine;
   engine_options.node = options_.node;
   engine_ = std::make_unique<transfer::Engine>(

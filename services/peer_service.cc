@@ -10,9 +10,9 @@ grpc::ServerUnaryReactor* PeerService::Hello(grpc::CallbackServerContext* contex
                                              v1::HelloResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (request->version() != 1) {
-    reactor->Finish(ToGrpcStatus(WithReason(
-        absl::FailedPreconditionError("peer speaks another protocol version"),
-        "VERSION_MISMATCH")));
+    reactor->Finish(ToGrpcStatus(
+        WithReason(absl::FailedPreconditionError("peer speaks another protocol version"),
+                   "VERSION_MISMATCH")));
     return reactor;
   }
   response->set_version(1);

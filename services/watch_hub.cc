@@ -101,11 +101,10 @@ void WatchHub::Advance(Watcher* w, Actions* actions) {
   if (w->cancelled || w->overflowed) {
     w->finished = true;
     absl::Status why =
-        w->overflowed
-            ? WithReason(absl::ResourceExhaustedError(
-                             "the watcher fell too far behind; watch again"),
-                         "WATCHER_TOO_SLOW")
-            : absl::CancelledError("watch ended");
+        w->overflowed ? WithReason(absl::ResourceExhaustedError(
+                                       "the watcher fell too far behind; watch again"),
+                                   "WATCHER_TOO_SLOW")
+                      : absl::CancelledError("watch ended");
     actions->push_back(Action{w->sink, nullptr, std::move(why)});
     return;
   }

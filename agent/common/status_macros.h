@@ -4,10 +4,10 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 // Returns the status of `expr` from the enclosing function when it is not OK.
 #define FL_RETURN_IF_ERROR(expr)                    \

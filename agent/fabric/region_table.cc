@@ -16,8 +16,9 @@ absl::StatusOr<RegionKey> RegionTable::Register(void* base, uint64_t bytes,
                   std::numeric_limits<uintptr_t>::max())) {
     return absl::InvalidArgumentError("region wraps around the address space");
   }
-  auto region = std::make_shared<const Region>(Region{
-      .base = static_cast<uint8_t*>(base), .bytes = bytes, .keepalive = std::move(keepalive)});
+  auto region = std::make_shared<const Region>(Region{.base = static_cast<uint8_t*>(base),
+                                                      .bytes = bytes,
+                                                      .keepalive = std::move(keepalive)});
   absl::MutexLock lock(&mu_);
   if (regions_.size() >= kMaxRegions) {
     return absl::ResourceExhaustedError(

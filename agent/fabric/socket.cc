@@ -107,8 +107,8 @@ absl::StatusOr<SocketAddress> ParseSocketAddress(absl::string_view address,
 
 absl::StatusOr<UniqueFd> Listen(const SocketAddress& local) {
   FL_ASSIGN_OR_RETURN(UniqueFd fd, NewTcpSocket(local));
-  FL_RETURN_IF_ERROR(SetOption(fd.get(), SOL_SOCKET, SO_REUSEADDR, 1,
-                               "setsockopt(SO_REUSEADDR)"));
+  FL_RETURN_IF_ERROR(
+      SetOption(fd.get(), SOL_SOCKET, SO_REUSEADDR, 1, "setsockopt(SO_REUSEADDR)"));
   // Accepted sockets inherit the buffers; setting them before listen() lets the
   // kernel advertise a matching window scale in the handshake.
   FL_RETURN_IF_ERROR(SetBuffers(fd.get()));
@@ -154,7 +154,8 @@ absl::StatusOr<UniqueFd> Accept(int listener) {
 }
 
 absl::Status ConfigureDataSocket(int fd) {
-  FL_RETURN_IF_ERROR(SetOption(fd, IPPROTO_TCP, TCP_NODELAY, 1, "setsockopt(TCP_NODELAY)"));
+  FL_RETURN_IF_ERROR(
+      SetOption(fd, IPPROTO_TCP, TCP_NODELAY, 1, "setsockopt(TCP_NODELAY)"));
   return SetBuffers(fd);
 }
 

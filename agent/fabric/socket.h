@@ -10,11 +10,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
-#include "agent/common/unique_fd.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "agent/common/unique_fd.h"
 
 namespace fuselink::fabric {
 

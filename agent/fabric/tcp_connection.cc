@@ -126,18 +126,18 @@ absl::Status TcpConnection::SendWrites() {
   while (true) {
     PendingWrite next;  // a copy: the ring slot may be completed while we send
     {
-      absl::MutexLock lock(&mu_,
-                           absl::Condition(this, &TcpConnection::HasWorkOrClosed));
+      absl::MutexLock lock(&mu_, absl::Condition(this, &TcpConnection::HasWorkOrClosed));
       if (closed_) return absl::OkStatus();
       next = ring_[sent_ % ring_.size()];
       ++sent_;
     }
     const WriteOp& op = next.op;
-    wire::HeaderBytes header = wire::EncodeWrite(wire::WriteHeader{.key = op.remote_key,
-                                                                   .offset = op.remote_offset,
-                                                                   .bytes = op.bytes,
-                                                                   .imm = op.imm,
-                                                                   .wr_id = op.wr_id});
+    wire::HeaderBytes header =
+        wire::EncodeWrite(wire::WriteHeader{.key = op.remote_key,
+                                            .offset = op.remote_offset,
+                                            .bytes = op.bytes,
+                                            .imm = op.imm,
+                                            .wr_id = op.wr_id});
     iovec iov[2] = {{header.data(), header.size()}, {nullptr, 0}};
     size_t iov_count = 1;
     if (op.bytes > 0) {
@@ -214,7 +214,9 @@ absl::Status TcpConnection::ServeInbound() {
     absl::StatusOr<wire::Header> decoded = wire::DecodeHeader(header, max_write_bytes);
     if (!decoded.ok()) return Malformed(decoded.status());
     const auto* write = std::get_if<wire::WriteHeader>(&*decoded);
-    if (write == nullptr) return Malformed(absl::InvalidArgumentError("expected a WRITE"));
+    if (write == nullptr) {
+      return Malformed(absl::InvalidArgumentError("expected a WRITE"));
+    }
     if (write->bytes > 0) {
       // Held until the payload is in place: deregistration cannot free it under us.
       absl::StatusOr<std::shared_ptr<const Region>> target =

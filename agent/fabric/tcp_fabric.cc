@@ -22,6 +22,11 @@
 namespace fuselink::fabric {
 namespace {
 
+static_assert(kMaxConnectionsPerNic * wire::kMaxNics <= kMaxConnections,
+              "one peer's outbound connections always fit under kMaxConnections");
+static_assert(kMaxQueueDepthPerNic <= (1 << 20),
+              "a connection's ring holds queue_depth_per_nic writes, allocated up front");
+
 using ConnectionPtr = std::shared_ptr<TcpConnection>;
 
 absl::Status ValidateOptions(const TcpFabricOptions& options, const Handler* handler) {
@@ -42,7 +47,8 @@ absl::Status ValidateOptions(const TcpFabricOptions& options, const Handler* han
     return absl::InvalidArgumentError(
         absl::StrCat("connections_per_nic must be 1..", kMaxConnectionsPerNic));
   }
-  if (options.max_write_bytes < 1 || options.max_write_bytes > wire::kMaxWriteBytesLimit) {
+  if (options.max_write_bytes < 1 ||
+      options.max_write_bytes > wire::kMaxWriteBytesLimit) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_write_bytes must be 1..", wire::kMaxWriteBytesLimit));
   }
@@ -115,7 +121,8 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   // The live peer called `name`, made if there is none. A peer whose connections are
   // all closed is retired here, so that its OnPeerLost still fires.
   PeerId LivePeer(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static bool HasLiveConnection(const Peer& peer, std::optional<TcpConnection::Role> role);
+  static bool HasLiveConnection(const Peer& peer,
+                                std::optional<TcpConnection::Role> role);
   // The reaper thread: joins finished connections, fails their writes, reports lost
   // peers.
   void Reap();
@@ -181,13 +188,14 @@ absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
   for (size_t nic = 0; nic < remote.size(); ++nic) {
     FL_ASSIGN_OR_RETURN(SocketAddress target,
                         ParseSocketAddress(remote[nic].address, remote[nic].port));
-    FL_ASSIGN_OR_RETURN(std::string hello,
-                        wire::EncodeHello(static_cast<uint32_t>(nic), options_.node_name));
+    FL_ASSIGN_OR_RETURN(std::string hello, wire::EncodeHello(static_cast<uint32_t>(nic),
+                                                             options_.node_name));
     const std::string context =
         absl::StrCat("Connect to '", peer_name, "': NIC ", nic, " (",
                      endpoints_[nic].address, " -> ", target.ToString(), ")");
     for (int i = 0; i < options_.connections_per_nic; ++i) {
-      absl::StatusOr<UniqueFd> socket = ConnectFrom(local_[nic], target, kConnectTimeoutMs);
+      absl::StatusOr<UniqueFd> socket =
+          ConnectFrom(local_[nic], target, kConnectTimeoutMs);
       if (!socket.ok()) return WithContext(socket.status(), context);
       iovec iov[1] = {{hello.data(), hello.size()}};
       if (absl::Status sent = SendAll(socket->get(), iov); !sent.ok()) {
@@ -206,8 +214,9 @@ absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
                                           const std::vector<Endpoint>& remote) {
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
   if (remote.size() != endpoints_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "peer has ", remote.size(), " endpoints, this node ", endpoints_.size(), " NICs"));
+    return absl::InvalidArgumentError(absl::StrCat("peer has ", remote.size(),
+                                                   " endpoints, this node ",
+                                                   endpoints_.size(), " NICs"));
   }
   for (size_t nic = 0; nic < remote.size(); ++nic) {
     if (remote[nic].nic != static_cast<int>(nic)) {
@@ -286,8 +295,8 @@ absl::Status TcpFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
   }
   TcpConnection* least_queued = nullptr;
   for (const ConnectionPtr& connection : it->second.connections) {
-    if (connection->role() != TcpConnection::Role::kOutbound || connection->nic() != nic ||
-        connection->closed()) {
+    if (connection->role() != TcpConnection::Role::kOutbound ||
+        connection->nic() != nic || connection->closed()) {
       continue;
     }
     if (least_queued == nullptr || connection->queued() < least_queued->queued()) {
@@ -305,8 +314,8 @@ absl::Status TcpFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "NIC ", nic, " has ", options_.queue_depth_per_nic, " writes outstanding"));
     }
-  } while (!outstanding.compare_exchange_weak(before, before + 1,
-                                              std::memory_order_acq_rel));
+  } while (
+      !outstanding.compare_exchange_weak(before, before + 1, std::memory_order_acq_rel));
   absl::Status queued = least_queued->Enqueue(std::move(write));
   if (!queued.ok()) outstanding.fetch_sub(1, std::memory_order_acq_rel);
   return queued;
@@ -323,9 +332,9 @@ NicCounters TcpFabric::counters(int nic) const {
 
 void TcpFabric::OnAccepted(int nic, UniqueFd socket) {
   if (!ConfigureDataSocket(socket.get()).ok()) return;  // drops the client
-  auto connection =
-      std::make_shared<TcpConnection>(*this, next_connection_id_.fetch_add(1), nic,
-                                      TcpConnection::Role::kInbound, std::move(socket), 0);
+  auto connection = std::make_shared<TcpConnection>(
+      *this, next_connection_id_.fetch_add(1), nic, TcpConnection::Role::kInbound,
+      std::move(socket), 0);
   absl::MutexLock lock(&mu_);
   if (shutting_down_ || connections_.size() >= kMaxConnections) return;
   connections_.emplace(connection->id(), ConnectionEntry{connection, 0});
@@ -364,7 +373,8 @@ PeerId TcpFabric::LivePeer(absl::string_view name) {
     peer_by_name_.erase(it);
   }
   const PeerId id = next_peer_id_++;
-  peers_.emplace(id, Peer{.name = std::string(name), .retired = false, .connections = {}});
+  peers_.emplace(id,
+                 Peer{.name = std::string(name), .retired = false, .connections = {}});
   peer_by_name_.emplace(std::string(name), id);
   return id;
 }
@@ -410,10 +420,10 @@ void TcpFabric::ReapOne(uint64_t connection_id) {
   }
   if (lost.has_value()) {
     const absl::Status why = connection->close_reason();
-    handler_.OnPeerLost(*lost, why.code() == absl::StatusCode::kCancelled
-                                   ? why
-                                   : absl::UnavailableError(
-                                         absl::StrCat("peer lost: ", why.message())));
+    handler_.OnPeerLost(
+        *lost, why.code() == absl::StatusCode::kCancelled
+                   ? why
+                   : absl::UnavailableError(absl::StrCat("peer lost: ", why.message())));
   }
 }
 
@@ -432,7 +442,8 @@ absl::StatusOr<std::unique_ptr<Fabric>> CreateTcpFabric(const TcpFabricOptions& 
     absl::StatusOr<UniqueFd> listener = Listen(*address);
     if (!listener.ok()) return WithContext(listener.status(), context);
     FL_ASSIGN_OR_RETURN(SocketAddress bound, LocalAddress(listener->get()));
-    endpoints.push_back(Endpoint{.nic = nic.nic, .address = nic.address, .port = bound.port()});
+    endpoints.push_back(
+        Endpoint{.nic = nic.nic, .address = nic.address, .port = bound.port()});
     FL_ASSIGN_OR_RETURN(SocketAddress outbound, ParseSocketAddress(nic.address, 0));
     local.push_back(outbound);
     listeners.push_back(*std::move(listener));

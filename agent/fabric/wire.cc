@@ -18,7 +18,8 @@ constexpr size_t kDword1At = 32;
 static_assert(kDword1At + sizeof(uint64_t) == kHeaderBytes, "fields fill the header");
 
 // The largest absl::StatusCode an ACK may carry.
-constexpr uint32_t kMaxStatusCode = static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
+constexpr uint32_t kMaxStatusCode =
+    static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
 
 template <typename T>
 void Put(HeaderBytes& out, size_t at, T value) {
@@ -99,8 +100,8 @@ absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes
   if (magic != kMagic) return Malformed(absl::StrCat("bad magic 0x", absl::Hex(magic)));
   const auto version = Get<uint16_t>(bytes, kVersionAt);
   if (version != kProtocolVersion) {
-    return Malformed(absl::StrCat("protocol version ", version, ", expected ",
-                                  kProtocolVersion));
+    return Malformed(
+        absl::StrCat("protocol version ", version, ", expected ", kProtocolVersion));
   }
   if (Get<uint32_t>(bytes, kReservedAt) != 0) return Malformed("reserved field set");
 
@@ -122,8 +123,8 @@ absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes
       return HelloHeader{.nic = word0, .name_bytes = word1};
     case FrameType::kWrite:
       if (word1 > max_write_bytes) {
-        return Malformed(
-            absl::StrCat("WRITE of ", word1, " bytes > max_write_bytes ", max_write_bytes));
+        return Malformed(absl::StrCat("WRITE of ", word1, " bytes > max_write_bytes ",
+                                      max_write_bytes));
       }
       return WriteHeader{
           .key = word0, .offset = dword0, .bytes = word1, .imm = word2, .wr_id = dword1};

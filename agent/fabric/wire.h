@@ -24,11 +24,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <variant>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "agent/fabric/fabric.h"
 
 namespace fuselink::fabric::wire {
@@ -44,8 +44,8 @@ inline constexpr uint32_t kMaxNics = 64;
 // u32 on the wire and one write must fit in memory many times over.
 inline constexpr uint32_t kMaxWriteBytesLimit = 1u << 30;
 
-static_assert(kHeaderBytes == 5 * sizeof(uint32_t) + sizeof(uint32_t) +
-                                  2 * sizeof(uint64_t),
+static_assert(kHeaderBytes ==
+                  5 * sizeof(uint32_t) + sizeof(uint32_t) + 2 * sizeof(uint64_t),
               "the header layout above adds up to kHeaderBytes");
 static_assert(kHeaderBytes % sizeof(uint64_t) == 0, "header keeps payloads aligned");
 static_assert(kMaxNodeNameBytes <= UINT32_MAX, "a name length is a u32 on the wire");

@@ -53,9 +53,8 @@ absl::StatusOr<Layout> NormalizeLayout(Layout layout, uint64_t memory_bytes) {
   }
   if (extent > memory_bytes) {
     return WithReason(
-        absl::InvalidArgumentError(absl::StrCat("layout needs ", extent,
-                                                " bytes but the memory given has ",
-                                                memory_bytes)),
+        absl::InvalidArgumentError(absl::StrCat(
+            "layout needs ", extent, " bytes but the memory given has ", memory_bytes)),
         "LAYOUT_EXCEEDS_MEMORY");
   }
   return layout;

@@ -13,8 +13,17 @@ struct TensorLease::Record {
   std::atomic<int> leases{0};
 };
 
-TensorLease::~TensorLease() {
+void TensorLease::Release() {
   if (record_) record_->leases.fetch_sub(1, std::memory_order_acq_rel);
+  record_.reset();
+}
+
+TensorLease& TensorLease::operator=(TensorLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    record_ = std::move(other.record_);
+  }
+  return *this;
 }
 const TensorInfo& TensorLease::info() const { return record_->info; }
 uint8_t* TensorLease::base() const {
@@ -38,11 +47,10 @@ absl::Status ValidateName(absl::string_view name) {
                 (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '/' || c == '-');
   }
   if (ok) return absl::OkStatus();
-  return WithReason(
-      absl::InvalidArgumentError(absl::StrCat("tensor name '", name.substr(0, 160),
-                                              "' must be 1 to ", kMaxNameBytes,
-                                              " characters of [A-Za-z0-9._/-]")),
-      "BAD_NAME");
+  return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                        "tensor name '", name.substr(0, 160), "' must be 1 to ",
+                        kMaxNameBytes, " characters of [A-Za-z0-9._/-]")),
+                    "BAD_NAME");
 }
 
 absl::StatusOr<TensorInfo> Registry::RegisterHost(TensorInfo want, UniqueFd fd,
@@ -76,9 +84,10 @@ absl::StatusOr<TensorInfo> Registry::RegisterHost(TensorInfo want, UniqueFd fd,
   auto [it, inserted] = tensors_.emplace(record->info.name, record);
   if (!inserted) {  // lost a race with a registration of the same name
     fabric_->DeregisterRegion(record->region_key).IgnoreError();
-    return WithReason(absl::AlreadyExistsError(absl::StrCat(
-                          "a tensor named '", record->info.name, "' is already registered")),
-                      "TENSOR_EXISTS");
+    return WithReason(
+        absl::AlreadyExistsError(absl::StrCat("a tensor named '", record->info.name,
+                                              "' is already registered")),
+        "TENSOR_EXISTS");
   }
   return record->info;
 }
@@ -90,9 +99,10 @@ absl::Status Registry::Unregister(absl::string_view name) {
     auto it = tensors_.find(name);
     if (it == tensors_.end()) return UnknownTensor(name);
     if (it->second->leases.load(std::memory_order_acquire) > 0) {
-      return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                            "tensor '", name, "' is in use by a transfer; cancel it or "
-                                              "wait for it to finish")),
+      return WithReason(absl::FailedPreconditionError(
+                            absl::StrCat("tensor '", name,
+                                         "' is in use by a transfer; cancel it or "
+                                         "wait for it to finish")),
                         "TENSOR_IN_USE");
     }
     record = std::move(it->second);

@@ -8,11 +8,11 @@
 #include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/common/unique_fd.h"
 #include "agent/fabric/fabric.h"
@@ -43,8 +43,8 @@ class TensorLease {
  public:
   TensorLease() = default;
   TensorLease(TensorLease&&) = default;
-  TensorLease& operator=(TensorLease&&) = default;
-  ~TensorLease();
+  TensorLease& operator=(TensorLease&& other) noexcept;
+  ~TensorLease() { Release(); }
 
   const TensorInfo& info() const;
   uint8_t* base() const;
@@ -54,6 +54,7 @@ class TensorLease {
   friend class Registry;
   struct Record;
   explicit TensorLease(std::shared_ptr<Record> record) : record_(std::move(record)) {}
+  void Release();
   std::shared_ptr<Record> record_;
 };
 

@@ -14,16 +14,25 @@ constexpr absl::Duration kBootstrapTimeout = absl::Seconds(5);
 constexpr uint32_t kProtocolVersion = 1;
 
 void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
-  context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + kBootstrapTimeout)));
+  context.set_deadline(
+      absl::ToChronoTime(std::min(deadline, absl::Now() + kBootstrapTimeout)));
 }
 
-// A failed peer call: the target's own verdict keeps its code; not reaching it at
-// all is UNAVAILABLE, PEER_UNREACHABLE.
-absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node) {
+// A failed peer call: the target's own verdict keeps its code; a call cut short by
+// the transfer's own `deadline` is that deadline passing, DEADLINE_EXCEEDED
+// (DEADLINE); not reaching the target at all is UNAVAILABLE, PEER_UNREACHABLE.
+absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
+                            absl::Time deadline) {
   absl::Status s = FromGrpcStatus(status);
+  if (ReasonOf(s).empty() && absl::IsDeadlineExceeded(s) && absl::Now() >= deadline) {
+    return WithReason(
+        absl::DeadlineExceededError(absl::StrCat(
+            "the transfer's deadline passed while calling node '", node, "'")),
+        "DEADLINE");
+  }
   if (ReasonOf(s).empty() && (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s))) {
-    return WithReason(absl::UnavailableError(absl::StrCat("cannot reach node '", node,
-                                                          "': ", s.message())),
+    return WithReason(absl::UnavailableError(
+                          absl::StrCat("cannot reach node '", node, "': ", s.message())),
                       "PEER_UNREACHABLE");
   }
   return s;
@@ -58,7 +67,7 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
   grpc::ClientContext context;
   SetDeadline(context, deadline);
   grpc::Status status = session.stub->Hello(&context, request, &response);
-  if (!status.ok()) return PeerCallStatus(status, session.name);
+  if (!status.ok()) return PeerCallStatus(status, session.name, deadline);
   if (response.topology().node() != session.name) {
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
                           "the agent configured as '", session.name, "' calls itself '",
@@ -71,18 +80,18 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
                                       static_cast<uint16_t>(nic.port())});
   }
   if (static_cast<int>(remote.size()) != fabric_->nic_count()) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "node '", session.name, "' has ", remote.size(),
-                          " NICs and this node ", fabric_->nic_count(),
-                          "; rails pair NIC i with NIC i")),
-                      "RAIL_MISMATCH");
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "node '", session.name, "' has ", remote.size(), " NICs and this node ",
+            fabric_->nic_count(), "; rails pair NIC i with NIC i")),
+        "RAIL_MISMATCH");
   }
   absl::StatusOr<fabric::PeerId> peer = fabric_->Connect(session.name, remote);
   if (!peer.ok()) {
-    return WithReason(absl::UnavailableError(absl::StrCat(
-                          "fabric to node '", session.name, "': ",
-                          peer.status().message())),
-                      "PEER_UNREACHABLE");
+    return WithReason(
+        absl::UnavailableError(absl::StrCat("fabric to node '", session.name,
+                                            "': ", peer.status().message())),
+        "PEER_UNREACHABLE");
   }
   session.connected = true;
   session.peer = *peer;
@@ -100,9 +109,9 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
     const transfer::IncomingSpec& spec) {
   auto it = sessions_.find(spec.target_node);
   if (it == sessions_.end()) {
-    return WithReason(absl::NotFoundError(absl::StrCat("unknown node '",
-                                                       spec.target_node, "'")),
-                      "UNKNOWN_NODE");
+    return WithReason(
+        absl::NotFoundError(absl::StrCat("unknown node '", spec.target_node, "'")),
+        "UNKNOWN_NODE");
   }
   Session& session = *it->second;
   FL_ASSIGN_OR_RETURN(fabric::PeerId peer, Connect(session, spec.deadline));
@@ -120,7 +129,7 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
   grpc::ClientContext context;
   SetDeadline(context, spec.deadline);
   grpc::Status status = session.stub->PrepareIncoming(&context, request, &response);
-  if (!status.ok()) return PeerCallStatus(status, session.name);
+  if (!status.ok()) return PeerCallStatus(status, session.name, spec.deadline);
 
   transfer::Prepared prepared;
   prepared.peer = peer;
@@ -130,8 +139,8 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
   prepared.layout = memory::Layout{l.layers(), l.blocks_per_layer(), l.block_bytes(),
                                    l.block_stride_bytes(), l.layer_stride_bytes()};
   // The target's layout is checked like our own: a peer's bytes are never trusted.
-  FL_ASSIGN_OR_RETURN(prepared.layout, memory::NormalizeLayout(prepared.layout,
-                                                               UINT64_MAX));
+  FL_ASSIGN_OR_RETURN(prepared.layout,
+                      memory::NormalizeLayout(prepared.layout, UINT64_MAX));
   return prepared;
 }
 

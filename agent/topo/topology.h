@@ -4,9 +4,9 @@
 #pragma once
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "fuselink/v1/topology.pb.h"
 
 namespace fuselink::topo {

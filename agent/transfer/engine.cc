@@ -142,9 +142,9 @@ absl::StatusOr<Engine::JobPtr> Engine::Admit(const v1::TransferRequest& request,
   const v1::BlockSet& dst = request.target();
   if (src.node() != options_.node) {
     if (src.node().empty() || !peers_->Knows(src.node())) {
-      return WithReason(absl::NotFoundError(absl::StrCat(
-                            "unknown source node '", src.node(), "'")),
-                        "UNKNOWN_NODE");
+      return WithReason(
+          absl::NotFoundError(absl::StrCat("unknown source node '", src.node(), "'")),
+          "UNKNOWN_NODE");
     }
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat(
@@ -161,9 +161,9 @@ absl::StatusOr<Engine::JobPtr> Engine::Admit(const v1::TransferRequest& request,
         "UNKNOWN_NODE");
   }
   if (src.block_ids_size() != dst.block_ids_size()) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                          "source lists ", src.block_ids_size(), " blocks, target ",
-                          dst.block_ids_size())),
+    return WithReason(absl::InvalidArgumentError(
+                          absl::StrCat("source lists ", src.block_ids_size(),
+                                       " blocks, target ", dst.block_ids_size())),
                       "BLOCK_COUNT_MISMATCH");
   }
   FL_ASSIGN_OR_RETURN(memory::TensorLease lease, registry_->Acquire(src.tensor()));
@@ -189,9 +189,9 @@ absl::StatusOr<Engine::JobPtr> Engine::Admit(const v1::TransferRequest& request,
     return WithReason(absl::AlreadyExistsError("request_id reused"), "REQUEST_ID_REUSED");
   }
   if (active_ >= options_.max_active_transfers) {
-    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                          options_.max_active_transfers,
-                          " transfers are already in flight; retry later")),
+    return WithReason(absl::ResourceExhaustedError(
+                          absl::StrCat(options_.max_active_transfers,
+                                       " transfers are already in flight; retry later")),
                       "TOO_MANY_TRANSFERS");
   }
   ++active_;
@@ -234,8 +234,8 @@ void Engine::Prepare(const JobPtr& job) {
   spec.layer_begin = req.has_layers() ? req.layers().begin() : 0;
   spec.layer_end = req.has_layers() ? req.layers().end() : layout.layers;
   spec.block_bytes = layout.block_bytes;
-  spec.total_bytes = layout.block_bytes * spec.block_ids.size() *
-                     (spec.layer_end - spec.layer_begin);
+  spec.total_bytes =
+      layout.block_bytes * spec.block_ids.size() * (spec.layer_end - spec.layer_begin);
   spec.deadline = t.deadline();
 
   absl::StatusOr<Prepared> prepared = peers_->PrepareIncoming(spec);
@@ -250,9 +250,9 @@ void Engine::Prepare(const JobPtr& job) {
       done = MaybeFinishLocked(*job);
     } else {
       job->target = *prepared;
-      job->extents = PlanExtents(layout, prepared->layout, Ids(req.source().block_ids()),
-                                 Ids(req.target().block_ids()), spec.layer_begin,
-                                 spec.layer_end);
+      job->extents =
+          PlanExtents(layout, prepared->layout, Ids(req.source().block_ids()),
+                      Ids(req.target().block_ids()), spec.layer_begin, spec.layer_end);
       job->cursor.emplace(job->extents, options_.chunk_bytes);
       job->window.resize(options_.window_chunks);
       for (uint32_t i = 0; i < options_.window_chunks; ++i) {
@@ -463,9 +463,10 @@ void Engine::HousekeepingLoop() {
         absl::MutexLock lock(&t.mu());
         if (IsTerminal(t.state_locked())) continue;
         if (now > t.deadline()) {
-          StopLocked(*job, WithReason(absl::DeadlineExceededError(
-                                          "the transfer's deadline passed"),
-                                      "DEADLINE"));
+          StopLocked(
+              *job,
+              WithReason(absl::DeadlineExceededError("the transfer's deadline passed"),
+                         "DEADLINE"));
         }
         if (job->accepted) {
           if (job->held) PumpLocked(*job);

@@ -48,8 +48,8 @@ struct EngineOptions {
 class Engine {
  public:
   // Called once per transfer that reached a final state, off the engine's locks.
-  using FinishedFn = std::function<void(State state, absl::Duration elapsed,
-                                        uint64_t bytes)>;
+  using FinishedFn =
+      std::function<void(State state, absl::Duration elapsed, uint64_t bytes)>;
 
   Engine(EngineOptions options, const topo::Topology& topology,
          memory::Registry* registry, fabric::Fabric* fabric, PeerLink* peers,
@@ -92,8 +92,8 @@ class Engine {
   // Posts chunks while the window and the NICs have room.
   void PumpLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
   // Stops a running job with `why`; it ends once its chunks drain.
-  void StopLocked(Job& job, absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
-      job.transfer->mu());
+  void StopLocked(Job& job, absl::Status why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
   // Ends a stopped or finished job whose chunks have drained. Returns true if it
   // reached a final state now.
   bool MaybeFinishLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());

@@ -10,7 +10,7 @@ namespace fuselink::transfer {
 // Incoming transfers a target holds at once; bounded by the slot bits below.
 inline constexpr uint32_t kMaxIncoming = 4096;
 
-inline constexpr int kImmSlotBits = 16;       // index into the target's slot table
+inline constexpr int kImmSlotBits = 16;        // index into the target's slot table
 inline constexpr int kImmGenerationBits = 12;  // bumps on reuse; stale writes miss
 inline constexpr int kImmOpBits = 4;
 static_assert(kImmSlotBits + kImmGenerationBits + kImmOpBits == 32);
@@ -26,9 +26,7 @@ struct SlotId {
   uint32_t index = 0;
   uint32_t generation = 0;
 
-  uint32_t Pack() const {
-    return (generation << kImmSlotBits) | index;
-  }
+  uint32_t Pack() const { return (generation << kImmSlotBits) | index; }
   static SlotId Unpack(uint32_t packed) {
     return SlotId{packed & ((1u << kImmSlotBits) - 1),
                   (packed >> kImmSlotBits) & ((1u << kImmGenerationBits) - 1)};
@@ -36,8 +34,7 @@ struct SlotId {
 };
 
 inline uint32_t EncodeImm(SlotId slot, ImmOp op) {
-  return (static_cast<uint32_t>(op) << (kImmSlotBits + kImmGenerationBits)) |
-         slot.Pack();
+  return (static_cast<uint32_t>(op) << (kImmSlotBits + kImmGenerationBits)) | slot.Pack();
 }
 inline SlotId ImmSlot(uint32_t imm) { return SlotId::Unpack(imm); }
 inline ImmOp ImmOpOf(uint32_t imm) {

@@ -20,26 +20,30 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     const v1::PrepareIncomingRequest& request) {
   FL_ASSIGN_OR_RETURN(memory::TensorLease tensor, registry_->Acquire(request.tensor()));
   const memory::Layout& layout = tensor.info().layout;
-  FL_RETURN_IF_ERROR(ValidateBlocks(layout, {request.block_ids().data(), static_cast<size_t>(request.block_ids_size())}, "target", true));
+  FL_RETURN_IF_ERROR(ValidateBlocks(
+      layout, {request.block_ids().data(), static_cast<size_t>(request.block_ids_size())},
+      "target", true));
   FL_RETURN_IF_ERROR(ValidateLayers(layout, request.layer_begin(), request.layer_end()));
   if (request.block_bytes() != layout.block_bytes) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                          "source blocks are ", request.block_bytes(),
-                          " bytes, target blocks ", layout.block_bytes)),
+    return WithReason(absl::InvalidArgumentError(
+                          absl::StrCat("source blocks are ", request.block_bytes(),
+                                       " bytes, target blocks ", layout.block_bytes)),
                       "BLOCK_SIZE_MISMATCH");
   }
   const uint64_t expected = layout.block_bytes * request.block_ids_size() *
                             (request.layer_end() - request.layer_begin());
   if (request.total_bytes() != expected) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                          "total_bytes ", request.total_bytes(), " should be ", expected)),
-                      "BAD_TOTAL");
+    return WithReason(
+        absl::InvalidArgumentError(
+            absl::StrCat("total_bytes ", request.total_bytes(), " should be ", expected)),
+        "BAD_TOTAL");
   }
   absl::MutexLock lock(&mu_);
   if (free_.empty()) {
-    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
-                          "the target already has ", kMaxIncoming, " incoming transfers")),
-                      "TOO_MANY_INCOMING");
+    return WithReason(
+        absl::ResourceExhaustedError(
+            absl::StrCat("the target already has ", kMaxIncoming, " incoming transfers")),
+        "TOO_MANY_INCOMING");
   }
   const uint32_t index = free_.back();
   free_.pop_back();
@@ -119,9 +123,10 @@ void Landing::OnPeerLost(absl::string_view peer_name, const absl::Status& why) {
     for (Slot& slot : slots_) {
       if (slot.active && slot.source_node == peer_name) {
         events.push_back(CloseLocked(
-            slot, WithReason(absl::UnavailableError(absl::StrCat(
-                                 "lost the source node '", peer_name, "': ", why.message())),
-                             "PEER_LOST")));
+            slot,
+            WithReason(absl::UnavailableError(absl::StrCat(
+                           "lost the source node '", peer_name, "': ", why.message())),
+                       "PEER_LOST")));
       }
     }
   }

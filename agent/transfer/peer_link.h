@@ -4,10 +4,10 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/layout.h"
@@ -39,8 +39,9 @@ class PeerLink {
   virtual ~PeerLink() = default;
   virtual bool Knows(absl::string_view node) const = 0;
   // Connects to the target if needed, then asks it to accept. Blocks up to the
-  // spec's deadline. The target's own errors come back with their codes; an
-  // unreachable target is UNAVAILABLE (reason PEER_UNREACHABLE).
+  // spec's deadline. The target's own errors come back with their codes; the
+  // deadline passing is DEADLINE_EXCEEDED (reason DEADLINE); an unreachable target
+  // is UNAVAILABLE (reason PEER_UNREACHABLE).
   virtual absl::StatusOr<Prepared> PrepareIncoming(const IncomingSpec& spec) = 0;
 };
 

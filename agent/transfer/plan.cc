@@ -22,9 +22,9 @@ absl::Status ValidateBlocks(const memory::Layout& layout, std::span<const uint32
   }
   for (uint32_t id : ids) {
     if (id >= layout.blocks_per_layer) {
-      return WithReason(absl::OutOfRangeError(absl::StrCat(
-                            side, " block ", id, " is outside the tensor's ",
-                            layout.blocks_per_layer, " blocks per layer")),
+      return WithReason(absl::OutOfRangeError(
+                            absl::StrCat(side, " block ", id, " is outside the tensor's ",
+                                         layout.blocks_per_layer, " blocks per layer")),
                         "BLOCK_OUT_OF_RANGE");
     }
   }
@@ -43,9 +43,9 @@ absl::Status ValidateBlocks(const memory::Layout& layout, std::span<const uint32
 
 absl::Status ValidateLayers(const memory::Layout& layout, uint32_t begin, uint32_t end) {
   if (begin >= end || end > layout.layers) {
-    return WithReason(absl::OutOfRangeError(absl::StrCat("layer range [", begin, ", ",
-                                                         end, ") is empty or outside the ",
-                                                         layout.layers, " layers")),
+    return WithReason(absl::OutOfRangeError(absl::StrCat(
+                          "layer range [", begin, ", ", end, ") is empty or outside the ",
+                          layout.layers, " layers")),
                       "LAYER_OUT_OF_RANGE");
   }
   return absl::OkStatus();

@@ -4,10 +4,10 @@
 
 #include <cstdint>
 #include <span>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "agent/memory/layout.h"
 
 namespace fuselink::transfer {

@@ -19,7 +19,7 @@ struct Transfer::Subscription {
   bool accepted_sent = false;
   bool final_sent = false;
   size_t layers_sent = 0;
-  uint64_t progress_sent_bytes = UINT64_MAX;
+  uint64_t progress_sent_bytes = 0;
   v1::TransferEvent event;  // the event being written
 };
 

@@ -70,9 +70,11 @@ class Transfer {
   // --- Called by the engine. ---
   absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
   void Accept(uint64_t total_bytes, uint64_t chunks, uint32_t layers_begin,
-              uint32_t layer_count, absl::string_view transport, absl::string_view policy);
+              uint32_t layer_count, absl::string_view transport,
+              absl::string_view policy);
   // Records a landed chunk. Returns true when the transfer's last byte landed.
-  void AddDone(int nic, uint32_t layer, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddDone(int nic, uint32_t layer, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves to `state`; for failures `status` says why.
   void SetState(State state, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   State state_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_; }

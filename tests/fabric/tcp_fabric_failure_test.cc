@@ -58,7 +58,8 @@ const HostileCase kHostileCases[] = {
            frame[6] = 9;
            return frame;
          }},
-    {.name = "UnknownKey", .frame = [](RegionKey key) { return WriteFrame(key + 7, 0, 16); }},
+    {.name = "UnknownKey",
+     .frame = [](RegionKey key) { return WriteFrame(key + 7, 0, 16); }},
     {.name = "OffsetPastEnd",
      .frame = [](RegionKey key) { return WriteFrame(key, kRegionBytes - 15, 16); }},
     {.name = "OffsetWraps",

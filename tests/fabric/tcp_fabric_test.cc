@@ -1,13 +1,14 @@
 // Two TCP fabrics in one process, on loopback addresses, two NICs each.
 #include "agent/fabric/tcp_fabric.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <set>
-#include <sys/socket.h>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -34,10 +35,12 @@ std::vector<uint8_t> RandomBytes(size_t bytes, uint32_t seed) {
 class TcpFabricTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<Fabric>> a = CreateTcpFabric(LoopbackOptions("a", 1), &a_events_);
+    absl::StatusOr<std::unique_ptr<Fabric>> a =
+        CreateTcpFabric(LoopbackOptions("a", 1), &a_events_);
     ASSERT_TRUE(a.ok()) << a.status();
     a_ = *std::move(a);
-    absl::StatusOr<std::unique_ptr<Fabric>> b = CreateTcpFabric(LoopbackOptions("b", 3), &b_events_);
+    absl::StatusOr<std::unique_ptr<Fabric>> b =
+        CreateTcpFabric(LoopbackOptions("b", 3), &b_events_);
     ASSERT_TRUE(b.ok()) << b.status();
     b_ = *std::move(b);
     absl::StatusOr<PeerId> peer = a_->Connect("b", b_->endpoints());
@@ -71,8 +74,8 @@ TEST_F(TcpFabricTest, WritesLandExactlyAndNowhereElse) {
   const std::vector<uint8_t> source = RandomBytes(kRegionBytes, 1);
   std::vector<uint8_t> target(kRegionBytes, kUntouched);
   std::vector<uint8_t> expected = target;
-  RegionKey source_key = *a_->RegisterRegion(const_cast<uint8_t*>(source.data()),
-                                             source.size(), nullptr);
+  RegionKey source_key =
+      *a_->RegisterRegion(const_cast<uint8_t*>(source.data()), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
 
   // One write per slot, at a random place inside it, so writes never overlap and
@@ -129,8 +132,8 @@ TEST_F(TcpFabricTest, LargeWriteLands) {
   constexpr size_t kBytes = 24 << 20;  // several socket buffers
   const std::vector<uint8_t> source = RandomBytes(kBytes, 3);
   std::vector<uint8_t> target(kBytes + 2, kUntouched);
-  RegionKey source_key = *a_->RegisterRegion(const_cast<uint8_t*>(source.data()),
-                                             source.size(), nullptr);
+  RegionKey source_key =
+      *a_->RegisterRegion(const_cast<uint8_t*>(source.data()), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
   ASSERT_TRUE(a_->PostWrite(b_on_a_, 1,
                             {.local_key = source_key,
@@ -184,10 +187,12 @@ TEST_F(TcpFabricTest, PostWriteRejectsBadArguments) {
   unknown_key.local_key = key + 100;
   WriteOp oversize = fits;
   oversize.bytes = TcpFabricOptions().max_write_bytes + 1;
-  EXPECT_EQ(a_->PostWrite(b_on_a_, 0, past_end).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->PostWrite(b_on_a_, 0, past_end).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->PostWrite(b_on_a_, 0, unknown_key).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(a_->PostWrite(b_on_a_, 0, oversize).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->PostWrite(b_on_a_, 0, oversize).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->PostWrite(b_on_a_, 2, fits).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->PostWrite(b_on_a_ + 100, 0, fits).code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(a_events_.completions().empty());
@@ -233,7 +238,8 @@ TEST_F(TcpFabricTest, DisconnectLosesThePeerOnBothSides) {
   EXPECT_EQ(a_events_.peers_lost()[0].second.code(), absl::StatusCode::kCancelled);
   ASSERT_TRUE(b_events_.WaitForPeersLost(1));
   EXPECT_EQ(b_events_.peers_lost()[0].second.code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(a_->PostWrite(b_on_a_, 0, {.wr_id = 2}).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(a_->PostWrite(b_on_a_, 0, {.wr_id = 2}).code(),
+            absl::StatusCode::kUnavailable);
   EXPECT_EQ(a_->PeerName(b_on_a_), "");
 
   absl::StatusOr<PeerId> again = a_->Connect("b", b_->endpoints());
@@ -250,12 +256,11 @@ TEST_F(TcpFabricTest, WriteToDeregisteredRegionIsRefused) {
   RegionKey source_key = *a_->RegisterRegion(source.data(), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
   ASSERT_TRUE(b_->DeregisterRegion(target_key).ok());
-  ASSERT_TRUE(a_->PostWrite(b_on_a_, 0,
-                            {.local_key = source_key,
-                             .remote_key = target_key,
-                             .bytes = 128,
-                             .wr_id = 1})
-                  .ok());
+  ASSERT_TRUE(
+      a_->PostWrite(
+            b_on_a_, 0,
+            {.local_key = source_key, .remote_key = target_key, .bytes = 128, .wr_id = 1})
+          .ok());
   ASSERT_TRUE(a_events_.WaitForCompletions(1));
   EXPECT_EQ(a_events_.completions()[0].status.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(b_->counters(0).malformed_frames, 1u);

@@ -33,9 +33,9 @@ bool RecordingHandler::WaitFor(const size_t* size, size_t count) {
     const size_t* size;
     size_t count;
   } args{size, count};
-  return mu_.AwaitWithTimeout(
-      absl::Condition(+[](Args* a) { return *a->size >= a->count; }, &args),
-      kWaitTimeout);
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](Args* a) { return *a->size >= a->count; }, &args),
+                              kWaitTimeout);
 }
 
 bool RecordingHandler::WaitForCompletions(size_t count) {
@@ -108,8 +108,9 @@ absl::StatusOr<std::unique_ptr<SilentPeer>> SilentPeer::Create(int first_host,
     if (!listener.ok()) return listener.status();
     absl::StatusOr<SocketAddress> bound = LocalAddress(listener->get());
     if (!bound.ok()) return bound.status();
-    peer->endpoints_.push_back(
-        {.nic = nic, .address = LoopbackAddress(first_host + nic), .port = bound->port()});
+    peer->endpoints_.push_back({.nic = nic,
+                                .address = LoopbackAddress(first_host + nic),
+                                .port = bound->port()});
     peer->listeners_.push_back(*std::move(listener));
   }
   return peer;
@@ -117,7 +118,12 @@ absl::StatusOr<std::unique_ptr<SilentPeer>> SilentPeer::Create(int first_host,
 
 absl::Status SilentPeer::AcceptAndReset(int count) {
   int accepted = 0;
+  const absl::Time deadline = absl::Now() + kWaitTimeout;
   while (accepted < count) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("accepted ", accepted, " of ", count, " connections"));
+    }
     for (UniqueFd& listener : listeners_) {
       pollfd waiting{.fd = listener.get(), .events = POLLIN, .revents = 0};
       if (poll(&waiting, 1, 10) <= 0) continue;

@@ -64,7 +64,8 @@ bool WaitUntilClosed(int fd);
 // Listens like a fabric's NICs but never reads or answers: a peer that hangs.
 class SilentPeer {
  public:
-  static absl::StatusOr<std::unique_ptr<SilentPeer>> Create(int first_host, int nic_count);
+  static absl::StatusOr<std::unique_ptr<SilentPeer>> Create(int first_host,
+                                                            int nic_count);
   const std::vector<Endpoint>& endpoints() const { return endpoints_; }
   // Accepts `count` pending connections and resets them all, as a crash would.
   absl::Status AcceptAndReset(int count);

@@ -61,9 +61,8 @@ TEST(WireTest, NotificationWriteHasNoBytes) {
 }
 
 TEST(WireTest, AckRoundTrips) {
-  for (absl::StatusCode code :
-       {absl::StatusCode::kOk, absl::StatusCode::kOutOfRange,
-        absl::StatusCode::kUnauthenticated}) {
+  for (absl::StatusCode code : {absl::StatusCode::kOk, absl::StatusCode::kOutOfRange,
+                                absl::StatusCode::kUnauthenticated}) {
     absl::StatusOr<Header> decoded =
         DecodeHeader(EncodeAck({.wr_id = 42, .code = code}), kMaxWrite);
     ASSERT_TRUE(decoded.ok()) << decoded.status();

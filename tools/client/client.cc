@@ -36,15 +36,13 @@ void FillPattern(std::span<uint8_t> bytes, uint64_t seed) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     w[i] = z ^ (z >> 31);
   }
-  for (size_t i = words * 8; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(seed + i);
+  for (size_t i = words * 8; i < bytes.size(); ++i)
+    bytes[i] = static_cast<uint8_t>(seed + i);
 }
 
-absl::StatusOr<v1::Tensor> RegisterHostTensor(v1::Agent::Stub& agent,
-                                              const std::string& handle_socket,
-                                              const std::string& name,
-                                              const v1::Layout& layout,
-                                              const HostBuffer& buffer,
-                                              uint32_t home_gpu) {
+absl::StatusOr<v1::Tensor> RegisterHostTensor(
+    v1::Agent::Stub& agent, const std::string& handle_socket, const std::string& name,
+    const v1::Layout& layout, const HostBuffer& buffer, uint32_t home_gpu) {
   FL_ASSIGN_OR_RETURN(uint64_t token, services::SendFd(handle_socket, buffer.fd()));
   v1::RegisterTensorRequest request;
   request.set_name(name);

@@ -40,16 +40,13 @@ class HostBuffer {
 void FillPattern(std::span<uint8_t> bytes, uint64_t seed);
 
 // Passes the buffer's memfd over the agent's handle socket and registers it.
-absl::StatusOr<v1::Tensor> RegisterHostTensor(v1::Agent::Stub& agent,
-                                              const std::string& handle_socket,
-                                              const std::string& name,
-                                              const v1::Layout& layout,
-                                              const HostBuffer& buffer,
-                                              uint32_t home_gpu = 0);
+absl::StatusOr<v1::Tensor> RegisterHostTensor(
+    v1::Agent::Stub& agent, const std::string& handle_socket, const std::string& name,
+    const v1::Layout& layout, const HostBuffer& buffer, uint32_t home_gpu = 0);
 
 struct TransferOutcome {
-  absl::Status status;       // the call's final status
-  v1::TransferEvent last;    // the last event seen (completed or failed when it ended)
+  absl::Status status;     // the call's final status
+  v1::TransferEvent last;  // the last event seen (completed or failed when it ended)
   uint64_t events = 0;
 };
 

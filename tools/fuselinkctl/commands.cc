@@ -17,14 +17,17 @@
 ABSL_FLAG(std::string, source, "", "transfer: source as node/tensor.");
 ABSL_FLAG(std::string, target, "", "transfer: target as node/tensor.");
 ABSL_FLAG(std::string, blocks, "", "transfer: source block ids, e.g. 0-63,80.");
-ABSL_FLAG(std::string, target_blocks, "", "transfer: target block ids; default: --blocks.");
+ABSL_FLAG(std::string, target_blocks, "",
+          "transfer: target block ids; default: --blocks.");
 ABSL_FLAG(std::string, layers, "", "transfer: layer range begin:end; default: all.");
 ABSL_FLAG(std::string, request_id, "", "transfer: idempotency key; default: random.");
 ABSL_FLAG(int, timeout_s, 600, "transfer: deadline in seconds.");
 ABSL_FLAG(std::string, tensor, "", "watch: only this tensor.");
 ABSL_FLAG(std::string, target_agent, "127.0.0.1:50052", "demo: the target node's agent.");
-ABSL_FLAG(std::string, source_socket, "/tmp/fuselink-node-a.sock", "demo: source handle socket.");
-ABSL_FLAG(std::string, target_socket, "/tmp/fuselink-node-b.sock", "demo: target handle socket.");
+ABSL_FLAG(std::string, source_socket, "/tmp/fuselink-node-a.sock",
+          "demo: source handle socket.");
+ABSL_FLAG(std::string, target_socket, "/tmp/fuselink-node-b.sock",
+          "demo: target handle socket.");
 ABSL_FLAG(uint32_t, demo_layers, 32, "demo: layers of the KV cache.");
 ABSL_FLAG(uint32_t, demo_blocks, 64, "demo: blocks per layer.");
 ABSL_FLAG(uint64_t, demo_block_bytes, 256 << 10, "demo: bytes per block.");
@@ -96,9 +99,10 @@ class ProgressLine {
     const double frac = p.total_bytes() ? double(p.bytes_done()) / p.total_bytes() : 0;
     const int width = 30;
     const int filled = static_cast<int>(frac * width);
-    std::string line = absl::StrFormat("\r[%s%s] %5.1f%% %10s/s ", std::string(filled, '#'),
-                                       std::string(width - filled, '.'), 100 * frac,
-                                       Bytes(now > 0 ? p.bytes_done() / now : 0));
+    std::string line =
+        absl::StrFormat("\r[%s%s] %5.1f%% %10s/s ", std::string(filled, '#'),
+                        std::string(width - filled, '.'), 100 * frac,
+                        Bytes(now > 0 ? p.bytes_done() / now : 0));
     for (const v1::NicBytes& n : p.per_nic()) {
       absl::StrAppendFormat(&line, " %s %3.0f%%", n.nic(),
                             p.bytes_done() ? 100.0 * n.bytes() / p.bytes_done() : 0.0);
@@ -175,10 +179,10 @@ int Topology(Context& ctx) {
               t.gpus_size());
   std::printf("%-8s %-16s %-6s %-9s %s\n", "NIC", "ADDRESS", "PORT", "OWNER_GPU", "RATE");
   for (const v1::Nic& n : t.nics()) {
-    std::printf("%-8s %-16s %-6u %-9u %s\n", n.name().c_str(), n.address().c_str(),
-                n.port(), n.owner_gpu(),
-                n.rate_bytes_per_s() ? (Bytes(n.rate_bytes_per_s()) + "/s").c_str()
-                                     : "unset");
+    std::printf(
+        "%-8s %-16s %-6u %-9u %s\n", n.name().c_str(), n.address().c_str(), n.port(),
+        n.owner_gpu(),
+        n.rate_bytes_per_s() ? (Bytes(n.rate_bytes_per_s()) + "/s").c_str() : "unset");
   }
   return 0;
 }
@@ -186,8 +190,8 @@ int Topology(Context& ctx) {
 int Tensors(Context& ctx) {
   v1::ListTensorsRequest request;
   if (!ctx.json) {
-    std::printf("%-32s %-6s %-7s %-9s %-12s %s\n", "NAME", "LAYERS", "BLOCKS",
-                "BLOCK", "SIZE", "MEMORY");
+    std::printf("%-32s %-6s %-7s %-9s %-12s %s\n", "NAME", "LAYERS", "BLOCKS", "BLOCK",
+                "SIZE", "MEMORY");
   }
   do {
     v1::ListTensorsResponse page;
@@ -200,9 +204,10 @@ int Tensors(Context& ctx) {
         std::printf("%s\n", Json(t).c_str());
         continue;
       }
-      std::printf("%-32s %-6u %-7u %-9s %-12s %s\n", t.name().c_str(), t.layout().layers(),
-                  t.layout().blocks_per_layer(), Bytes(t.layout().block_bytes()).c_str(),
-                  Bytes(t.size_bytes()).c_str(), t.memory_kind().c_str());
+      std::printf("%-32s %-6u %-7u %-9s %-12s %s\n", t.name().c_str(),
+                  t.layout().layers(), t.layout().blocks_per_layer(),
+                  Bytes(t.layout().block_bytes()).c_str(), Bytes(t.size_bytes()).c_str(),
+                  t.memory_kind().c_str());
     }
     request.set_page_token(page.next_page_token());
   } while (!request.page_token().empty());
@@ -275,8 +280,9 @@ int Status(Context& ctx, const std::vector<std::string>& args) {
   v1::GetTransferRequest request;
   request.set_transfer_id(args[0]);
   v1::TransferStatus status;
-  grpc::Status s = Call(
-      [&](grpc::ClientContext* c) { return ctx.agent->GetTransfer(c, request, &status); });
+  grpc::Status s = Call([&](grpc::ClientContext* c) {
+    return ctx.agent->GetTransfer(c, request, &status);
+  });
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {  // maybe a request id
     request.clear_transfer_id();
     request.set_request_id(args[0]);
@@ -354,11 +360,11 @@ int Demo(Context& ctx) {
               name.c_str(), layout.layers(), layout.blocks_per_layer(),
               Bytes(layout.block_bytes()).c_str(), Bytes(bytes).c_str(),
               src_topo.node().c_str(), dst_topo.node().c_str());
-  auto reg = client::RegisterHostTensor(*ctx.agent, absl::GetFlag(FLAGS_source_socket), name,
-                                        layout, **source);
+  auto reg = client::RegisterHostTensor(*ctx.agent, absl::GetFlag(FLAGS_source_socket),
+                                        name, layout, **source);
   if (!reg.ok()) return FailedStatus(reg.status());
-  reg = client::RegisterHostTensor(*target_agent, absl::GetFlag(FLAGS_target_socket), name,
-                                   layout, **target);
+  reg = client::RegisterHostTensor(*target_agent, absl::GetFlag(FLAGS_target_socket),
+                                   name, layout, **target);
   if (!reg.ok()) return FailedStatus(reg.status());
 
   v1::TransferRequest request;

@@ -1,0 +1,27 @@
+#!/bin/bash
+# Installs the Debian 12 packages fuselink builds, tests and runs with. Idempotent:
+# installs only what is missing, and touches apt only then. Needs root (or sudo).
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ pkg-config clang-format
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev prometheus-cpp-dev libibverbs-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus iperf3 iproute2 gnuplot-nox curl
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "setup: installing ${missing[*]}"
+$sudo apt-get update -q=2
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q=2 --no-install-recommends \
+  "${missing[@]}" >/dev/null

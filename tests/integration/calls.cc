@@ -1,0 +1,120 @@
+#include "tests/integration/calls.h"
+
+#include "absl/time/clock.h"
+
+namespace fuselink::testing {
+
+TransferCall::TransferCall(v1::Agent::Stub& stub, const v1::TransferRequest& request,
+                           absl::Duration timeout) {
+  context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  thread_ =
+      std::thread(&TransferCall::Read, this, stub.TransferKVCache(&context_, request));
+}
+
+TransferCall::~TransferCall() {
+  context_.TryCancel();
+  thread_.join();
+}
+
+void TransferCall::Read(std::unique_ptr<grpc::ClientReader<v1::TransferEvent>> reader) {
+  v1::TransferEvent event;
+  while (reader->Read(&event)) {
+    absl::MutexLock lock(&mu_);
+    result_.events.push_back(event);
+  }
+  grpc::Status status = reader->Finish();
+  absl::MutexLock lock(&mu_);
+  result_.status = std::move(status);
+  result_.ended = absl::Now();
+  done_ = true;
+}
+
+bool TransferCall::WaitForEvent(
+    const std::function<bool(const v1::TransferEvent&)>& match, absl::Duration timeout) {
+  size_t seen = 0;  // events already checked
+  bool found = false;
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (; !found && seen < result_.events.size(); ++seen) {
+      found = match(result_.events[seen]);
+    }
+    return found || done_;
+  };
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  return found;
+}
+
+bool TransferCall::WaitUntilMoving(absl::Duration timeout) {
+  return WaitForEvent(
+      [](const v1::TransferEvent& e) {
+        return e.has_progress() && e.progress().bytes_done() > 0 &&
+               e.progress().bytes_done() < e.progress().total_bytes();
+      },
+      timeout);
+}
+
+TransferResult TransferCall::Finish() {
+  thread_.join();
+  thread_ = std::thread([] {});  // the destructor joins again
+  absl::MutexLock lock(&mu_);
+  return result_;
+}
+
+TransferResult RunTransfer(v1::Agent::Stub& stub, const v1::TransferRequest& request,
+                           absl::Duration timeout) {
+  TransferCall call(stub, request, timeout);
+  return call.Finish();
+}
+
+WatchCall::WatchCall(v1::Agent::Stub& stub, const std::string& tensor) {
+  context_.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  v1::WatchTransfersRequest request;
+  request.set_tensor(tensor);
+  thread_ = std::thread([this, &stub, request] {
+    std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader =
+        stub.WatchTransfers(&context_, request);
+    reader->WaitForInitialMetadata();
+    {
+      absl::MutexLock lock(&mu_);
+      established_ = true;
+    }
+    v1::WatchEvent event;
+    while (reader->Read(&event)) {
+      absl::MutexLock lock(&mu_);
+      events_.push_back(event);
+    }
+    (void)reader->Finish();
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+  });
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return established_ || ended_; };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), kWaitTimeout);
+}
+
+WatchCall::~WatchCall() {
+  context_.TryCancel();
+  thread_.join();
+}
+
+bool WatchCall::established() const {
+  absl::MutexLock lock(&mu_);
+  return established_ && !ended_;
+}
+
+bool WatchCall::WaitForEvents(size_t count, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return events_.size() >= count || ended_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  return events_.size() >= count;
+}
+
+std::vector<v1::WatchEvent> WatchCall::events() const {
+  absl::MutexLock lock(&mu_);
+  return events_;
+}
+
+}  // namespace fuselink::testing

@@ -1,0 +1,145 @@
+#include "tests/integration/cluster.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "tests/integration/calls.h"
+
+namespace fuselink::testing {
+
+v1::Layout MakeLayout(uint32_t layers, uint32_t blocks_per_layer, uint64_t block_bytes,
+                      uint64_t block_stride_bytes, uint64_t layer_stride_bytes) {
+  v1::Layout layout;
+  layout.set_layers(layers);
+  layout.set_blocks_per_layer(blocks_per_layer);
+  layout.set_block_bytes(block_bytes);
+  layout.set_block_stride_bytes(block_stride_bytes);
+  layout.set_layer_stride_bytes(layer_stride_bytes);
+  return layout;
+}
+
+std::span<uint8_t> HostTensor::Block(uint32_t layer, uint32_t block) const {
+  const uint64_t offset =
+      layer * layout.layer_stride_bytes() + block * layout.block_stride_bytes();
+  return buffer->span().subspan(offset, layout.block_bytes());
+}
+
+absl::StatusOr<HostTensor> RegisterTensor(AgentProcess& agent, const std::string& name,
+                                          const v1::Layout& layout, uint64_t seed,
+                                          uint32_t home_gpu) {
+  HostTensor tensor;
+  tensor.name = name;
+  tensor.layout = layout;
+  if (tensor.layout.block_stride_bytes() == 0) {
+    tensor.layout.set_block_stride_bytes(layout.block_bytes());
+  }
+  if (tensor.layout.layer_stride_bytes() == 0) {
+    tensor.layout.set_layer_stride_bytes(layout.blocks_per_layer() *
+                                         tensor.layout.block_stride_bytes());
+  }
+  const uint64_t extent =
+      (layout.layers() - 1) * tensor.layout.layer_stride_bytes() +
+      (layout.blocks_per_layer() - 1) * tensor.layout.block_stride_bytes() +
+      layout.block_bytes();
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> buffer =
+      client::HostBuffer::Create(name, (extent + page - 1) / page * page);
+  if (!buffer.ok()) return buffer.status();
+  tensor.buffer = *std::move(buffer);
+  client::FillPattern(tensor.buffer->span(), seed);
+  absl::StatusOr<v1::Tensor> registered = client::RegisterHostTensor(
+      agent.stub(), agent.handle_socket(), name, layout, *tensor.buffer, home_gpu);
+  if (!registered.ok()) return registered.status();
+  return tensor;
+}
+
+v1::TransferRequest MakeRequest(const std::string& request_id, const std::string& source,
+                                std::vector<uint32_t> source_blocks,
+                                const std::string& target,
+                                std::vector<uint32_t> target_blocks) {
+  v1::TransferRequest request;
+  request.set_request_id(request_id);
+  request.mutable_source()->set_node(kNodeA);
+  request.mutable_source()->set_tensor(source);
+  *request.mutable_source()->mutable_block_ids() = {source_blocks.begin(),
+                                                    source_blocks.end()};
+  request.mutable_target()->set_node(kNodeB);
+  request.mutable_target()->set_tensor(target);
+  *request.mutable_target()->mutable_block_ids() = {target_blocks.begin(),
+                                                    target_blocks.end()};
+  return request;
+}
+
+::testing::AssertionResult HasError(const grpc::Status& status, grpc::StatusCode code,
+                                    const std::string& reason) {
+  const std::string got_reason = client::ReasonOf(status);
+  if (status.error_code() == code && got_reason == reason) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "want code " << code << " reason '" << reason << "', got code "
+         << status.error_code() << " reason '" << got_reason
+         << "': " << status.error_message();
+}
+
+grpc::Status GetTopology(AgentProcess& agent, v1::Topology* topology) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  return agent.stub().GetTopology(&context, v1::GetTopologyRequest(), topology);
+}
+
+::testing::AssertionResult Serves(AgentProcess& agent) {
+  v1::Topology topology;
+  grpc::Status status = GetTopology(agent, &topology);
+  if (!status.ok()) {
+    return ::testing::AssertionFailure()
+           << agent.node() << " does not serve: GetTopology: " << status.error_code()
+           << " " << status.error_message();
+  }
+  if (topology.node() != agent.node()) {
+    return ::testing::AssertionFailure()
+           << "GetTopology names node '" << topology.node() << "'";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+void TwoNodeTest::StartNodes(const std::vector<std::string>& a_flags,
+                             const std::vector<std::string>& b_flags,
+                             const std::string& extra_peers) {
+  absl::StatusOr<std::unique_ptr<AgentProcess>> b =
+      AgentProcess::Start(dir_.path(), kNodeB, b_flags);
+  ASSERT_TRUE(b.ok()) << b.status();
+  b_ = *std::move(b);
+  std::vector<std::string> flags = a_flags;
+  std::vector<std::string> peers = {absl::StrCat(kNodeB, "=", b_->grpc_address())};
+  if (!extra_peers.empty()) peers.push_back(extra_peers);
+  flags.push_back(absl::StrCat("--peer=", absl::StrJoin(peers, ",")));
+  absl::StatusOr<std::unique_ptr<AgentProcess>> a =
+      AgentProcess::Start(dir_.path(), kNodeA, flags);
+  ASSERT_TRUE(a.ok()) << a.status();
+  a_ = *std::move(a);
+}
+
+void TwoNodeTest::PrintLogs() {
+  for (const std::string& log : retired_logs_) {
+    std::fprintf(stderr, "--- log of a replaced agent:\n%s\n", log.c_str());
+  }
+  for (AgentProcess* agent : {b_.get(), a_.get()}) {
+    if (agent == nullptr) continue;
+    std::fprintf(stderr, "--- log of %s (%s):\n%s\n", agent->node().c_str(),
+                 agent->log_path().c_str(), agent->Log().c_str());
+  }
+}
+
+void TwoNodeTest::TearDown() {
+  if (HasFailure()) PrintLogs();
+  a_.reset();
+  b_.reset();
+}
+
+}  // namespace fuselink::testing

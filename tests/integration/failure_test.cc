@@ -1,0 +1,317 @@
+// Agents that die mid-transfer, peers that cannot be reached, deadlines, the limit
+// on transfers in flight, and garbage on a NIC port. After each, the agents that
+// live go on serving.
+#include <sys/socket.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/calls.h"
+#include "tests/integration/cluster.h"
+#include "tests/integration/net_util.h"
+
+namespace fuselink::testing {
+namespace {
+
+// Small tensors for the transfers that must succeed.
+const v1::Layout kSmallLayout = MakeLayout(2, 8, 16 << 10);
+// A transfer that is still running when the test acts on it: 64 MiB cut into 4 KiB
+// chunks, one in flight at a time, is thousands of round trips.
+const v1::Layout kBigLayout = MakeLayout(1, 64, 1 << 20);
+const std::vector<std::string> kSlowFlags = {"--chunk_bytes=4096", "--window_chunks=1"};
+
+std::vector<uint32_t> AllBlocks(const v1::Layout& layout) {
+  std::vector<uint32_t> ids(layout.blocks_per_layer());
+  for (uint32_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  return ids;
+}
+
+class FailureTest : public TwoNodeTest {
+ protected:
+  // Registers `name` with `layout` on node-a (source) and node-b (target).
+  void RegisterPair(const std::string& name, const v1::Layout& layout) {
+    absl::StatusOr<HostTensor> source = RegisterTensor(*a_, name, layout, 11);
+    ASSERT_TRUE(source.ok()) << source.status();
+    absl::StatusOr<HostTensor> target = RegisterTensor(*b_, name, layout, 12);
+    ASSERT_TRUE(target.ok()) << target.status();
+    sources_.push_back(*std::move(source));
+    targets_.push_back(*std::move(target));
+  }
+
+  v1::TransferRequest BigRequest(const std::string& request_id) {
+    return MakeRequest(request_id, "big", AllBlocks(kBigLayout), "big",
+                       AllBlocks(kBigLayout));
+  }
+
+  // A small transfer node-a -> node-b completes and its bytes land.
+  ::testing::AssertionResult MovesSmallTransfer(const std::string& request_id) {
+    const HostTensor& source = FindTensor(sources_, "small");
+    const HostTensor& target = FindTensor(targets_, "small");
+    TransferResult result = RunTransfer(
+        a_->stub(), MakeRequest(request_id, "small", {1, 6}, "small", {7, 0}));
+    if (!result.status.ok() || result.events.empty() ||
+        !result.events.back().has_completed()) {
+      return ::testing::AssertionFailure()
+             << "transfer " << request_id << ": " << result.status.error_code() << " "
+             << result.status.error_message();
+    }
+    for (uint32_t layer = 0; layer < kSmallLayout.layers(); ++layer) {
+      for (auto [s, t] : {std::pair{1u, 7u}, std::pair{6u, 0u}}) {
+        if (std::memcmp(source.Block(layer, s).data(), target.Block(layer, t).data(),
+                        kSmallLayout.block_bytes()) != 0) {
+          return ::testing::AssertionFailure()
+                 << "block " << s << " of layer " << layer << " did not land in " << t;
+        }
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  static const HostTensor& FindTensor(const std::vector<HostTensor>& tensors,
+                                      const std::string& name) {
+    for (const HostTensor& t : tensors) {
+      if (t.name == name) return t;
+    }
+    ADD_FAILURE() << "no tensor " << name;
+    std::abort();
+  }
+
+  grpc::Status Unregister(AgentProcess& agent, const std::string& name) {
+    v1::UnregisterTensorRequest request;
+    request.set_name(name);
+    v1::UnregisterTensorResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+    return agent.stub().UnregisterTensor(&context, request, &response);
+  }
+
+  std::vector<HostTensor> sources_;
+  std::vector<HostTensor> targets_;
+};
+
+TEST_F(FailureTest, UnreachablePeerIsUnavailable) {
+  uint16_t port = 0;
+  absl::StatusOr<UniqueFd> closed = ReserveClosedPort(&port);
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  ASSERT_NO_FATAL_FAILURE(StartNodes({}, {}, absl::StrCat("node-c=127.0.0.1:", port)));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout));
+
+  v1::TransferRequest request = MakeRequest("to-c", "small", {0}, "small", {0});
+  request.mutable_target()->set_node("node-c");
+  TransferResult result = RunTransfer(a_->stub(), request);
+  EXPECT_TRUE(HasError(result.status, grpc::StatusCode::UNAVAILABLE, "PEER_UNREACHABLE"));
+  EXPECT_TRUE(result.events.empty());
+  EXPECT_TRUE(Serves(*a_));
+  EXPECT_TRUE(MovesSmallTransfer("to-b"));
+}
+
+TEST_F(FailureTest, TransfersPastTheLimitAreRefusedUntilOneEnds) {
+  std::vector<std::string> flags = kSlowFlags;
+  flags.push_back("--max_transfers=1");
+  ASSERT_NO_FATAL_FAILURE(StartNodes(flags));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("big", kBigLayout));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout));
+  WatchCall watch(b_->stub(), "big");
+  ASSERT_TRUE(watch.established());
+
+  TransferCall first(a_->stub(), BigRequest("first"));
+  ASSERT_TRUE(first.WaitUntilMoving());
+  TransferResult second =
+      RunTransfer(a_->stub(), MakeRequest("second", "small", {0}, "small", {0}));
+  EXPECT_TRUE(HasError(second.status, grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       "TOO_MANY_TRANSFERS"));
+  EXPECT_TRUE(second.events.empty());
+  // Both ends hold the tensors of a running transfer.
+  EXPECT_TRUE(HasError(Unregister(*a_, "big"), grpc::StatusCode::FAILED_PRECONDITION,
+                       "TENSOR_IN_USE"));
+  EXPECT_TRUE(HasError(Unregister(*b_, "big"), grpc::StatusCode::FAILED_PRECONDITION,
+                       "TENSOR_IN_USE"));
+
+  // Cancelling ends the first: its stream says so, and the target drops its slot.
+  v1::CancelTransferRequest cancel;
+  cancel.set_request_id("first");
+  v1::TransferStatus status;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  ASSERT_TRUE(a_->stub().CancelTransfer(&context, cancel, &status).ok());
+  TransferResult cancelled = first.Finish();
+  EXPECT_TRUE(HasError(cancelled.status, grpc::StatusCode::CANCELLED, "CANCELLED"));
+  ASSERT_FALSE(cancelled.events.empty());
+  EXPECT_TRUE(cancelled.events.front().has_accepted());
+  const v1::TransferEvent& last = cancelled.events.back();
+  ASSERT_TRUE(last.has_failed()) << last.DebugString();
+  EXPECT_EQ(last.failed().code(), static_cast<int>(grpc::StatusCode::CANCELLED));
+  EXPECT_EQ(last.failed().reason(), "CANCELLED");
+  ASSERT_TRUE(watch.WaitForEvents(1));
+  EXPECT_EQ(watch.events()[0].code(), static_cast<int>(grpc::StatusCode::ABORTED))
+      << watch.events()[0].message();
+  EXPECT_EQ(watch.events()[0].transfer_id(), last.transfer_id());
+
+  EXPECT_TRUE(MovesSmallTransfer("third"));
+  grpc::Status ua = Unregister(*a_, "big");
+  EXPECT_TRUE(ua.ok()) << ua.error_message();
+  grpc::Status ub = Unregister(*b_, "big");
+  EXPECT_TRUE(ub.ok()) << ub.error_message();
+}
+
+TEST_F(FailureTest, DeadlineAlreadyPassed) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes());
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout));
+  v1::TransferRequest request = MakeRequest("late", "small", {0, 1}, "small", {0, 1});
+  request.mutable_deadline()->set_seconds(absl::ToUnixSeconds(absl::Now()) - 1);
+  TransferResult result = RunTransfer(a_->stub(), request);
+  EXPECT_TRUE(HasError(result.status, grpc::StatusCode::DEADLINE_EXCEEDED, "DEADLINE"));
+  for (const v1::TransferEvent& e : result.events) EXPECT_FALSE(e.has_completed());
+  EXPECT_TRUE(MovesSmallTransfer("in-time"));
+}
+
+TEST_F(FailureTest, DeadlineThatPassesMidTransfer) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes(kSlowFlags));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("big", kBigLayout));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout));
+  v1::TransferRequest request = BigRequest("short-deadline");
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(300);
+  request.mutable_deadline()->set_seconds(absl::ToUnixSeconds(deadline));
+  request.mutable_deadline()->set_nanos(static_cast<int32_t>(
+      (deadline - absl::FromUnixSeconds(absl::ToUnixSeconds(deadline))) /
+      absl::Nanoseconds(1)));
+  TransferResult result = RunTransfer(a_->stub(), request);
+  EXPECT_TRUE(HasError(result.status, grpc::StatusCode::DEADLINE_EXCEEDED, "DEADLINE"));
+  ASSERT_GE(result.events.size(), 2u);
+  EXPECT_TRUE(result.events.front().has_accepted());
+  const v1::TransferEvent& last = result.events.back();
+  ASSERT_TRUE(last.has_failed()) << last.DebugString();
+  EXPECT_EQ(last.failed().code(), static_cast<int>(grpc::StatusCode::DEADLINE_EXCEEDED));
+  EXPECT_EQ(last.failed().reason(), "DEADLINE");
+  EXPECT_LT(result.ended, deadline + absl::Seconds(5));
+  EXPECT_TRUE(MovesSmallTransfer("after"));
+}
+
+TEST_F(FailureTest, TargetKilledMidTransfer) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes(kSlowFlags));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("big", kBigLayout));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout));
+
+  TransferCall call(a_->stub(), BigRequest("doomed"));
+  ASSERT_TRUE(call.WaitUntilMoving());
+  const absl::Time killed = absl::Now();
+  b_->Kill();
+  TransferResult result = call.Finish();
+  EXPECT_TRUE(HasError(result.status, grpc::StatusCode::UNAVAILABLE, "PEER_LOST"));
+  EXPECT_LT(result.ended - killed, absl::Seconds(10));  // the call's deadline is 60 s
+  ASSERT_FALSE(result.events.empty());
+  ASSERT_TRUE(result.events.back().has_failed()) << result.events.back().DebugString();
+  EXPECT_EQ(result.events.back().failed().code(),
+            static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_TRUE(Serves(*a_));
+  // The source is free again.
+  EXPECT_TRUE(Unregister(*a_, "big").ok());
+
+  // node-b comes back at the same address; node-a reaches it again.
+  const std::string address = b_->grpc_address();
+  retired_logs_.push_back(b_->Log());
+  b_.reset();
+  absl::StatusOr<std::unique_ptr<AgentProcess>> b =
+      AgentProcess::Start(dir_.path(), kNodeB, {absl::StrCat("--listen=", address)});
+  ASSERT_TRUE(b.ok()) << b.status();
+  b_ = *std::move(b);
+  absl::StatusOr<HostTensor> target = RegisterTensor(*b_, "small", kSmallLayout, 13);
+  ASSERT_TRUE(target.ok()) << target.status();
+  targets_.clear();
+  targets_.push_back(*std::move(target));
+  // The first calls may find node-a's channel still reconnecting.
+  ::testing::AssertionResult moved = ::testing::AssertionFailure();
+  const absl::Time give_up = absl::Now() + kWaitTimeout;
+  for (int attempt = 0; !moved && absl::Now() < give_up; ++attempt) {
+    moved = MovesSmallTransfer(absl::StrCat("after-restart-", attempt));
+    if (!moved) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(moved);
+}
+
+TEST_F(FailureTest, SourceKilledMidTransfer) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes(kSlowFlags));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("big", kBigLayout));
+  WatchCall watch(b_->stub(), "");
+  ASSERT_TRUE(watch.established());
+
+  TransferCall call(a_->stub(), BigRequest("orphaned"));
+  ASSERT_TRUE(call.WaitUntilMoving());
+  a_->Kill();
+  TransferResult result = call.Finish();
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << result.status.error_message();
+  ASSERT_FALSE(result.events.empty());
+
+  // node-b fails the incoming transfer when the connections drop, well before the
+  // 30 s after which it gives up on a silent source (SOURCE_IDLE).
+  ASSERT_TRUE(watch.WaitForEvents(1, absl::Seconds(10)));
+  const v1::WatchEvent event = watch.events()[0];
+  EXPECT_EQ(event.code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE))
+      << event.message();
+  EXPECT_EQ(event.transfer_id(), result.events.front().transfer_id());
+  EXPECT_EQ(event.source_node(), kNodeA);
+  EXPECT_EQ(event.tensor(), "big");
+  EXPECT_LT(event.bytes(), kBigLayout.blocks_per_layer() * kBigLayout.block_bytes());
+  EXPECT_TRUE(Serves(*b_));
+  // The landing slot let go of the target tensor.
+  EXPECT_TRUE(Unregister(*b_, "big").ok());
+}
+
+TEST_F(FailureTest, MalformedFrameOnANicPortClosesOnlyThatConnection) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes());
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout));
+  auto malformed = [&]() -> absl::StatusOr<double> {
+    absl::StatusOr<std::string> metrics = HttpGet(b_->metrics_url());
+    if (!metrics.ok()) return metrics.status();
+    // Counters may carry the _total suffix of OpenMetrics, or not.
+    absl::StatusOr<double> value =
+        MetricValue(*metrics, "fuselink_fabric_malformed_frames_total", "nic=\"rail0\"");
+    if (absl::IsNotFound(value.status())) {
+      value = MetricValue(*metrics, "fuselink_fabric_malformed_frames", "nic=\"rail0\"");
+    }
+    return value;
+  };
+  absl::StatusOr<double> before = malformed();
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(*before, 0);
+
+  v1::Topology topology;
+  ASSERT_TRUE(GetTopology(*b_, &topology).ok());
+  ASSERT_GT(topology.nics_size(), 0);
+  const v1::Nic& rail0 = topology.nics(0);
+  ASSERT_EQ(rail0.name(), "rail0");
+  absl::StatusOr<UniqueFd> socket =
+      TcpConnect(rail0.address(), static_cast<uint16_t>(rail0.port()));
+  ASSERT_TRUE(socket.ok()) << socket.status();
+  std::vector<uint8_t> garbage(64, 0xEE);  // longer than a frame header
+  ASSERT_EQ(send(socket->get(), garbage.data(), garbage.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(garbage.size()));
+  ASSERT_TRUE(WaitUntilClosed(socket->get(), kWaitTimeout));
+
+  absl::StatusOr<double> after = malformed();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, 1);
+  EXPECT_TRUE(Serves(*b_));
+  EXPECT_TRUE(MovesSmallTransfer("after-garbage"));
+}
+
+TEST_F(FailureTest, AgentsStopCleanlyOnSigterm) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes());
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout));
+  ASSERT_TRUE(MovesSmallTransfer("before-stop"));
+  // Both at once: each takes seconds to close its gRPC and HTTP servers.
+  a_->Terminate();
+  b_->Terminate();
+  absl::Status a = a_->Stop();
+  EXPECT_TRUE(a.ok()) << a;
+  absl::Status b = b_->Stop();
+  EXPECT_TRUE(b.ok()) << b;
+}
+
+}  // namespace
+}  // namespace fuselink::testing

@@ -1,0 +1,162 @@
+// Every bad TransferKVCache request, each with its code and reason: the call ends
+// with the error and no events, and both agents go on moving good requests.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/calls.h"
+#include "tests/integration/cluster.h"
+
+namespace fuselink::testing {
+namespace {
+
+constexpr uint32_t kLayers = 4;
+constexpr uint32_t kBlocks = 32;
+constexpr uint64_t kBlockBytes = 16 << 10;
+
+class RequestErrorTest : public TwoNodeTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(StartNodes());
+    const v1::Layout layout = MakeLayout(kLayers, kBlocks, kBlockBytes);
+    for (auto [agent, name, l] :
+         {std::tuple{a_.get(), "kv", layout}, std::tuple{b_.get(), "kv", layout},
+          std::tuple{b_.get(), "kv-wide", MakeLayout(kLayers, kBlocks, 2 * kBlockBytes)},
+          std::tuple{b_.get(), "kv-short", MakeLayout(2, kBlocks, kBlockBytes)}}) {
+      absl::StatusOr<HostTensor> t = RegisterTensor(*agent, name, l, tensors_.size());
+      ASSERT_TRUE(t.ok()) << t.status();
+      tensors_.push_back(*std::move(t));
+    }
+  }
+
+  void TearDown() override {
+    if (a_ == nullptr || b_ == nullptr) return TwoNodeTest::TearDown();
+    // Neither agent is hurt: both serve, and a good request still moves its bytes.
+    EXPECT_TRUE(Serves(*a_));
+    EXPECT_TRUE(Serves(*b_));
+    TransferResult good = RunTransfer(
+        a_->stub(),
+        MakeRequest(absl::StrCat("good-", ++good_requests_), "kv", {0, 1}, "kv", {2, 3}));
+    EXPECT_TRUE(good.status.ok()) << good.status.error_message();
+    EXPECT_TRUE(!good.events.empty() && good.events.back().has_completed());
+    TwoNodeTest::TearDown();
+  }
+
+  // Runs `request` and expects it refused with `code` and `reason`, with no events.
+  void ExpectRefused(const v1::TransferRequest& request, grpc::StatusCode code,
+                     const std::string& reason) {
+    TransferResult result = RunTransfer(a_->stub(), request);
+    EXPECT_TRUE(HasError(result.status, code, reason));
+    EXPECT_TRUE(result.events.empty()) << result.events.front().DebugString();
+  }
+
+  std::vector<HostTensor> tensors_;
+  int good_requests_ = 0;
+};
+
+TEST_F(RequestErrorTest, UnknownSourceTensor) {
+  ExpectRefused(MakeRequest("r", "no-such", {0}, "kv", {0}), grpc::StatusCode::NOT_FOUND,
+                "UNKNOWN_TENSOR");
+}
+
+TEST_F(RequestErrorTest, UnknownTargetTensor) {
+  ExpectRefused(MakeRequest("r", "kv", {0}, "no-such", {0}), grpc::StatusCode::NOT_FOUND,
+                "UNKNOWN_TENSOR");
+}
+
+TEST_F(RequestErrorTest, UnknownTargetNode) {
+  v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {0});
+  request.mutable_target()->set_node("node-z");
+  ExpectRefused(request, grpc::StatusCode::NOT_FOUND, "UNKNOWN_NODE");
+}
+
+TEST_F(RequestErrorTest, UnknownSourceNode) {
+  v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {0});
+  request.mutable_source()->set_node("node-z");
+  ExpectRefused(request, grpc::StatusCode::NOT_FOUND, "UNKNOWN_NODE");
+}
+
+TEST_F(RequestErrorTest, SourceOnAnotherNode) {
+  v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {0});
+  request.mutable_source()->set_node(kNodeB);
+  ExpectRefused(request, grpc::StatusCode::FAILED_PRECONDITION, "SOURCE_NOT_LOCAL");
+}
+
+TEST_F(RequestErrorTest, TargetOnTheSourceNode) {
+  v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {1});
+  request.mutable_target()->set_node(kNodeA);
+  ExpectRefused(request, grpc::StatusCode::UNIMPLEMENTED, "LOCAL_TARGET");
+}
+
+TEST_F(RequestErrorTest, SourceBlockOutsideTheTensor) {
+  ExpectRefused(MakeRequest("r", "kv", {0, kBlocks}, "kv", {0, 1}),
+                grpc::StatusCode::OUT_OF_RANGE, "BLOCK_OUT_OF_RANGE");
+}
+
+TEST_F(RequestErrorTest, TargetBlockOutsideTheTensor) {
+  ExpectRefused(MakeRequest("r", "kv", {0, 1}, "kv", {0, kBlocks + 7}),
+                grpc::StatusCode::OUT_OF_RANGE, "BLOCK_OUT_OF_RANGE");
+}
+
+TEST_F(RequestErrorTest, LayerRangeOutsideTheSource) {
+  v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {0});
+  request.mutable_layers()->set_begin(2);
+  request.mutable_layers()->set_end(kLayers + 1);
+  ExpectRefused(request, grpc::StatusCode::OUT_OF_RANGE, "LAYER_OUT_OF_RANGE");
+}
+
+TEST_F(RequestErrorTest, EmptyLayerRange) {
+  v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {0});
+  request.mutable_layers()->set_begin(2);
+  request.mutable_layers()->set_end(2);
+  ExpectRefused(request, grpc::StatusCode::OUT_OF_RANGE, "LAYER_OUT_OF_RANGE");
+}
+
+TEST_F(RequestErrorTest, LayerRangeOutsideTheTarget) {
+  // Fits the source's 4 layers, not the target's 2.
+  v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv-short", {0});
+  request.mutable_layers()->set_begin(1);
+  request.mutable_layers()->set_end(3);
+  ExpectRefused(request, grpc::StatusCode::OUT_OF_RANGE, "LAYER_OUT_OF_RANGE");
+}
+
+TEST_F(RequestErrorTest, BlockCountsDiffer) {
+  ExpectRefused(MakeRequest("r", "kv", {0, 1, 2}, "kv", {0, 1}),
+                grpc::StatusCode::INVALID_ARGUMENT, "BLOCK_COUNT_MISMATCH");
+}
+
+TEST_F(RequestErrorTest, BlockSizesDiffer) {
+  ExpectRefused(MakeRequest("r", "kv", {0, 1}, "kv-wide", {0, 1}),
+                grpc::StatusCode::INVALID_ARGUMENT, "BLOCK_SIZE_MISMATCH");
+}
+
+TEST_F(RequestErrorTest, TargetBlockListedTwice) {
+  ExpectRefused(MakeRequest("r", "kv", {0, 1, 2}, "kv", {5, 6, 5}),
+                grpc::StatusCode::INVALID_ARGUMENT, "DUPLICATE_TARGET_BLOCK");
+}
+
+TEST_F(RequestErrorTest, EmptyRequest) {
+  ExpectRefused(MakeRequest("r", "kv", {}, "kv", {}), grpc::StatusCode::INVALID_ARGUMENT,
+                "EMPTY_REQUEST");
+}
+
+TEST_F(RequestErrorTest, MissingOrOverlongRequestId) {
+  ExpectRefused(MakeRequest("", "kv", {0}, "kv", {0}), grpc::StatusCode::INVALID_ARGUMENT,
+                "BAD_REQUEST_ID");
+  ExpectRefused(MakeRequest(std::string(129, 'r'), "kv", {0}, "kv", {0}),
+                grpc::StatusCode::INVALID_ARGUMENT, "BAD_REQUEST_ID");
+}
+
+TEST_F(RequestErrorTest, RefusedRequestIdMayBeUsedAgain) {
+  // A request the target refused never started: its id is free for a fixed request.
+  ExpectRefused(MakeRequest("retry-me", "kv", {0}, "no-such", {0}),
+                grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR");
+  TransferResult fixed =
+      RunTransfer(a_->stub(), MakeRequest("retry-me", "kv", {0}, "kv", {0}));
+  EXPECT_TRUE(fixed.status.ok()) << fixed.status.error_message();
+}
+
+}  // namespace
+}  // namespace fuselink::testing

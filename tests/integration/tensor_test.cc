@@ -1,0 +1,213 @@
+// The tensor calls of one agent: registration and its errors, paging, lookups.
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "services/handle_socket.h"
+#include "tests/integration/calls.h"
+#include "tests/integration/cluster.h"
+
+namespace fuselink::testing {
+namespace {
+
+constexpr uint64_t kBlockBytes = 16 << 10;
+
+class TensorTest : public TwoNodeTest {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
+        AgentProcess::Start(dir_.path(), kNodeB);
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    b_ = *std::move(agent);
+  }
+
+  // Passes `buffer`'s memfd over the handle socket; the token names it once.
+  uint64_t Token(const client::HostBuffer& buffer) {
+    absl::StatusOr<uint64_t> token = services::SendFd(b_->handle_socket(), buffer.fd());
+    EXPECT_TRUE(token.ok()) << token.status();
+    return token.value_or(0);
+  }
+
+  grpc::Status Register(const std::string& name, const v1::Layout& layout,
+                        uint64_t fd_token, uint64_t size_bytes, v1::Tensor* out) {
+    v1::RegisterTensorRequest request;
+    request.set_name(name);
+    *request.mutable_layout() = layout;
+    request.mutable_memory()->mutable_host()->set_fd_token(fd_token);
+    request.mutable_memory()->mutable_host()->set_size_bytes(size_bytes);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+    return b_->stub().RegisterTensor(&context, request, out);
+  }
+
+  grpc::Status Get(const std::string& name, v1::Tensor* out) {
+    v1::GetTensorRequest request;
+    request.set_name(name);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+    return b_->stub().GetTensor(&context, request, out);
+  }
+
+  grpc::Status Unregister(const std::string& name) {
+    v1::UnregisterTensorRequest request;
+    request.set_name(name);
+    v1::UnregisterTensorResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+    return b_->stub().UnregisterTensor(&context, request, &response);
+  }
+
+  // Every page of ListTensors with `page_size`; the names in page order.
+  std::vector<std::vector<std::string>> ListPages(uint32_t page_size) {
+    std::vector<std::vector<std::string>> pages;
+    v1::ListTensorsRequest request;
+    request.set_page_size(page_size);
+    do {
+      v1::ListTensorsResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+      grpc::Status status = b_->stub().ListTensors(&context, request, &response);
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      if (!status.ok() || pages.size() > 100) break;
+      pages.emplace_back();
+      for (const v1::Tensor& t : response.tensors()) pages.back().push_back(t.name());
+      request.set_page_token(response.next_page_token());
+    } while (!request.page_token().empty());
+    return pages;
+  }
+};
+
+TEST_F(TensorTest, ListsEveryTensorInNameOrderAPageAtATime) {
+  std::vector<HostTensor> tensors;
+  for (const char* name : {"t-c", "t-a", "t-e", "t-b", "t-d"}) {
+    absl::StatusOr<HostTensor> t =
+        RegisterTensor(*b_, name, MakeLayout(2, 4, kBlockBytes), tensors.size());
+    ASSERT_TRUE(t.ok()) << t.status();
+    tensors.push_back(*std::move(t));
+  }
+  using Pages = std::vector<std::vector<std::string>>;
+  EXPECT_EQ(ListPages(2), (Pages{{"t-a", "t-b"}, {"t-c", "t-d"}, {"t-e"}}));
+  EXPECT_EQ(ListPages(5), (Pages{{"t-a", "t-b", "t-c", "t-d", "t-e"}}));
+  EXPECT_EQ(ListPages(0), (Pages{{"t-a", "t-b", "t-c", "t-d", "t-e"}}));
+
+  ASSERT_TRUE(Unregister("t-c").ok());
+  EXPECT_EQ(ListPages(2), (Pages{{"t-a", "t-b"}, {"t-d", "t-e"}}));
+  EXPECT_TRUE(Serves(*b_));
+}
+
+TEST_F(TensorTest, GetTensorDescribesItAndUnregisterForgetsIt) {
+  // Padded: the agent reports the strides it was given; zero strides come back packed.
+  const v1::Layout layout = MakeLayout(3, 8, kBlockBytes, kBlockBytes + 512, 0);
+  absl::StatusOr<HostTensor> padded = RegisterTensor(*b_, "kv/padded", layout, 7, 3);
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  v1::Tensor tensor;
+  ASSERT_TRUE(Get("kv/padded", &tensor).ok());
+  EXPECT_EQ(tensor.name(), "kv/padded");
+  EXPECT_EQ(tensor.node(), kNodeB);
+  EXPECT_EQ(tensor.memory_kind(), "host");
+  EXPECT_EQ(tensor.home_gpu(), 3u);
+  EXPECT_EQ(tensor.size_bytes(), padded->buffer->bytes());
+  EXPECT_EQ(tensor.layout().layers(), 3u);
+  EXPECT_EQ(tensor.layout().blocks_per_layer(), 8u);
+  EXPECT_EQ(tensor.layout().block_bytes(), kBlockBytes);
+  EXPECT_EQ(tensor.layout().block_stride_bytes(), kBlockBytes + 512);
+  EXPECT_EQ(tensor.layout().layer_stride_bytes(), 8 * (kBlockBytes + 512));
+
+  ASSERT_TRUE(Unregister("kv/padded").ok());
+  EXPECT_TRUE(
+      HasError(Get("kv/padded", &tensor), grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  EXPECT_TRUE(
+      HasError(Unregister("kv/padded"), grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  // The name is free again.
+  absl::StatusOr<HostTensor> again = RegisterTensor(*b_, "kv/padded", layout, 8);
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(Serves(*b_));
+}
+
+TEST_F(TensorTest, RegisterRefusesLayoutsLargerThanTheMemory) {
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> buffer =
+      client::HostBuffer::Create("small", 4 * kBlockBytes);
+  ASSERT_TRUE(buffer.ok());
+  v1::Tensor tensor;
+  // Five blocks in the memory of four.
+  EXPECT_TRUE(HasError(Register("too-big", MakeLayout(1, 5, kBlockBytes), Token(**buffer),
+                                4 * kBlockBytes, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "LAYOUT_EXCEEDS_MEMORY"));
+  // Packed blocks fit, but a layer stride puts the second layer past the end.
+  EXPECT_TRUE(
+      HasError(Register("too-big", MakeLayout(2, 2, kBlockBytes, 0, 3 * kBlockBytes),
+                        Token(**buffer), 4 * kBlockBytes, &tensor),
+               grpc::StatusCode::INVALID_ARGUMENT, "LAYOUT_EXCEEDS_MEMORY"));
+  EXPECT_TRUE(
+      HasError(Get("too-big", &tensor), grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  EXPECT_TRUE(Register("fits", MakeLayout(1, 4, kBlockBytes), Token(**buffer),
+                       4 * kBlockBytes, &tensor)
+                  .ok());
+  EXPECT_TRUE(Serves(*b_));
+}
+
+TEST_F(TensorTest, RegisterRefusesATakenName) {
+  absl::StatusOr<HostTensor> first =
+      RegisterTensor(*b_, "taken", MakeLayout(1, 2, kBlockBytes), 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> buffer =
+      client::HostBuffer::Create("second", 2 * kBlockBytes);
+  ASSERT_TRUE(buffer.ok());
+  v1::Tensor tensor;
+  EXPECT_TRUE(HasError(Register("taken", MakeLayout(1, 2, kBlockBytes), Token(**buffer),
+                                2 * kBlockBytes, &tensor),
+                       grpc::StatusCode::ALREADY_EXISTS, "TENSOR_EXISTS"));
+  // The first registration is untouched.
+  ASSERT_TRUE(Get("taken", &tensor).ok());
+  EXPECT_EQ(tensor.size_bytes(), first->buffer->bytes());
+  EXPECT_TRUE(Serves(*b_));
+}
+
+TEST_F(TensorTest, RegisterRefusesUnknownAndUsedFdTokens) {
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> buffer =
+      client::HostBuffer::Create("memfd", 2 * kBlockBytes);
+  ASSERT_TRUE(buffer.ok());
+  const v1::Layout layout = MakeLayout(1, 2, kBlockBytes);
+  v1::Tensor tensor;
+  EXPECT_TRUE(HasError(Register("no-token", layout, 0, 2 * kBlockBytes, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_FD_TOKEN"));
+  EXPECT_TRUE(HasError(
+      Register("bogus-token", layout, 0x5eed5eed5eedull, 2 * kBlockBytes, &tensor),
+      grpc::StatusCode::INVALID_ARGUMENT, "BAD_FD_TOKEN"));
+  const uint64_t token = Token(**buffer);
+  ASSERT_TRUE(Register("first-use", layout, token, 2 * kBlockBytes, &tensor).ok());
+  EXPECT_TRUE(HasError(Register("second-use", layout, token, 2 * kBlockBytes, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_FD_TOKEN"));
+  EXPECT_TRUE(Serves(*b_));
+}
+
+TEST_F(TensorTest, RegisterChecksNameHomeGpuAndMemoryBeforeSpendingTheToken) {
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> buffer =
+      client::HostBuffer::Create("memfd", 2 * kBlockBytes);
+  ASSERT_TRUE(buffer.ok());
+  const v1::Layout layout = MakeLayout(1, 2, kBlockBytes);
+  const uint64_t token = Token(**buffer);
+  v1::Tensor tensor;
+  EXPECT_TRUE(HasError(Register("bad name!", layout, token, 2 * kBlockBytes, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_NAME"));
+  v1::RegisterTensorRequest request;
+  request.set_name("gpu-9");
+  *request.mutable_layout() = layout;
+  request.set_home_gpu(9);  // the emulated node has GPUs 0 to 3
+  request.mutable_memory()->mutable_host()->set_fd_token(token);
+  request.mutable_memory()->mutable_host()->set_size_bytes(2 * kBlockBytes);
+  grpc::ClientContext context;
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context, request, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_HOME_GPU"));
+  request.clear_memory();
+  grpc::ClientContext context2;
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context2, request, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_MEMORY"));
+  // None of them spent the token.
+  EXPECT_TRUE(Register("good", layout, token, 2 * kBlockBytes, &tensor).ok());
+  EXPECT_TRUE(Serves(*b_));
+}
+
+}  // namespace
+}  // namespace fuselink::testing

@@ -1,0 +1,99 @@
+// fuselink-bench: named workloads against two running agents, the source and the
+// target. Prints a table, or with --json one JSON object per result.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "tools/bench/workloads.h"
+
+ABSL_FLAG(std::string, workload, "transfer", "transfer or rpc.");
+ABSL_FLAG(std::string, source_agent, "127.0.0.1:50051",
+          "The source agent's gRPC address.");
+ABSL_FLAG(std::string, target_agent, "127.0.0.1:50052",
+          "The target agent's gRPC address.");
+ABSL_FLAG(std::string, source_socket, "/tmp/fuselink-node-a.sock",
+          "The source agent's handle socket.");
+ABSL_FLAG(std::string, target_socket, "/tmp/fuselink-node-b.sock",
+          "The target agent's handle socket.");
+ABSL_FLAG(bool, json, false, "One JSON object per result instead of a table.");
+ABSL_FLAG(int, connect_timeout_s, 10, "How long to wait for the agents to answer.");
+// transfer
+ABSL_FLAG(uint32_t, layers, 32, "transfer: layers of the tensor.");
+ABSL_FLAG(uint32_t, blocks, 128, "transfer: blocks per layer.");
+ABSL_FLAG(uint64_t, block_bytes, 256 << 10, "transfer: bytes per block.");
+ABSL_FLAG(int, reps, 5, "transfer: measured repetitions.");
+ABSL_FLAG(int, warmup, 1, "transfer: unmeasured repetitions first.");
+ABSL_FLAG(bool, verify, true, "transfer: memcmp the target against the source once.");
+// rpc
+ABSL_FLAG(uint32_t, rpc_blocks, 1, "rpc: blocks per call.");
+ABSL_FLAG(uint64_t, rpc_block_bytes, 4096, "rpc: bytes per block.");
+ABSL_FLAG(int, rpc_calls, 2000, "rpc: sequential calls for the latency percentiles.");
+ABSL_FLAG(std::string, concurrency, "1,4,16",
+          "rpc: concurrent callers, one result each.");
+ABSL_FLAG(double, rpc_seconds, 3, "rpc: how long each concurrency level runs.");
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "fuselink-bench: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "fuselink-bench --workload=transfer|rpc --source_agent=HOST:PORT "
+      "--source_socket=PATH --target_agent=HOST:PORT --target_socket=PATH [--json]");
+  absl::ParseCommandLine(argc, argv);
+  using namespace fuselink::bench;
+  const std::string workload = absl::GetFlag(FLAGS_workload);
+  if (workload != "transfer" && workload != "rpc") {
+    return Fail(absl::InvalidArgumentError("--workload must be transfer or rpc"));
+  }
+  absl::StatusOr<Agents> agents =
+      ConnectAgents(absl::GetFlag(FLAGS_source_agent), absl::GetFlag(FLAGS_source_socket),
+                    absl::GetFlag(FLAGS_target_agent), absl::GetFlag(FLAGS_target_socket),
+                    absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
+  if (!agents.ok()) return Fail(agents.status());
+
+  absl::StatusOr<std::vector<Result>> results;
+  if (workload == "transfer") {
+    TransferOptions options;
+    options.layers = absl::GetFlag(FLAGS_layers);
+    options.blocks_per_layer = absl::GetFlag(FLAGS_blocks);
+    options.block_bytes = absl::GetFlag(FLAGS_block_bytes);
+    options.repetitions = absl::GetFlag(FLAGS_reps);
+    options.warmup = absl::GetFlag(FLAGS_warmup);
+    options.verify = absl::GetFlag(FLAGS_verify);
+    results = RunTransferWorkload(*agents, options);
+  } else {
+    RpcOptions options;
+    options.blocks_per_call = absl::GetFlag(FLAGS_rpc_blocks);
+    options.block_bytes = absl::GetFlag(FLAGS_rpc_block_bytes);
+    options.calls = absl::GetFlag(FLAGS_rpc_calls);
+    options.duration = absl::Seconds(absl::GetFlag(FLAGS_rpc_seconds));
+    options.concurrency.clear();
+    for (absl::string_view k : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
+      int callers = 0;
+      if (!absl::SimpleAtoi(k, &callers)) {
+        return Fail(
+            absl::InvalidArgumentError("--concurrency wants numbers, e.g. 1,4,16"));
+      }
+      options.concurrency.push_back(callers);
+    }
+    results = RunRpcWorkload(*agents, options);
+  }
+  if (!results.ok()) return Fail(results.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    for (const Result& r : *results) std::printf("%s\n", ToJson(r).c_str());
+  } else {
+    std::printf("%s", ToTable(*results).c_str());
+  }
+  return 0;
+}

@@ -33,7 +33,13 @@ ABSL_FLAG(int, nics, 4, "Emulated node: number of NICs (one GPU each).");
 ABSL_FLAG(int, loopback_net, 1, "Emulated node: NIC i at 127.0.<loopback_net>.<i+1>.");
 ABSL_FLAG(std::vector<std::string>, peer, {},
           "Peers as name=host:port, comma-separated.");
-ABSL_FLAG(std::string, policy, "static", "NIC policy: static or stripe.");
+ABSL_FLAG(std::string, policy, "fuselink",
+          "NIC policy: fuselink (borrow idle NICs, owners first), static (own NIC "
+          "only) or stripe (every NIC, owners ignored).");
+ABSL_FLAG(uint32_t, direct_depth, 4,
+          "Chunks in flight on a GPU's own NIC before it borrows.");
+ABSL_FLAG(uint32_t, borrow_depth, 2,
+          "Borrowed chunks in flight per NIC: what a returning owner waits for at most.");
 ABSL_FLAG(uint32_t, chunk_bytes, 4u << 20, "Bytes per fabric write.");
 ABSL_FLAG(uint32_t, window_chunks, 16, "Chunks in flight per transfer.");
 ABSL_FLAG(uint32_t, max_transfers, 64, "Outgoing transfers in flight at once.");
@@ -86,15 +92,20 @@ int main(int argc, char** argv) {
     options.peers[kv[0]] = kv[1];
   }
   options.policy = absl::GetFlag(FLAGS_policy);
+  options.limits.direct_depth = absl::GetFlag(FLAGS_direct_depth);
+  options.limits.borrow_depth = absl::GetFlag(FLAGS_borrow_depth);
   options.connections_per_nic = absl::GetFlag(FLAGS_connections_per_nic);
   options.engine.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.engine.window_chunks = absl::GetFlag(FLAGS_window_chunks);
   options.engine.max_active_transfers = absl::GetFlag(FLAGS_max_transfers);
   if (options.engine.chunk_bytes < transfer::kMinChunkBytes ||
       options.engine.chunk_bytes > transfer::kMaxChunkBytes ||
-      options.engine.window_chunks == 0 || options.engine.window_chunks > 1024) {
+      options.engine.window_chunks == 0 || options.engine.window_chunks > 1024 ||
+      options.limits.direct_depth == 0 || options.limits.direct_depth > 1024 ||
+      options.limits.borrow_depth > 1024) {
     return Fail(absl::InvalidArgumentError(
-        "--chunk_bytes must be 4 KiB to 64 MiB and --window_chunks 1 to 1024"));
+        "--chunk_bytes must be 4 KiB to 64 MiB, --window_chunks and --direct_depth 1 to "
+        "1024, --borrow_depth 0 to 1024"));
   }
 
   absl::StatusOr<std::unique_ptr<services::Metrics>> metrics =

@@ -15,26 +15,65 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
     using prometheus::MetricType;
     std::vector<prometheus::MetricFamily> out;
     const v1::Topology& topology = node_->topology();
-    auto per_nic = [&](const char* name, const char* help, auto field) {
+    // Own traffic: chunks of the NIC's owner GPU; borrowed: chunks other GPUs sent
+    // (or received) through it.
+    auto split = [&](const char* name, const char* help, auto own, auto borrowed) {
       prometheus::MetricFamily f{name, help, MetricType::Counter, {}};
+      for (const v1::Nic& nic : topology.nics()) {
+        for (bool is_own : {true, false}) {
+          prometheus::ClientMetric m;
+          m.label = {{"nic", nic.name()},
+                     {"owner_gpu", absl::StrCat(nic.owner_gpu())},
+                     {"traffic", is_own ? "own" : "borrowed"}};
+          m.counter.value =
+              static_cast<double>(is_own ? own(nic.index()) : borrowed(nic.index()));
+          f.metric.push_back(std::move(m));
+        }
+      }
+      out.push_back(std::move(f));
+    };
+    const sched::Scheduler& sched = node_->scheduler();
+    transfer::Landing& landing = node_->landing();
+    split(
+        "fuselink_nic_transmitted_bytes_total",
+        "Payload bytes sent through the NIC and acknowledged by the target.",
+        [&](int k) { return sched.Stats(k).own_bytes; },
+        [&](int k) { return sched.Stats(k).borrowed_bytes; });
+    split(
+        "fuselink_nic_received_bytes_total", "Payload bytes that landed through the NIC.",
+        [&](int k) { return landing.Stats(k).own_bytes; },
+        [&](int k) { return landing.Stats(k).borrowed_bytes; });
+    auto per_nic_value = [&](const char* name, const char* help, MetricType type,
+                             auto value) {
+      prometheus::MetricFamily f{name, help, type, {}};
       for (const v1::Nic& nic : topology.nics()) {
         prometheus::ClientMetric m;
         m.label = {{"nic", nic.name()}, {"owner_gpu", absl::StrCat(nic.owner_gpu())}};
-        m.counter.value =
-            static_cast<double>(field(node_->fabric().counters(nic.index())));
+        const double v = static_cast<double>(value(nic.index()));
+        (type == MetricType::Gauge ? m.gauge.value : m.counter.value) = v;
         f.metric.push_back(std::move(m));
       }
       out.push_back(std::move(f));
     };
-    per_nic("fuselink_nic_transmitted_bytes_total",
-            "Payload bytes this node's NIC sent and the target acknowledged.",
-            [](const fabric::NicCounters& c) { return c.transmitted_bytes; });
-    per_nic("fuselink_nic_received_bytes_total",
-            "Payload bytes that landed through this NIC.",
-            [](const fabric::NicCounters& c) { return c.received_bytes; });
-    per_nic("fuselink_fabric_malformed_frames_total",
-            "Frames from peers that were refused and closed their connection.",
-            [](const fabric::NicCounters& c) { return c.malformed_frames; });
+    per_nic_value("fuselink_nic_owner_busy",
+                  "1 while the NIC's owner GPU has traffic of its own on this node.",
+                  MetricType::Gauge, [&](int k) { return sched.Stats(k).owner_busy; });
+    per_nic_value("fuselink_nic_borrowed_chunks_in_flight",
+                  "Chunks of other GPUs in flight on the NIC.", MetricType::Gauge,
+                  [&](int k) { return sched.Stats(k).borrowed_in_flight; });
+    per_nic_value("fuselink_nic_borrow_events_total",
+                  "Times other GPUs began borrowing the idle NIC.", MetricType::Counter,
+                  [&](int k) { return sched.Stats(k).borrow_events; });
+    per_nic_value("fuselink_nic_give_back_events_total",
+                  "Times the owner returned while its NIC was lent.", MetricType::Counter,
+                  [&](int k) { return sched.Stats(k).give_back_events; });
+    per_nic_value("fuselink_nic_receive_owner_busy",
+                  "1 while an incoming transfer targets the NIC's owner GPU.",
+                  MetricType::Gauge, [&](int k) { return landing.Stats(k).owner_busy; });
+    per_nic_value("fuselink_fabric_malformed_frames_total",
+                  "Frames from peers that were refused and closed their connection.",
+                  MetricType::Counter,
+                  [&](int k) { return node_->fabric().counters(k).malformed_frames; });
     auto gauge = [&](const char* name, const char* help, double value) {
       prometheus::MetricFamily f{name, help, MetricType::Gauge, {}};
       prometheus::ClientMetric m;
@@ -49,6 +88,8 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
           static_cast<double>(node_->landing().active()));
     gauge("fuselink_tensors_registered", "Tensors registered on this node.",
           static_cast<double>(node_->registry().size()));
+    gauge("fuselink_relay_memory_bytes", "Memory held for relay slots, all NICs.",
+          static_cast<double>(node_->relay().held_bytes()));
     prometheus::MetricFamily stray{"fuselink_stray_writes_total",
                                    "Writes that named no live incoming transfer.",
                                    MetricType::Counter,
@@ -89,6 +130,12 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer)
                    .Add({}, prometheus::Histogram::BucketBoundaries{
                                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                 1, 2.5, 5, 10, 30, 60});
+  give_back_family_ = &prometheus::BuildHistogram()
+                           .Name("fuselink_nic_give_back_seconds")
+                           .Help(
+                               "From the owner's return to the last borrowed chunk "
+                               "leaving its NIC.")
+                           .Register(*registry_);
   exposer_->RegisterCollectable(registry_);
 }
 
@@ -98,11 +145,23 @@ Metrics::~Metrics() {
 }
 
 void Metrics::Attach(Node* node) {
+  for (const v1::Nic& nic : node->topology().nics()) {
+    give_back_.push_back(&give_back_family_->Add(
+        {{"nic", nic.name()}}, prometheus::Histogram::BucketBoundaries{
+                                   0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                   0.025, 0.05, 0.1, 0.25, 0.5, 1}));
+  }
   collector_ = std::make_shared<NodeCollector>(node);
   exposer_->RegisterCollectable(collector_);
 }
 
 int Metrics::port() const { return exposer_->GetListeningPorts().front(); }
+
+void Metrics::OnGiveBack(int nic, absl::Duration waited) {
+  if (nic >= 0 && nic < static_cast<int>(give_back_.size())) {
+    give_back_[nic]->Observe(absl::ToDoubleSeconds(waited));
+  }
+}
 
 void Metrics::OnTransferFinished(transfer::State state, absl::Duration elapsed,
                                  uint64_t bytes) {

@@ -15,7 +15,7 @@
 
 namespace fuselink::services {
 
-class Metrics final : public NodeObserver {
+class Metrics final : public transfer::EngineObserver {
  public:
   // Starts the HTTP exposer on `listen` ("host:port"; port 0 lets the kernel pick).
   static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen);
@@ -27,6 +27,7 @@ class Metrics final : public NodeObserver {
 
   void OnTransferFinished(transfer::State state, absl::Duration elapsed,
                           uint64_t bytes) override;
+  void OnGiveBack(int nic, absl::Duration waited) override;
 
  private:
   class NodeCollector;
@@ -39,6 +40,8 @@ class Metrics final : public NodeObserver {
   prometheus::Counter* failed_;
   prometheus::Counter* cancelled_;
   prometheus::Histogram* duration_;
+  prometheus::Family<prometheus::Histogram>* give_back_family_;
+  std::vector<prometheus::Histogram*> give_back_;  // per NIC, filled by Attach
 };
 
 }  // namespace fuselink::services

@@ -3,14 +3,15 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/tcp_fabric.h"
+#include "agent/transfer/imm.h"
 
 namespace fuselink::services {
 
-Node::Node(NodeOptions options, NodeObserver* observer)
+Node::Node(NodeOptions options, transfer::EngineObserver* observer)
     : options_(std::move(options)), observer_(observer) {}
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Create(NodeOptions options,
-                                                   NodeObserver* observer) {
+                                                   transfer::EngineObserver* observer) {
   std::unique_ptr<Node> node(new Node(std::move(options), observer));
   FL_RETURN_IF_ERROR(node->Start());
   return node;
@@ -19,8 +20,7 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Create(NodeOptions options,
 absl::Status Node::Start() {
   topology_ = options_.topology;
   topology_.set_node(options_.node);
-  FL_ASSIGN_OR_RETURN(std::unique_ptr<transfer::Policy> policy,
-                      transfer::MakePolicy(options_.policy));
+  FL_ASSIGN_OR_RETURN(sched::Policy policy, sched::ParsePolicy(options_.policy));
 
   fabric::TcpFabricOptions fabric_options;
   fabric_options.node_name = options_.node;
@@ -36,18 +36,37 @@ absl::Status Node::Start() {
   }
 
   registry_ = std::make_unique<memory::Registry>(fabric_.get());
+  std::vector<uint32_t> owners;
+  std::vector<int> direct_nic_of_gpu;
+  for (const v1::Nic& nic : topology_.nics()) owners.push_back(nic.owner_gpu());
+  for (const v1::Gpu& gpu : topology_.gpus()) {
+    direct_nic_of_gpu.push_back(topo::DirectNic(topology_, gpu.index()));
+  }
+  scheduler_ = std::make_unique<sched::Scheduler>(policy, owners, options_.limits);
+  // One relay slot per chunk a NIC may carry for borrowers (borrow_depth), or, for
+  // stripe, per chunk one transfer may have in flight.
+  const uint32_t relay_slots = policy == sched::Policy::kStatic ? 0
+                               : policy == sched::Policy::kStripe
+                                   ? options_.engine.window_chunks
+                                   : options_.limits.borrow_depth;
+  FL_ASSIGN_OR_RETURN(
+      relay_, relay::RelayPool::Create(fabric_.get(), topology_.nics_size(), relay_slots,
+                                       options_.engine.chunk_bytes));
   landing_ = std::make_unique<transfer::Landing>(
-      registry_.get(), [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); });
+      registry_.get(), std::move(direct_nic_of_gpu),
+      [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); },
+      [this](uint32_t) {
+        absl::MutexLock lock(&credit_mu_);
+        credit_pending_ = true;
+      });
   peers_ =
       std::make_unique<peer::PeerDirectory>(topology_, fabric_.get(), options_.peers);
   transfer::EngineOptions engine_options = options_.engine;
   engine_options.node = options_.node;
-  engine_ = std::make_unique<transfer::Engine>(
-      engine_options, topology_, registry_.get(), fabric_.get(), peers_.get(),
-      std::move(policy),
-      [this](transfer::State state, absl::Duration elapsed, uint64_t bytes) {
-        if (observer_ != nullptr) observer_->OnTransferFinished(state, elapsed, bytes);
-      });
+  engine_ = std::make_unique<transfer::Engine>(engine_options, topology_, registry_.get(),
+                                               fabric_.get(), peers_.get(),
+                                               scheduler_.get(), relay_.get(), observer_);
+  credit_thread_ = std::thread([this] { CreditLoop(); });
   expirer_ = std::thread([this] {
     while (!stop_.load()) {
       absl::SleepFor(absl::Milliseconds(200));
@@ -60,11 +79,17 @@ absl::Status Node::Start() {
 Node::~Node() {
   stop_.store(true);
   if (expirer_.joinable()) expirer_.join();
+  {
+    absl::MutexLock lock(&credit_mu_);
+    credit_pending_ = true;  // wakes the loop to see stop_
+  }
+  if (credit_thread_.joinable()) credit_thread_.join();
   if (engine_) engine_->Shutdown();
   fabric_.reset();  // flushes every write in flight into the engine
   engine_.reset();
   peers_.reset();
   landing_.reset();
+  relay_.reset();
   registry_.reset();
 }
 
@@ -72,7 +97,32 @@ void Node::OnCompletion(const fabric::Completion& completion) {
   engine_->OnCompletion(completion);
 }
 
-void Node::OnArrival(const fabric::Arrival& arrival) { landing_->OnArrival(arrival); }
+void Node::OnArrival(const fabric::Arrival& arrival) {
+  if (transfer::ImmOpOf(arrival.imm) == transfer::ImmOp::kCredit) {
+    if (engine_) engine_->OnCredit(arrival.peer, transfer::CreditMask(arrival.imm));
+    return;
+  }
+  if (landing_) landing_->OnArrival(arrival);
+}
+
+void Node::CreditLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&credit_mu_);
+      credit_mu_.Await(absl::Condition(&credit_pending_));
+      credit_pending_ = false;
+    }
+    if (stop_.load()) return;
+    const uint32_t mask = landing_->IdleMask();
+    for (const std::string& source : landing_->ActiveSources()) {
+      absl::StatusOr<fabric::PeerId> peer = peers_->FabricPeer(source);
+      if (!peer.ok()) continue;  // the source reaches us; we may not reach it: no credits
+      fabric::WriteOp credit;
+      credit.imm = transfer::EncodeCredit(mask);
+      fabric_->PostWrite(*peer, 0, credit).IgnoreError();
+    }
+  }
+}
 
 void Node::OnPeerLost(fabric::PeerId peer, const absl::Status& why) {
   if (stop_.load()) return;  // shutting down: nothing left to tell

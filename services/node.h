@@ -12,6 +12,8 @@
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/registry.h"
 #include "agent/peer/peer_directory.h"
+#include "agent/relay/relay_pool.h"
+#include "agent/sched/scheduler.h"
 #include "agent/topo/topology.h"
 #include "agent/transfer/engine.h"
 #include "agent/transfer/landing.h"
@@ -23,23 +25,16 @@ struct NodeOptions {
   std::string node;
   topo::Topology topology;
   std::map<std::string, std::string> peers;  // node name -> gRPC address
-  std::string policy = "static";
+  std::string policy = "fuselink";
+  sched::Limits limits;
   int connections_per_nic = 2;
   transfer::EngineOptions engine;
-};
-
-// What the metrics need to hear as it happens.
-class NodeObserver {
- public:
-  virtual ~NodeObserver() = default;
-  virtual void OnTransferFinished(transfer::State state, absl::Duration elapsed,
-                                  uint64_t bytes) = 0;
 };
 
 class Node final : public fabric::Handler {
  public:
   static absl::StatusOr<std::unique_ptr<Node>> Create(NodeOptions options,
-                                                      NodeObserver* observer);
+                                                      transfer::EngineObserver* observer);
   ~Node() override;
 
   const std::string& name() const { return options_.node; }
@@ -51,6 +46,9 @@ class Node final : public fabric::Handler {
   transfer::Landing& landing() { return *landing_; }
   WatchHub& watch_hub() { return watch_hub_; }
   fabric::Fabric& fabric() { return *fabric_; }
+  peer::PeerDirectory& peers() { return *peers_; }
+  const sched::Scheduler& scheduler() const { return *scheduler_; }
+  const relay::RelayPool& relay() const { return *relay_; }
 
   // fabric::Handler
   void OnCompletion(const fabric::Completion& completion) override;
@@ -58,23 +56,31 @@ class Node final : public fabric::Handler {
   void OnPeerLost(fabric::PeerId peer, const absl::Status& why) override;
 
  private:
-  Node(NodeOptions options, NodeObserver* observer);
+  Node(NodeOptions options, transfer::EngineObserver* observer);
   absl::Status Start();
+  // Tells the sources of incoming transfers which NICs are idle here, when that
+  // changes. Runs on credit_thread_: connecting back may block.
+  void CreditLoop();
 
   const NodeOptions options_;
-  NodeObserver* const observer_;
+  transfer::EngineObserver* const observer_;
   v1::Topology topology_;
   memory::FdTokens fd_tokens_;
   WatchHub watch_hub_;
   // Teardown order matters: the engine stops posting, the fabric goes (flushing
   // completions into the engine), then the rest.
   std::unique_ptr<memory::Registry> registry_;
+  std::unique_ptr<sched::Scheduler> scheduler_;
+  std::unique_ptr<relay::RelayPool> relay_;
   std::unique_ptr<transfer::Landing> landing_;
   std::unique_ptr<peer::PeerDirectory> peers_;
   std::unique_ptr<transfer::Engine> engine_;
   std::unique_ptr<fabric::Fabric> fabric_;
   std::atomic<bool> stop_{false};
   std::thread expirer_;
+  absl::Mutex credit_mu_;
+  bool credit_pending_ ABSL_GUARDED_BY(credit_mu_) = false;
+  std::thread credit_thread_;
 };
 
 }  // namespace fuselink::services

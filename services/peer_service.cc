@@ -15,6 +15,7 @@ grpc::ServerUnaryReactor* PeerService::Hello(grpc::CallbackServerContext* contex
                    "VERSION_MISMATCH")));
     return reactor;
   }
+  node_->peers().Remember(request->topology());
   response->set_version(1);
   *response->mutable_topology() = node_->topology();
   reactor->Finish(grpc::Status::OK);

@@ -38,6 +38,15 @@ absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
   return s;
 }
 
+std::vector<fabric::Endpoint> Endpoints(const v1::Topology& topology) {
+  std::vector<fabric::Endpoint> out;
+  for (const v1::Nic& nic : topology.nics()) {
+    out.push_back(fabric::Endpoint{static_cast<int>(nic.index()), nic.address(),
+                                   static_cast<uint16_t>(nic.port())});
+  }
+  return out;
+}
+
 }  // namespace
 
 PeerDirectory::PeerDirectory(v1::Topology local, fabric::Fabric* fabric,
@@ -74,11 +83,7 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
                           response.topology().node(), "'")),
                       "PEER_MISMATCH");
   }
-  std::vector<fabric::Endpoint> remote;
-  for (const v1::Nic& nic : response.topology().nics()) {
-    remote.push_back(fabric::Endpoint{static_cast<int>(nic.index()), nic.address(),
-                                      static_cast<uint16_t>(nic.port())});
-  }
+  std::vector<fabric::Endpoint> remote = Endpoints(response.topology());
   if (static_cast<int>(remote.size()) != fabric_->nic_count()) {
     return WithReason(
         absl::FailedPreconditionError(absl::StrCat(
@@ -103,6 +108,31 @@ void PeerDirectory::OnPeerLost(fabric::PeerId peer) {
     absl::MutexLock lock(&session->mu);
     if (session->connected && session->peer == peer) session->connected = false;
   }
+}
+
+void PeerDirectory::Remember(const v1::Topology& caller) {
+  absl::MutexLock lock(&remembered_mu_);
+  remembered_[caller.node()] = Endpoints(caller);
+}
+
+absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node) {
+  if (auto it = sessions_.find(node); it != sessions_.end()) {
+    return Connect(*it->second, absl::InfiniteFuture());
+  }
+  std::vector<fabric::Endpoint> remote;
+  {
+    absl::MutexLock lock(&remembered_mu_);
+    auto it = remembered_.find(node);
+    if (it == remembered_.end()) {
+      return WithReason(absl::NotFoundError(absl::StrCat("unknown node '", node, "'")),
+                        "UNKNOWN_NODE");
+    }
+    remote = it->second;
+  }
+  if (static_cast<int>(remote.size()) != fabric_->nic_count()) {
+    return WithReason(absl::FailedPreconditionError("rails differ"), "RAIL_MISMATCH");
+  }
+  return fabric_->Connect(node, remote);
 }
 
 absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
@@ -135,6 +165,7 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
   prepared.peer = peer;
   prepared.region_key = response.region_key();
   prepared.slot = response.slot();
+  prepared.idle_nic_mask = response.idle_nic_mask();
   const v1::Layout& l = response.layout();
   prepared.layout = memory::Layout{l.layers(), l.blocks_per_layer(), l.block_bytes(),
                                    l.block_stride_bytes(), l.layer_stride_bytes()};

@@ -27,6 +27,12 @@ class PeerDirectory final : public transfer::PeerLink {
       const transfer::IncomingSpec& spec) override;
   // The fabric lost the peer: its session is bootstrapped anew next time.
   void OnPeerLost(fabric::PeerId peer);
+  // Keeps the topology a caller sent in its Hello, so this node can connect back
+  // (targets send credits to their sources on the fabric).
+  void Remember(const v1::Topology& caller);
+  // The fabric's id for `node`, connecting to it if needed: through its bootstrapped
+  // session, or to the NICs it announced in its Hello.
+  absl::StatusOr<fabric::PeerId> FabricPeer(absl::string_view node);
 
  private:
   struct Session {
@@ -42,6 +48,9 @@ class PeerDirectory final : public transfer::PeerLink {
   fabric::Fabric* const fabric_;
   // Fixed after construction; each Session guards itself.
   std::map<std::string, std::unique_ptr<Session>, std::less<>> sessions_;
+  absl::Mutex remembered_mu_;
+  std::map<std::string, std::vector<fabric::Endpoint>, std::less<>> remembered_
+      ABSL_GUARDED_BY(remembered_mu_);
 };
 
 }  // namespace fuselink::peer

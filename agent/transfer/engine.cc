@@ -23,6 +23,10 @@ struct Engine::Job {
   std::optional<ChunkCursor> cursor;
   std::optional<Chunk> held;  // a chunk a full NIC queue refused; posted first
   int direct_nic = 0;
+  uint32_t remote_idle = 0;    // the receiver's idle NICs, from its credits
+  bool owner_started = false;  // told the scheduler this transfer's owner is busy
+  bool waiting = false;        // listed in waiting_: no NIC could take its chunk
+  std::weak_ptr<Job> self;
   std::vector<InFlight> window;
   std::vector<uint32_t> free_slots;
   uint32_t in_flight = 0;
@@ -66,18 +70,19 @@ absl::Time RequestDeadline(const v1::TransferRequest& request) {
 
 Engine::Engine(EngineOptions options, const topo::Topology& topology,
                memory::Registry* registry, fabric::Fabric* fabric, PeerLink* peers,
-               std::unique_ptr<Policy> policy, FinishedFn on_finished)
+               sched::Scheduler* scheduler, relay::RelayPool* relay,
+               EngineObserver* observer)
     : options_(std::move(options)),
       topology_(topology),
       registry_(registry),
       fabric_(fabric),
       peers_(peers),
-      policy_(std::move(policy)),
-      on_finished_(std::move(on_finished)),
+      scheduler_(scheduler),
+      relay_(relay),
+      observer_(observer),
       nic_names_(NicNames(topology)),
       id_prefix_(absl::StrFormat("%s-%08x-", options_.node,
-                                 static_cast<uint32_t>(std::random_device{}()))),
-      nic_in_flight_(topology.nics_size()) {
+                                 static_cast<uint32_t>(std::random_device{}()))) {
   for (int i = 0; i < options_.prepare_threads; ++i) {
     threads_.emplace_back([this] { PrepareLoop(); });
   }
@@ -177,6 +182,7 @@ absl::StatusOr<Engine::JobPtr> Engine::Admit(const v1::TransferRequest& request,
   FL_RETURN_IF_ERROR(ValidateLayers(layout, layer_begin, layer_end));
 
   auto job = std::make_shared<Job>();
+  job->self = job;
   job->source = std::move(lease);
   job->direct_nic = topo::DirectNic(topology_, job->source.info().home_gpu);
   absl::MutexLock lock(&mu_);
@@ -259,14 +265,17 @@ void Engine::Prepare(const JobPtr& job) {
         job->free_slots.push_back(options_.window_chunks - 1 - i);
         job->window[i].job = job.get();
       }
+      job->remote_idle = prepared->idle_nic_mask;
       job->accepted = true;
+      job->owner_started = true;
+      scheduler_->OwnerStarted(job->direct_nic);
     }
   }
   if (done) return Finished(*job);
   if (!prepared.ok()) return;
   t.Accept(spec.total_bytes, CountChunks(job->extents, options_.chunk_bytes),
            spec.layer_begin, spec.layer_end - spec.layer_begin, fabric_->transport(),
-           policy_->name());
+           sched::PolicyName(scheduler_->policy()));
   {
     absl::MutexLock lock(&t.mu());
     PumpLocked(*job);
@@ -284,33 +293,86 @@ void Engine::PumpLocked(Job& job) {
     } else if (!job.cursor->Next(&chunk)) {
       return;
     }
-    const int nic = policy_->Pick(job.direct_nic, nic_in_flight_);
-    const uint32_t slot = job.free_slots.back();
-    InFlight& f = job.window[slot];
+    job.held = chunk;  // until it is posted
+    const sched::Choice choice = scheduler_->Pick(job.direct_nic, job.remote_idle);
+    if (!choice.ok()) return Wait(job);
+    const uint32_t index = job.free_slots.back();
+    InFlight& f = job.window[index];
     f.chunk = chunk;
-    f.nic = nic;
+    f.choice = choice;
+    f.relay = relay::Slot{};
     fabric::WriteOp op;
     op.local_key = job.source.region_key();
     op.local_offset = chunk.source_offset;
+    if (choice.borrowed) {
+      // The relay stage: into a slot of the borrowed NIC's GPU, sent from there.
+      f.relay = relay_->Acquire(choice.nic);
+      if (!f.relay.valid()) {
+        scheduler_->Complete(choice, 0);
+        return Wait(job);
+      }
+      relay_->Stage(f.relay, job.source.base() + chunk.source_offset, chunk.bytes);
+      op.local_key = f.relay.key;
+      op.local_offset = f.relay.offset;
+    }
     op.remote_key = job.target.region_key;
     op.remote_offset = chunk.target_offset;
     op.bytes = chunk.bytes;
     op.imm = EncodeImm(SlotId::Unpack(job.target.slot), ImmOp::kData);
     op.wr_id = reinterpret_cast<uint64_t>(&f);
-    absl::Status posted = fabric_->PostWrite(job.target.peer, nic, op);
-    if (absl::IsResourceExhausted(posted)) {
-      job.held = chunk;  // the housekeeping thread retries
-      return;
-    }
-    job.held.reset();
+    absl::Status posted = fabric_->PostWrite(job.target.peer, choice.nic, op);
     if (!posted.ok()) {
+      scheduler_->Complete(choice, 0);
+      if (f.relay.valid()) relay_->Release(f.relay);
+      if (absl::IsResourceExhausted(posted)) return Wait(job);
       StopLocked(job, WithReason(posted, "PEER_LOST"));
       return;
     }
+    job.held.reset();
     job.free_slots.pop_back();
     ++job.in_flight;
-    nic_in_flight_[nic].fetch_add(1, std::memory_order_relaxed);
   }
+}
+
+void Engine::Wait(Job& job) {
+  if (job.waiting) return;
+  job.waiting = true;
+  waiting_count_.fetch_add(1, std::memory_order_acq_rel);
+  absl::MutexLock lock(&waiting_mu_);
+  waiting_.push_back(job.self.lock());
+}
+
+void Engine::KickWaiting() {
+  if (waiting_count_.load(std::memory_order_acquire) == 0) return;
+  std::vector<JobPtr> jobs;
+  {
+    absl::MutexLock lock(&waiting_mu_);
+    jobs.swap(waiting_);
+  }
+  for (const JobPtr& job : jobs) {
+    bool done;
+    {
+      absl::MutexLock lock(&job->transfer->mu());
+      job->waiting = false;
+      waiting_count_.fetch_sub(1, std::memory_order_acq_rel);
+      PumpLocked(*job);
+      done = MaybeFinishLocked(*job);
+    }
+    if (done) Finished(*job);
+  }
+}
+
+void Engine::OnCredit(fabric::PeerId peer, uint32_t idle_mask) {
+  std::vector<JobPtr> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : by_id_) jobs.push_back(job);
+  }
+  for (const JobPtr& job : jobs) {
+    absl::MutexLock lock(&job->transfer->mu());
+    if (job->accepted && job->target.peer == peer) job->remote_idle = idle_mask;
+  }
+  KickWaiting();  // NICs may have become idle
 }
 
 void Engine::StopLocked(Job& job, absl::Status why) {
@@ -340,6 +402,7 @@ bool Engine::MaybeFinishLocked(Job& job) {
   }
   job.finished = true;
   job.source = memory::TensorLease();  // the source tensor may be unregistered now
+  if (job.owner_started) scheduler_->OwnerStopped(job.direct_nic);
   return true;
 }
 
@@ -363,7 +426,7 @@ void Engine::Finished(Job& job) {
       if (it != by_request_.end() && it->second.get() == &job) by_request_.erase(it);
     }
   }
-  if (on_finished_) on_finished_(state, elapsed, bytes);
+  if (observer_ != nullptr) observer_->OnTransferFinished(state, elapsed, bytes);
   t.Notify(false, absl::ZeroDuration());
 }
 
@@ -374,14 +437,17 @@ void Engine::OnCompletion(const fabric::Completion& completion) {
   Transfer& t = *job.transfer;
   bool done;
   bool layer_or_state_change;
+  int64_t give_back_ns;
   {
     absl::MutexLock lock(&t.mu());
-    nic_in_flight_[f.nic].fetch_sub(1, std::memory_order_relaxed);
     --job.in_flight;
     job.free_slots.push_back(static_cast<uint32_t>(&f - job.window.data()));
+    if (f.relay.valid()) relay_->Release(f.relay);
+    give_back_ns =
+        scheduler_->Complete(f.choice, completion.status.ok() ? f.chunk.bytes : 0);
     const State before = t.state_locked();
     if (completion.status.ok()) {
-      t.AddDone(f.nic, f.chunk.layer, f.chunk.bytes);
+      t.AddDone(f.choice.nic, f.chunk.layer, f.chunk.bytes);
     } else {
       StopLocked(job, WithReason(absl::UnavailableError(absl::StrCat(
                                      "write to ", t.request().target().node(),
@@ -392,11 +458,15 @@ void Engine::OnCompletion(const fabric::Completion& completion) {
     done = MaybeFinishLocked(job);
     layer_or_state_change = before != t.state_locked();
   }
+  if (give_back_ns > 0 && observer_ != nullptr) {
+    observer_->OnGiveBack(f.choice.nic, absl::Nanoseconds(give_back_ns));
+  }
   if (done) {
     Finished(job);
   } else {
     t.Notify(!layer_or_state_change, options_.progress_interval);
   }
+  KickWaiting();
 }
 
 absl::StatusOr<std::shared_ptr<Transfer>> Engine::Find(
@@ -456,6 +526,7 @@ void Engine::HousekeepingLoop() {
       for (auto& [id, job] : by_id_) jobs.push_back(job);
     }
     const absl::Time now = absl::Now();
+    scheduler_->Refresh();
     for (const JobPtr& job : jobs) {
       Transfer& t = *job->transfer;
       bool done = false;
@@ -469,7 +540,7 @@ void Engine::HousekeepingLoop() {
                          "DEADLINE"));
         }
         if (job->accepted) {
-          if (job->held) PumpLocked(*job);
+          if (job->held && !job->waiting) PumpLocked(*job);
           done = MaybeFinishLocked(*job);
         }
       }
@@ -478,20 +549,22 @@ void Engine::HousekeepingLoop() {
     if (now < next_gc) continue;
     next_gc = now + absl::Seconds(1);
     // Forget finished transfers past their keeping time, oldest first past the cap.
-    absl::MutexLock lock(&mu_);
+    // Finish times are read off the engine's lock (lock order: transfer, then engine).
     std::vector<std::pair<absl::Time, std::string>> finished;
-    for (auto& [id, job] : by_id_) {
-      absl::Time at = job->transfer->finished_at();
-      if (at != absl::InfiniteFuture()) finished.emplace_back(at, id);
+    for (const JobPtr& job : jobs) {
+      const absl::Time at = job->transfer->finished_at();
+      if (at != absl::InfiniteFuture()) finished.emplace_back(at, job->transfer->id());
     }
     std::sort(finished.begin(), finished.end());
     size_t excess = finished.size() > options_.max_finished_kept
                         ? finished.size() - options_.max_finished_kept
                         : 0;
+    absl::MutexLock lock(&mu_);
     for (auto& [at, id] : finished) {
       if (excess == 0 && now - at < options_.finished_kept_for) break;
       if (excess > 0) --excess;
       auto it = by_id_.find(id);
+      if (it == by_id_.end()) continue;
       auto rit = by_request_.find(it->second->transfer->request_id());
       if (rit != by_request_.end() && rit->second == it->second) by_request_.erase(rit);
       by_id_.erase(it);

@@ -1,6 +1,6 @@
 // The source side of transfers: admission, the target's acceptance, and the pipeline
 // that cuts extents into chunks and keeps a bounded window of them in flight on the
-// NICs the policy picks. Memory per transfer is bounded by its extents and window,
+// NICs the scheduler picks. Memory per transfer is bounded by its extents and window,
 // never by the bytes it moves.
 #pragma once
 
@@ -20,10 +20,11 @@
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/registry.h"
+#include "agent/relay/relay_pool.h"
+#include "agent/sched/scheduler.h"
 #include "agent/topo/topology.h"
 #include "agent/transfer/peer_link.h"
 #include "agent/transfer/plan.h"
-#include "agent/transfer/policy.h"
 #include "agent/transfer/transfer.h"
 
 namespace fuselink::transfer {
@@ -45,15 +46,23 @@ struct EngineOptions {
   int prepare_threads = 2;
 };
 
+// What the engine reports as it happens (to metrics). Called off the engine's locks.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void OnTransferFinished(State state, absl::Duration elapsed,
+                                  uint64_t bytes) = 0;
+  // A returning owner waited `waited` for borrowed chunks to leave NIC `nic`.
+  virtual void OnGiveBack(int nic, absl::Duration waited) = 0;
+};
+
 class Engine {
  public:
-  // Called once per transfer that reached a final state, off the engine's locks.
-  using FinishedFn =
-      std::function<void(State state, absl::Duration elapsed, uint64_t bytes)>;
-
+  // `scheduler` picks each chunk's NIC; `relay` stages chunks for borrowed NICs.
+  // Both, and `observer` (may be null), outlive the engine.
   Engine(EngineOptions options, const topo::Topology& topology,
          memory::Registry* registry, fabric::Fabric* fabric, PeerLink* peers,
-         std::unique_ptr<Policy> policy, FinishedFn on_finished);
+         sched::Scheduler* scheduler, relay::RelayPool* relay, EngineObserver* observer);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -70,19 +79,21 @@ class Engine {
 
   // From the fabric.
   void OnCompletion(const fabric::Completion& completion);
+  // The receiver `peer` says which of its NICs are idle (bit k: NIC k).
+  void OnCredit(fabric::PeerId peer, uint32_t idle_mask);
 
   // Stops posting and fails what runs, UNAVAILABLE. Call before the fabric goes.
   void Shutdown();
 
   size_t active() const;
-  const Policy& policy() const { return *policy_; }
 
  private:
   struct Job;
   struct InFlight {
     Job* job = nullptr;
     Chunk chunk;
-    int nic = 0;
+    sched::Choice choice;
+    relay::Slot relay;  // valid when the chunk was staged for a borrowed NIC
   };
   using JobPtr = std::shared_ptr<Job>;
 
@@ -98,6 +109,10 @@ class Engine {
   // reached a final state now.
   bool MaybeFinishLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
   void Finished(Job& job);
+  // Lists a job no NIC could take a chunk of; it is pumped after a completion.
+  void Wait(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
+  // Pumps the jobs that waited for a NIC; called after any completion.
+  void KickWaiting();
   absl::StatusOr<JobPtr> Admit(const v1::TransferRequest& request,
                                absl::Time call_deadline);
 
@@ -106,16 +121,21 @@ class Engine {
   memory::Registry* const registry_;
   fabric::Fabric* const fabric_;
   PeerLink* const peers_;
-  const std::unique_ptr<Policy> policy_;
-  const FinishedFn on_finished_;
+  sched::Scheduler* const scheduler_;
+  relay::RelayPool* const relay_;
+  EngineObserver* const observer_;
   const std::vector<std::string> nic_names_;
   const std::string id_prefix_;
-  std::vector<std::atomic<uint32_t>> nic_in_flight_;
+  std::atomic<int> waiting_count_{0};
+  // Jobs no NIC could take a chunk of. A leaf lock: taken under a transfer's.
+  absl::Mutex waiting_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<JobPtr> waiting_ ABSL_GUARDED_BY(waiting_mu_);
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, JobPtr> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, JobPtr> by_request_ ABSL_GUARDED_BY(mu_);
   std::deque<JobPtr> to_prepare_ ABSL_GUARDED_BY(mu_);
+
   size_t active_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

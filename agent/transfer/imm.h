@@ -17,9 +17,13 @@ static_assert(kImmSlotBits + kImmGenerationBits + kImmOpBits == 32);
 static_assert(kMaxIncoming <= (1u << kImmSlotBits), "slot index must fit the immediate");
 
 enum class ImmOp : uint32_t {
-  kData = 0,   // payload for the slot's tensor
-  kAbort = 1,  // the source gave up; the target fails the slot
+  kData = 0,    // payload for the slot's tensor
+  kAbort = 1,   // the source gave up; the target fails the slot
+  kCredit = 2,  // from a target: the low kCreditMaskBits are its idle NICs
 };
+
+inline constexpr int kCreditMaskBits = 16;  // one bit per NIC
+static_assert(kCreditMaskBits <= kImmSlotBits + kImmGenerationBits);
 
 // What PrepareIncoming hands back as `slot`: index and generation.
 struct SlotId {
@@ -36,6 +40,11 @@ struct SlotId {
 inline uint32_t EncodeImm(SlotId slot, ImmOp op) {
   return (static_cast<uint32_t>(op) << (kImmSlotBits + kImmGenerationBits)) | slot.Pack();
 }
+inline uint32_t EncodeCredit(uint32_t idle_mask) {
+  return (static_cast<uint32_t>(ImmOp::kCredit) << (kImmSlotBits + kImmGenerationBits)) |
+         (idle_mask & ((1u << kCreditMaskBits) - 1));
+}
+inline uint32_t CreditMask(uint32_t imm) { return imm & ((1u << kCreditMaskBits) - 1); }
 inline SlotId ImmSlot(uint32_t imm) { return SlotId::Unpack(imm); }
 inline ImmOp ImmOpOf(uint32_t imm) {
   return static_cast<ImmOp>(imm >> (kImmSlotBits + kImmGenerationBits));

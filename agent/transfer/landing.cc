@@ -1,5 +1,6 @@
 #include "agent/transfer/landing.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/container/inlined_vector.h"
@@ -9,11 +10,52 @@
 
 namespace fuselink::transfer {
 
-Landing::Landing(memory::Registry* registry, WatchFn on_event)
-    : registry_(registry), on_event_(std::move(on_event)) {
+Landing::Landing(memory::Registry* registry, std::vector<int> direct_nic_of_gpu,
+                 WatchFn on_event, CreditFn on_credit)
+    : registry_(registry),
+      direct_nic_of_gpu_(std::move(direct_nic_of_gpu)),
+      on_event_(std::move(on_event)),
+      on_credit_(std::move(on_credit)) {
   absl::MutexLock lock(&mu_);
   slots_.resize(kMaxIncoming);
   for (uint32_t i = 0; i < kMaxIncoming; ++i) free_.push_back(kMaxIncoming - 1 - i);
+}
+
+uint32_t Landing::IdleMaskLocked() const {
+  uint32_t mask = 0;
+  for (size_t k = 0; k < owner_slots_.size(); ++k) {
+    if (owner_slots_[k] == 0) mask |= 1u << k;
+  }
+  return mask;
+}
+
+uint32_t Landing::IdleMask() const {
+  absl::MutexLock lock(&mu_);
+  return IdleMaskLocked();
+}
+
+void Landing::TellCredit() {
+  const uint32_t mask = IdleMask();
+  if (told_mask_.exchange(mask) != mask && on_credit_) on_credit_(mask);
+}
+
+std::vector<std::string> Landing::ActiveSources() const {
+  std::vector<std::string> out;
+  absl::MutexLock lock(&mu_);
+  for (const Slot& slot : slots_) {
+    if (slot.active && std::find(out.begin(), out.end(), slot.source_node) == out.end()) {
+      out.push_back(slot.source_node);
+    }
+  }
+  return out;
+}
+
+LandingNicStats Landing::Stats(int nic) const {
+  LandingNicStats s;
+  s.own_bytes = nic_bytes_[nic].own.load(std::memory_order_relaxed);
+  s.borrowed_bytes = nic_bytes_[nic].borrowed.load(std::memory_order_relaxed);
+  s.owner_busy = !(IdleMask() >> nic & 1);
+  return s;
 }
 
 absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
@@ -38,37 +80,45 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
             absl::StrCat("total_bytes ", request.total_bytes(), " should be ", expected)),
         "BAD_TOTAL");
   }
-  absl::MutexLock lock(&mu_);
-  if (free_.empty()) {
-    return WithReason(
-        absl::ResourceExhaustedError(
-            absl::StrCat("the target already has ", kMaxIncoming, " incoming transfers")),
-        "TOO_MANY_INCOMING");
-  }
-  const uint32_t index = free_.back();
-  free_.pop_back();
-  Slot& slot = slots_[index];
-  slot.generation = (slot.generation + 1) & ((1u << kImmGenerationBits) - 1);
-  slot.active = true;
-  slot.source_node = request.source_node();
-  slot.transfer_id = request.transfer_id();
-  slot.block_ids.assign(request.block_ids().begin(), request.block_ids().end());
-  slot.layer_begin = request.layer_begin();
-  slot.layer_end = request.layer_end();
-  slot.expected_bytes = expected;
-  slot.landed_bytes = 0;
-  slot.last_activity = absl::Now();
-
+  const uint32_t home = tensor.info().home_gpu;
+  const int direct_nic = home < direct_nic_of_gpu_.size() ? direct_nic_of_gpu_[home] : 0;
   v1::PrepareIncomingResponse response;
-  response.set_region_key(tensor.region_key());
-  v1::Layout* out = response.mutable_layout();
-  out->set_layers(layout.layers);
-  out->set_blocks_per_layer(layout.blocks_per_layer);
-  out->set_block_bytes(layout.block_bytes);
-  out->set_block_stride_bytes(layout.block_stride_bytes);
-  out->set_layer_stride_bytes(layout.layer_stride_bytes);
-  response.set_slot(SlotId{index, slot.generation}.Pack());
-  slot.tensor = std::move(tensor);
+  {
+    absl::MutexLock lock(&mu_);
+    if (free_.empty()) {
+      return WithReason(
+          absl::ResourceExhaustedError(absl::StrCat("the target already has ",
+                                                    kMaxIncoming, " incoming transfers")),
+          "TOO_MANY_INCOMING");
+    }
+    const uint32_t index = free_.back();
+    free_.pop_back();
+    Slot& slot = slots_[index];
+    slot.generation = (slot.generation + 1) & ((1u << kImmGenerationBits) - 1);
+    slot.active = true;
+    slot.source_node = request.source_node();
+    slot.transfer_id = request.transfer_id();
+    slot.block_ids.assign(request.block_ids().begin(), request.block_ids().end());
+    slot.layer_begin = request.layer_begin();
+    slot.layer_end = request.layer_end();
+    slot.expected_bytes = expected;
+    slot.direct_nic = direct_nic;
+    ++owner_slots_[direct_nic];
+    slot.landed_bytes = 0;
+    slot.last_activity = absl::Now();
+
+    response.set_region_key(tensor.region_key());
+    v1::Layout* out = response.mutable_layout();
+    out->set_layers(layout.layers);
+    out->set_blocks_per_layer(layout.blocks_per_layer);
+    out->set_block_bytes(layout.block_bytes);
+    out->set_block_stride_bytes(layout.block_stride_bytes);
+    out->set_layer_stride_bytes(layout.layer_stride_bytes);
+    response.set_slot(SlotId{index, slot.generation}.Pack());
+    response.set_idle_nic_mask(IdleMaskLocked());
+    slot.tensor = std::move(tensor);
+  }
+  TellCredit();
   return response;
 }
 
@@ -84,6 +134,7 @@ v1::WatchEvent Landing::CloseLocked(Slot& slot, const absl::Status& status) {
   event.set_code(static_cast<int>(status.code()));
   event.set_message(std::string(status.message()));
   slot.active = false;
+  --owner_slots_[slot.direct_nic];
   slot.tensor = memory::TensorLease();
   slot.block_ids.clear();
   free_.push_back(static_cast<uint32_t>(&slot - slots_.data()));
@@ -108,12 +159,18 @@ void Landing::OnArrival(const fabric::Arrival& arrival) {
                                             "SOURCE_ABORTED"));
     } else {
       slot->landed_bytes += arrival.bytes;
+      auto& counter = arrival.nic == slot->direct_nic ? nic_bytes_[arrival.nic].own
+                                                      : nic_bytes_[arrival.nic].borrowed;
+      counter.fetch_add(arrival.bytes, std::memory_order_relaxed);
       if (slot->landed_bytes >= slot->expected_bytes) {
         event = CloseLocked(*slot, absl::OkStatus());
       }
     }
   }
-  if (event) on_event_(*event);
+  if (event) {
+    on_event_(*event);
+    TellCredit();
+  }
 }
 
 void Landing::OnPeerLost(absl::string_view peer_name, const absl::Status& why) {
@@ -131,6 +188,7 @@ void Landing::OnPeerLost(absl::string_view peer_name, const absl::Status& why) {
     }
   }
   for (const auto& e : events) on_event_(e);
+  if (!events.empty()) TellCredit();
 }
 
 void Landing::Expire(absl::Time now) {
@@ -146,6 +204,7 @@ void Landing::Expire(absl::Time now) {
     }
   }
   for (const auto& e : events) on_event_(e);
+  if (!events.empty()) TellCredit();
 }
 
 size_t Landing::active() const {

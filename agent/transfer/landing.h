@@ -29,10 +29,22 @@ inline constexpr absl::Duration kIncomingIdleTimeout = absl::Seconds(30);
 // Receives the end of every incoming transfer. Called with no lock held, on the
 // fabric's threads or the caller of Expire.
 using WatchFn = std::function<void(const v1::WatchEvent& event)>;
+// Receives this node's idle-NIC mask whenever it changes, with no lock held.
+using CreditFn = std::function<void(uint32_t idle_mask)>;
+
+// Bytes that landed through one NIC: for its owner GPU's tensors, or for others'
+// (data that a source sent over a NIC it borrowed).
+struct LandingNicStats {
+  uint64_t own_bytes = 0;
+  uint64_t borrowed_bytes = 0;
+  bool owner_busy = false;
+};
 
 class Landing {
  public:
-  Landing(memory::Registry* registry, WatchFn on_event);
+  // `direct_nic_of_gpu[g]`: the NIC GPU g owns.
+  Landing(memory::Registry* registry, std::vector<int> direct_nic_of_gpu,
+          WatchFn on_event, CreditFn on_credit);
 
   // Checks the target side of a transfer and reserves a slot for it.
   absl::StatusOr<v1::PrepareIncomingResponse> Prepare(
@@ -47,6 +59,12 @@ class Landing {
   // Writes that named no live slot (stale generation, unknown slot, wrong region).
   uint64_t stray_writes() const { return stray_writes_.load(); }
   size_t active() const;
+  // Bit k set when no incoming transfer is for NIC k's owner GPU: NIC k is idle
+  // here, and sources may borrow it.
+  uint32_t IdleMask() const;
+  // Nodes with incoming transfers here: the ones to tell of credit changes.
+  std::vector<std::string> ActiveSources() const;
+  LandingNicStats Stats(int nic) const;
 
  private:
   struct Slot {
@@ -57,6 +75,7 @@ class Landing {
     memory::TensorLease tensor;
     std::vector<uint32_t> block_ids;
     uint32_t layer_begin = 0, layer_end = 0;
+    int direct_nic = 0;  // of the target tensor's home GPU
     uint64_t expected_bytes = 0;
     uint64_t landed_bytes = 0;
     absl::Time last_activity;
@@ -64,14 +83,25 @@ class Landing {
   // Frees the slot and returns the watch event describing its end.
   v1::WatchEvent CloseLocked(Slot& slot, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t IdleMaskLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls on_credit_ if the mask moved since it was last told.
+  void TellCredit();
 
   memory::Registry* const registry_;
+  const std::vector<int> direct_nic_of_gpu_;
   const WatchFn on_event_;
+  const CreditFn on_credit_;
   std::atomic<uint64_t> stray_writes_{0};
+  struct alignas(64) NicBytes {
+    std::atomic<uint64_t> own{0}, borrowed{0};
+  };
+  std::array<NicBytes, 16> nic_bytes_;
+  std::atomic<uint32_t> told_mask_{UINT32_MAX};
 
   mutable absl::Mutex mu_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // kMaxIncoming, fixed
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+  std::array<uint32_t, 16> owner_slots_ ABSL_GUARDED_BY(mu_) = {};  // per NIC
 };
 
 }  // namespace fuselink::transfer

@@ -32,6 +32,7 @@ struct Prepared {
   fabric::RegionKey region_key = 0;
   memory::Layout layout;
   uint32_t slot = 0;
+  uint32_t idle_nic_mask = 0;  // the target's idle NICs when it accepted
 };
 
 class PeerLink {

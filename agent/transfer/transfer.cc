@@ -30,8 +30,7 @@ Transfer::Transfer(std::string id, v1::TransferRequest request, std::string fing
       fingerprint_(std::move(fingerprint)),
       nic_names_(std::move(nic_names)),
       deadline_(deadline) {
-  absl::MutexLock lock(&mu_);
-  nic_bytes_.assign(nic_names_.size(), 0);
+  nic_bytes_.assign(nic_names_.size(), 0);  // no other thread sees it yet
 }
 
 Transfer::~Transfer() = default;

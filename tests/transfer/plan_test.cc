@@ -2,7 +2,6 @@
 
 #include "agent/common/status_macros.h"
 #include "agent/transfer/imm.h"
-#include "agent/transfer/policy.h"
 #include "gtest/gtest.h"
 
 namespace fuselink::transfer {
@@ -80,21 +79,6 @@ TEST(Imm, RoundTripsSlotAndOp) {
   EXPECT_EQ(ImmSlot(imm).generation, slot.generation);
   EXPECT_EQ(ImmOpOf(imm), ImmOp::kAbort);
   EXPECT_EQ(ImmOpOf(EncodeImm(slot, ImmOp::kData)), ImmOp::kData);
-}
-
-TEST(Policy, StaticKeepsTheDirectNicAndStripeTheLeastLoaded) {
-  std::vector<std::atomic<uint32_t>> load(4);
-  load[0] = 5, load[1] = 2, load[2] = 9, load[3] = 2;
-  auto fixed = MakePolicy("static");
-  ASSERT_TRUE(fixed.ok());
-  EXPECT_EQ((*fixed)->Pick(2, load), 2);
-  auto stripe = MakePolicy("stripe");
-  ASSERT_TRUE(stripe.ok());
-  for (int i = 0; i < 8; ++i) {
-    const int nic = (*stripe)->Pick(0, load);
-    EXPECT_TRUE(nic == 1 || nic == 3) << nic;
-  }
-  EXPECT_EQ(ReasonOf(MakePolicy("fastest").status()), "UNKNOWN_POLICY");
 }
 
 }  // namespace

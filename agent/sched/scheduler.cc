@@ -1,0 +1,182 @@
+#include "agent/sched/scheduler.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/common/status_macros.h"
+
+namespace fuselink::sched {
+
+absl::StatusOr<Policy> ParsePolicy(absl::string_view name) {
+  if (name == "static") return Policy::kStatic;
+  if (name == "stripe") return Policy::kStripe;
+  if (name == "fuselink") return Policy::kFuselink;
+  return WithReason(
+      absl::InvalidArgumentError(
+          absl::StrCat("unknown policy '", name, "'; choose fuselink, static or stripe")),
+      "UNKNOWN_POLICY");
+}
+
+absl::string_view PolicyName(Policy policy) {
+  switch (policy) {
+    case Policy::kStatic:
+      return "static";
+    case Policy::kStripe:
+      return "stripe";
+    case Policy::kFuselink:
+      return "fuselink";
+  }
+  return "?";
+}
+
+Scheduler::Scheduler(Policy policy, std::span<const uint32_t> owner_of_nic, Limits limits)
+    : policy_(policy), nics_(static_cast<int>(owner_of_nic.size())), limits_(limits) {
+  for (int k = 0; k < nics_; ++k) nic_[k].owner = owner_of_nic[k];
+}
+
+bool Scheduler::Reserve(std::atomic<uint32_t>& counter, uint32_t bound,
+                        uint32_t* before) {
+  uint32_t now = counter.load(std::memory_order_relaxed);
+  while (now < bound) {
+    if (counter.compare_exchange_weak(now, now + 1, std::memory_order_acq_rel)) {
+      if (before != nullptr) *before = now;
+      return true;
+    }
+  }
+  return false;
+}
+
+Choice Scheduler::Pick(int direct, uint32_t remote_idle) {
+  switch (policy_) {
+    case Policy::kStatic:
+      nic_[direct].in_flight.fetch_add(1, std::memory_order_relaxed);
+      nic_[direct].owner_activity.fetch_add(1, std::memory_order_relaxed);
+      return Choice{direct, false};
+    case Policy::kStripe: {
+      Choice c = PickStripe();
+      c.borrowed = c.nic != direct;
+      if (!c.borrowed)
+        nic_[direct].owner_activity.fetch_add(1, std::memory_order_relaxed);
+      if (c.borrowed)
+        nic_[c.nic].borrowed_in_flight.fetch_add(1, std::memory_order_relaxed);
+      return c;
+    }
+    case Policy::kFuselink:
+      return PickFuselink(direct, remote_idle);
+  }
+  return Choice{};
+}
+
+Choice Scheduler::PickStripe() {
+  const uint32_t start = rotate_.fetch_add(1, std::memory_order_relaxed) % nics_;
+  int best = static_cast<int>(start);
+  uint32_t best_load = nic_[best].in_flight.load(std::memory_order_relaxed);
+  for (int i = 1; i < nics_; ++i) {
+    const int k = static_cast<int>((start + i) % nics_);
+    const uint32_t load = nic_[k].in_flight.load(std::memory_order_relaxed);
+    if (load < best_load) best = k, best_load = load;
+  }
+  nic_[best].in_flight.fetch_add(1, std::memory_order_relaxed);
+  return Choice{best, false};
+}
+
+Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle) {
+  if (picks_.fetch_add(1, std::memory_order_relaxed) % kStatusEvery == kStatusEvery - 1) {
+    Look();
+  }
+  Nic& own = nic_[direct];
+  if (Reserve(own.in_flight, limits_.direct_depth, nullptr)) {
+    own.owner_activity.fetch_add(1, std::memory_order_relaxed);
+    return Choice{direct, false};
+  }
+  // The direct NIC is full: borrow the least loaded idle NIC, idle on both ends.
+  const uint32_t start = rotate_.fetch_add(1, std::memory_order_relaxed) % nics_;
+  int best = -1;
+  uint32_t best_load = UINT32_MAX;
+  for (int i = 0; i < nics_; ++i) {
+    const int k = static_cast<int>((start + i) % nics_);
+    const Nic& n = nic_[k];
+    if (k == direct || !(remote_idle >> k & 1) ||
+        n.busy.load(std::memory_order_acquire) ||
+        n.borrowed_in_flight.load(std::memory_order_relaxed) >= limits_.borrow_depth) {
+      continue;
+    }
+    const uint32_t load = n.in_flight.load(std::memory_order_relaxed);
+    if (load < best_load) best = k, best_load = load;
+  }
+  if (best < 0) return Choice{};
+  Nic& lent = nic_[best];
+  uint32_t before = 0;
+  if (!Reserve(lent.borrowed_in_flight, limits_.borrow_depth, &before)) return Choice{};
+  // The owner may have returned since the scan: take the reservation back.
+  if (lent.busy.load(std::memory_order_acquire)) {
+    lent.borrowed_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+    return Choice{};
+  }
+  lent.in_flight.fetch_add(1, std::memory_order_relaxed);
+  if (before == 0) lent.borrow_events.fetch_add(1, std::memory_order_relaxed);
+  return Choice{best, true};
+}
+
+int64_t Scheduler::Complete(Choice choice, uint64_t bytes) {
+  Nic& n = nic_[choice.nic];
+  n.in_flight.fetch_sub(1, std::memory_order_relaxed);
+  if (!choice.borrowed) {
+    n.own_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    n.owner_activity.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+  }
+  n.borrowed_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  if (n.borrowed_in_flight.fetch_sub(1, std::memory_order_acq_rel) != 1) return 0;
+  const int64_t since = n.give_back_since_ns.exchange(0, std::memory_order_acq_rel);
+  return since == 0 ? 0 : std::max<int64_t>(1, absl::GetCurrentTimeNanos() - since);
+}
+
+void Scheduler::SetBusy(Nic& n, bool busy) {
+  const bool was = n.busy.exchange(busy, std::memory_order_acq_rel);
+  if (busy && !was && n.borrowed_in_flight.load(std::memory_order_acquire) > 0) {
+    n.give_back_events.fetch_add(1, std::memory_order_relaxed);
+    int64_t none = 0;
+    n.give_back_since_ns.compare_exchange_strong(none, absl::GetCurrentTimeNanos());
+  }
+}
+
+void Scheduler::OwnerStarted(int nic) {
+  nic_[nic].owner_transfers.fetch_add(1, std::memory_order_acq_rel);
+  SetBusy(nic_[nic], true);  // give back now, not at the next look
+}
+
+void Scheduler::OwnerStopped(int nic) {
+  nic_[nic].owner_transfers.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void Scheduler::Look() {
+  for (int k = 0; k < nics_; ++k) {
+    Nic& n = nic_[k];
+    const uint64_t activity = n.owner_activity.load(std::memory_order_relaxed);
+    const uint64_t seen = n.activity_seen.exchange(activity, std::memory_order_relaxed);
+    SetBusy(n, n.owner_transfers.load(std::memory_order_acquire) > 0 || activity != seen);
+  }
+}
+
+uint32_t Scheduler::IdleMask() const {
+  uint32_t mask = 0;
+  for (int k = 0; k < nics_; ++k) {
+    if (!nic_[k].busy.load(std::memory_order_acquire)) mask |= 1u << k;
+  }
+  return mask;
+}
+
+NicStats Scheduler::Stats(int nic) const {
+  const Nic& n = nic_[nic];
+  NicStats s;
+  s.owner_busy = n.busy.load(std::memory_order_relaxed);
+  s.in_flight = n.in_flight.load(std::memory_order_relaxed);
+  s.borrowed_in_flight = n.borrowed_in_flight.load(std::memory_order_relaxed);
+  s.own_bytes = n.own_bytes.load(std::memory_order_relaxed);
+  s.borrowed_bytes = n.borrowed_bytes.load(std::memory_order_relaxed);
+  s.borrow_events = n.borrow_events.load(std::memory_order_relaxed);
+  s.give_back_events = n.give_back_events.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace fuselink::sched

@@ -1,0 +1,128 @@
+// Which NIC carries each chunk: the FuseLink scheduler, and the two policies it is
+// compared with. One Scheduler per node, shared by every transfer; lock-free, no
+// allocation after construction, safe to call from any thread.
+//
+// fuselink (the default):
+//  - Every NIC has an owner GPU. A chunk of a transfer whose home GPU owns NIC d goes
+//    on d while d has fewer than `direct_depth` chunks in flight.
+//  - Past that it borrows: a NIC k whose owner is idle here, that the receiver says
+//    is idle there (its credit mask), with fewer than `borrow_depth` borrowed chunks
+//    in flight; the least loaded such NIC, scanned from a rotating start so borrowers
+//    share fairly. Else the chunk waits for its direct NIC.
+//  - An owner is busy while it has a running transfer, and while it posted or
+//    completed chunks since the last look; the look is taken every kStatusEvery picks
+//    and at once when an owner's transfer starts. A busy owner's NIC takes no new
+//    borrowed chunk; those in flight drain, at most `borrow_depth` of them: the
+//    owner waits for at most that many.
+// static: the direct NIC only (NIC binding, as clusters run today).
+// stripe: the least loaded NIC, owners ignored.
+//
+// Pick reserves: the chosen NIC's counters are raised before Pick returns, so bounds
+// hold under concurrency; every reservation ends in exactly one Complete.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <span>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace fuselink::sched {
+
+inline constexpr int kMaxNics = 16;
+// Owner states are re-read every this many picks (the paper's value).
+inline constexpr uint32_t kStatusEvery = 8;
+static_assert(kMaxNics <= 32, "NIC masks are 32-bit");
+
+enum class Policy { kStatic, kStripe, kFuselink };
+
+// "static", "stripe" or "fuselink"; INVALID_ARGUMENT (UNKNOWN_POLICY) otherwise.
+absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
+absl::string_view PolicyName(Policy policy);
+
+struct Limits {
+  // Chunks in flight on a NIC before its owner's next chunk spills to a borrowed one.
+  uint32_t direct_depth = 4;
+  // Borrowed chunks in flight on one NIC: what a returning owner waits for at most.
+  uint32_t borrow_depth = 2;
+};
+
+// A reservation: the NIC a chunk goes on, and whether it is borrowed there.
+struct Choice {
+  int nic = -1;  // -1: none now; retry after a completion
+  bool borrowed = false;
+  bool ok() const { return nic >= 0; }
+};
+
+// Counters of one NIC, for metrics. Monotonic except the gauges.
+struct NicStats {
+  bool owner_busy = false;
+  uint32_t in_flight = 0;           // gauge
+  uint32_t borrowed_in_flight = 0;  // gauge
+  uint64_t own_bytes = 0;           // completed chunks of the owner
+  uint64_t borrowed_bytes = 0;      // completed chunks of borrowers
+  uint64_t borrow_events = 0;       // borrowing began on an idle NIC
+  uint64_t give_back_events = 0;    // the owner returned while it was lent
+};
+
+class Scheduler {
+ public:
+  // `owner_of_nic[k]`: the GPU that owns NIC k.
+  Scheduler(Policy policy, std::span<const uint32_t> owner_of_nic, Limits limits);
+
+  Policy policy() const { return policy_; }
+  int nic_count() const { return nics_; }
+
+  // A chunk of a transfer whose direct NIC is `direct`; `remote_idle` has bit k set
+  // when the receiver's NIC k is idle.
+  Choice Pick(int direct, uint32_t remote_idle);
+  // The reserved chunk finished (`bytes` landed, or 0 when it failed or was never
+  // posted). Returns, when this ended a give-back, how long the owner waited for
+  // borrowers to leave its NIC, in nanoseconds; else 0.
+  int64_t Complete(Choice choice, uint64_t bytes);
+
+  // A transfer whose direct NIC is `nic` started or ended: its owner is busy.
+  void OwnerStarted(int nic);
+  void OwnerStopped(int nic);
+
+  // Re-reads every owner's state now; the engine calls it on a timer so that states
+  // settle when no chunk is being picked.
+  void Refresh() { Look(); }
+
+  // Bit k set when this node's NIC k has an idle owner.
+  uint32_t IdleMask() const;
+  NicStats Stats(int nic) const;
+
+ private:
+  struct alignas(64) Nic {
+    uint32_t owner = 0;
+    std::atomic<uint32_t> in_flight{0};
+    std::atomic<uint32_t> borrowed_in_flight{0};
+    std::atomic<uint32_t> owner_transfers{0};
+    std::atomic<uint64_t> owner_activity{0};  // the owner's posts and completions
+    std::atomic<uint64_t> activity_seen{0};   // owner_activity at the last look
+    std::atomic<bool> busy{false};
+    std::atomic<int64_t> give_back_since_ns{0};  // 0: no give-back under way
+    std::atomic<uint64_t> own_bytes{0}, borrowed_bytes{0};
+    std::atomic<uint64_t> borrow_events{0}, give_back_events{0};
+  };
+
+  // Re-reads every owner's state.
+  void Look();
+  void SetBusy(Nic& nic, bool busy);
+  // Raises `counter` if it is under `bound`; `*before` gets its old value.
+  static bool Reserve(std::atomic<uint32_t>& counter, uint32_t bound, uint32_t* before);
+  Choice PickFuselink(int direct, uint32_t remote_idle);
+  Choice PickStripe();
+
+  const Policy policy_;
+  const int nics_;
+  const Limits limits_;
+  std::atomic<uint32_t> picks_{0};
+  std::atomic<uint32_t> rotate_{0};
+  std::array<Nic, kMaxNics> nic_;
+};
+
+}  // namespace fuselink::sched

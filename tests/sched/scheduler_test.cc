@@ -1,0 +1,147 @@
+// The scheduler's decisions on scripted NIC states: every rule of the FuseLink
+// policy, and the two it is compared with.
+#include "agent/sched/scheduler.h"
+
+#include <vector>
+
+#include "agent/common/status_macros.h"
+#include "gtest/gtest.h"
+
+namespace fuselink::sched {
+namespace {
+
+constexpr uint32_t kAllIdle = 0xF;
+const std::vector<uint32_t> kOwners = {0, 1, 2, 3};  // NIC k owned by GPU k
+
+Scheduler Make(Policy policy, uint32_t direct_depth = 2, uint32_t borrow_depth = 1) {
+  return Scheduler(policy, kOwners, Limits{direct_depth, borrow_depth});
+}
+
+TEST(Scheduler, DirectNicFirst) {
+  Scheduler s = Make(Policy::kFuselink);
+  Choice c = s.Pick(0, kAllIdle);
+  EXPECT_EQ(c.nic, 0);
+  EXPECT_FALSE(c.borrowed);
+}
+
+TEST(Scheduler, BorrowsIdleNicsOnceTheDirectOneIsFull) {
+  Scheduler s = Make(Policy::kFuselink, 2, 1);
+  s.Pick(0, kAllIdle);
+  s.Pick(0, kAllIdle);  // NIC 0 full (direct_depth 2)
+  std::vector<int> lent;
+  for (int i = 0; i < 3; ++i) {
+    Choice c = s.Pick(0, kAllIdle);
+    ASSERT_TRUE(c.ok());
+    EXPECT_TRUE(c.borrowed);
+    lent.push_back(c.nic);
+  }
+  std::sort(lent.begin(), lent.end());
+  EXPECT_EQ(lent, (std::vector<int>{1, 2, 3}));  // one each: borrow_depth 1
+  EXPECT_FALSE(s.Pick(0, kAllIdle).ok());        // everything full: wait
+  EXPECT_EQ(s.Stats(1).borrow_events, 1u);
+}
+
+TEST(Scheduler, NeverBorrowsABusyOwnersNic) {
+  Scheduler s = Make(Policy::kFuselink, 1, 4);
+  s.OwnerStarted(2);
+  s.Pick(0, kAllIdle);  // fills NIC 0
+  for (int i = 0; i < 8; ++i) {
+    Choice c = s.Pick(0, kAllIdle);
+    if (c.ok()) EXPECT_NE(c.nic, 2);
+  }
+}
+
+TEST(Scheduler, HonoursTheReceiversCredits) {
+  Scheduler s = Make(Policy::kFuselink, 1, 4);
+  s.Pick(0, kAllIdle);
+  const uint32_t only_nic3_idle_there = 1u << 3;
+  for (int i = 0; i < 4; ++i) {
+    Choice c = s.Pick(0, only_nic3_idle_there);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c.nic, 3);
+  }
+  EXPECT_FALSE(s.Pick(0, only_nic3_idle_there).ok());  // NIC 3's borrow bound
+}
+
+TEST(Scheduler, GiveBackBoundsTheOwnersWaitAndTimesIt) {
+  // direct_depth above borrow_depth: a returning owner always finds room on its NIC.
+  Scheduler s = Make(Policy::kFuselink, 3, 2);
+  for (int i = 0; i < 3; ++i) s.Pick(0, kAllIdle);              // NIC 0 full
+  const Choice a = s.Pick(0, 1u << 1), b = s.Pick(0, 1u << 1);  // two borrowed on NIC 1
+  ASSERT_EQ(a.nic, 1);
+  ASSERT_EQ(b.nic, 1);
+  EXPECT_FALSE(s.Pick(0, 1u << 1).ok());  // NIC 1's borrow bound
+  s.OwnerStarted(1);                      // the owner returns
+  EXPECT_EQ(s.Stats(1).give_back_events, 1u);
+  EXPECT_TRUE(s.Stats(1).owner_busy);
+  // Its own chunk goes on its NIC at once, beside at most borrow_depth borrowed ones.
+  const Choice owner = s.Pick(1, kAllIdle);
+  EXPECT_EQ(owner.nic, 1);
+  EXPECT_FALSE(owner.borrowed);
+  // The give-back ends when the last borrowed chunk leaves, and is timed.
+  EXPECT_EQ(s.Complete(a, 100), 0);
+  EXPECT_GT(s.Complete(b, 100), 0);
+  EXPECT_EQ(s.Stats(1).borrowed_in_flight, 0u);
+  EXPECT_EQ(s.Stats(1).borrowed_bytes, 200u);
+  // And no borrower goes back while the owner is busy.
+  for (int i = 0; i < 8; ++i) EXPECT_FALSE(s.Pick(0, 1u << 1).ok());
+}
+
+TEST(Scheduler, OwnerIdleAgainOnlyAfterAQuietLook) {
+  Scheduler s = Make(Policy::kFuselink);
+  s.OwnerStarted(1);
+  const Choice c = s.Pick(1, kAllIdle);
+  s.OwnerStopped(1);
+  s.Complete(c, 10);
+  s.Refresh();  // activity since the last look: still busy
+  EXPECT_TRUE(s.Stats(1).owner_busy);
+  s.Refresh();  // a quiet look: idle
+  EXPECT_FALSE(s.Stats(1).owner_busy);
+  EXPECT_EQ(s.IdleMask(), kAllIdle);
+}
+
+TEST(Scheduler, AtMostOneStaleChoiceAfterTheOwnerReturns) {
+  // A pick that raced the owner's return holds its reservation; Pick re-checks the
+  // owner after reserving, so a pick that starts after OwnerStarted never lands there.
+  Scheduler s = Make(Policy::kFuselink, 1, 8);
+  s.Pick(0, kAllIdle);
+  s.OwnerStarted(1);
+  s.OwnerStarted(2);
+  s.OwnerStarted(3);
+  for (int i = 0; i < 16; ++i) EXPECT_FALSE(s.Pick(0, kAllIdle).ok());
+}
+
+TEST(Scheduler, FairBetweenBorrowers) {
+  // Two borrowers (home NICs 0 and 1, both full) share NICs 2 and 3.
+  Scheduler s = Make(Policy::kFuselink, 1, 2);
+  s.OwnerStarted(0);
+  s.OwnerStarted(1);
+  s.Pick(0, kAllIdle);
+  s.Pick(1, kAllIdle);
+  int got0 = 0, got1 = 0;
+  for (int i = 0; i < 4; ++i) {
+    got0 += s.Pick(0, kAllIdle).ok();
+    got1 += s.Pick(1, kAllIdle).ok();
+  }
+  EXPECT_EQ(got0 + got1, 4);  // 2 NICs x borrow_depth 2
+  EXPECT_EQ(got0, 2);
+  EXPECT_EQ(got1, 2);
+}
+
+TEST(Scheduler, StaticAndStripe) {
+  Scheduler fixed = Make(Policy::kStatic);
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(fixed.Pick(2, 0).nic, 2);  // no bound, no borrowing
+  Scheduler stripe = Make(Policy::kStripe);
+  std::vector<int> count(4);
+  for (int i = 0; i < 8; ++i) {
+    Choice c = stripe.Pick(0, 0);  // ignores owners and credits
+    ++count[c.nic];
+    EXPECT_EQ(c.borrowed, c.nic != 0);
+  }
+  EXPECT_EQ(count, (std::vector<int>{2, 2, 2, 2}));
+  EXPECT_EQ(ReasonOf(ParsePolicy("fastest").status()), "UNKNOWN_POLICY");
+}
+
+}  // namespace
+}  // namespace fuselink::sched

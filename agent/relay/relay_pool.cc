@@ -12,7 +12,7 @@ absl::StatusOr<std::unique_ptr<RelayPool>> RelayPool::Create(fabric::Fabric* fab
                                                              int nics,
                                                              uint32_t slots_per_nic,
                                                              uint32_t slot_bytes) {
-  std::unique_ptr<RelayPool> pool(new RelayPool(fabric, slot_bytes));
+  std::unique_ptr<RelayPool> pool(new RelayPool(slot_bytes));
   pool->slots_per_nic_ = slots_per_nic;
   absl::MutexLock lock(&pool->mu_);
   const uint64_t bytes = uint64_t{slots_per_nic} * slot_bytes;
@@ -28,13 +28,6 @@ absl::StatusOr<std::unique_ptr<RelayPool>> RelayPool::Create(fabric::Fabric* fab
     for (uint32_t i = 0; i < slots_per_nic; ++i) n.free.push_back(slots_per_nic - 1 - i);
   }
   return pool;
-}
-
-RelayPool::~RelayPool() {
-  absl::MutexLock lock(&mu_);
-  for (PerNic& n : nics_) {
-    if (n.key != 0) fabric_->DeregisterRegion(n.key).IgnoreError();
-  }
 }
 
 Slot RelayPool::Acquire(int nic) {

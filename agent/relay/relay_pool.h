@@ -2,7 +2,9 @@
 // belongs to that NIC's GPU. On host-memory nodes a slot is pinned host memory
 // registered with the fabric and staging is a memcpy; on GPU nodes the slot is
 // device memory of the relay GPU and staging is the NVLink copy. One region per NIC,
-// `slots_per_nic` slots of `slot_bytes` each, allocated once. Thread-safe.
+// `slots_per_nic` slots of `slot_bytes` each, allocated once. The regions stay
+// registered for the fabric's life: the fabric holds the memory, so a pool may go
+// before or after its fabric. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +33,6 @@ class RelayPool {
                                                            int nics,
                                                            uint32_t slots_per_nic,
                                                            uint32_t slot_bytes);
-  ~RelayPool();
 
   // A free slot on `nic`, or an invalid one when all are taken.
   Slot Acquire(int nic);
@@ -49,10 +50,8 @@ class RelayPool {
     fabric::RegionKey key = 0;
     std::vector<uint32_t> free;  // slot indices
   };
-  RelayPool(fabric::Fabric* fabric, uint32_t slot_bytes)
-      : fabric_(fabric), slot_bytes_(slot_bytes) {}
+  explicit RelayPool(uint32_t slot_bytes) : slot_bytes_(slot_bytes) {}
 
-  fabric::Fabric* const fabric_;
   const uint32_t slot_bytes_;
   uint32_t slots_per_nic_ = 0;
   mutable absl::Mutex mu_;

@@ -1,0 +1,62 @@
+# shellcheck shell=bash
+# Shell helpers to run agents in a testbed (scripts/testbed.sh up); sourced by scripts
+# and tests. Uses scripts/lib/agents.sh (sourced here if it is not yet): pids,
+# stop_agents, field. Needs $agent (the fuselink-agent binary).
+#
+# testbed_load NAME [STATE]      reads the testbed's testbed.env: TESTBED_NAME,
+#                                TESTBED_STATE, TESTBED_NODES, TESTBED_RAILS,
+#                                TESTBED_RATE(_BYTES_PER_S), TESTBED_NS_<i>,
+#                                TESTBED_MGMT_<i>, TESTBED_TOPOLOGY_<i>, ...
+# testbed_ns I / testbed_mgmt I  node I's namespace / management address
+# testbed_start_agent I NODE [PEER [EXTRA FLAGS...]]
+#     starts agent NODE in node I's namespace with node I's topology, gRPC and
+#     metrics on its management address (the kernel picks the ports), its handle
+#     socket, ready file (NODE.json: grpc, metrics, handle_socket) and log
+#     (NODE.log) in the state folder, and PEER (name=host:port[,...]) if given;
+#     waits until it serves and appends its pid to pids. The handle socket is a
+#     path: processes in the root namespace reach it, and pass memfds through it.
+# testbed_exec I COMMAND...      runs COMMAND in node I's namespace.
+
+if ! declare -F launch_agent >/dev/null; then
+  # shellcheck source=scripts/lib/agents.sh
+  . "$(dirname "${BASH_SOURCE[0]}")/agents.sh"
+fi
+
+testbed_load() {
+  local env="${2:-/tmp/fuselink-testbed/$1}/testbed.env"
+  if [ ! -f "$env" ]; then
+    echo "testbed $1 is not up ($env is missing)" >&2
+    return 1
+  fi
+  # shellcheck source=/dev/null
+  . "$env"
+}
+
+testbed_var() {
+  local v="TESTBED_$1_$2"
+  if [ -z "${!v:-}" ]; then
+    echo "testbed ${TESTBED_NAME:-?}: no node $2" >&2
+    return 1
+  fi
+  printf '%s\n' "${!v}"
+}
+testbed_ns() { testbed_var NS "$1"; }
+testbed_mgmt() { testbed_var MGMT "$1"; }
+
+testbed_exec() {
+  local ns
+  ns=$(testbed_ns "$1") || return 1
+  shift
+  ip netns exec "$ns" "$@"
+}
+
+testbed_start_agent() {
+  local i=$1 name=$2 peer=${3:-} ns mgmt topology
+  shift $(($# < 3 ? $# : 3))
+  ns=$(testbed_ns "$i") || return 1
+  mgmt=$(testbed_mgmt "$i") || return 1
+  topology=$(testbed_var TOPOLOGY "$i") || return 1
+  local agent_prefix=(ip netns exec "$ns") agent_dir=$TESTBED_STATE
+  launch_agent "$name" --topology="$topology" --listen="$mgmt:0" \
+    --metrics_listen="$mgmt:0" ${peer:+--peer="$peer"} "$@"
+}

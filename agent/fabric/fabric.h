@@ -106,7 +106,8 @@ class Fabric {
                                          const std::vector<Endpoint>& remote) = 0;
   // Closes every connection with the peer; its writes in flight fail UNAVAILABLE.
   virtual void Disconnect(PeerId peer) = 0;
-  // The name a peer gave in its HELLO, or empty.
+  // The peer's name (given to Connect or in its HELLO); still answered while
+  // OnPeerLost for it runs, empty once that has returned.
   virtual std::string PeerName(PeerId peer) const = 0;
 
   // Queues a write on one NIC. Never blocks. RESOURCE_EXHAUSTED when the NIC's

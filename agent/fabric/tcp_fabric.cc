@@ -412,8 +412,9 @@ void TcpFabric::ReapOne(uint64_t connection_id) {
       Peer& peer = peers_.at(peer_id);
       std::erase(peer.connections, connection);
       if (peer.connections.empty()) {
+        // A new Connect or HELLO under this name gets a fresh id from here on; the
+        // old id keeps its name until the handler has heard of the loss.
         if (!peer.retired) peer_by_name_.erase(peer.name);
-        peers_.erase(peer_id);
         lost = peer_id;
       }
     }
@@ -424,6 +425,8 @@ void TcpFabric::ReapOne(uint64_t connection_id) {
         *lost, why.code() == absl::StatusCode::kCancelled
                    ? why
                    : absl::UnavailableError(absl::StrCat("peer lost: ", why.message())));
+    absl::MutexLock lock(&mu_);
+    peers_.erase(*lost);
   }
 }
 

@@ -166,6 +166,14 @@ void AgentProcess::Kill() {
   Reap(absl::InfiniteDuration());
 }
 
+void AgentProcess::Pause() {
+  if (pid_ > 0) kill(pid_, SIGSTOP);
+}
+
+void AgentProcess::Resume() {
+  if (pid_ > 0) kill(pid_, SIGCONT);
+}
+
 void AgentProcess::Terminate() {
   if (pid_ > 0) kill(pid_, SIGTERM);
 }

@@ -63,6 +63,10 @@ class AgentProcess {
 
   // SIGKILL to the process group, then reaps. Idempotent.
   void Kill();
+  // SIGSTOP and SIGCONT: a paused agent neither reads nor answers, so a transfer
+  // it takes part in stands still, for as long as a test needs it running.
+  void Pause();
+  void Resume();
   // Sends SIGTERM and returns; Stop() then waits for the exit.
   void Terminate();
   // SIGTERM, then waits up to `timeout` for a clean exit (SIGKILL after it). OK when

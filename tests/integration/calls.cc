@@ -13,7 +13,7 @@ TransferCall::TransferCall(v1::Agent::Stub& stub, const v1::TransferRequest& req
 
 TransferCall::~TransferCall() {
   context_.TryCancel();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void TransferCall::Read(std::unique_ptr<grpc::ClientReader<v1::TransferEvent>> reader) {
@@ -54,8 +54,7 @@ bool TransferCall::WaitUntilMoving(absl::Duration timeout) {
 }
 
 TransferResult TransferCall::Finish() {
-  thread_.join();
-  thread_ = std::thread([] {});  // the destructor joins again
+  if (thread_.joinable()) thread_.join();
   absl::MutexLock lock(&mu_);
   return result_;
 }

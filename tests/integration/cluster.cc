@@ -93,6 +93,15 @@ grpc::Status GetTopology(AgentProcess& agent, v1::Topology* topology) {
   return agent.stub().GetTopology(&context, v1::GetTopologyRequest(), topology);
 }
 
+grpc::Status UnregisterTensor(AgentProcess& agent, const std::string& name) {
+  v1::UnregisterTensorRequest request;
+  request.set_name(name);
+  v1::UnregisterTensorResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  return agent.stub().UnregisterTensor(&context, request, &response);
+}
+
 ::testing::AssertionResult Serves(AgentProcess& agent) {
   v1::Topology topology;
   grpc::Status status = GetTopology(agent, &topology);

@@ -54,6 +54,7 @@ v1::TransferRequest MakeRequest(const std::string& request_id, const std::string
 ::testing::AssertionResult Serves(AgentProcess& agent);
 
 grpc::Status GetTopology(AgentProcess& agent, v1::Topology* topology);
+grpc::Status UnregisterTensor(AgentProcess& agent, const std::string& name);
 
 // Each test gets a directory of its own and starts the agents it needs; their logs
 // are printed when the test fails.

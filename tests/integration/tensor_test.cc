@@ -49,14 +49,7 @@ class TensorTest : public TwoNodeTest {
     return b_->stub().GetTensor(&context, request, out);
   }
 
-  grpc::Status Unregister(const std::string& name) {
-    v1::UnregisterTensorRequest request;
-    request.set_name(name);
-    v1::UnregisterTensorResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
-    return b_->stub().UnregisterTensor(&context, request, &response);
-  }
+  grpc::Status Unregister(const std::string& name) { return UnregisterTensor(*b_, name); }
 
   // Every page of ListTensors with `page_size`; the names in page order.
   std::vector<std::vector<std::string>> ListPages(uint32_t page_size) {

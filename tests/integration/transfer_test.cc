@@ -117,12 +117,11 @@ void ExpectCompletedStream(const TransferResult& result, uint64_t total_bytes,
 
 class TransferTest : public TwoNodeTest {
  protected:
-  // Starts the agents (node-a with `a_flags`) and registers a source tensor "kv" on
-  // node-a (home GPU `home_gpu`) and a target "kv" on node-b, of the same layout,
-  // different bytes.
-  void StartWithTensors(const std::vector<std::string>& a_flags = {},
-                        uint32_t home_gpu = 0) {
-    ASSERT_NO_FATAL_FAILURE(StartNodes(a_flags));
+  // Starts the agents (node-a with NIC policy `policy`) and registers a source tensor
+  // "kv" on node-a (home GPU `home_gpu`) and a target "kv" on node-b, of the same
+  // layout, different bytes.
+  void StartWithTensors(const std::string& policy = "static", uint32_t home_gpu = 0) {
+    ASSERT_NO_FATAL_FAILURE(StartNodes({absl::StrCat("--policy=", policy)}));
     const v1::Layout layout = MakeLayout(kLayers, kBlocks, kBlockBytes);
     absl::StatusOr<HostTensor> source = RegisterTensor(*a_, "kv", layout, 1, home_gpu);
     ASSERT_TRUE(source.ok()) << source.status();
@@ -185,7 +184,7 @@ TEST_F(TransferTest, LandsInATargetWithGapsBetweenBlocksAndLayers) {
 }
 
 TEST_F(TransferTest, StaticPolicyUsesOnlyTheRailOfTheHomeGpu) {
-  ASSERT_NO_FATAL_FAILURE(StartWithTensors({"--policy=static"}, /*home_gpu=*/2));
+  ASSERT_NO_FATAL_FAILURE(StartWithTensors("static", /*home_gpu=*/2));
   const std::vector<uint32_t> ids = {0, 5, 6, 7, 19, 25};
   TransferResult result =
       RunTransfer(a_->stub(), MakeRequest("static", "kv", ids, "kv", ids));
@@ -197,7 +196,7 @@ TEST_F(TransferTest, StaticPolicyUsesOnlyTheRailOfTheHomeGpu) {
 }
 
 TEST_F(TransferTest, StripePolicySpreadsBytesOverEveryRail) {
-  ASSERT_NO_FATAL_FAILURE(StartWithTensors({"--policy=stripe"}));
+  ASSERT_NO_FATAL_FAILURE(StartWithTensors("stripe"));
   std::vector<uint8_t> expected = Snapshot(target_);
   // 12 blocks x 4 layers, no two adjacent: 48 writes for the policy to spread.
   std::vector<uint32_t> ids;

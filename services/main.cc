@@ -43,7 +43,11 @@ ABSL_FLAG(uint32_t, borrow_depth, 2,
 ABSL_FLAG(uint32_t, chunk_bytes, 4u << 20, "Bytes per fabric write.");
 ABSL_FLAG(uint32_t, window_chunks, 16, "Chunks in flight per transfer.");
 ABSL_FLAG(uint32_t, max_transfers, 64, "Outgoing transfers in flight at once.");
-ABSL_FLAG(int, connections_per_nic, 2, "TCP connections per NIC and peer.");
+ABSL_FLAG(std::string, transport, "auto",
+          "auto (verbs where every NIC address is an active RDMA port, else tcp), tcp or "
+          "verbs.");
+ABSL_FLAG(int, connections_per_nic, 2, "tcp: connections per NIC and peer.");
+ABSL_FLAG(int, qps_per_nic, 2, "verbs: RC queue pairs per NIC and peer.");
 ABSL_FLAG(std::string, ready_file, "",
           "Write the bound addresses here as JSON once serving.");
 
@@ -95,6 +99,8 @@ int main(int argc, char** argv) {
   options.limits.direct_depth = absl::GetFlag(FLAGS_direct_depth);
   options.limits.borrow_depth = absl::GetFlag(FLAGS_borrow_depth);
   options.connections_per_nic = absl::GetFlag(FLAGS_connections_per_nic);
+  options.qps_per_nic = absl::GetFlag(FLAGS_qps_per_nic);
+  options.transport = absl::GetFlag(FLAGS_transport);
   options.engine.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.engine.window_chunks = absl::GetFlag(FLAGS_window_chunks);
   options.engine.max_active_transfers = absl::GetFlag(FLAGS_max_transfers);

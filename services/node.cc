@@ -3,6 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/tcp_fabric.h"
+#include "agent/fabric/verbs_device.h"
+#include "agent/fabric/verbs_fabric.h"
 #include "agent/transfer/imm.h"
 
 namespace fuselink::services {
@@ -22,14 +24,7 @@ absl::Status Node::Start() {
   topology_.set_node(options_.node);
   FL_ASSIGN_OR_RETURN(sched::Policy policy, sched::ParsePolicy(options_.policy));
 
-  fabric::TcpFabricOptions fabric_options;
-  fabric_options.node_name = options_.node;
-  fabric_options.connections_per_nic = options_.connections_per_nic;
-  for (const v1::Nic& nic : topology_.nics()) {
-    fabric_options.nics.push_back(fabric::Endpoint{
-        static_cast<int>(nic.index()), nic.address(), static_cast<uint16_t>(nic.port())});
-  }
-  FL_ASSIGN_OR_RETURN(fabric_, fabric::CreateTcpFabric(fabric_options, this));
+  FL_ASSIGN_OR_RETURN(fabric_, MakeFabric());
   topology_.set_transport(std::string(fabric_->transport()));
   for (const fabric::Endpoint& e : fabric_->endpoints()) {
     topology_.mutable_nics(e.nic)->set_port(e.port);
@@ -93,6 +88,34 @@ Node::~Node() {
   registry_.reset();
 }
 
+absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
+  std::vector<fabric::Endpoint> nics;
+  std::vector<std::string> addresses;
+  for (const v1::Nic& nic : topology_.nics()) {
+    nics.push_back(fabric::Endpoint{static_cast<int>(nic.index()), nic.address(),
+                                    static_cast<uint16_t>(nic.port())});
+    addresses.push_back(nic.address());
+  }
+  const std::string& want = options_.transport;
+  if (want != "auto" && want != "tcp" && want != "verbs") {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "transport '", want, "': choose auto, tcp or verbs")),
+                      "BAD_TRANSPORT");
+  }
+  if (want == "verbs" || (want == "auto" && fabric::verbs::VerbsAvailable(addresses))) {
+    fabric::VerbsFabricOptions verbs;
+    verbs.node_name = options_.node;
+    verbs.nics = std::move(nics);
+    verbs.qps_per_peer_nic = options_.qps_per_nic;
+    return fabric::CreateVerbsFabric(verbs, this);
+  }
+  fabric::TcpFabricOptions tcp;
+  tcp.node_name = options_.node;
+  tcp.connections_per_nic = options_.connections_per_nic;
+  tcp.nics = std::move(nics);
+  return fabric::CreateTcpFabric(tcp, this);
+}
+
 void Node::OnCompletion(const fabric::Completion& completion) {
   engine_->OnCompletion(completion);
 }
@@ -124,10 +147,11 @@ void Node::CreditLoop() {
   }
 }
 
-void Node::OnPeerLost(fabric::PeerId peer, const absl::Status& why) {
+void Node::OnPeerLost(fabric::PeerId peer, absl::string_view name,
+                      const absl::Status& why) {
   if (stop_.load()) return;  // shutting down: nothing left to tell
   if (peers_) peers_->OnPeerLost(peer);
-  if (landing_) landing_->OnPeerLost(fabric_->PeerName(peer), why);
+  if (landing_) landing_->OnPeerLost(name, why);
 }
 
 }  // namespace fuselink::services

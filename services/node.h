@@ -27,7 +27,11 @@ struct NodeOptions {
   std::map<std::string, std::string> peers;  // node name -> gRPC address
   std::string policy = "fuselink";
   sched::Limits limits;
-  int connections_per_nic = 2;
+  // "auto" (verbs where every NIC address has an active RDMA port, else tcp),
+  // "tcp" or "verbs".
+  std::string transport = "auto";
+  int connections_per_nic = 2;  // tcp: connections per NIC and peer
+  int qps_per_nic = 2;          // verbs: RC QPs per NIC and peer
   transfer::EngineOptions engine;
 };
 
@@ -53,11 +57,13 @@ class Node final : public fabric::Handler {
   // fabric::Handler
   void OnCompletion(const fabric::Completion& completion) override;
   void OnArrival(const fabric::Arrival& arrival) override;
-  void OnPeerLost(fabric::PeerId peer, const absl::Status& why) override;
+  void OnPeerLost(fabric::PeerId peer, absl::string_view name,
+                  const absl::Status& why) override;
 
  private:
   Node(NodeOptions options, transfer::EngineObserver* observer);
   absl::Status Start();
+  absl::StatusOr<std::unique_ptr<fabric::Fabric>> MakeFabric();
   // Tells the sources of incoming transfers which NICs are idle here, when that
   // changes. Runs on credit_thread_: connecting back may block.
   void CreditLoop();

@@ -70,8 +70,10 @@ class Handler {
   virtual void OnCompletion(const Completion& completion) = 0;
   virtual void OnArrival(const Arrival& arrival) = 0;
   // Every connection with this peer is gone; the peer's in-flight writes have all
-  // completed with an error before this is called.
-  virtual void OnPeerLost(PeerId peer, const absl::Status& why) = 0;
+  // completed with an error before this is called. `name` is the peer's name (the
+  // id no longer resolves by then).
+  virtual void OnPeerLost(PeerId peer, absl::string_view name,
+                          const absl::Status& why) = 0;
 };
 
 // Counters of one NIC, readable at any time.
@@ -106,8 +108,7 @@ class Fabric {
                                          const std::vector<Endpoint>& remote) = 0;
   // Closes every connection with the peer; its writes in flight fail UNAVAILABLE.
   virtual void Disconnect(PeerId peer) = 0;
-  // The peer's name (given to Connect or in its HELLO); still answered while
-  // OnPeerLost for it runs, empty once that has returned.
+  // The peer's name (given to Connect or in its HELLO), or empty once it is lost.
   virtual std::string PeerName(PeerId peer) const = 0;
 
   // Queues a write on one NIC. Never blocks. RESOURCE_EXHAUSTED when the NIC's

@@ -403,6 +403,7 @@ void TcpFabric::ReapOne(uint64_t connection_id) {
   connection->JoinAndFailPending();
 
   std::optional<PeerId> lost;
+  std::string lost_name;
   {
     absl::MutexLock lock(&mu_);
     auto entry = connections_.find(connection_id);
@@ -412,9 +413,9 @@ void TcpFabric::ReapOne(uint64_t connection_id) {
       Peer& peer = peers_.at(peer_id);
       std::erase(peer.connections, connection);
       if (peer.connections.empty()) {
-        // A new Connect or HELLO under this name gets a fresh id from here on; the
-        // old id keeps its name until the handler has heard of the loss.
         if (!peer.retired) peer_by_name_.erase(peer.name);
+        lost_name = peer.name;
+        peers_.erase(peer_id);
         lost = peer_id;
       }
     }
@@ -422,11 +423,10 @@ void TcpFabric::ReapOne(uint64_t connection_id) {
   if (lost.has_value()) {
     const absl::Status why = connection->close_reason();
     handler_.OnPeerLost(
-        *lost, why.code() == absl::StatusCode::kCancelled
-                   ? why
-                   : absl::UnavailableError(absl::StrCat("peer lost: ", why.message())));
-    absl::MutexLock lock(&mu_);
-    peers_.erase(*lost);
+        *lost, lost_name,
+        why.code() == absl::StatusCode::kCancelled
+            ? why
+            : absl::UnavailableError(absl::StrCat("peer lost: ", why.message())));
   }
 }
 

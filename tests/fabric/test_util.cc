@@ -21,10 +21,17 @@ void RecordingHandler::OnArrival(const Arrival& arrival) {
   ++arrival_count_;
 }
 
-void RecordingHandler::OnPeerLost(PeerId peer, const absl::Status& why) {
+void RecordingHandler::OnPeerLost(PeerId peer, absl::string_view name,
+                                  const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   peers_lost_.emplace_back(peer, why);
+  peer_lost_names_.emplace_back(name);
   ++peers_lost_count_;
+}
+
+std::vector<std::string> RecordingHandler::peer_lost_names() const {
+  absl::MutexLock lock(&mu_);
+  return peer_lost_names_;
 }
 
 bool RecordingHandler::WaitFor(const size_t* size, size_t count) {

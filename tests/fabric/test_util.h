@@ -27,7 +27,7 @@ class RecordingHandler : public Handler {
  public:
   void OnCompletion(const Completion& completion) override;
   void OnArrival(const Arrival& arrival) override;
-  void OnPeerLost(PeerId peer, const absl::Status& why) override;
+  void OnPeerLost(PeerId peer, absl::string_view name, const absl::Status& why) override;
 
   // Each waits up to kWaitTimeout until at least `count` events are recorded.
   bool WaitForCompletions(size_t count);
@@ -37,6 +37,7 @@ class RecordingHandler : public Handler {
   std::vector<Completion> completions() const;
   std::vector<Arrival> arrivals() const;
   std::vector<std::pair<PeerId, absl::Status>> peers_lost() const;
+  std::vector<std::string> peer_lost_names() const;
 
  private:
   bool WaitFor(const size_t* size, size_t count);
@@ -45,6 +46,7 @@ class RecordingHandler : public Handler {
   std::vector<Completion> completions_ ABSL_GUARDED_BY(mu_);
   std::vector<Arrival> arrivals_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<PeerId, absl::Status>> peers_lost_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> peer_lost_names_ ABSL_GUARDED_BY(mu_);
   size_t completion_count_ ABSL_GUARDED_BY(mu_) = 0;
   size_t arrival_count_ ABSL_GUARDED_BY(mu_) = 0;
   size_t peers_lost_count_ ABSL_GUARDED_BY(mu_) = 0;

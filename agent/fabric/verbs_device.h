@@ -1,0 +1,77 @@
+// RDMA device discovery: which verbs device, port and GID serve a NIC given by its
+// IPv4 address. A wrong GID index is the most reported RoCE bring-up failure, so the
+// GID is never a configured number: it is the RoCE v2 entry whose GID is the address's
+// IPv4-mapped form (::ffff:a.b.c.d), read from the device's GID table
+// (ibv_query_gid_table, which carries each entry's type from sysfs gid_attrs/types and
+// its netdev from gid_attrs/ndevs).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace fuselink::fabric::verbs {
+
+// GID table entries read per device; real tables hold a few dozen.
+inline constexpr size_t kMaxGidEntries = 1024;
+// Devices considered; a node has a handful.
+inline constexpr size_t kMaxDevices = 64;
+
+// One GID table entry, as discovery sees it.
+struct GidEntry {
+  ibv_gid gid{};
+  uint32_t index = 0;
+  uint8_t port = 0;
+  ibv_gid_type type = IBV_GID_TYPE_IB;
+  std::string netdev;  // empty when the entry names none
+};
+
+// One port of one device, with what the fabric needs to use it.
+struct VerbsPort {
+  std::string device;  // "mlx5_0", "rxe0"
+  uint8_t port = 1;
+  ibv_port_state state = IBV_PORT_NOP;
+  uint8_t link_layer = IBV_LINK_LAYER_UNSPECIFIED;
+  ibv_mtu active_mtu = IBV_MTU_1024;
+  std::string netdev;    // the port's Ethernet interface, from its GID entries
+  std::string pci_path;  // /sys/devices/... of the device, empty for soft devices
+  // Device limits.
+  int max_qp = 0;
+  int max_qp_wr = 0;
+  int max_cqe = 0;
+  int max_sge = 0;
+  uint64_t max_mr_size = 0;
+  std::vector<GidEntry> gids;  // this port's entries
+};
+
+// The port and GID that serve one NIC address.
+struct NicBinding {
+  VerbsPort port;
+  uint32_t gid_index = 0;
+  ibv_gid gid{};
+};
+
+// The IPv4-mapped GID of a dotted-quad address; INVALID_ARGUMENT for anything else.
+absl::StatusOr<ibv_gid> Ipv4MappedGid(absl::string_view ipv4);
+// The RoCE v2 entry among `entries` whose GID is `gid`; pure, for tests.
+std::optional<uint32_t> ChooseRoceV2Gid(std::span<const GidEntry> entries,
+                                        const ibv_gid& gid);
+std::string GidToString(const ibv_gid& gid);
+
+// Every port of every device; empty (not an error) when the host has none.
+absl::StatusOr<std::vector<VerbsPort>> DiscoverPorts();
+// The active Ethernet port with a RoCE v2 GID for `ipv4`. NOT_FOUND when no device
+// carries the address, FAILED_PRECONDITION when its port is not active.
+absl::StatusOr<NicBinding> BindAddress(absl::string_view ipv4);
+// True when every address binds (BindAddress succeeds for each): the agent then picks
+// the verbs transport, else tcp.
+bool VerbsAvailable(std::span<const std::string> addresses);
+
+}  // namespace fuselink::fabric::verbs

@@ -1,0 +1,596 @@
+#include "agent/fabric/verbs_fabric.h"
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/common/status_macros.h"
+#include "agent/fabric/acceptor.h"
+#include "agent/fabric/region_table.h"
+#include "agent/fabric/socket.h"
+#include "agent/fabric/verbs_device.h"
+#include "agent/fabric/verbs_link.h"
+#include "agent/fabric/verbs_nic.h"
+#include "agent/fabric/wire.h"
+
+namespace fuselink::fabric {
+namespace {
+
+using verbs::ControlLink;
+using verbs::Nic;
+using verbs::VerbsQp;
+using LinkPtr = std::shared_ptr<ControlLink>;
+
+// How long Connect waits for one control connection's TCP handshake.
+constexpr int kControlConnectTimeoutMs = 10'000;
+
+// A registered region: its memory and one MR per NIC. Destroyed (MRs deregistered)
+// when the table and every write reading from it have let go.
+struct VerbsRegion {
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  std::shared_ptr<const void> keepalive;
+  std::vector<verbs::MemoryRegion> mrs;  // [nic]
+};
+
+absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler) {
+  if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
+  FL_RETURN_IF_ERROR(wire::ValidateNodeName(o.node_name));
+  if (o.nics.empty() || o.nics.size() > wire::kMaxNics) {
+    return absl::InvalidArgumentError(absl::StrCat("a fabric needs 1..", wire::kMaxNics, " NICs"));
+  }
+  for (size_t i = 0; i < o.nics.size(); ++i) {
+    if (o.nics[i].nic != static_cast<int>(i)) {
+      return absl::InvalidArgumentError(absl::StrCat("nics[", i, "] names NIC ", o.nics[i].nic));
+    }
+  }
+  auto in = [](uint64_t v, uint64_t lo, uint64_t hi, absl::string_view name) {
+    return v >= lo && v <= hi ? absl::OkStatus()
+                              : absl::InvalidArgumentError(
+                                    absl::StrCat(name, " must be ", lo, "..", hi));
+  };
+  FL_RETURN_IF_ERROR(in(o.qps_per_peer_nic, 1, verbs::wire::kMaxQpsPerHello, "qps_per_peer_nic"));
+  FL_RETURN_IF_ERROR(in(o.wr_depth_per_qp, 1, verbs::kMaxWrDepth, "wr_depth_per_qp"));
+  FL_RETURN_IF_ERROR(in(o.recv_depth_per_qp, 1, verbs::kMaxWrDepth, "recv_depth_per_qp"));
+  FL_RETURN_IF_ERROR(
+      in(o.queue_depth_per_nic, 1, kMaxVerbsQueueDepthPerNic, "queue_depth_per_nic"));
+  FL_RETURN_IF_ERROR(in(o.max_qps_per_nic, o.qps_per_peer_nic, verbs::kMaxQpsPerNic,
+                        "max_qps_per_nic"));
+  FL_RETURN_IF_ERROR(in(o.max_write_bytes, 1, wire::kMaxWriteBytesLimit, "max_write_bytes"));
+  return absl::OkStatus();
+}
+
+class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::LinkHost {
+ public:
+  VerbsFabric(const VerbsFabricOptions& options, Handler& handler,
+              std::vector<SocketAddress> local, std::vector<Endpoint> endpoints)
+      : options_(options), handler_(handler), local_(std::move(local)),
+        endpoints_(std::move(endpoints)) {}
+  ~VerbsFabric() override;
+
+  // Opens NIC i; called for every NIC before Start.
+  absl::Status OpenNic(int index, verbs::NicBinding binding);
+  absl::Status Start(std::vector<UniqueFd> listeners);
+
+  // Fabric.
+  absl::string_view transport() const override { return "verbs"; }
+  int nic_count() const override { return static_cast<int>(endpoints_.size()); }
+  std::vector<Endpoint> endpoints() const override { return endpoints_; }
+  absl::StatusOr<RegionKey> RegisterRegion(void* base, uint64_t bytes,
+                                           std::shared_ptr<const void> keepalive) override;
+  absl::Status DeregisterRegion(RegionKey key) override;
+  absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
+                                 const std::vector<Endpoint>& remote) override;
+  void Disconnect(PeerId peer) override;
+  std::string PeerName(PeerId peer) const override;
+  absl::Status PostWrite(PeerId peer, int nic, const WriteOp& op) override;
+  NicCounters counters(int nic) const override;
+
+  // NicHost.
+  Handler& handler() override { return handler_; }
+  bool RegionHolds(RegionKey key, uint64_t offset, uint32_t bytes) const override;
+  void OnQpCreated(uint64_t link) override;
+  void OnQpClosed(uint64_t link, VerbsQp* qp, const absl::Status& why) override;
+  void OnPortChange(int nic, bool down) override {}
+
+  // LinkHost.
+  absl::StatusOr<PeerId> AttachInbound(uint64_t link, absl::string_view name) override;
+  std::vector<verbs::wire::RegionAdd> StartPushing(uint64_t link) override;
+  void OnLinkFinished(uint64_t link) override;
+
+ private:
+  struct Peer {
+    std::string name;
+    bool retired = false;  // out of peer_by_name_: Disconnect()ed
+    int live_qps = 0;      // attached QPs not yet drained, every NIC, both roles
+    std::vector<LinkPtr> links;
+  };
+  struct LinkEntry {
+    LinkPtr link;
+    PeerId peer = 0;
+    int live_qps = 0;
+    bool finished = false;  // its thread is done, or it never had one
+    bool pushing = false;   // inbound: receives REGION_ADDs
+    bool reaping = false;
+  };
+
+  LinkPtr NewLink(int nic, ControlLink::Role role, UniqueFd fd)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PeerId LivePeer(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AttachLocked(LinkEntry& entry, PeerId peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeReap(uint64_t id, LinkEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnAccepted(int nic, UniqueFd socket);
+  void Reap();
+  bool ReaperHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return reaper_stop_ || !finished_.empty();
+  }
+  bool NoLinks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return links_.empty(); }
+
+  const VerbsFabricOptions options_;
+  Handler& handler_;
+  const std::vector<SocketAddress> local_;
+  const std::vector<Endpoint> endpoints_;
+  // Declared first so that it dies last: regions' MRs and links' QPs live on its PDs.
+  std::vector<std::unique_ptr<Nic>> nics_;
+
+  mutable absl::Mutex regions_mu_;  // taken after mu_ where both are held
+  std::unordered_map<RegionKey, std::shared_ptr<const VerbsRegion>> regions_
+      ABSL_GUARDED_BY(regions_mu_);
+  RegionKey next_region_key_ ABSL_GUARDED_BY(regions_mu_) = 1;
+
+  absl::Mutex connect_mu_;  // one Connect at a time; taken before mu_
+  mutable absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_link_id_ ABSL_GUARDED_BY(mu_) = 1;
+  PeerId next_peer_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<PeerId, Peer> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, PeerId, std::less<>> peer_by_name_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, LinkEntry> links_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+
+  std::thread reaper_;
+  std::unique_ptr<Acceptor> acceptor_;
+};
+
+absl::Status VerbsFabric::OpenNic(int index, verbs::NicBinding binding) {
+  verbs::NicSizing sizing{.max_qps = options_.max_qps_per_nic,
+                          .send_depth_per_qp = options_.wr_depth_per_qp,
+                          .recv_depth_per_qp = options_.recv_depth_per_qp,
+                          .queue_depth = static_cast<uint32_t>(options_.queue_depth_per_nic),
+                          .max_write_bytes = options_.max_write_bytes};
+  FL_ASSIGN_OR_RETURN(std::unique_ptr<Nic> nic,
+                      Nic::Open(index, std::move(binding), sizing, options_.rc, *this));
+  nics_.push_back(std::move(nic));
+  return absl::OkStatus();
+}
+
+absl::Status VerbsFabric::Start(std::vector<UniqueFd> listeners) {
+  reaper_ = std::thread(&VerbsFabric::Reap, this);
+  FL_ASSIGN_OR_RETURN(acceptor_, Acceptor::Start(std::move(listeners),
+                                                 [this](int nic, UniqueFd socket) {
+                                                   OnAccepted(nic, std::move(socket));
+                                                 }));
+  return absl::OkStatus();
+}
+
+VerbsFabric::~VerbsFabric() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+  }
+  acceptor_.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, entry] : links_) {
+      entry.link->Close(absl::CancelledError("fabric shutting down"));
+    }
+  }
+  // Two-phase: every QP is in ERR now; the pollers complete the flushed writes, destroy
+  // the QPs and report lost peers. Then the links go, then the regions, then the NICs.
+  for (auto& nic : nics_) {
+    nic->CloseAll(absl::CancelledError("fabric shutting down"));
+    nic->WaitUntilNoQps();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &VerbsFabric::NoLinks));
+    reaper_stop_ = true;
+  }
+  if (reaper_.joinable()) reaper_.join();
+  {
+    absl::MutexLock lock(&regions_mu_);
+    regions_.clear();
+  }
+  nics_.clear();
+}
+
+LinkPtr VerbsFabric::NewLink(int nic, ControlLink::Role role, UniqueFd fd) {
+  const uint64_t id = next_link_id_++;
+  auto link = std::make_shared<ControlLink>(*this, *nics_[nic], id, role, std::move(fd));
+  links_.emplace(id, LinkEntry{.link = link, .finished = role == ControlLink::Role::kOutbound});
+  return link;
+}
+
+PeerId VerbsFabric::LivePeer(absl::string_view name) {
+  if (auto it = peer_by_name_.find(name); it != peer_by_name_.end()) return it->second;
+  const PeerId id = next_peer_id_++;
+  peers_.emplace(id, Peer{.name = std::string(name), .links = {}});
+  peer_by_name_.emplace(std::string(name), id);
+  return id;
+}
+
+void VerbsFabric::AttachLocked(LinkEntry& entry, PeerId peer_id) {
+  Peer& peer = peers_.at(peer_id);
+  entry.peer = peer_id;
+  peer.live_qps += entry.live_qps;
+  peer.links.push_back(entry.link);
+  for (VerbsQp* qp : entry.link->qps()) {
+    if (qp != nullptr) entry.link->nic().Activate(qp, peer_id);
+  }
+}
+
+absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
+                                            const std::vector<Endpoint>& remote) {
+  FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
+  if (remote.size() != endpoints_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer has ", remote.size(), " endpoints, this node ", endpoints_.size(), " NICs"));
+  }
+  for (size_t nic = 0; nic < remote.size(); ++nic) {
+    if (remote[nic].nic != static_cast<int>(nic)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote[", nic, "] names NIC ", remote[nic].nic));
+    }
+  }
+  absl::MutexLock connect_lock(&connect_mu_);
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (auto it = peer_by_name_.find(peer_name); it != peer_by_name_.end()) {
+      for (const LinkPtr& link : peers_.at(it->second).links) {
+        if (link->role() == ControlLink::Role::kOutbound) return it->second;
+      }
+    }
+  }
+  std::vector<LinkPtr> made;
+  // Partial set-up across NICs rolls back: closing a link tears its QPs down (ERR,
+  // flush, destroy on the poller) and the reaper drops it once they are gone.
+  absl::Status failure = absl::UnavailableError("connect abandoned");
+  absl::Cleanup rollback = [&] {
+    for (const LinkPtr& link : made) link->Close(failure);
+  };
+  for (size_t nic = 0; nic < remote.size(); ++nic) {
+    const std::string context =
+        absl::StrCat("Connect to '", peer_name, "': NIC ", nic, " (", endpoints_[nic].address,
+                     " -> ", remote[nic].address, ":", remote[nic].port, ")");
+    absl::StatusOr<SocketAddress> target = ParseSocketAddress(remote[nic].address, remote[nic].port);
+    absl::StatusOr<UniqueFd> socket =
+        target.ok() ? ConnectFrom(local_[nic], *target, kControlConnectTimeoutMs)
+                    : absl::StatusOr<UniqueFd>(target.status());
+    if (!socket.ok()) return failure = WithContext(socket.status(), context);
+    LinkPtr link;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutting_down_) return failure = absl::FailedPreconditionError("fabric shutting down");
+      if (links_.size() >= kMaxVerbsLinks) {
+        return failure = absl::ResourceExhaustedError(
+                   absl::StrCat("already ", links_.size(), " control connections"));
+      }
+      link = NewLink(static_cast<int>(nic), ControlLink::Role::kOutbound, *std::move(socket));
+    }
+    made.push_back(link);
+    absl::Status shaken =
+        link->Handshake(options_.node_name, static_cast<uint32_t>(options_.qps_per_peer_nic));
+    if (!shaken.ok()) return failure = WithContext(shaken, context);
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return failure = absl::FailedPreconditionError("fabric shutting down");
+  const PeerId id = LivePeer(peer_name);
+  for (const LinkPtr& link : made) {
+    LinkEntry& entry = links_.at(link->id());
+    AttachLocked(entry, id);
+    entry.finished = false;
+    link->Start();
+  }
+  std::move(rollback).Cancel();
+  return id;
+}
+
+void VerbsFabric::Disconnect(PeerId peer) {
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return;
+  if (!it->second.retired) {
+    it->second.retired = true;
+    peer_by_name_.erase(it->second.name);
+  }
+  for (const LinkPtr& link : it->second.links) {
+    link->Close(absl::CancelledError("disconnected locally"));
+  }
+}
+
+std::string VerbsFabric::PeerName(PeerId peer) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = peers_.find(peer);
+  return it == peers_.end() ? std::string() : it->second.name;
+}
+
+absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
+  if (nic < 0 || nic >= nic_count()) {
+    return absl::InvalidArgumentError(absl::StrCat("no NIC ", nic));
+  }
+  if (op.bytes > options_.max_write_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "write of ", op.bytes, " bytes > max_write_bytes ", options_.max_write_bytes));
+  }
+  verbs::WriteSource source;
+  if (op.bytes > 0) {
+    absl::ReaderMutexLock lock(&regions_mu_);
+    auto it = regions_.find(op.local_key);
+    if (it == regions_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("local extent: no region ", op.local_key));
+    }
+    const VerbsRegion& region = *it->second;
+    if (!ExtentFits(op.local_offset, op.bytes, region.bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local extent: [", op.local_offset, ", +", op.bytes, ") outside region ",
+          op.local_key, " of ", region.bytes, " bytes"));
+    }
+    source = {.address = reinterpret_cast<uint64_t>(region.base + op.local_offset),
+              .lkey = region.mrs[nic]->lkey,
+              .hold = it->second};
+  }
+  // Held across the post: a QP is freed only after OnQpClosed, which takes mu_.
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || it->second.retired) {
+    return absl::UnavailableError(absl::StrCat("peer ", peer, " is not connected"));
+  }
+  for (const LinkPtr& link : it->second.links) {
+    if (link->role() != ControlLink::Role::kOutbound || link->nic().index() != nic) continue;
+    VerbsQp* qp = link->NextQp();
+    if (qp == nullptr) continue;
+    verbs::WriteTarget target;
+    if (op.bytes > 0) {
+      std::optional<verbs::RemoteRegion> remote = link->FindRemote(op.remote_key);
+      if (!remote.has_value()) {
+        return absl::NotFoundError(absl::StrCat("peer '", it->second.name,
+                                                "' has no region ", op.remote_key,
+                                                " on NIC ", nic));
+      }
+      target = {.address = remote->address, .rkey = remote->rkey};
+    }
+    return link->nic().Post(qp, op, std::move(source), target);
+  }
+  return absl::UnavailableError(
+      absl::StrCat("peer '", it->second.name, "' is not connected on NIC ", nic));
+}
+
+NicCounters VerbsFabric::counters(int nic) const {
+  if (nic < 0 || nic >= nic_count()) return {};
+  return NicCounters{.transmitted_bytes = nics_[nic]->transmitted_bytes(),
+                     .received_bytes = nics_[nic]->received_bytes(),
+                     .malformed_frames = nics_[nic]->malformed()};
+}
+
+absl::StatusOr<RegionKey> VerbsFabric::RegisterRegion(void* base, uint64_t bytes,
+                                                      std::shared_ptr<const void> keepalive) {
+  if (base == nullptr || bytes == 0) {
+    return absl::InvalidArgumentError("a region needs memory and a size");
+  }
+  auto region = std::make_shared<VerbsRegion>();
+  region->base = static_cast<uint8_t*>(base);
+  region->bytes = bytes;
+  region->keepalive = std::move(keepalive);
+  for (const auto& nic : nics_) {
+    absl::StatusOr<verbs::MemoryRegion> mr = verbs::RegisterMr(
+        nic->pd(), base, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!mr.ok()) {  // the MRs made so far go with `region`
+      return WithContext(mr.status(), absl::StrCat("register ", bytes, " bytes on NIC ",
+                                                   nic->index(), " (",
+                                                   nic->binding().port.device, ")"));
+    }
+    region->mrs.push_back(*std::move(mr));
+  }
+  RegionKey key = 0;
+  std::vector<std::pair<LinkPtr, verbs::wire::RegionAdd>> pushes;
+  {
+    absl::MutexLock lock(&mu_);
+    {
+      absl::MutexLock regions_lock(&regions_mu_);
+      if (regions_.size() >= kMaxRegions || next_region_key_ == 0) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("already ", regions_.size(), " regions registered"));
+      }
+      key = next_region_key_++;
+      regions_.emplace(key, region);
+    }
+    for (auto& [id, entry] : links_) {
+      if (!entry.pushing) continue;
+      const int nic = entry.link->nic().index();
+      pushes.push_back({entry.link, {.key = key,
+                                     .rkey = region->mrs[nic]->rkey,
+                                     .address = reinterpret_cast<uint64_t>(base),
+                                     .bytes = bytes}});
+    }
+  }
+  // Every connected source knows the region before its key can be handed out.
+  for (auto& [link, add] : pushes) {
+    if (absl::Status pushed = link->PushAdd(add); !pushed.ok()) link->Close(pushed);
+  }
+  return key;
+}
+
+absl::Status VerbsFabric::DeregisterRegion(RegionKey key) {
+  std::vector<LinkPtr> pushes;
+  {
+    absl::MutexLock lock(&mu_);
+    {
+      absl::MutexLock regions_lock(&regions_mu_);
+      if (regions_.erase(key) == 0) {
+        return absl::NotFoundError(absl::StrCat("no region ", key));
+      }
+    }
+    for (auto& [id, entry] : links_) {
+      if (entry.pushing) pushes.push_back(entry.link);
+    }
+  }
+  for (const LinkPtr& link : pushes) link->PushRemove(key);
+  return absl::OkStatus();
+}
+
+bool VerbsFabric::RegionHolds(RegionKey key, uint64_t offset, uint32_t bytes) const {
+  absl::ReaderMutexLock lock(&regions_mu_);
+  auto it = regions_.find(key);
+  return it != regions_.end() && ExtentFits(offset, bytes, it->second->bytes);
+}
+
+void VerbsFabric::OnQpCreated(uint64_t link) {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(link);
+  if (it == links_.end()) return;
+  ++it->second.live_qps;
+  if (it->second.peer != 0) ++peers_.at(it->second.peer).live_qps;
+}
+
+void VerbsFabric::OnQpClosed(uint64_t link_id, VerbsQp* qp, const absl::Status& why) {
+  std::optional<PeerId> lost;
+  std::string lost_name;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(link_id);
+    if (it == links_.end()) return;
+    LinkEntry& entry = it->second;
+    entry.link->Forget(qp);
+    if (--entry.live_qps == 0) entry.link->Close(why);
+    if (entry.peer != 0) {
+      auto peer = peers_.find(entry.peer);
+      if (--peer->second.live_qps == 0) {
+        if (!peer->second.retired) peer_by_name_.erase(peer->second.name);
+        lost_name = peer->second.name;
+        peers_.erase(peer);
+        lost = entry.peer;
+      }
+    }
+    MaybeReap(link_id, entry);
+  }
+  if (lost.has_value()) {
+    handler_.OnPeerLost(*lost, lost_name,
+                        why.code() == absl::StatusCode::kCancelled
+                                   ? why
+                                   : absl::UnavailableError(
+                                         absl::StrCat("peer lost: ", why.message())));
+  }
+}
+
+absl::StatusOr<PeerId> VerbsFabric::AttachInbound(uint64_t link, absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("fabric shutting down");
+  auto it = links_.find(link);
+  if (it == links_.end()) return absl::InternalError("unknown link");
+  const PeerId id = LivePeer(name);
+  AttachLocked(it->second, id);
+  return id;
+}
+
+std::vector<verbs::wire::RegionAdd> VerbsFabric::StartPushing(uint64_t link) {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(link);
+  if (it == links_.end()) return {};
+  it->second.pushing = true;
+  const int nic = it->second.link->nic().index();
+  std::vector<verbs::wire::RegionAdd> table;
+  absl::ReaderMutexLock regions_lock(&regions_mu_);
+  for (const auto& [key, region] : regions_) {
+    table.push_back({.key = key,
+                     .rkey = region->mrs[nic]->rkey,
+                     .address = reinterpret_cast<uint64_t>(region->base),
+                     .bytes = region->bytes});
+  }
+  return table;
+}
+
+void VerbsFabric::OnLinkFinished(uint64_t link) {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(link);
+  if (it == links_.end()) return;
+  it->second.finished = true;
+  it->second.pushing = false;
+  MaybeReap(link, it->second);
+}
+
+void VerbsFabric::MaybeReap(uint64_t id, LinkEntry& entry) {
+  if (entry.finished && entry.live_qps == 0 && !entry.reaping) {
+    entry.reaping = true;
+    finished_.push_back(id);
+  }
+}
+
+void VerbsFabric::OnAccepted(int nic, UniqueFd socket) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_ || links_.size() >= kMaxVerbsLinks) return;  // drops the client
+  NewLink(nic, ControlLink::Role::kInbound, std::move(socket))->Start();
+}
+
+void VerbsFabric::Reap() {
+  while (true) {
+    LinkPtr link;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &VerbsFabric::ReaperHasWork));
+      if (finished_.empty()) return;  // reaper_stop_
+      const uint64_t id = finished_.front();
+      finished_.pop_front();
+      auto it = links_.find(id);
+      link = std::move(it->second.link);
+      links_.erase(it);
+      for (auto& [peer_id, peer] : peers_) std::erase(peer.links, link);
+    }
+    link->Close(absl::CancelledError("reaped"));
+    link->Join();
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(const VerbsFabricOptions& options,
+                                                          Handler* handler) {
+  FL_RETURN_IF_ERROR(ValidateOptions(options, handler));
+  std::vector<UniqueFd> listeners;
+  std::vector<SocketAddress> local;
+  std::vector<Endpoint> endpoints;
+  std::vector<verbs::NicBinding> bindings;
+  for (const Endpoint& nic : options.nics) {
+    const std::string context = absl::StrCat("NIC ", nic.nic, " (", nic.address, ")");
+    absl::StatusOr<verbs::NicBinding> binding = verbs::BindAddress(nic.address);
+    if (!binding.ok()) return WithContext(binding.status(), context);
+    bindings.push_back(*std::move(binding));
+    absl::StatusOr<SocketAddress> address = ParseSocketAddress(nic.address, nic.port);
+    if (!address.ok()) return WithContext(address.status(), context);
+    absl::StatusOr<UniqueFd> listener = Listen(*address);
+    if (!listener.ok()) return WithContext(listener.status(), context);
+    FL_ASSIGN_OR_RETURN(SocketAddress bound, LocalAddress(listener->get()));
+    endpoints.push_back(Endpoint{.nic = nic.nic, .address = nic.address, .port = bound.port()});
+    FL_ASSIGN_OR_RETURN(SocketAddress outbound, ParseSocketAddress(nic.address, 0));
+    local.push_back(outbound);
+    listeners.push_back(*std::move(listener));
+  }
+  auto fabric = std::make_unique<VerbsFabric>(options, *handler, std::move(local),
+                                              std::move(endpoints));
+  for (size_t i = 0; i < bindings.size(); ++i) {
+    FL_RETURN_IF_ERROR(fabric->OpenNic(static_cast<int>(i), std::move(bindings[i])));
+  }
+  FL_RETURN_IF_ERROR(fabric->Start(std::move(listeners)));
+  return fabric;
+}
+
+}  // namespace fuselink::fabric

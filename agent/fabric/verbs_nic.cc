@@ -1,0 +1,506 @@
+#include "agent/fabric/verbs_nic.h"
+
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+#include "agent/fabric/socket.h"
+
+namespace fuselink::fabric::verbs {
+namespace {
+
+uint32_t RandomPsn() {
+  static thread_local std::mt19937 random(std::random_device{}());
+  return random() & 0xFFFFFF;
+}
+
+}  // namespace
+
+// One RC QP and its send ring. Owned by its Nic's table; the fabric refers to it by
+// pointer while it is in the table (until OnQpClosed).
+class VerbsQp {
+ public:
+  enum class State { kInit, kActive, kClosing };
+  struct SendSlot {
+    uint64_t user_wr_id = 0;
+    uint32_t bytes = 0;
+    bool reported = false;
+    std::shared_ptr<const void> hold;  // the source region, until the write completes
+  };
+
+  VerbsQp(uint32_t index, uint32_t generation, uint64_t link, QueuePair qp,
+          uint32_t send_depth)
+      : index(index), generation(generation), link(link), qp(std::move(qp)) {
+    ring.resize(send_depth);
+  }
+
+  const uint32_t index;
+  const uint32_t generation;
+  const uint64_t link;
+  QueuePair qp;
+  const uint32_t local_psn = RandomPsn();
+
+  absl::Mutex mu;
+  State state ABSL_GUARDED_BY(mu) = State::kInit;
+  PeerId peer ABSL_GUARDED_BY(mu) = 0;
+  absl::Status close_reason ABSL_GUARDED_BY(mu);
+  // The provider cannot flush (ToError failed): the poller fails what is left.
+  bool force_drain ABSL_GUARDED_BY(mu) = false;
+  bool finalized ABSL_GUARDED_BY(mu) = false;
+  // [head, tail) are posted and not yet completed; slot = index % ring.size().
+  std::vector<SendSlot> ring ABSL_GUARDED_BY(mu);
+  uint64_t head ABSL_GUARDED_BY(mu) = 0;
+  uint64_t tail ABSL_GUARDED_BY(mu) = 0;
+  uint32_t posted_recvs ABSL_GUARDED_BY(mu) = 0;
+};
+
+namespace {
+
+absl::Status WcStatus(const ibv_wc& wc, const absl::Status& close_reason) {
+  const std::string what =
+      absl::StrCat(ibv_wc_status_str(wc.status), " (vendor_err ", wc.vendor_err, ")");
+  switch (wc.status) {
+    case IBV_WC_SUCCESS:
+      return absl::OkStatus();
+    case IBV_WC_WR_FLUSH_ERR:
+      return absl::UnavailableError(absl::StrCat(
+          "flushed, QP closed: ", close_reason.ok() ? what : close_reason.message()));
+    case IBV_WC_REM_ACCESS_ERR:
+      // The target's NIC refused the rkey or the extent: outside the region, or the
+      // region was deregistered.
+      return absl::OutOfRangeError(absl::StrCat("remote access error: ", what));
+    case IBV_WC_LOC_LEN_ERR:
+    case IBV_WC_LOC_PROT_ERR:
+      return absl::InternalError(absl::StrCat("local error: ", what));
+    default:  // retry exceeded, RNR, fatal: the path or the peer is gone. rxe reports
+              // a netdev that cannot transmit (link down) as IBV_WC_LOC_QP_OP_ERR.
+      return absl::UnavailableError(what);
+  }
+}
+
+}  // namespace
+
+Nic::Nic(int index, NicBinding binding, const NicSizing& sizing, const RcParams& rc,
+         NicHost& host)
+    : index_(index), binding_(std::move(binding)), sizing_(sizing), rc_(rc), host_(host) {}
+
+absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(int index, NicBinding binding,
+                                               const NicSizing& sizing, const RcParams& rc,
+                                               NicHost& host) {
+  const std::string context =
+      absl::StrCat("NIC ", index, " (", binding.port.device, " port ", binding.port.port,
+                   ", GID index ", binding.gid_index, ")");
+  auto fail = [&](const absl::Status& status) { return WithContext(status, context); };
+  const uint64_t cq_entries = 2ull * sizing.queue_depth +
+                              uint64_t{sizing.max_qps} * sizing.recv_depth_per_qp;
+  if (cq_entries > static_cast<uint64_t>(binding.port.max_cqe)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "a CQ of ", cq_entries, " entries exceeds max_cqe ", binding.port.max_cqe)));
+  }
+  if (2 * sizing.send_depth_per_qp > static_cast<uint32_t>(binding.port.max_qp_wr) ||
+      sizing.recv_depth_per_qp > static_cast<uint32_t>(binding.port.max_qp_wr)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("QP depths exceed max_qp_wr ", binding.port.max_qp_wr)));
+  }
+  std::unique_ptr<Nic> nic(new Nic(index, std::move(binding), sizing, rc, host));
+  absl::StatusOr<DeviceList> list = DeviceList::Get();
+  if (!list.ok()) return fail(list.status());
+  for (ibv_device* device : list->devices()) {
+    if (nic->binding_.port.device != ibv_get_device_name(device)) continue;
+    absl::StatusOr<Context> opened = OpenDevice(device);
+    if (!opened.ok()) return fail(opened.status());
+    nic->context_ = *std::move(opened);
+  }
+  if (!nic->context_) return fail(absl::NotFoundError("the device is gone"));
+  if (absl::Status s = MakeAsyncFdNonBlocking(nic->context_.get()); !s.ok()) return fail(s);
+  absl::StatusOr<ProtectionDomain> pd = AllocPd(nic->context_.get());
+  if (!pd.ok()) return fail(pd.status());
+  nic->pd_ = *std::move(pd);
+  absl::StatusOr<CompletionQueue> cq =
+      CreateCq(nic->context_.get(), static_cast<int>(cq_entries));
+  if (!cq.ok()) return fail(cq.status());
+  nic->cq_ = *std::move(cq);
+  nic->recv_arena_.resize(size_t{sizing.max_qps} * sizing.recv_depth_per_qp *
+                          sizeof(Descriptor));
+  absl::StatusOr<MemoryRegion> mr =
+      RegisterMr(nic->pd_.get(), nic->recv_arena_.data(), nic->recv_arena_.size(),
+                 IBV_ACCESS_LOCAL_WRITE);
+  if (!mr.ok()) return fail(mr.status());
+  nic->recv_mr_ = *std::move(mr);
+  {
+    absl::MutexLock lock(&nic->table_mu_);
+    nic->owned_.resize(sizing.max_qps);
+    nic->generations_.assign(sizing.max_qps, 0);
+  }
+  nic->slots_ = std::make_unique<std::atomic<VerbsQp*>[]>(sizing.max_qps);
+  for (uint32_t i = 0; i < sizing.max_qps; ++i) nic->slots_[i].store(nullptr);
+  nic->poller_ = std::thread(&Nic::Poll, nic.get());
+  return nic;
+}
+
+Nic::~Nic() {
+  stop_.store(true);
+  if (poller_.joinable()) poller_.join();
+  // The table is empty (WaitUntilNoQps); the MR, CQ, PD and context go in member order.
+}
+
+absl::StatusOr<VerbsQp*> Nic::CreateQp(uint64_t link) {
+  VerbsQp* raw = nullptr;
+  {
+    absl::MutexLock lock(&table_mu_);
+    uint32_t index = 0;
+    while (index < sizing_.max_qps && owned_[index] != nullptr) ++index;
+    if (index == sizing_.max_qps) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("NIC ", index_, " already has ", sizing_.max_qps, " QPs"));
+    }
+    FL_ASSIGN_OR_RETURN(
+        QueuePair qp,
+        QueuePair::Create(pd_.get(), cq_.get(),
+                          {.send_wrs = 2 * sizing_.send_depth_per_qp,
+                           .recv_wrs = sizing_.recv_depth_per_qp,
+                           .inline_bytes = sizeof(Descriptor)}));
+    FL_RETURN_IF_ERROR(qp.ToInit(rc_));
+    auto owned = std::make_unique<VerbsQp>(index, generations_[index], link,
+                                           std::move(qp), sizing_.send_depth_per_qp);
+    raw = owned.get();
+    // Published before the first receive is posted, so every CQE finds its QP.
+    owned_[index] = std::move(owned);
+    slots_[index].store(raw, std::memory_order_release);
+    ++live_qps_;
+  }
+  host_.OnQpCreated(link);
+  absl::Status posted;
+  {
+    absl::MutexLock qp_lock(&raw->mu);
+    for (uint32_t slot = 0; slot < sizing_.recv_depth_per_qp && posted.ok(); ++slot) {
+      posted = PostRecvSlot(*raw, slot);
+    }
+  }
+  if (!posted.ok()) {
+    CloseQp(raw, posted);  // the ordinary teardown: ERR, flush, destroy
+    return posted;
+  }
+  return raw;
+}
+
+uint32_t Nic::qpn(const VerbsQp* qp) const { return qp->qp.qpn(); }
+uint32_t Nic::psn(const VerbsQp* qp) const { return qp->local_psn; }
+
+void Nic::Activate(VerbsQp* qp, PeerId peer) {
+  absl::MutexLock lock(&qp->mu);
+  if (qp->state != VerbsQp::State::kInit) return;
+  qp->state = VerbsQp::State::kActive;
+  qp->peer = peer;
+}
+
+bool Nic::active(VerbsQp* qp) const {
+  absl::MutexLock lock(&qp->mu);
+  return qp->state == VerbsQp::State::kActive;
+}
+
+absl::Status Nic::PostRecvSlot(VerbsQp& qp, uint32_t slot) {
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uintptr_t>(recv_arena_.data()) +
+             (size_t{qp.index} * sizing_.recv_depth_per_qp + slot) * sizeof(Descriptor);
+  sge.length = sizeof(Descriptor);
+  sge.lkey = recv_mr_->lkey;
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id::Encode(
+      {.slot = slot, .qp = qp.index, .generation = qp.generation, .recv = true});
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  FL_RETURN_IF_ERROR(PostRecv(qp.qp.get(), &wr));
+  ++qp.posted_recvs;
+  return absl::OkStatus();
+}
+
+absl::Status Nic::ConnectQp(VerbsQp* qp, const RemoteQp& remote) {
+  RemoteQp path = remote;
+  path.mtu = std::min(remote.mtu, mtu());
+  RcParams rc = rc_;
+  rc.gid_index = static_cast<uint8_t>(binding_.gid_index);
+  rc.port = binding_.port.port;
+  FL_RETURN_IF_ERROR(qp->qp.ToRtr(rc, path));
+  return qp->qp.ToRts(rc, qp->local_psn);
+}
+
+void Nic::CloseQp(VerbsQp* qp, const absl::Status& why) {
+  absl::MutexLock lock(&qp->mu);
+  if (qp->state == VerbsQp::State::kClosing) return;
+  qp->state = VerbsQp::State::kClosing;
+  qp->close_reason = why;
+  if (absl::Status error = qp->qp.ToError(); !error.ok()) qp->force_drain = true;
+  closing_.fetch_add(1);
+}
+
+void Nic::CloseAll(const absl::Status& why) {
+  std::vector<VerbsQp*> all;
+  {
+    absl::MutexLock lock(&table_mu_);
+    for (const auto& qp : owned_) {
+      if (qp != nullptr) all.push_back(qp.get());
+    }
+  }
+  for (VerbsQp* qp : all) CloseQp(qp, why);
+}
+
+void Nic::WaitUntilNoQps() {
+  absl::MutexLock lock(&table_mu_);
+  table_mu_.Await(absl::Condition(this, &Nic::NoQps));
+}
+
+absl::Status Nic::Post(VerbsQp* qp, const WriteOp& op, WriteSource source,
+                       WriteTarget target) {
+  uint32_t used = send_quota_used_.load(std::memory_order_relaxed);
+  do {
+    if (used >= sizing_.queue_depth) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "NIC ", index_, " has ", sizing_.queue_depth, " writes outstanding"));
+    }
+  } while (!send_quota_used_.compare_exchange_weak(used, used + 1,
+                                                   std::memory_order_acq_rel));
+  absl::MutexLock lock(&qp->mu);
+  absl::Status refused;
+  if (qp->state != VerbsQp::State::kActive) {
+    refused = absl::UnavailableError(absl::StrCat("QP ", qp->qp.qpn(), " on NIC ", index_,
+                                                  " is closed"));
+  } else if (qp->tail - qp->head >= qp->ring.size()) {
+    refused = absl::ResourceExhaustedError(absl::StrCat(
+        "QP ", qp->qp.qpn(), " has ", qp->ring.size(), " writes outstanding"));
+  }
+  if (!refused.ok()) {
+    send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
+    return refused;
+  }
+  const uint32_t slot = static_cast<uint32_t>(qp->tail % qp->ring.size());
+  qp->ring[slot] = VerbsQp::SendSlot{
+      .user_wr_id = op.wr_id, .bytes = op.bytes, .hold = std::move(source.hold)};
+  const Descriptor descriptor{
+      .key = op.remote_key, .bytes = op.bytes, .offset = op.remote_offset};
+  ibv_sge descriptor_sge{};
+  descriptor_sge.addr = reinterpret_cast<uintptr_t>(&descriptor);
+  descriptor_sge.length = sizeof(descriptor);
+  ibv_send_wr send{};
+  send.wr_id = wr_id::Encode({.slot = slot, .qp = qp->index, .generation = qp->generation});
+  send.opcode = IBV_WR_SEND_WITH_IMM;
+  send.imm_data = htonl(op.imm);
+  send.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  send.sg_list = &descriptor_sge;
+  send.num_sge = 1;
+  ibv_sge payload_sge{};
+  ibv_send_wr write{};
+  ibv_send_wr* first = &send;
+  if (op.bytes > 0) {
+    payload_sge.addr = source.address;
+    payload_sge.length = op.bytes;
+    payload_sge.lkey = source.lkey;
+    write.wr_id = wr_id::Encode(
+        {.slot = slot, .qp = qp->index, .generation = qp->generation, .payload = true});
+    write.opcode = IBV_WR_RDMA_WRITE;
+    write.sg_list = &payload_sge;
+    write.num_sge = 1;
+    write.wr.rdma.remote_addr = target.address + op.remote_offset;
+    write.wr.rdma.rkey = target.rkey;
+    write.next = &send;
+    first = &write;
+  }
+  if (absl::Status posted = PostSend(qp->qp.get(), first); !posted.ok()) {
+    qp->ring[slot].hold.reset();
+    send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
+    return WithContext(posted, absl::StrCat("NIC ", index_, " QP ", qp->qp.qpn()));
+  }
+  ++qp->tail;
+  return absl::OkStatus();
+}
+
+void Nic::Poll() {
+  ibv_wc completions[kPollBatch];
+  int idle = 0;
+  int sleep_us = 1;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    absl::StatusOr<int> polled = PollCq(cq_.get(), completions);
+    const int count = polled.ok() ? *polled : 0;
+    for (int i = 0; i < count; ++i) Handle(completions[i]);
+    if (closing_.load(std::memory_order_acquire) > 0) FinalizeDrained();
+    if (count > 0) {
+      idle = 0;
+      sleep_us = 1;
+      continue;
+    }
+    if (++idle < kIdleSpins) continue;
+    DrainAsyncEvents();
+    usleep(sleep_us);
+    sleep_us = std::min(2 * sleep_us, kMaxIdleSleepUs);
+  }
+}
+
+void Nic::Handle(const ibv_wc& wc) {
+  const wr_id::Fields id = wr_id::Decode(wc.wr_id);
+  if (id.qp >= sizing_.max_qps) return;
+  VerbsQp* qp = slots_[id.qp].load(std::memory_order_acquire);
+  if (qp == nullptr || qp->generation != id.generation) return;  // stale: cannot happen
+  if (id.recv) {
+    HandleRecv(*qp, wc, id);
+  } else {
+    HandleSend(*qp, wc, id);
+  }
+}
+
+void Nic::HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
+  std::optional<Completion> done;
+  std::shared_ptr<const void> released;  // dropped outside the lock
+  {
+    absl::MutexLock lock(&qp.mu);
+    VerbsQp::SendSlot& slot = qp.ring[id.slot % qp.ring.size()];
+    if (!slot.reported) {
+      slot.reported = true;
+      done = Completion{.wr_id = slot.user_wr_id,
+                        .nic = index_,
+                        .bytes = slot.bytes,
+                        .status = WcStatus(wc, qp.close_reason)};
+    }
+    if (!id.payload) {  // the SEND: the write's last CQE, in ring order
+      released = std::move(slot.hold);
+      ++qp.head;
+      send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+  if (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_WR_FLUSH_ERR) {
+    CloseQp(&qp, absl::UnavailableError(absl::StrCat(
+                     "QP failed: ", ibv_wc_status_str(wc.status), " on NIC ", index_)));
+  }
+  if (done.has_value()) {
+    if (done->status.ok()) transmitted_bytes_.fetch_add(done->bytes);
+    host_.handler().OnCompletion(*done);
+  }
+}
+
+void Nic::HandleRecv(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
+  PeerId peer = 0;
+  {
+    absl::MutexLock lock(&qp.mu);
+    --qp.posted_recvs;
+    peer = qp.peer;
+  }
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+      CloseQp(&qp, absl::UnavailableError(absl::StrCat(
+                       "receive failed: ", ibv_wc_status_str(wc.status))));
+    }
+    return;
+  }
+  Descriptor descriptor;
+  std::memcpy(&descriptor,
+              recv_arena_.data() +
+                  (size_t{qp.index} * sizing_.recv_depth_per_qp + id.slot) *
+                      sizeof(Descriptor),
+              sizeof(descriptor));
+  // The NIC has bounds-checked the payload against the MR; this checks the
+  // descriptor's claim, as the TCP fabric checks a WRITE header: a bad one closes.
+  const bool well_formed =
+      wc.opcode == IBV_WC_RECV && (wc.wc_flags & IBV_WC_WITH_IMM) != 0 &&
+      wc.byte_len == sizeof(Descriptor) && peer != 0 &&
+      descriptor.bytes <= sizing_.max_write_bytes &&
+      (descriptor.bytes == 0 ||
+       host_.RegionHolds(descriptor.key, descriptor.offset, descriptor.bytes));
+  if (!well_formed) {
+    malformed_.fetch_add(1);
+    CloseQp(&qp, absl::InvalidArgumentError(absl::StrCat(
+                     "malformed arrival on NIC ", index_, ": key ", descriptor.key,
+                     " offset ", descriptor.offset, " bytes ", descriptor.bytes)));
+    return;
+  }
+  received_bytes_.fetch_add(descriptor.bytes);
+  host_.handler().OnArrival(Arrival{.peer = peer,
+                                    .nic = index_,
+                                    .key = descriptor.key,
+                                    .offset = descriptor.offset,
+                                    .bytes = descriptor.bytes,
+                                    .imm = ntohl(wc.imm_data)});
+  absl::Status reposted;
+  {
+    absl::MutexLock lock(&qp.mu);
+    if (qp.state == VerbsQp::State::kClosing) return;
+    reposted = PostRecvSlot(qp, id.slot);
+  }
+  if (!reposted.ok()) CloseQp(&qp, reposted);
+}
+
+void Nic::FinalizeDrained() {
+  for (uint32_t index = 0; index < sizing_.max_qps; ++index) {
+    VerbsQp* qp = slots_[index].load(std::memory_order_acquire);
+    if (qp == nullptr) continue;
+    std::vector<Completion> forced;
+    absl::Status why;
+    {
+      absl::MutexLock lock(&qp->mu);
+      if (qp->state != VerbsQp::State::kClosing || qp->finalized) continue;
+      const bool drained = qp->head == qp->tail && qp->posted_recvs == 0;
+      if (!drained && !qp->force_drain) continue;
+      for (; qp->head != qp->tail; ++qp->head) {  // only when the provider cannot flush
+        VerbsQp::SendSlot& slot = qp->ring[qp->head % qp->ring.size()];
+        send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
+        slot.hold.reset();
+        if (slot.reported) continue;
+        forced.push_back({.wr_id = slot.user_wr_id,
+                          .nic = index_,
+                          .bytes = slot.bytes,
+                          .status = absl::UnavailableError(absl::StrCat(
+                              "QP closed: ", qp->close_reason.message()))});
+      }
+      qp->finalized = true;
+      why = qp->close_reason;
+    }
+    for (const Completion& completion : forced) host_.handler().OnCompletion(completion);
+    (void)qp->qp.Reset();  // destroy; nothing of it is left in the CQ
+    host_.OnQpClosed(qp->link, qp, why);
+    absl::MutexLock lock(&table_mu_);
+    slots_[index].store(nullptr, std::memory_order_release);
+    generations_[index] = (generations_[index] + 1) & wr_id::kGenerationMask;
+    owned_[index].reset();
+    --live_qps_;
+    closing_.fetch_sub(1);
+  }
+}
+
+void Nic::DrainAsyncEvents() {
+  ibv_async_event event{};
+  while (true) {
+    absl::StatusOr<bool> got = TryGetAsyncEvent(context_.get(), &event);
+    if (!got.ok() || !*got) return;
+    switch (event.event_type) {
+      case IBV_EVENT_PORT_ERR:
+        port_down_.store(true);
+        CloseAll(absl::UnavailableError(
+            absl::StrCat("NIC ", index_, " (", binding_.port.device, ") port went down")));
+        host_.OnPortChange(index_, /*down=*/true);
+        break;
+      case IBV_EVENT_PORT_ACTIVE:
+        port_down_.store(false);
+        host_.OnPortChange(index_, /*down=*/false);
+        break;
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+        for (uint32_t i = 0; i < sizing_.max_qps; ++i) {
+          VerbsQp* qp = slots_[i].load();
+          if (qp != nullptr && qp->qp.get() == event.element.qp) {
+            CloseQp(qp, absl::UnavailableError(absl::StrCat(
+                            "QP error event: ", ibv_event_type_str(event.event_type))));
+          }
+        }
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+}  // namespace fuselink::fabric::verbs

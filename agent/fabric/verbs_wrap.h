@@ -1,0 +1,168 @@
+// The thin layer over libibverbs: one RAII type per ibv object, and every ibv_*
+// failure turned into an absl::Status here, once, by VerbsStatus (the call's text and
+// errno). Nothing above this file calls ibv_* functions that can fail.
+//
+// Teardown order is the owner's job and is encoded in member order (QPs -> MRs -> CQs
+// -> PD -> device context): C++ destroys members in reverse declaration order, so an
+// owner declares the context first and its QPs last. Each type's Reset() returns the
+// destroy call's status; its destructor calls Reset() and drops the status (a
+// destructor has nobody to tell; owners that care call Reset() themselves).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace fuselink::fabric::verbs {
+
+// The one place a verbs failure becomes a Status: `call` names the ibv_* call and its
+// object, `err` is the errno it reported (a return value, or errno for the calls that
+// return NULL).
+absl::Status VerbsStatus(absl::string_view call, int err);
+
+// Owns one ibv handle of type T, destroyed by Destroy. Move-only.
+template <typename T, int (*Destroy)(T*)>
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(T* raw) : raw_(raw) {}
+  ~Handle() { (void)Reset(); }
+  Handle(Handle&& other) noexcept : raw_(std::exchange(other.raw_, nullptr)) {}
+  Handle& operator=(Handle&& other) noexcept {
+    if (this != &other) {
+      (void)Reset();
+      raw_ = std::exchange(other.raw_, nullptr);
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+
+  T* get() const { return raw_; }
+  T* operator->() const { return raw_; }
+  explicit operator bool() const { return raw_ != nullptr; }
+  // Destroys the handle now; its status says whether the destroy call succeeded.
+  absl::Status Reset() {
+    T* raw = std::exchange(raw_, nullptr);
+    if (raw == nullptr) return absl::OkStatus();
+    if (int err = Destroy(raw); err != 0) return VerbsStatus(DestroyName(), err);
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr absl::string_view DestroyName() {
+    if constexpr (std::is_same_v<T, ibv_qp>) return "ibv_destroy_qp";
+    if constexpr (std::is_same_v<T, ibv_mr>) return "ibv_dereg_mr";
+    if constexpr (std::is_same_v<T, ibv_cq>) return "ibv_destroy_cq";
+    if constexpr (std::is_same_v<T, ibv_pd>) return "ibv_dealloc_pd";
+    if constexpr (std::is_same_v<T, ibv_context>) return "ibv_close_device";
+    return "ibv_free_device_list";
+  }
+  T* raw_ = nullptr;
+};
+
+int CloseDevice(ibv_context* context);
+int FreeDeviceList(ibv_device** list);
+
+using Context = Handle<ibv_context, &CloseDevice>;
+using ProtectionDomain = Handle<ibv_pd, &ibv_dealloc_pd>;
+using CompletionQueue = Handle<ibv_cq, &ibv_destroy_cq>;
+using MemoryRegion = Handle<ibv_mr, &ibv_dereg_mr>;
+using QueuePairHandle = Handle<ibv_qp, &ibv_destroy_qp>;
+
+// ibv_get_device_list's array, freed on destruction.
+class DeviceList {
+ public:
+  static absl::StatusOr<DeviceList> Get();
+  std::span<ibv_device* const> devices() const { return {list_.get(), count_}; }
+
+ private:
+  DeviceList(ibv_device** list, size_t count) : list_(list), count_(count) {}
+  Handle<ibv_device*, &FreeDeviceList> list_;
+  size_t count_ = 0;
+};
+
+absl::StatusOr<Context> OpenDevice(ibv_device* device);
+absl::StatusOr<ibv_device_attr> QueryDevice(ibv_context* context);
+absl::StatusOr<ibv_port_attr> QueryPort(ibv_context* context, uint8_t port);
+// Every valid GID table entry of the device (all ports).
+absl::StatusOr<size_t> QueryGidTable(ibv_context* context, std::span<ibv_gid_entry> out);
+absl::StatusOr<ProtectionDomain> AllocPd(ibv_context* context);
+absl::StatusOr<CompletionQueue> CreateCq(ibv_context* context, int entries);
+// Host memory; the caller adds which NIC and region to the error.
+absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes, int access);
+// GPU memory would be registered here through a dma-buf fd
+// (cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) +
+// ibv_reg_dmabuf_mr). Not implementable on our machines: the GPU machine has no RDMA
+// device and the RDMA VM has no GPU, so a path here could never run. It answers
+// UNIMPLEMENTED instead of pretending; the GPU memory layer wires it when a machine
+// with both exists.
+absl::StatusOr<MemoryRegion> RegisterDmabufMr(ibv_pd* pd, uint64_t offset, size_t bytes,
+                                              uint64_t iova, int fd, int access);
+
+// The QP attributes RC needs that do not come from the peer; all explicit.
+struct RcParams {
+  uint8_t port = 1;
+  uint8_t gid_index = 0;
+  // Local ACK timeout: 4.096 us * 2^timeout per try (14: ~67 ms).
+  uint8_t timeout = 14;
+  uint8_t retry_cnt = 7;  // transport retries before IBV_WC_RETRY_EXC_ERR
+  uint8_t rnr_retry = 7;  // 7: retry forever on receiver-not-ready
+  uint8_t min_rnr_timer = 12;
+  uint8_t max_rd_atomic = 1;
+};
+
+// What one side of an RC connection tells the other (exchanged out of band).
+struct RemoteQp {
+  uint32_t qpn = 0;
+  uint32_t psn = 0;  // the PSN the remote side sends with first
+  ibv_gid gid{};
+  ibv_mtu mtu = IBV_MTU_1024;
+};
+
+// One RC QP. Transitions are the ibv_modify_qp calls with the attributes each state
+// needs; each failure names the transition.
+class QueuePair {
+ public:
+  struct Caps {
+    uint32_t send_wrs = 0;
+    uint32_t recv_wrs = 0;
+    uint32_t inline_bytes = 0;
+  };
+  static absl::StatusOr<QueuePair> Create(ibv_pd* pd, ibv_cq* cq, const Caps& caps);
+
+  ibv_qp* get() const { return qp_.get(); }
+  uint32_t qpn() const { return qp_->qp_num; }
+  absl::Status ToInit(const RcParams& params);
+  absl::Status ToRtr(const RcParams& params, const RemoteQp& remote);
+  absl::Status ToRts(const RcParams& params, uint32_t local_psn);
+  // Moves to ERR: every posted WR completes with IBV_WC_WR_FLUSH_ERR.
+  absl::Status ToError();
+  absl::Status Reset() { return qp_.Reset(); }
+
+ private:
+  explicit QueuePair(QueuePairHandle qp) : qp_(std::move(qp)) {}
+  QueuePairHandle qp_;
+};
+
+// ibv_post_send / ibv_post_recv; the errno they return, as a Status.
+absl::Status PostSend(ibv_qp* qp, ibv_send_wr* wr);
+absl::Status PostRecv(ibv_qp* qp, ibv_recv_wr* wr);
+// Non-blocking; the number of completions written to `out`.
+absl::StatusOr<int> PollCq(ibv_cq* cq, std::span<ibv_wc> out);
+
+// The async event fd of a context, made non-blocking. GetAsyncEvent answers
+// std::nullopt-like false when no event is pending.
+absl::Status MakeAsyncFdNonBlocking(ibv_context* context);
+// True and `event` filled (and acknowledged) when one was pending.
+absl::StatusOr<bool> TryGetAsyncEvent(ibv_context* context, ibv_async_event* event);
+
+}  // namespace fuselink::fabric::verbs

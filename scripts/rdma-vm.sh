@@ -1,0 +1,191 @@
+#!/bin/bash
+# Runs the rdma-labelled tests for real over Soft-RoCE (the kernel's rdma_rxe) inside a
+# Debian 12 VM, and ib_write_bw on the same rxe link for comparison.
+#
+#   scripts/rdma-vm.sh BUILD_DIR
+#   scripts/rdma-vm.sh --image-only    (builds or finds the cached image, nothing else)
+#
+# The VM image is built once with debootstrap and cached outside the repository in
+# /var/cache/fuselink/rdma-vm/<hash of the image recipe> (override the root with
+# FUSELINK_VM_CACHE). The recipe is everything that goes into the image: suite, mirror,
+# package list, initramfs modules and the boot stub below; the test steps run from a
+# 9p share instead, so editing them does not rebuild the image.
+#
+# The guest boots with -kernel/-initrd from that root, -nic none, -serial stdio. Its
+# boot stub mounts two read-only 9p shares: BUILD_DIR (the test binary) and a control
+# folder holding the test steps this script writes. The steps: modprobe rdma_rxe, one
+# veth pair per rail with accept_local=1, an rxe device on each end, the rdma test
+# binary, then ib_write_bw over rail 0; then power off. The guest prints
+# "FUSELINK-RDMA-RESULT: PASS|FAIL rc=N"; this script exits with N.
+#
+# Exit 77 (ctest SKIP_RETURN_CODE) where it cannot run: no qemu/debootstrap and no way to
+# install them, no network for debootstrap, not root, the test binary not built.
+# FUSELINK_VM_ACCEL=tcg (default; what CI machines have) or kvm.
+set -euo pipefail
+
+skip() { echo "rdma-vm: SKIP: $*"; exit 77; }
+log() { echo "rdma-vm: $*" >&2; }
+
+[ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR|--image-only" >&2; exit 2; }
+test_bin_rel=tests/rdma/rdma_test
+if [ "$1" != --image-only ]; then
+  build_dir=$(realpath "$1")
+  [ -x "$build_dir/$test_bin_rel" ] || skip "$build_dir/$test_bin_rel is not built"
+fi
+[ "$(id -u)" -eq 0 ] || skip "debootstrap, mke2fs -d and qemu's 9p need root"
+
+suite=bookworm
+mirror=http://deb.debian.org/debian
+# The guest's packages: kernel with rdma_rxe, the verbs stack and tools, and the shared
+# libraries the rdma test links besides libibverbs (abseil; libstdc++ is in minbase).
+packages=(linux-image-amd64 initramfs-tools rdma-core ibverbs-providers ibverbs-utils
+  rdmacm-utils perftest iproute2 kmod libabsl20220623)
+initramfs_modules=(virtio_pci virtio_blk ext4 9p 9pnet 9pnet_virtio)
+image_bytes=2G
+
+# The boot stub, baked into the image as /sbin/fuselink-init. Kept small and stable:
+# everything else the guest does lives in the control share's steps.sh.
+read -r -d '' boot_stub <<'STUB' || true
+#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc
+mountpoint -q /sys || mount -t sysfs sys /sys
+mountpoint -q /dev || mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mkdir -p /mnt/build /mnt/ctl
+mount -t 9p -o trans=virtio,version=9p2000.L,ro build /mnt/build
+mount -t 9p -o trans=virtio,version=9p2000.L,ro ctl /mnt/ctl
+sh /mnt/ctl/steps.sh
+echo o > /proc/sysrq-trigger
+sleep 60
+STUB
+
+recipe="v1 $suite $mirror ${packages[*]} | ${initramfs_modules[*]} | $image_bytes | $boot_stub"
+hash=$(printf '%s' "$recipe" | sha256sum | cut -c1-16)
+cache=${FUSELINK_VM_CACHE:-/var/cache/fuselink/rdma-vm}/$hash
+
+install_tools() {
+  local missing=()
+  command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing ${missing[*]}"
+  if ! { apt-get update -q=2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q=2 \
+      --no-install-recommends "${missing[@]}" >/dev/null; }; then
+    skip "cannot install ${missing[*]} (no network or no apt)"
+  fi
+}
+
+build_image() {
+  local work
+  work=$(mktemp -d /var/tmp/fuselink-rdma-vm.XXXXXX)
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" RETURN
+  local root=$work/root
+  local started=$SECONDS
+  log "building the VM image in $cache (once; ~4 min)"
+  if ! debootstrap --variant=minbase --include="$(IFS=,; echo "${packages[*]}")" \
+      "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1; then
+    tail -20 "$work/debootstrap.log" >&2
+    if ! getent hosts "${mirror#http://}" >/dev/null 2>&1; then
+      skip "debootstrap cannot reach $mirror (no network)"
+    fi
+    echo "rdma-vm: debootstrap failed (log above)" >&2
+    exit 1
+  fi
+  printf '%s\n' "${initramfs_modules[@]}" >>"$root/etc/initramfs-tools/modules"
+  chroot "$root" update-initramfs -u -k all >"$work/initramfs.log" 2>&1 ||
+    { cat "$work/initramfs.log" >&2; exit 1; }
+  printf '%s\n' "$boot_stub" >"$root/sbin/fuselink-init"
+  chmod 755 "$root/sbin/fuselink-init"
+  rm -rf "$root/var/cache/apt/archives"/*.deb
+  mkdir -p "$work/out"
+  cp "$(ls "$root"/boot/vmlinuz-* | tail -1)" "$work/out/vmlinuz"
+  cp "$(ls "$root"/boot/initrd.img-* | tail -1)" "$work/out/initrd.img"
+  mke2fs -q -t ext4 -d "$root" "$work/out/root.img" "$image_bytes"
+  mkdir -p "$(dirname "$cache")"
+  rm -rf "$cache.tmp" && mv "$work/out" "$cache.tmp" && mv "$cache.tmp" "$cache"
+  log "image built in $((SECONDS - started)) s"
+}
+
+install_tools
+[ -f "$cache/root.img" ] || build_image
+[ "$1" = --image-only ] && { echo "rdma-vm: image in $cache"; exit 0; }
+
+ctl=$(mktemp -d /var/tmp/fuselink-rdma-ctl.XXXXXX)
+trap 'rm -rf "$ctl"' EXIT
+cat >"$ctl/steps.sh" <<STEPS
+#!/bin/sh
+# Runs inside the guest, from the control share.
+set -u
+echo "guest: kernel \$(uname -r), up \$(cut -d' ' -f1 /proc/uptime) s"
+modprobe rdma_rxe || { echo "FUSELINK-RDMA-RESULT: FAIL rc=1 (no rdma_rxe)"; exit 0; }
+ip link set lo up
+echo 1 >/proc/sys/net/ipv4/conf/all/accept_local
+for rail in 0 1; do
+  a=vA\$rail; b=vB\$rail
+  ip link add \$a type veth peer name \$b
+  ip addr add 10.\$rail.0.1/24 dev \$a
+  ip addr add 10.\$rail.0.2/24 dev \$b
+  for dev in \$a \$b; do
+    echo 1 >/proc/sys/net/ipv4/conf/\$dev/accept_local
+    ip link set \$dev up
+  done
+  rdma link add rxeA\$rail type rxe netdev \$a
+  rdma link add rxeB\$rail type rxe netdev \$b
+done
+sleep 1
+rdma link show
+export FUSELINK_RDMA_RAILS="10.0.0.1,10.0.0.2;10.1.0.1,10.1.0.2"
+export FUSELINK_RDMA_VETHS="vA0,vB0;vA1,vB1"
+cd /tmp
+started=\$(cut -d' ' -f1 /proc/uptime)
+/mnt/build/$test_bin_rel --gtest_color=no
+rc=\$?
+echo "guest: rdma test took \$(echo "\$(cut -d' ' -f1 /proc/uptime) \$started" | awk '{print \$1-\$2}') s"
+# The reference: ib_write_bw on rail 0 (rails are back up: the test restores them).
+gid_index() {
+  for g in /sys/class/infiniband/\$1/ports/1/gids/*; do
+    case "\$(cat \$g)" in *ffff:\$2) basename \$g; return;; esac
+  done
+}
+ia=\$(gid_index rxeA0 0a00:0001); ib=\$(gid_index rxeB0 0a00:0002)
+for size in 65536 1048576; do
+  ib_write_bw -d rxeB0 -x "\$ib" -s \$size -D 5 -F >/tmp/server.log 2>&1 &
+  sleep 2
+  echo "guest: ib_write_bw -d rxeA0 -x \$ia -s \$size -D 5 -F 10.0.0.2"
+  ib_write_bw -d rxeA0 -x "\$ia" -s \$size -D 5 -F 10.0.0.2 2>&1 | tail -4
+  wait
+done
+if [ \$rc -eq 0 ]; then verdict=PASS; else verdict=FAIL; fi
+echo "FUSELINK-RDMA-RESULT: \$verdict rc=\$rc"
+STEPS
+
+accel=${FUSELINK_VM_ACCEL:-tcg}
+case $accel in
+  tcg) accel_args=(-accel tcg,thread=multi) ;;
+  kvm) accel_args=(-accel kvm -cpu host) ;;
+  *) echo "rdma-vm: FUSELINK_VM_ACCEL must be tcg or kvm" >&2; exit 2 ;;
+esac
+log "booting ($accel) with $build_dir shared read-only"
+started=$SECONDS
+console=$ctl/console.log
+set +e
+timeout 840 qemu-system-x86_64 "${accel_args[@]}" -m 2G -smp 2 -nographic -nic none \
+  -no-reboot -serial stdio -monitor none \
+  -kernel "$cache/vmlinuz" -initrd "$cache/initrd.img" \
+  -append "root=/dev/vda rw console=ttyS0 init=/sbin/fuselink-init panic=-1 quiet" \
+  -drive "file=$cache/root.img,format=raw,if=virtio,snapshot=on" \
+  -virtfs "local,path=$build_dir,mount_tag=build,security_model=none,readonly=on" \
+  -virtfs "local,path=$ctl,mount_tag=ctl,security_model=none,readonly=on" \
+  </dev/null 2>&1 | tee "$console"
+qemu_rc=${PIPESTATUS[0]}
+set -e
+log "VM ran $((SECONDS - started)) s (qemu exit $qemu_rc)"
+result=$(grep -ao 'FUSELINK-RDMA-RESULT: [A-Z]* rc=[0-9]*' "$console" | tail -1 || true)
+if [ -z "$result" ]; then
+  echo "rdma-vm: FAIL: the guest printed no result (qemu exit $qemu_rc)"
+  exit 1
+fi
+echo "rdma-vm: $result"
+exit "${result##*rc=}"

@@ -67,6 +67,10 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
     per_nic_value("fuselink_nic_give_back_events_total",
                   "Times the owner returned while its NIC was lent.", MetricType::Counter,
                   [&](int k) { return sched.Stats(k).give_back_events; });
+    per_nic_value("fuselink_nic_failed_writes_total",
+                  "Writes that failed on the NIC; their chunks went again on others.",
+                  MetricType::Counter,
+                  [&](int k) { return sched.Stats(k).failed_chunks; });
     per_nic_value("fuselink_nic_receive_owner_busy",
                   "1 while an incoming transfer targets the NIC's owner GPU.",
                   MetricType::Gauge, [&](int k) { return landing.Stats(k).owner_busy; });

@@ -156,6 +156,16 @@ absl::StatusOr<UniqueFd> Accept(int listener) {
 absl::Status ConfigureDataSocket(int fd) {
   FL_RETURN_IF_ERROR(
       SetOption(fd, IPPROTO_TCP, TCP_NODELAY, 1, "setsockopt(TCP_NODELAY)"));
+  FL_RETURN_IF_ERROR(SetOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, kUnackedTimeoutMs,
+                               "setsockopt(TCP_USER_TIMEOUT)"));
+  FL_RETURN_IF_ERROR(
+      SetOption(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "setsockopt(SO_KEEPALIVE)"));
+  FL_RETURN_IF_ERROR(SetOption(fd, IPPROTO_TCP, TCP_KEEPIDLE, kKeepaliveIdleS,
+                               "setsockopt(TCP_KEEPIDLE)"));
+  FL_RETURN_IF_ERROR(SetOption(fd, IPPROTO_TCP, TCP_KEEPINTVL, kKeepaliveIntervalS,
+                               "setsockopt(TCP_KEEPINTVL)"));
+  FL_RETURN_IF_ERROR(SetOption(fd, IPPROTO_TCP, TCP_KEEPCNT, kKeepaliveProbes,
+                               "setsockopt(TCP_KEEPCNT)"));
   return SetBuffers(fd);
 }
 

@@ -21,6 +21,13 @@ namespace fuselink::fabric {
 // Kernel socket buffer sizes asked for on every fabric socket: large enough to keep
 // a fast link busy with one write in flight per connection.
 inline constexpr int kSocketBufferBytes = 4 << 20;
+// A connection whose sent bytes stay unacknowledged this long is dead (a rail that
+// went down): its writes fail and their chunks move to other NICs, rather than
+// waiting out TCP's default of minutes. Idle connections are probed as often.
+inline constexpr int kUnackedTimeoutMs = 5000;
+inline constexpr int kKeepaliveIdleS = 5;
+inline constexpr int kKeepaliveIntervalS = 1;
+inline constexpr int kKeepaliveProbes = 3;
 // Connections a listener lets the kernel complete before we accept them.
 inline constexpr int kListenBacklog = 128;
 

@@ -45,41 +45,44 @@ bool Scheduler::Reserve(std::atomic<uint32_t>& counter, uint32_t bound,
   return false;
 }
 
-Choice Scheduler::Pick(int direct, uint32_t remote_idle) {
-  switch (policy_) {
-    case Policy::kStatic:
-      nic_[direct].in_flight.fetch_add(1, std::memory_order_relaxed);
+Choice Scheduler::Pick(int direct, uint32_t remote_idle, uint32_t usable) {
+  usable &= (1u << nics_) - 1;
+  if (!(usable >> direct & 1) || policy_ == Policy::kStripe) {
+    // Stripe, or a failover away from a dead direct NIC: any usable NIC will do.
+    Choice c = PickLeastLoaded(usable);
+    if (!c.ok()) return c;
+    c.borrowed = c.nic != direct;
+    if (c.borrowed) {
+      nic_[c.nic].borrowed_in_flight.fetch_add(1, std::memory_order_relaxed);
+    } else {
       nic_[direct].owner_activity.fetch_add(1, std::memory_order_relaxed);
-      return Choice{direct, false};
-    case Policy::kStripe: {
-      Choice c = PickStripe();
-      c.borrowed = c.nic != direct;
-      if (!c.borrowed)
-        nic_[direct].owner_activity.fetch_add(1, std::memory_order_relaxed);
-      if (c.borrowed)
-        nic_[c.nic].borrowed_in_flight.fetch_add(1, std::memory_order_relaxed);
-      return c;
     }
-    case Policy::kFuselink:
-      return PickFuselink(direct, remote_idle);
+    return c;
   }
-  return Choice{};
+  if (policy_ == Policy::kStatic) {
+    nic_[direct].in_flight.fetch_add(1, std::memory_order_relaxed);
+    nic_[direct].owner_activity.fetch_add(1, std::memory_order_relaxed);
+    return Choice{direct, false};
+  }
+  return PickFuselink(direct, remote_idle, usable);
 }
 
-Choice Scheduler::PickStripe() {
+Choice Scheduler::PickLeastLoaded(uint32_t usable) {
   const uint32_t start = rotate_.fetch_add(1, std::memory_order_relaxed) % nics_;
-  int best = static_cast<int>(start);
-  uint32_t best_load = nic_[best].in_flight.load(std::memory_order_relaxed);
-  for (int i = 1; i < nics_; ++i) {
+  int best = -1;
+  uint32_t best_load = UINT32_MAX;
+  for (int i = 0; i < nics_; ++i) {
     const int k = static_cast<int>((start + i) % nics_);
+    if (!(usable >> k & 1)) continue;
     const uint32_t load = nic_[k].in_flight.load(std::memory_order_relaxed);
     if (load < best_load) best = k, best_load = load;
   }
+  if (best < 0) return Choice{};
   nic_[best].in_flight.fetch_add(1, std::memory_order_relaxed);
   return Choice{best, false};
 }
 
-Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle) {
+Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle, uint32_t usable) {
   if (picks_.fetch_add(1, std::memory_order_relaxed) % kStatusEvery == kStatusEvery - 1) {
     Look();
   }
@@ -95,7 +98,7 @@ Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle) {
   for (int i = 0; i < nics_; ++i) {
     const int k = static_cast<int>((start + i) % nics_);
     const Nic& n = nic_[k];
-    if (k == direct || !(remote_idle >> k & 1) ||
+    if (k == direct || !((remote_idle & usable) >> k & 1) ||
         n.busy.load(std::memory_order_acquire) ||
         n.borrowed_in_flight.load(std::memory_order_relaxed) >= limits_.borrow_depth) {
       continue;
@@ -117,9 +120,10 @@ Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle) {
   return Choice{best, true};
 }
 
-int64_t Scheduler::Complete(Choice choice, uint64_t bytes) {
+int64_t Scheduler::Complete(Choice choice, uint64_t bytes, bool failed) {
   Nic& n = nic_[choice.nic];
   n.in_flight.fetch_sub(1, std::memory_order_relaxed);
+  if (failed) n.failed_chunks.fetch_add(1, std::memory_order_relaxed);
   if (!choice.borrowed) {
     n.own_bytes.fetch_add(bytes, std::memory_order_relaxed);
     n.owner_activity.fetch_add(1, std::memory_order_relaxed);
@@ -176,6 +180,7 @@ NicStats Scheduler::Stats(int nic) const {
   s.borrowed_bytes = n.borrowed_bytes.load(std::memory_order_relaxed);
   s.borrow_events = n.borrow_events.load(std::memory_order_relaxed);
   s.give_back_events = n.give_back_events.load(std::memory_order_relaxed);
+  s.failed_chunks = n.failed_chunks.load(std::memory_order_relaxed);
   return s;
 }
 

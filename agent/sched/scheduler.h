@@ -16,6 +16,10 @@
 //    owner waits for at most that many.
 // static: the direct NIC only (NIC binding, as clusters run today).
 // stripe: the least loaded NIC, owners ignored.
+// Every policy keeps to the NICs a transfer can still use (`usable`): a NIC whose
+// writes to that peer failed is left out, and when the direct NIC is the one, the
+// least loaded usable NIC takes the chunk whatever its owner does (a failover is
+// not a borrow to be given back politely).
 //
 // Pick reserves: the chosen NIC's counters are raised before Pick returns, so bounds
 // hold under concurrency; every reservation ends in exactly one Complete.
@@ -34,7 +38,7 @@ namespace fuselink::sched {
 inline constexpr int kMaxNics = 16;
 // Owner states are re-read every this many picks (the paper's value).
 inline constexpr uint32_t kStatusEvery = 8;
-static_assert(kMaxNics <= 32, "NIC masks are 32-bit");
+static_assert(kMaxNics < 32, "NIC masks are 32-bit");
 
 enum class Policy { kStatic, kStripe, kFuselink };
 
@@ -65,6 +69,7 @@ struct NicStats {
   uint64_t borrowed_bytes = 0;      // completed chunks of borrowers
   uint64_t borrow_events = 0;       // borrowing began on an idle NIC
   uint64_t give_back_events = 0;    // the owner returned while it was lent
+  uint64_t failed_chunks = 0;       // writes that failed on this NIC
 };
 
 class Scheduler {
@@ -76,12 +81,12 @@ class Scheduler {
   int nic_count() const { return nics_; }
 
   // A chunk of a transfer whose direct NIC is `direct`; `remote_idle` has bit k set
-  // when the receiver's NIC k is idle.
-  Choice Pick(int direct, uint32_t remote_idle);
-  // The reserved chunk finished (`bytes` landed, or 0 when it failed or was never
-  // posted). Returns, when this ended a give-back, how long the owner waited for
-  // borrowers to leave its NIC, in nanoseconds; else 0.
-  int64_t Complete(Choice choice, uint64_t bytes);
+  // when the receiver's NIC k is idle, `usable` when the transfer may use NIC k.
+  Choice Pick(int direct, uint32_t remote_idle, uint32_t usable = ~0u);
+  // The reserved chunk finished: `bytes` landed (0 if it was never posted), or the
+  // write `failed`. Returns, when this ended a give-back, how long the owner waited
+  // for borrowers to leave its NIC, in nanoseconds; else 0.
+  int64_t Complete(Choice choice, uint64_t bytes, bool failed = false);
 
   // A transfer whose direct NIC is `nic` started or ended: its owner is busy.
   void OwnerStarted(int nic);
@@ -106,7 +111,7 @@ class Scheduler {
     std::atomic<bool> busy{false};
     std::atomic<int64_t> give_back_since_ns{0};  // 0: no give-back under way
     std::atomic<uint64_t> own_bytes{0}, borrowed_bytes{0};
-    std::atomic<uint64_t> borrow_events{0}, give_back_events{0};
+    std::atomic<uint64_t> borrow_events{0}, give_back_events{0}, failed_chunks{0};
   };
 
   // Re-reads every owner's state.
@@ -114,8 +119,9 @@ class Scheduler {
   void SetBusy(Nic& nic, bool busy);
   // Raises `counter` if it is under `bound`; `*before` gets its old value.
   static bool Reserve(std::atomic<uint32_t>& counter, uint32_t bound, uint32_t* before);
-  Choice PickFuselink(int direct, uint32_t remote_idle);
-  Choice PickStripe();
+  Choice PickFuselink(int direct, uint32_t remote_idle, uint32_t usable);
+  // The least loaded NIC of `usable` (rotating among equals), reserved; -1 if none.
+  Choice PickLeastLoaded(uint32_t usable);
 
   const Policy policy_;
   const int nics_;

@@ -21,7 +21,10 @@ struct Engine::Job {
   Prepared target;
   std::vector<Extent> extents;
   std::optional<ChunkCursor> cursor;
-  std::optional<Chunk> held;  // a chunk a full NIC queue refused; posted first
+  std::vector<Chunk> pending;  // refused by a full queue, or failed: posted first
+  uint32_t usable = 0;         // NICs that still reach the target, bit k: NIC k
+  InFlight commit;             // the notice that ends the transfer at the target
+  bool commit_acked = false;
   int direct_nic = 0;
   uint32_t remote_idle = 0;    // the receiver's idle NICs, from its credits
   bool owner_started = false;  // told the scheduler this transfer's owner is busy
@@ -265,6 +268,9 @@ void Engine::Prepare(const JobPtr& job) {
         job->free_slots.push_back(options_.window_chunks - 1 - i);
         job->window[i].job = job.get();
       }
+      job->pending.reserve(options_.window_chunks + 1);  // never grows past it
+      job->usable = (1u << fabric_->nic_count()) - 1;
+      job->commit.job = job.get();
       job->remote_idle = prepared->idle_nic_mask;
       job->accepted = true;
       job->owner_started = true;
@@ -288,14 +294,18 @@ void Engine::PumpLocked(Job& job) {
   Transfer& t = *job.transfer;
   while (t.state_locked() == State::kRunning && !job.free_slots.empty()) {
     Chunk chunk;
-    if (job.held) {
-      chunk = *job.held;
+    if (!job.pending.empty()) {
+      chunk = job.pending.back();
+      job.pending.pop_back();
     } else if (!job.cursor->Next(&chunk)) {
       return;
     }
-    job.held = chunk;  // until it is posted
-    const sched::Choice choice = scheduler_->Pick(job.direct_nic, job.remote_idle);
-    if (!choice.ok()) return Wait(job);
+    const sched::Choice choice =
+        scheduler_->Pick(job.direct_nic, job.remote_idle, job.usable);
+    if (!choice.ok()) {
+      job.pending.push_back(chunk);
+      return Wait(job);
+    }
     const uint32_t index = job.free_slots.back();
     InFlight& f = job.window[index];
     f.chunk = chunk;
@@ -309,6 +319,7 @@ void Engine::PumpLocked(Job& job) {
       f.relay = relay_->Acquire(choice.nic);
       if (!f.relay.valid()) {
         scheduler_->Complete(choice, 0);
+        job.pending.push_back(chunk);
         return Wait(job);
       }
       relay_->Stage(f.relay, job.source.base() + chunk.source_offset, chunk.bytes);
@@ -322,16 +333,44 @@ void Engine::PumpLocked(Job& job) {
     op.wr_id = reinterpret_cast<uint64_t>(&f);
     absl::Status posted = fabric_->PostWrite(job.target.peer, choice.nic, op);
     if (!posted.ok()) {
-      scheduler_->Complete(choice, 0);
+      scheduler_->Complete(choice, 0, !absl::IsResourceExhausted(posted));
       if (f.relay.valid()) relay_->Release(f.relay);
+      job.pending.push_back(chunk);
       if (absl::IsResourceExhausted(posted)) return Wait(job);
-      StopLocked(job, WithReason(posted, "PEER_LOST"));
-      return;
+      if (!NicFailedLocked(job, choice.nic, posted)) return;
+      continue;
     }
-    job.held.reset();
     job.free_slots.pop_back();
     ++job.in_flight;
   }
+}
+
+bool Engine::NicFailedLocked(Job& job, int nic, const absl::Status& why) {
+  job.usable &= ~(1u << nic);
+  if (job.usable != 0) return true;  // its chunks go to the other NICs
+  StopLocked(job, WithReason(absl::UnavailableError(absl::StrCat(
+                                 "every NIC to ", job.transfer->request().target().node(),
+                                 " failed; last: ", why.message())),
+                             "PEER_LOST"));
+  return false;
+}
+
+bool Engine::PostNoticeLocked(Job& job, ImmOp op, InFlight* tracked) {
+  fabric::WriteOp notice;
+  notice.imm = EncodeImm(SlotId::Unpack(job.target.slot), op);
+  notice.remote_key = job.target.region_key;
+  notice.wr_id = reinterpret_cast<uint64_t>(tracked);
+  for (int i = 0; i < fabric_->nic_count(); ++i) {
+    const int nic = (job.direct_nic + i) % fabric_->nic_count();
+    if (!(job.usable >> nic & 1)) continue;
+    absl::Status posted = fabric_->PostWrite(job.target.peer, nic, notice);
+    if (posted.ok()) {
+      if (tracked != nullptr) tracked->choice.nic = nic;
+      return true;
+    }
+    if (!absl::IsUnavailable(posted) || !NicFailedLocked(job, nic, posted)) return false;
+  }
+  return false;
 }
 
 void Engine::Wait(Job& job) {
@@ -384,18 +423,27 @@ void Engine::StopLocked(Job& job, absl::Status why) {
 bool Engine::MaybeFinishLocked(Job& job) {
   Transfer& t = *job.transfer;
   if (job.finished || job.in_flight > 0) return false;
+  if (t.state_locked() == State::kRunning && t.all_done_locked() && job.accepted &&
+      !job.commit_acked) {
+    // Every byte is placed: tell the target, which then tells its watchers. The
+    // transfer completes when the target has the notice.
+    if (PostNoticeLocked(job, ImmOp::kCommit, &job.commit)) {
+      ++job.in_flight;
+      return false;
+    }
+    StopLocked(job, WithReason(absl::UnavailableError("cannot reach the target to "
+                                                      "commit the transfer"),
+                               "PEER_LOST"));
+  }
   State s = t.state_locked();
-  if (s == State::kRunning && t.all_done_locked() && job.accepted) {
+  if (s == State::kRunning && job.commit_acked) {
     t.SetState(State::kCompleted, absl::OkStatus());
   } else if (s == State::kStopping) {
     const bool cancelled = absl::IsCancelled(t.failure_locked());
     t.SetState(cancelled ? State::kCancelled : State::kFailed, absl::OkStatus());
     if (job.accepted && ReasonOf(t.failure_locked()) != "PEER_LOST") {
       // Tell the target to drop its slot; best effort, the target also expires it.
-      fabric::WriteOp abort;
-      abort.imm = EncodeImm(SlotId::Unpack(job.target.slot), ImmOp::kAbort);
-      abort.remote_key = job.target.region_key;
-      fabric_->PostWrite(job.target.peer, job.direct_nic, abort).IgnoreError();
+      PostNoticeLocked(job, ImmOp::kAbort, nullptr);
     }
   } else if (!IsTerminal(s)) {
     return false;
@@ -437,22 +485,29 @@ void Engine::OnCompletion(const fabric::Completion& completion) {
   Transfer& t = *job.transfer;
   bool done;
   bool layer_or_state_change;
-  int64_t give_back_ns;
+  int64_t give_back_ns = 0;
   {
     absl::MutexLock lock(&t.mu());
     --job.in_flight;
-    job.free_slots.push_back(static_cast<uint32_t>(&f - job.window.data()));
-    if (f.relay.valid()) relay_->Release(f.relay);
-    give_back_ns =
-        scheduler_->Complete(f.choice, completion.status.ok() ? f.chunk.bytes : 0);
     const State before = t.state_locked();
-    if (completion.status.ok()) {
-      t.AddDone(f.choice.nic, f.chunk.layer, f.chunk.bytes);
+    if (&f == &job.commit) {
+      job.commit_acked = completion.status.ok();
+      if (!completion.status.ok() && before == State::kRunning) {
+        NicFailedLocked(job, f.choice.nic, completion.status);  // commit again elsewhere
+      }
     } else {
-      StopLocked(job, WithReason(absl::UnavailableError(absl::StrCat(
-                                     "write to ", t.request().target().node(),
-                                     " failed: ", completion.status.message())),
-                                 "PEER_LOST"));
+      job.free_slots.push_back(static_cast<uint32_t>(&f - job.window.data()));
+      if (f.relay.valid()) relay_->Release(f.relay);
+      give_back_ns = scheduler_->Complete(
+          f.choice, completion.status.ok() ? f.chunk.bytes : 0, !completion.status.ok());
+      if (completion.status.ok()) {
+        t.AddDone(f.choice.nic, f.chunk.layer, f.chunk.bytes);
+      } else if (before == State::kRunning) {
+        // The NIC failed this peer: the chunk goes again on another. A write whose
+        // bytes did land is simply written twice; the target counts it as placed.
+        job.pending.push_back(f.chunk);
+        NicFailedLocked(job, f.choice.nic, completion.status);
+      }
     }
     PumpLocked(job);
     done = MaybeFinishLocked(job);
@@ -540,7 +595,7 @@ void Engine::HousekeepingLoop() {
                          "DEADLINE"));
         }
         if (job->accepted) {
-          if (job->held && !job->waiting) PumpLocked(*job);
+          if (!job->pending.empty() && !job->waiting) PumpLocked(*job);
           done = MaybeFinishLocked(*job);
         }
       }

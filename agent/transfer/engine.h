@@ -23,6 +23,7 @@
 #include "agent/relay/relay_pool.h"
 #include "agent/sched/scheduler.h"
 #include "agent/topo/topology.h"
+#include "agent/transfer/imm.h"
 #include "agent/transfer/peer_link.h"
 #include "agent/transfer/plan.h"
 #include "agent/transfer/transfer.h"
@@ -102,6 +103,14 @@ class Engine {
   void Prepare(const JobPtr& job);
   // Posts chunks while the window and the NICs have room.
   void PumpLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
+  // NIC `nic` no longer reaches the job's target. False when it was the last: the
+  // job is then stopped.
+  bool NicFailedLocked(Job& job, int nic, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
+  // Posts a zero-byte notice with `op` on a usable NIC, tracked by `tracked` (null:
+  // untracked). False when no NIC took it.
+  bool PostNoticeLocked(Job& job, ImmOp op, InFlight* tracked)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
   // Stops a running job with `why`; it ends once its chunks drain.
   void StopLocked(Job& job, absl::Status why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());

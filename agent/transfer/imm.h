@@ -20,6 +20,7 @@ enum class ImmOp : uint32_t {
   kData = 0,    // payload for the slot's tensor
   kAbort = 1,   // the source gave up; the target fails the slot
   kCredit = 2,  // from a target: the low kCreditMaskBits are its idle NICs
+  kCommit = 3,  // every byte of the slot's transfer is placed: tell the watchers
 };
 
 inline constexpr int kCreditMaskBits = 16;  // one bit per NIC

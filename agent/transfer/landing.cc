@@ -130,7 +130,7 @@ v1::WatchEvent Landing::CloseLocked(Slot& slot, const absl::Status& status) {
   *event.mutable_block_ids() = {slot.block_ids.begin(), slot.block_ids.end()};
   event.mutable_layers()->set_begin(slot.layer_begin);
   event.mutable_layers()->set_end(slot.layer_end);
-  event.set_bytes(slot.landed_bytes);
+  event.set_bytes(std::min(slot.landed_bytes, slot.expected_bytes));
   event.set_code(static_cast<int>(status.code()));
   event.set_message(std::string(status.message()));
   slot.active = false;
@@ -153,18 +153,32 @@ void Landing::OnArrival(const fabric::Arrival& arrival) {
       return;
     }
     slot->last_activity = absl::Now();
-    if (ImmOpOf(arrival.imm) == ImmOp::kAbort) {
-      event = CloseLocked(*slot, WithReason(absl::AbortedError("the source stopped the "
-                                                               "transfer"),
-                                            "SOURCE_ABORTED"));
-    } else {
-      slot->landed_bytes += arrival.bytes;
-      auto& counter = arrival.nic == slot->direct_nic ? nic_bytes_[arrival.nic].own
-                                                      : nic_bytes_[arrival.nic].borrowed;
-      counter.fetch_add(arrival.bytes, std::memory_order_relaxed);
-      if (slot->landed_bytes >= slot->expected_bytes) {
-        event = CloseLocked(*slot, absl::OkStatus());
+    switch (ImmOpOf(arrival.imm)) {
+      case ImmOp::kData: {
+        // A chunk the source re-sent after a NIC failed may land twice: counted twice,
+        // written twice with the same bytes.
+        slot->landed_bytes += arrival.bytes;
+        auto& counter = arrival.nic == slot->direct_nic
+                            ? nic_bytes_[arrival.nic].own
+                            : nic_bytes_[arrival.nic].borrowed;
+        counter.fetch_add(arrival.bytes, std::memory_order_relaxed);
+        break;
       }
+      case ImmOp::kCommit:
+        event = CloseLocked(
+            *slot, slot->landed_bytes >= slot->expected_bytes
+                       ? absl::OkStatus()
+                       : WithReason(absl::DataLossError("the source committed before "
+                                                        "every byte landed"),
+                                    "INCOMPLETE_COMMIT"));
+        break;
+      case ImmOp::kAbort:
+        event = CloseLocked(*slot, WithReason(absl::AbortedError("the source stopped "
+                                                                 "the transfer"),
+                                              "SOURCE_ABORTED"));
+        break;
+      default:
+        stray_writes_.fetch_add(1);
     }
   }
   if (event) {

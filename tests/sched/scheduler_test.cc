@@ -143,5 +143,21 @@ TEST(Scheduler, StaticAndStripe) {
   EXPECT_EQ(ReasonOf(ParsePolicy("fastest").status()), "UNKNOWN_POLICY");
 }
 
+TEST(Scheduler, FailoverKeepsToUsableNics) {
+  for (Policy policy : {Policy::kStatic, Policy::kStripe, Policy::kFuselink}) {
+    Scheduler s = Make(policy, 2, 1);
+    const uint32_t usable = 0b1010;  // NICs 0 and 2 failed for this transfer
+    for (int i = 0; i < 6; ++i) {
+      Choice c = s.Pick(0, kAllIdle, usable);
+      ASSERT_TRUE(c.ok()) << PolicyName(policy);
+      EXPECT_TRUE(c.nic == 1 || c.nic == 3) << PolicyName(policy) << " took " << c.nic;
+      EXPECT_TRUE(c.borrowed);
+      s.Complete(c, 0, /*failed=*/true);
+    }
+    EXPECT_FALSE(s.Pick(0, kAllIdle, 0).ok());  // nothing left
+    EXPECT_EQ(s.Stats(1).failed_chunks + s.Stats(3).failed_chunks, 6u);
+  }
+}
+
 }  // namespace
 }  // namespace fuselink::sched

@@ -63,9 +63,12 @@ absl::Status Node::Start() {
                                                scheduler_.get(), relay_.get(), observer_);
   credit_thread_ = std::thread([this] { CreditLoop(); });
   expirer_ = std::thread([this] {
-    while (!stop_.load()) {
+    // Re-open failed NICs this often: a rail back from an outage carries chunks again.
+    constexpr int kRepairEveryTicks = 25;  // x 200 ms
+    for (int tick = 1; !stop_.load(); ++tick) {
       absl::SleepFor(absl::Milliseconds(200));
       landing_->Expire(absl::Now());
+      if (tick % kRepairEveryTicks == 0) peers_->RepairSessions();
     }
   });
   return absl::OkStatus();

@@ -103,7 +103,8 @@ class Fabric {
 
   // Connects NIC i here to `remote[i]` for every NIC, introducing this node by the
   // name the fabric was created with. Returns the id that PostWrite takes.
-  // Connecting a peer that is already connected returns its id.
+  // Connecting a peer that is already connected returns its id, after trying to
+  // re-open the NICs whose connections to it failed (a NIC back from an outage).
   virtual absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
                                          const std::vector<Endpoint>& remote) = 0;
   // Closes every connection with the peer; its writes in flight fail UNAVAILABLE.

@@ -115,8 +115,9 @@ class TcpFabric final : public Fabric, public ConnectionHost {
 
   // Opens, and says HELLO on, every outbound connection of a Connect. Unstarted:
   // dropping them closes their sockets, which is the whole rollback.
+  // Opens connections_per_nic connections on every NIC in the mask `nics`.
   absl::StatusOr<std::vector<ConnectionPtr>> OpenConnections(
-      absl::string_view peer_name, const std::vector<Endpoint>& remote);
+      absl::string_view peer_name, const std::vector<Endpoint>& remote, uint32_t nics);
   void OnAccepted(int nic, UniqueFd socket);
   // The live peer called `name`, made if there is none. A peer whose connections are
   // all closed is retired here, so that its OnPeerLost still fires.
@@ -183,9 +184,10 @@ TcpFabric::~TcpFabric() {
 }
 
 absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
-    absl::string_view peer_name, const std::vector<Endpoint>& remote) {
+    absl::string_view peer_name, const std::vector<Endpoint>& remote, uint32_t nics) {
   std::vector<ConnectionPtr> opened;
   for (size_t nic = 0; nic < remote.size(); ++nic) {
+    if (!(nics >> nic & 1)) continue;
     FL_ASSIGN_OR_RETURN(SocketAddress target,
                         ParseSocketAddress(remote[nic].address, remote[nic].port));
     FL_ASSIGN_OR_RETURN(std::string hello, wire::EncodeHello(static_cast<uint32_t>(nic),
@@ -225,16 +227,29 @@ absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
     }
   }
   absl::MutexLock connect_lock(&connect_mu_);
+  uint32_t missing = (1u << remote.size()) - 1;  // NICs without a live connection
+  std::optional<PeerId> existing;
   {
     absl::ReaderMutexLock lock(&mu_);
     if (auto it = peer_by_name_.find(peer_name); it != peer_by_name_.end()) {
-      if (HasLiveConnection(peers_.at(it->second), TcpConnection::Role::kOutbound)) {
-        return it->second;
+      for (const ConnectionPtr& c : peers_.at(it->second).connections) {
+        if (c->role() == TcpConnection::Role::kOutbound && !c->closed()) {
+          missing &= ~(1u << c->nic());
+          existing = it->second;
+        }
       }
     }
   }
-  FL_ASSIGN_OR_RETURN(std::vector<ConnectionPtr> opened,
-                      OpenConnections(peer_name, remote));
+  if (existing && missing == 0) return *existing;
+  absl::StatusOr<std::vector<ConnectionPtr>> maybe_opened =
+      OpenConnections(peer_name, remote, missing);
+  // A connected peer whose failed NICs cannot be re-opened yet stays connected on the
+  // others; the caller repairs again later.
+  if (!maybe_opened.ok()) {
+    if (existing) return *existing;
+    return maybe_opened.status();
+  }
+  std::vector<ConnectionPtr> opened = *std::move(maybe_opened);
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::FailedPreconditionError("fabric shutting down");
   if (connections_.size() + opened.size() > kMaxConnections) {

@@ -45,11 +45,13 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
   if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(o.node_name));
   if (o.nics.empty() || o.nics.size() > wire::kMaxNics) {
-    return absl::InvalidArgumentError(absl::StrCat("a fabric needs 1..", wire::kMaxNics, " NICs"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a fabric needs 1..", wire::kMaxNics, " NICs"));
   }
   for (size_t i = 0; i < o.nics.size(); ++i) {
     if (o.nics[i].nic != static_cast<int>(i)) {
-      return absl::InvalidArgumentError(absl::StrCat("nics[", i, "] names NIC ", o.nics[i].nic));
+      return absl::InvalidArgumentError(
+          absl::StrCat("nics[", i, "] names NIC ", o.nics[i].nic));
     }
   }
   auto in = [](uint64_t v, uint64_t lo, uint64_t hi, absl::string_view name) {
@@ -57,14 +59,16 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
                               : absl::InvalidArgumentError(
                                     absl::StrCat(name, " must be ", lo, "..", hi));
   };
-  FL_RETURN_IF_ERROR(in(o.qps_per_peer_nic, 1, verbs::wire::kMaxQpsPerHello, "qps_per_peer_nic"));
+  FL_RETURN_IF_ERROR(
+      in(o.qps_per_peer_nic, 1, verbs::wire::kMaxQpsPerHello, "qps_per_peer_nic"));
   FL_RETURN_IF_ERROR(in(o.wr_depth_per_qp, 1, verbs::kMaxWrDepth, "wr_depth_per_qp"));
   FL_RETURN_IF_ERROR(in(o.recv_depth_per_qp, 1, verbs::kMaxWrDepth, "recv_depth_per_qp"));
   FL_RETURN_IF_ERROR(
       in(o.queue_depth_per_nic, 1, kMaxVerbsQueueDepthPerNic, "queue_depth_per_nic"));
-  FL_RETURN_IF_ERROR(in(o.max_qps_per_nic, o.qps_per_peer_nic, verbs::kMaxQpsPerNic,
-                        "max_qps_per_nic"));
-  FL_RETURN_IF_ERROR(in(o.max_write_bytes, 1, wire::kMaxWriteBytesLimit, "max_write_bytes"));
+  FL_RETURN_IF_ERROR(
+      in(o.max_qps_per_nic, o.qps_per_peer_nic, verbs::kMaxQpsPerNic, "max_qps_per_nic"));
+  FL_RETURN_IF_ERROR(
+      in(o.max_write_bytes, 1, wire::kMaxWriteBytesLimit, "max_write_bytes"));
   return absl::OkStatus();
 }
 
@@ -72,7 +76,9 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
  public:
   VerbsFabric(const VerbsFabricOptions& options, Handler& handler,
               std::vector<SocketAddress> local, std::vector<Endpoint> endpoints)
-      : options_(options), handler_(handler), local_(std::move(local)),
+      : options_(options),
+        handler_(handler),
+        local_(std::move(local)),
         endpoints_(std::move(endpoints)) {}
   ~VerbsFabric() override;
 
@@ -84,8 +90,8 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   absl::string_view transport() const override { return "verbs"; }
   int nic_count() const override { return static_cast<int>(endpoints_.size()); }
   std::vector<Endpoint> endpoints() const override { return endpoints_; }
-  absl::StatusOr<RegionKey> RegisterRegion(void* base, uint64_t bytes,
-                                           std::shared_ptr<const void> keepalive) override;
+  absl::StatusOr<RegionKey> RegisterRegion(
+      void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) override;
   absl::Status DeregisterRegion(RegionKey key) override;
   absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
                                  const std::vector<Endpoint>& remote) override;
@@ -162,11 +168,12 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
 };
 
 absl::Status VerbsFabric::OpenNic(int index, verbs::NicBinding binding) {
-  verbs::NicSizing sizing{.max_qps = options_.max_qps_per_nic,
-                          .send_depth_per_qp = options_.wr_depth_per_qp,
-                          .recv_depth_per_qp = options_.recv_depth_per_qp,
-                          .queue_depth = static_cast<uint32_t>(options_.queue_depth_per_nic),
-                          .max_write_bytes = options_.max_write_bytes};
+  verbs::NicSizing sizing{
+      .max_qps = options_.max_qps_per_nic,
+      .send_depth_per_qp = options_.wr_depth_per_qp,
+      .recv_depth_per_qp = options_.recv_depth_per_qp,
+      .queue_depth = static_cast<uint32_t>(options_.queue_depth_per_nic),
+      .max_write_bytes = options_.max_write_bytes};
   FL_ASSIGN_OR_RETURN(std::unique_ptr<Nic> nic,
                       Nic::Open(index, std::move(binding), sizing, options_.rc, *this));
   nics_.push_back(std::move(nic));
@@ -175,10 +182,10 @@ absl::Status VerbsFabric::OpenNic(int index, verbs::NicBinding binding) {
 
 absl::Status VerbsFabric::Start(std::vector<UniqueFd> listeners) {
   reaper_ = std::thread(&VerbsFabric::Reap, this);
-  FL_ASSIGN_OR_RETURN(acceptor_, Acceptor::Start(std::move(listeners),
-                                                 [this](int nic, UniqueFd socket) {
-                                                   OnAccepted(nic, std::move(socket));
-                                                 }));
+  FL_ASSIGN_OR_RETURN(
+      acceptor_, Acceptor::Start(std::move(listeners), [this](int nic, UniqueFd socket) {
+        OnAccepted(nic, std::move(socket));
+      }));
   return absl::OkStatus();
 }
 
@@ -216,7 +223,8 @@ VerbsFabric::~VerbsFabric() {
 LinkPtr VerbsFabric::NewLink(int nic, ControlLink::Role role, UniqueFd fd) {
   const uint64_t id = next_link_id_++;
   auto link = std::make_shared<ControlLink>(*this, *nics_[nic], id, role, std::move(fd));
-  links_.emplace(id, LinkEntry{.link = link, .finished = role == ControlLink::Role::kOutbound});
+  links_.emplace(
+      id, LinkEntry{.link = link, .finished = role == ControlLink::Role::kOutbound});
   return link;
 }
 
@@ -242,8 +250,9 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
                                             const std::vector<Endpoint>& remote) {
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
   if (remote.size() != endpoints_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "peer has ", remote.size(), " endpoints, this node ", endpoints_.size(), " NICs"));
+    return absl::InvalidArgumentError(absl::StrCat("peer has ", remote.size(),
+                                                   " endpoints, this node ",
+                                                   endpoints_.size(), " NICs"));
   }
   for (size_t nic = 0; nic < remote.size(); ++nic) {
     if (remote[nic].nic != static_cast<int>(nic)) {
@@ -252,14 +261,22 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
     }
   }
   absl::MutexLock connect_lock(&connect_mu_);
+  uint32_t missing = (1u << remote.size()) - 1;  // NICs without live QPs to the peer
+  std::optional<PeerId> existing;
   {
     absl::ReaderMutexLock lock(&mu_);
     if (auto it = peer_by_name_.find(peer_name); it != peer_by_name_.end()) {
       for (const LinkPtr& link : peers_.at(it->second).links) {
-        if (link->role() == ControlLink::Role::kOutbound) return it->second;
+        auto entry = links_.find(link->id());
+        if (link->role() == ControlLink::Role::kOutbound && entry != links_.end() &&
+            entry->second.live_qps > 0) {
+          missing &= ~(1u << link->nic().index());
+          existing = it->second;
+        }
       }
     }
   }
+  if (existing && missing == 0) return *existing;
   std::vector<LinkPtr> made;
   // Partial set-up across NICs rolls back: closing a link tears its QPs down (ERR,
   // flush, destroy on the poller) and the reaper drops it once they are gone.
@@ -267,32 +284,44 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
   absl::Cleanup rollback = [&] {
     for (const LinkPtr& link : made) link->Close(failure);
   };
+  // A connected peer whose failed NICs cannot be re-opened yet stays connected on the
+  // others: the partial set-up rolls back and its id is returned.
+  auto fail = [&](absl::Status why) -> absl::StatusOr<PeerId> {
+    failure = why;
+    if (existing) return *existing;
+    return why;
+  };
   for (size_t nic = 0; nic < remote.size(); ++nic) {
-    const std::string context =
-        absl::StrCat("Connect to '", peer_name, "': NIC ", nic, " (", endpoints_[nic].address,
-                     " -> ", remote[nic].address, ":", remote[nic].port, ")");
-    absl::StatusOr<SocketAddress> target = ParseSocketAddress(remote[nic].address, remote[nic].port);
+    if (!(missing >> nic & 1)) continue;
+    const std::string context = absl::StrCat(
+        "Connect to '", peer_name, "': NIC ", nic, " (", endpoints_[nic].address, " -> ",
+        remote[nic].address, ":", remote[nic].port, ")");
+    absl::StatusOr<SocketAddress> target =
+        ParseSocketAddress(remote[nic].address, remote[nic].port);
     absl::StatusOr<UniqueFd> socket =
         target.ok() ? ConnectFrom(local_[nic], *target, kControlConnectTimeoutMs)
                     : absl::StatusOr<UniqueFd>(target.status());
-    if (!socket.ok()) return failure = WithContext(socket.status(), context);
+    if (!socket.ok()) return fail(WithContext(socket.status(), context));
     LinkPtr link;
     {
       absl::MutexLock lock(&mu_);
-      if (shutting_down_) return failure = absl::FailedPreconditionError("fabric shutting down");
+      if (shutting_down_)
+        return failure = absl::FailedPreconditionError("fabric shutting down");
       if (links_.size() >= kMaxVerbsLinks) {
         return failure = absl::ResourceExhaustedError(
                    absl::StrCat("already ", links_.size(), " control connections"));
       }
-      link = NewLink(static_cast<int>(nic), ControlLink::Role::kOutbound, *std::move(socket));
+      link = NewLink(static_cast<int>(nic), ControlLink::Role::kOutbound,
+                     *std::move(socket));
     }
     made.push_back(link);
-    absl::Status shaken =
-        link->Handshake(options_.node_name, static_cast<uint32_t>(options_.qps_per_peer_nic));
-    if (!shaken.ok()) return failure = WithContext(shaken, context);
+    absl::Status shaken = link->Handshake(
+        options_.node_name, static_cast<uint32_t>(options_.qps_per_peer_nic));
+    if (!shaken.ok()) return fail(WithContext(shaken, context));
   }
   absl::MutexLock lock(&mu_);
-  if (shutting_down_) return failure = absl::FailedPreconditionError("fabric shutting down");
+  if (shutting_down_)
+    return failure = absl::FailedPreconditionError("fabric shutting down");
   const PeerId id = LivePeer(peer_name);
   for (const LinkPtr& link : made) {
     LinkEntry& entry = links_.at(link->id());
@@ -356,7 +385,8 @@ absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
     return absl::UnavailableError(absl::StrCat("peer ", peer, " is not connected"));
   }
   for (const LinkPtr& link : it->second.links) {
-    if (link->role() != ControlLink::Role::kOutbound || link->nic().index() != nic) continue;
+    if (link->role() != ControlLink::Role::kOutbound || link->nic().index() != nic)
+      continue;
     VerbsQp* qp = link->NextQp();
     if (qp == nullptr) continue;
     verbs::WriteTarget target;
@@ -382,8 +412,8 @@ NicCounters VerbsFabric::counters(int nic) const {
                      .malformed_frames = nics_[nic]->malformed()};
 }
 
-absl::StatusOr<RegionKey> VerbsFabric::RegisterRegion(void* base, uint64_t bytes,
-                                                      std::shared_ptr<const void> keepalive) {
+absl::StatusOr<RegionKey> VerbsFabric::RegisterRegion(
+    void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) {
   if (base == nullptr || bytes == 0) {
     return absl::InvalidArgumentError("a region needs memory and a size");
   }
@@ -395,9 +425,9 @@ absl::StatusOr<RegionKey> VerbsFabric::RegisterRegion(void* base, uint64_t bytes
     absl::StatusOr<verbs::MemoryRegion> mr = verbs::RegisterMr(
         nic->pd(), base, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (!mr.ok()) {  // the MRs made so far go with `region`
-      return WithContext(mr.status(), absl::StrCat("register ", bytes, " bytes on NIC ",
-                                                   nic->index(), " (",
-                                                   nic->binding().port.device, ")"));
+      return WithContext(mr.status(),
+                         absl::StrCat("register ", bytes, " bytes on NIC ", nic->index(),
+                                      " (", nic->binding().port.device, ")"));
     }
     region->mrs.push_back(*std::move(mr));
   }
@@ -417,10 +447,11 @@ absl::StatusOr<RegionKey> VerbsFabric::RegisterRegion(void* base, uint64_t bytes
     for (auto& [id, entry] : links_) {
       if (!entry.pushing) continue;
       const int nic = entry.link->nic().index();
-      pushes.push_back({entry.link, {.key = key,
-                                     .rkey = region->mrs[nic]->rkey,
-                                     .address = reinterpret_cast<uint64_t>(base),
-                                     .bytes = bytes}});
+      pushes.push_back({entry.link,
+                        {.key = key,
+                         .rkey = region->mrs[nic]->rkey,
+                         .address = reinterpret_cast<uint64_t>(base),
+                         .bytes = bytes}});
     }
   }
   // Every connected source knows the region before its key can be handed out.
@@ -484,11 +515,11 @@ void VerbsFabric::OnQpClosed(uint64_t link_id, VerbsQp* qp, const absl::Status& 
     MaybeReap(link_id, entry);
   }
   if (lost.has_value()) {
-    handler_.OnPeerLost(*lost, lost_name,
-                        why.code() == absl::StatusCode::kCancelled
-                                   ? why
-                                   : absl::UnavailableError(
-                                         absl::StrCat("peer lost: ", why.message())));
+    handler_.OnPeerLost(
+        *lost, lost_name,
+        why.code() == absl::StatusCode::kCancelled
+            ? why
+            : absl::UnavailableError(absl::StrCat("peer lost: ", why.message())));
   }
 }
 
@@ -562,8 +593,8 @@ void VerbsFabric::Reap() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(const VerbsFabricOptions& options,
-                                                          Handler* handler) {
+absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(
+    const VerbsFabricOptions& options, Handler* handler) {
   FL_RETURN_IF_ERROR(ValidateOptions(options, handler));
   std::vector<UniqueFd> listeners;
   std::vector<SocketAddress> local;
@@ -579,7 +610,8 @@ absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(const VerbsFabricOptio
     absl::StatusOr<UniqueFd> listener = Listen(*address);
     if (!listener.ok()) return WithContext(listener.status(), context);
     FL_ASSIGN_OR_RETURN(SocketAddress bound, LocalAddress(listener->get()));
-    endpoints.push_back(Endpoint{.nic = nic.nic, .address = nic.address, .port = bound.port()});
+    endpoints.push_back(
+        Endpoint{.nic = nic.nic, .address = nic.address, .port = bound.port()});
     FL_ASSIGN_OR_RETURN(SocketAddress outbound, ParseSocketAddress(nic.address, 0));
     local.push_back(outbound);
     listeners.push_back(*std::move(listener));

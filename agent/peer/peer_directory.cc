@@ -100,6 +100,7 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
   }
   session.connected = true;
   session.peer = *peer;
+  session.remote = std::move(remote);
   return *peer;
 }
 
@@ -107,6 +108,18 @@ void PeerDirectory::OnPeerLost(fabric::PeerId peer) {
   for (auto& [name, session] : sessions_) {
     absl::MutexLock lock(&session->mu);
     if (session->connected && session->peer == peer) session->connected = false;
+  }
+}
+
+void PeerDirectory::RepairSessions() {
+  for (auto& [name, session] : sessions_) {
+    std::vector<fabric::Endpoint> remote;
+    {
+      absl::MutexLock lock(&session->mu);
+      if (!session->connected) continue;
+      remote = session->remote;
+    }
+    fabric_->Connect(name, remote).IgnoreError();  // returns at once when nothing failed
   }
 }
 

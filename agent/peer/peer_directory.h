@@ -27,6 +27,9 @@ class PeerDirectory final : public transfer::PeerLink {
       const transfer::IncomingSpec& spec) override;
   // The fabric lost the peer: its session is bootstrapped anew next time.
   void OnPeerLost(fabric::PeerId peer);
+  // Re-opens the NICs of established sessions whose connections failed (a rail back
+  // from an outage). Blocks on connects: call it off the control path.
+  void RepairSessions();
   // Keeps the topology a caller sent in its Hello, so this node can connect back
   // (targets send credits to their sources on the fabric).
   void Remember(const v1::Topology& caller);
@@ -41,6 +44,7 @@ class PeerDirectory final : public transfer::PeerLink {
     absl::Mutex mu;  // serializes bootstrap
     bool connected ABSL_GUARDED_BY(mu) = false;
     fabric::PeerId peer ABSL_GUARDED_BY(mu) = 0;
+    std::vector<fabric::Endpoint> remote ABSL_GUARDED_BY(mu);  // its NICs, from Hello
   };
   absl::StatusOr<fabric::PeerId> Connect(Session& session, absl::Time deadline);
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # A rail that goes down mid-transfer: its writes fail (TCP gives up on unacknowledged
 # bytes after a few seconds), their chunks move to the other rails, and the transfer
-# completes with every byte in place. Two nodes, four rails at 1 Gbit/s, stripe policy
+# completes with every byte in place; once the rail is up again, the next transfer uses
+# it. Two nodes, four rails at 1 Gbit/s, stripe policy
 # so that every rail carries chunks. Skips (77) where no testbed can be built.
 # Usage: failover_test.sh AGENT_BINARY FUSELINKCTL_BINARY
 set -euo pipefail
@@ -68,3 +69,16 @@ failed=$(curl -sf "$(field "$out/node-a.json" metrics)" |
   awk '/^fuselink_nic_failed_writes_total\{nic="rail1"/ { print $2 }')
 [ "${failed:-0}" != "0" ] || fail "no write failed on rail1: the rail went down too late?"
 echo "PASS: rail1 failed $failed write(s); the transfer completed on the other rails, bytes match"
+
+# The rail comes back: the agent re-opens its connections (every 5 s) and the next
+# transfer uses it again.
+testbed_exec 0 ip link set rail1 up
+sleep 7
+"$ctl" --agent="$a" --target_agent="$(field "$out/node-b.json" grpc)" \
+  --source_socket="$out/node-a.sock" --target_socket="$out/node-b.sock" \
+  --demo_layers=4 --demo_blocks=16 --demo_block_bytes=1048576 demo >"$out/again.out" 2>&1 ||
+  { cat "$out/again.out"; fail "the transfer after the rail came back"; }
+grep -q "bytes match" "$out/again.out" || fail "bytes differ after the rail came back"
+rail1=$(awk '$1 == "rail1" { print $2 }' "$out/again.out")
+[ -n "$rail1" ] && [ "$rail1" != "0.0" ] || fail "rail1 carried nothing after coming back"
+echo "PASS: rail1 is back and carried $rail1 MiB of the next transfer"

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/acceptor.h"
+#include "agent/fabric/checks.h"
 #include "agent/fabric/region_table.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/tcp_connection.h"
@@ -215,17 +216,7 @@ absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
 absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
                                           const std::vector<Endpoint>& remote) {
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
-  if (remote.size() != endpoints_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("peer has ", remote.size(),
-                                                   " endpoints, this node ",
-                                                   endpoints_.size(), " NICs"));
-  }
-  for (size_t nic = 0; nic < remote.size(); ++nic) {
-    if (remote[nic].nic != static_cast<int>(nic)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("remote[", nic, "] names NIC ", remote[nic].nic));
-    }
-  }
+  FL_RETURN_IF_ERROR(CheckRemoteEndpoints(remote, endpoints_.size()));
   absl::MutexLock connect_lock(&connect_mu_);
   uint32_t missing = (1u << remote.size()) - 1;  // NICs without a live connection
   std::optional<PeerId> existing;
@@ -285,13 +276,7 @@ std::string TcpFabric::PeerName(PeerId peer) const {
 }
 
 absl::Status TcpFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
-  if (nic < 0 || nic >= nic_count()) {
-    return absl::InvalidArgumentError(absl::StrCat("no NIC ", nic));
-  }
-  if (op.bytes > options_.max_write_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "write of ", op.bytes, " bytes > max_write_bytes ", options_.max_write_bytes));
-  }
+  FL_RETURN_IF_ERROR(CheckWrite(nic, nic_count(), op, options_.max_write_bytes));
   PendingWrite write{.op = op, .source = nullptr};
   if (op.bytes > 0) {
     absl::StatusOr<std::shared_ptr<const Region>> source =

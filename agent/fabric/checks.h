@@ -1,0 +1,44 @@
+// Argument checks every transport makes the same way, so that callers see the same
+// codes and messages whichever transport runs.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "agent/fabric/fabric.h"
+
+namespace fuselink::fabric {
+
+// Connect's `remote`: one endpoint per local NIC, remote[i] naming NIC i.
+inline absl::Status CheckRemoteEndpoints(const std::vector<Endpoint>& remote,
+                                         size_t nic_count) {
+  if (remote.size() != nic_count) {
+    return absl::InvalidArgumentError(absl::StrCat("peer has ", remote.size(),
+                                                   " endpoints, this node ", nic_count,
+                                                   " NICs"));
+  }
+  for (size_t nic = 0; nic < remote.size(); ++nic) {
+    if (remote[nic].nic != static_cast<int>(nic)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote[", nic, "] names NIC ", remote[nic].nic));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// PostWrite's NIC and size.
+inline absl::Status CheckWrite(int nic, int nic_count, const WriteOp& op,
+                               uint32_t max_write_bytes) {
+  if (nic < 0 || nic >= nic_count) {
+    return absl::InvalidArgumentError(absl::StrCat("no NIC ", nic));
+  }
+  if (op.bytes > max_write_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "write of ", op.bytes, " bytes > max_write_bytes ", max_write_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fuselink::fabric

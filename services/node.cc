@@ -32,11 +32,7 @@ absl::Status Node::Start() {
 
   registry_ = std::make_unique<memory::Registry>(fabric_.get());
   std::vector<uint32_t> owners;
-  std::vector<int> direct_nic_of_gpu;
   for (const v1::Nic& nic : topology_.nics()) owners.push_back(nic.owner_gpu());
-  for (const v1::Gpu& gpu : topology_.gpus()) {
-    direct_nic_of_gpu.push_back(topo::DirectNic(topology_, gpu.index()));
-  }
   scheduler_ = std::make_unique<sched::Scheduler>(policy, owners, options_.limits);
   // One relay slot per chunk a NIC may carry for borrowers (borrow_depth), or, for
   // stripe, per chunk one transfer may have in flight.
@@ -48,7 +44,7 @@ absl::Status Node::Start() {
       relay_, relay::RelayPool::Create(fabric_.get(), topology_.nics_size(), relay_slots,
                                        options_.engine.chunk_bytes));
   landing_ = std::make_unique<transfer::Landing>(
-      registry_.get(), std::move(direct_nic_of_gpu),
+      registry_.get(), topology_.nics_size(),
       [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); },
       [this](uint32_t) {
         absl::MutexLock lock(&credit_mu_);

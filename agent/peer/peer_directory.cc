@@ -168,6 +168,7 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
   request.set_layer_end(spec.layer_end);
   request.set_block_bytes(spec.block_bytes);
   request.set_total_bytes(spec.total_bytes);
+  request.set_source_nic(static_cast<uint32_t>(spec.source_nic));
   v1::PrepareIncomingResponse response;
   grpc::ClientContext context;
   SetDeadline(context, spec.deadline);

@@ -246,6 +246,7 @@ void Engine::Prepare(const JobPtr& job) {
   spec.total_bytes =
       layout.block_bytes * spec.block_ids.size() * (spec.layer_end - spec.layer_begin);
   spec.deadline = t.deadline();
+  spec.source_nic = job->direct_nic;
 
   absl::StatusOr<Prepared> prepared = peers_->PrepareIncoming(spec);
   bool done = false;

@@ -10,10 +10,10 @@
 
 namespace fuselink::transfer {
 
-Landing::Landing(memory::Registry* registry, std::vector<int> direct_nic_of_gpu,
-                 WatchFn on_event, CreditFn on_credit)
+Landing::Landing(memory::Registry* registry, int nic_count, WatchFn on_event,
+                 CreditFn on_credit)
     : registry_(registry),
-      direct_nic_of_gpu_(std::move(direct_nic_of_gpu)),
+      nic_count_(nic_count),
       on_event_(std::move(on_event)),
       on_credit_(std::move(on_credit)) {
   absl::MutexLock lock(&mu_);
@@ -80,8 +80,13 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
             absl::StrCat("total_bytes ", request.total_bytes(), " should be ", expected)),
         "BAD_TOTAL");
   }
-  const uint32_t home = tensor.info().home_gpu;
-  const int direct_nic = home < direct_nic_of_gpu_.size() ? direct_nic_of_gpu_[home] : 0;
+  if (request.source_nic() >= static_cast<uint32_t>(nic_count_)) {
+    return WithReason(absl::InvalidArgumentError(
+                          absl::StrCat("source_nic ", request.source_nic(),
+                                       " is not one of the ", nic_count_, " rails")),
+                      "BAD_SOURCE_NIC");
+  }
+  const int rail = static_cast<int>(request.source_nic());
   v1::PrepareIncomingResponse response;
   {
     absl::MutexLock lock(&mu_);
@@ -102,8 +107,8 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     slot.layer_begin = request.layer_begin();
     slot.layer_end = request.layer_end();
     slot.expected_bytes = expected;
-    slot.direct_nic = direct_nic;
-    ++owner_slots_[direct_nic];
+    slot.rail = rail;
+    ++owner_slots_[rail];
     slot.landed_bytes = 0;
     slot.last_activity = absl::Now();
 
@@ -134,7 +139,7 @@ v1::WatchEvent Landing::CloseLocked(Slot& slot, const absl::Status& status) {
   event.set_code(static_cast<int>(status.code()));
   event.set_message(std::string(status.message()));
   slot.active = false;
-  --owner_slots_[slot.direct_nic];
+  --owner_slots_[slot.rail];
   slot.tensor = memory::TensorLease();
   slot.block_ids.clear();
   free_.push_back(static_cast<uint32_t>(&slot - slots_.data()));
@@ -158,9 +163,8 @@ void Landing::OnArrival(const fabric::Arrival& arrival) {
         // A chunk the source re-sent after a NIC failed may land twice: counted twice,
         // written twice with the same bytes.
         slot->landed_bytes += arrival.bytes;
-        auto& counter = arrival.nic == slot->direct_nic
-                            ? nic_bytes_[arrival.nic].own
-                            : nic_bytes_[arrival.nic].borrowed;
+        auto& counter = arrival.nic == slot->rail ? nic_bytes_[arrival.nic].own
+                                                  : nic_bytes_[arrival.nic].borrowed;
         counter.fetch_add(arrival.bytes, std::memory_order_relaxed);
         break;
       }

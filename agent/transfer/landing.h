@@ -42,9 +42,9 @@ struct LandingNicStats {
 
 class Landing {
  public:
-  // `direct_nic_of_gpu[g]`: the NIC GPU g owns.
-  Landing(memory::Registry* registry, std::vector<int> direct_nic_of_gpu,
-          WatchFn on_event, CreditFn on_credit);
+  // `nic_count`: this node's NICs (rails).
+  Landing(memory::Registry* registry, int nic_count, WatchFn on_event,
+          CreditFn on_credit);
 
   // Checks the target side of a transfer and reserves a slot for it.
   absl::StatusOr<v1::PrepareIncomingResponse> Prepare(
@@ -59,8 +59,9 @@ class Landing {
   // Writes that named no live slot (stale generation, unknown slot, wrong region).
   uint64_t stray_writes() const { return stray_writes_.load(); }
   size_t active() const;
-  // Bit k set when no incoming transfer is for NIC k's owner GPU: NIC k is idle
-  // here, and sources may borrow it.
+  // Bit k set when no incoming transfer has rail k as its source's direct NIC: no
+  // owner traffic arrives on NIC k, and sources may borrow it. (With rails, GPU s on
+  // the source reaches any GPU here through NIC s; that is the NIC it loads.)
   uint32_t IdleMask() const;
   // Nodes with incoming transfers here: the ones to tell of credit changes.
   std::vector<std::string> ActiveSources() const;
@@ -75,7 +76,7 @@ class Landing {
     memory::TensorLease tensor;
     std::vector<uint32_t> block_ids;
     uint32_t layer_begin = 0, layer_end = 0;
-    int direct_nic = 0;  // of the target tensor's home GPU
+    int rail = 0;  // the source's direct NIC: its own traffic arrives on this rail
     uint64_t expected_bytes = 0;
     uint64_t landed_bytes = 0;
     absl::Time last_activity;
@@ -88,7 +89,7 @@ class Landing {
   void TellCredit();
 
   memory::Registry* const registry_;
-  const std::vector<int> direct_nic_of_gpu_;
+  const int nic_count_;
   const WatchFn on_event_;
   const CreditFn on_credit_;
   std::atomic<uint64_t> stray_writes_{0};

@@ -23,6 +23,7 @@ struct IncomingSpec {
   uint32_t layer_end = 0;
   uint64_t block_bytes = 0;
   uint64_t total_bytes = 0;
+  int source_nic = 0;  // the transfer's direct NIC
   absl::Time deadline = absl::InfiniteFuture();
 };
 

@@ -28,6 +28,7 @@ Commands:
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // scripts read it line by line
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> args(positional.begin() + 1, positional.end());
   if (args.empty()) {

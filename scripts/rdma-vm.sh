@@ -1,6 +1,8 @@
 #!/bin/bash
 # Runs the rdma-labelled tests for real over Soft-RoCE (the kernel's rdma_rxe) inside a
-# Debian 12 VM, and ib_write_bw on the same rxe link for comparison.
+# Debian 12 VM, ib_write_bw on the same rxe link for comparison, and the agent-level
+# checks (tests/rdma/agent_vm_checks.sh: two fuselink-agents and fuselinkctl demo over
+# verbs, a rail taken down mid-transfer, tcp when told).
 #
 #   scripts/rdma-vm.sh BUILD_DIR
 #   scripts/rdma-vm.sh --image-only    (builds or finds the cached image, nothing else)
@@ -15,11 +17,14 @@
 # boot stub mounts two read-only 9p shares: BUILD_DIR (the test binary) and a control
 # folder holding the test steps this script writes. The steps: modprobe rdma_rxe, one
 # veth pair per rail with accept_local=1, an rxe device on each end, the rdma test
-# binary, then ib_write_bw over rail 0; then power off. The guest prints
-# "FUSELINK-RDMA-RESULT: PASS|FAIL rc=N"; this script exits with N.
+# binary, then ib_write_bw over rail 0, then the agent checks; then power off. Before the
+# boot, on this machine: an agent with --transport=auto on loopback must say tcp. The
+# guest prints "FUSELINK-RDMA-RESULT: PASS|FAIL rc=N" (N: 0 only when the fabric test
+# and every agent check passed); this script exits with N (1 if the host check failed).
 #
 # Exit 77 (ctest SKIP_RETURN_CODE) where it cannot run: no qemu/debootstrap and no way to
-# install them, no network for debootstrap, not root, the test binary not built.
+# install them, no network for debootstrap, not root, the test binary, fuselink-agent or
+# fuselinkctl not built.
 # FUSELINK_VM_ACCEL=tcg (default; what CI machines have) or kvm.
 set -euo pipefail
 
@@ -28,18 +33,26 @@ log() { echo "rdma-vm: $*" >&2; }
 
 [ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR|--image-only" >&2; exit 2; }
 test_bin_rel=tests/rdma/rdma_test
+agent_rel=services/fuselink-agent
+ctl_rel=tools/fuselinkctl/fuselinkctl
+here=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$1" != --image-only ]; then
   build_dir=$(realpath "$1")
-  [ -x "$build_dir/$test_bin_rel" ] || skip "$build_dir/$test_bin_rel is not built"
+  for rel in $test_bin_rel $agent_rel $ctl_rel; do
+    [ -x "$build_dir/$rel" ] || skip "$build_dir/$rel is not built"
+  done
 fi
 [ "$(id -u)" -eq 0 ] || skip "debootstrap, mke2fs -d and qemu's 9p need root"
 
 suite=bookworm
 mirror=http://deb.debian.org/debian
 # The guest's packages: kernel with rdma_rxe, the verbs stack and tools, and the shared
-# libraries the rdma test links besides libibverbs (abseil; libstdc++ is in minbase).
+# libraries that the rdma test, fuselink-agent and fuselinkctl link (from `ldd` + `dpkg -S`
+# on a bookworm host; libc, libstdc++, libgcc and zlib are in minbase).
 packages=(linux-image-amd64 initramfs-tools rdma-core ibverbs-providers ibverbs-utils
-  rdmacm-utils perftest iproute2 kmod libabsl20220623)
+  rdmacm-utils perftest iproute2 kmod libabsl20220623 libibverbs1 libgrpc++1.51
+  libgrpc29 libprotobuf32 libre2-9 libc-ares2 libssl3 libprometheus-cpp-core1.0
+  libprometheus-cpp-pull1.0 libcivetweb1)
 initramfs_modules=(virtio_pci virtio_blk ext4 9p 9pnet 9pnet_virtio)
 image_bytes=2G
 
@@ -113,7 +126,37 @@ install_tools
 [ "$1" = --image-only ] && { echo "rdma-vm: image in $cache"; exit 0; }
 
 ctl=$(mktemp -d /var/tmp/fuselink-rdma-ctl.XXXXXX)
-trap 'rm -rf "$ctl"' EXIT
+host_pid=""
+trap '[ -z "$host_pid" ] || kill "$host_pid" 2>/dev/null; rm -rf "$ctl"' EXIT
+
+# On this machine (no RDMA device on loopback): --transport=auto must pick tcp.
+host_check() {
+  local dir=$ctl/host
+  mkdir -p "$dir"
+  echo '{"nics":[{"name":"lo","address":"127.0.0.1"}]}' >"$dir/topology.json"
+  "$build_dir/$agent_rel" --node=host-check --topology="$dir/topology.json" \
+    --transport=auto --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+    --handle_socket="$dir/agent.sock" --ready_file="$dir/ready" >"$dir/log" 2>&1 &
+  host_pid=$!
+  for _ in $(seq 100); do
+    [ -s "$dir/ready" ] && break
+    kill -0 "$host_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill "$host_pid" 2>/dev/null; wait "$host_pid" 2>/dev/null; host_pid=""
+  local got
+  got=$(sed -n 's/^fuselink-agent node=.* transport=\([a-z]*\) .*/\1/p' "$dir/log")
+  if [ "$got" = tcp ]; then
+    echo "agent-check: host PASS --transport=auto on 127.0.0.1 outside the VM picks tcp"
+  else
+    echo "agent-check: host FAIL --transport=auto on 127.0.0.1 outside the VM: '$got'"
+    sed 's/^/    /' "$dir/log"
+    return 1
+  fi
+}
+host_rc=0
+host_check || host_rc=1
+cp "$here/tests/rdma/agent_vm_checks.sh" "$ctl/agent_vm_checks.sh"
 cat >"$ctl/steps.sh" <<STEPS
 #!/bin/sh
 # Runs inside the guest, from the control share.
@@ -142,6 +185,7 @@ cd /tmp
 started=\$(cut -d' ' -f1 /proc/uptime)
 /mnt/build/$test_bin_rel --gtest_color=no
 rc=\$?
+fabric_rc=\$rc
 echo "guest: rdma test took \$(echo "\$(cut -d' ' -f1 /proc/uptime) \$started" | awk '{print \$1-\$2}') s"
 # The reference: ib_write_bw on rail 0 (rails are back up: the test restores them).
 gid_index() {
@@ -157,6 +201,11 @@ for size in 65536 1048576; do
   ib_write_bw -d rxeA0 -x "\$ia" -s \$size -D 5 -F 10.0.0.2 2>&1 | tail -4
   wait
 done
+# The agent-level checks (rails up again: ib_write_bw leaves them as they were).
+bash /mnt/ctl/agent_vm_checks.sh /mnt/build
+agents_rc=\$?
+echo "guest: fabric test rc=\$fabric_rc, agent checks rc=\$agents_rc"
+rc=\$((fabric_rc != 0 ? fabric_rc : agents_rc))
 if [ \$rc -eq 0 ]; then verdict=PASS; else verdict=FAIL; fi
 echo "FUSELINK-RDMA-RESULT: \$verdict rc=\$rc"
 STEPS
@@ -187,5 +236,7 @@ if [ -z "$result" ]; then
   echo "rdma-vm: FAIL: the guest printed no result (qemu exit $qemu_rc)"
   exit 1
 fi
+grep -a '^agent-check: ' "$console" | tr -d '\r' || true
 echo "rdma-vm: $result"
+[ "$host_rc" -eq 0 ] || { echo "rdma-vm: FAIL: the host check failed"; exit 1; }
 exit "${result##*rc=}"

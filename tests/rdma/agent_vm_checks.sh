@@ -1,0 +1,237 @@
+#!/bin/bash
+# Agent-level checks over Soft-RoCE: real fuselink-agents and fuselinkctl, run inside the
+# VM by scripts/rdma-vm.sh (after the fabric test), from the 9p-shared build directory.
+#
+#   agent_vm_checks.sh BUILD_DIR
+#
+# Expects the rails scripts/rdma-vm.sh sets up: veth pair vA<i>/vB<i> per rail i with
+# 10.<i>.0.1 / 10.<i>.0.2, accept_local=1, rxe devices rxeA<i>/rxeB<i>. rxe does not work
+# across network namespaces, so both agents run in the guest's one namespace: node-a on
+# the vA ends, node-b on the vB ends; gRPC on 127.0.0.1.
+#
+# Checks (one "agent-check: <id> PASS|FAIL <what>" line each; exit 0 only if all pass):
+#   a  both agents, --transport=auto, pick verbs (ready line and GetTopology)
+#   b  fuselinkctl demo over 2 rails x 3 QPs, stripe: bytes match, bytes on both rails
+#   d  vA1 (node-a's rail-1 end) set down in the middle of a stripe transfer: the
+#      transfer completes (failover to rail 0), the bytes match, and node-a counted
+#      failed writes on rail1 (else the down missed the transfer and proved nothing);
+#      then, informational only (d-back INFO), a new transfer once rail1 is back up
+#   c  --transport=tcp on the same addresses: tcp reported, demo bytes match; and
+#      --transport=auto with an address that has no RDMA device picks tcp
+set -u
+build=$1
+agent=$build/services/fuselink-agent
+ctl=$build/tools/fuselinkctl/fuselinkctl
+run=/tmp/fuselink-agents
+mkdir -p "$run"
+failed=0
+pids=()
+
+now() { cut -d' ' -f1 /proc/uptime; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+result() { # ID OK(0|1) WHAT
+  local verdict=PASS
+  [ "$2" -eq 0 ] || { verdict=FAIL; failed=1; }
+  echo "agent-check: $1 $verdict $3"
+}
+show() { # FILE: a command's output without progress-bar redraws
+  tr '\r' '\n' <"$1" | grep -v '^\[\|^$' | sed 's/^/    /'
+}
+
+for bin in "$agent" "$ctl"; do
+  [ -x "$bin" ] || { echo "agent-check: all FAIL $bin is not built"; exit 1; }
+done
+
+# topology FILE A_OR_B: node-a on the vA ends (.1), node-b on the vB ends (.2).
+topology() {
+  local host=$2
+  cat >"$1" <<EOF
+{"gpus":[{"index":0},{"index":1}],
+ "nics":[{"name":"rail0","address":"10.0.0.$host","owner_gpu":0},
+         {"name":"rail1","address":"10.1.0.$host","owner_gpu":1}]}
+EOF
+}
+topology "$run/a.json" 1
+topology "$run/b.json" 2
+
+# start NAME TOPOLOGY FLAGS...: runs an agent, waits (30 s: TCG is slow) for its ready file.
+start() {
+  local name=$1 topo=$2
+  shift 2
+  rm -f "$run/$name.ready"
+  "$agent" --node="$name" --topology="$topo" --listen=127.0.0.1:0 \
+    --metrics_listen=127.0.0.1:0 --handle_socket="$run/$name.sock" \
+    --ready_file="$run/$name.ready" "$@" >"$run/$name.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 300); do
+    [ -s "$run/$name.ready" ] && return 0
+    kill -0 "${pids[-1]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "agent $name did not start; its log:"
+  sed 's/^/    /' "$run/$name.log"
+  return 1
+}
+stop_all() {  # SIGTERM; SIGKILL (and say so) after 15 s
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 150); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$p" 2>/dev/null; then
+      echo "agent pid $p did not stop in 15 s: killed"
+      kill -9 "$p" 2>/dev/null
+    fi
+    wait "$p" 2>/dev/null
+  done
+  pids=()
+}
+grpc_of() { sed -n 's/.*"grpc":"\([^"]*\)".*/\1/p' "$run/$1.ready"; }
+ready_transport() { sed -n 's/^fuselink-agent node=.* transport=\([a-z]*\) .*/\1/p' "$run/$1.log"; }
+topo_transport() { "$ctl" --agent="$1" topology 2>&1 | sed -n 's/^node .*, transport \([a-z]*\),.*/\1/p'; }
+
+# pair TRANSPORT: node-b, then node-a (peer node-b), stripe, 3 QPs per NIC, 1 MiB chunks.
+pair() {
+  local flags=(--transport="$1" --policy=stripe --qps_per_nic=3 --chunk_bytes=1048576)
+  start node-b "$run/b.json" "${flags[@]}" || return 1
+  b=$(grpc_of node-b)
+  start node-a "$run/a.json" "${flags[@]}" --peer="node-b=$b" || return 1
+  a=$(grpc_of node-a)
+}
+# transports WANT: both agents' ready lines and GetTopology say WANT.
+transports() {
+  local got
+  got="ready a=$(ready_transport node-a) b=$(ready_transport node-b);"
+  got="$got topology a=$(topo_transport "$a") b=$(topo_transport "$b")"
+  echo "$got"
+  [ "$got" = "ready a=$1 b=$1; topology a=$1 b=$1" ]
+}
+# demo OUT LAYERS BLOCKS BLOCK_BYTES: fuselinkctl demo node-a -> node-b; its exit status.
+demo() {
+  "$ctl" --agent="$a" --target_agent="$b" --source_socket="$run/node-a.sock" \
+    --target_socket="$run/node-b.sock" --demo_layers="$2" --demo_blocks="$3" \
+    --demo_block_bytes="$4" --timeout_s=60 demo >"$1" 2>&1
+}
+# per_nic OUT: "rail0=X rail1=Y" (MiB) from the completed transfer's per-NIC lines.
+per_nic() {
+  tr '\r' '\n' <"$1" | awk '
+    /^completed:/ { f = 1; next }
+    f && NF == 3 && $1 ~ /^rail/ { m = $2
+      if ($3 == "KiB") m /= 1024; else if ($3 == "GiB") m *= 1024; else if ($3 == "B") m /= 1048576
+      printf "%s%s=%.1f", sep, $1, m; sep = " " }'
+}
+verified() { grep -q "bytes match" "$1" && grep -q "^completed:" "$1"; }
+both_rails() { # "rail0=X rail1=Y": both above 0
+  echo "$1" | awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[2] > 0) n++ } exit !(n == 2) }'
+}
+# failed_writes NAME: node NAME's fuselink_nic_failed_writes_total per NIC ("rail0=N ...").
+failed_writes() {
+  local url port
+  url=$(sed -n 's/.*"metrics":"http:\/\/[^:]*:\([0-9]*\)\/.*/\1/p' "$run/$1.ready")
+  port=${url%%/*}
+  { exec 3<>"/dev/tcp/127.0.0.1/$port" &&
+    printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3 &&
+    timeout 5 cat <&3; exec 3>&-; } 2>/dev/null |
+    awk '/^fuselink_nic_failed_writes_total\{/ {
+      match($0, /nic="[^"]*"/); n = substr($0, RSTART + 5, RLENGTH - 6)
+      printf "%s%s=%s", sep, n, $NF; sep = " " }
+    END { if (sep == "") printf "n/a (no fuselink_nic_failed_writes_total)" }'
+}
+secs() { sed -n 's/^completed: .* in \([0-9.]*\) s,.*/\1/p' "$1"; }
+
+# --- (a) auto picks verbs on both agents
+t0=$(now)
+if pair auto; then
+  got=$(transports verbs)
+  result a $? "--transport=auto picks verbs on both agents: $got (started in $(since "$t0") s)"
+else
+  result a 1 "--transport=auto agents did not start"
+fi
+
+# --- (b) demo over 2 rails x 3 QPs, stripe
+if [ ${#pids[@]} -eq 2 ]; then
+  demo "$run/b.out" 16 16 131072  # 32 MiB
+  rc=$?
+  show "$run/b.out"
+  split=$(per_nic "$run/b.out")
+  ok=1
+  [ $rc -eq 0 ] && verified "$run/b.out" && grep -q "over verbs" "$run/b.out" &&
+    both_rails "$split" && ok=0
+  result b $ok "verbs demo 32 MiB, 2 rails x 3 QPs, stripe: rc=$rc, $(secs "$run/b.out") s, MiB per NIC: $split"
+else
+  result b 1 "verbs demo: no agents"
+fi
+
+# --- (d) a rail taken down mid-transfer
+if [ ${#pids[@]} -eq 2 ]; then
+  # 128 MiB: ~3 s unloaded, ~8 s on a busy host. The down comes 0.3 s after the first
+  # progress report (re-reading the bar for a percentage costs too many forks under TCG).
+  demo "$run/d.out" 32 16 262144 &
+  demo_pid=$!
+  downed=""
+  for _ in $(seq 400); do  # 20 s at most
+    if grep -qa $'\r\\[' "$run/d.out"; then  # the first progress bar (stderr; stdout is buffered)
+      sleep 0.3
+      kill -0 $demo_pid 2>/dev/null || break
+      before=$(tr '\r' '\n' <"$run/d.out" | grep '^\[' | tail -1 |
+        sed 's/^\[[#.]*\] *//;s/  */ /g')
+      t_down=$(now)
+      ip link set vA1 down
+      downed="at ${before:-0 %} (t=$(since "$t0") s, \`ip link set vA1 down\` took $(since "$t_down") s)"
+      break
+    fi
+    kill -0 $demo_pid 2>/dev/null || break
+    sleep 0.05
+  done
+  wait $demo_pid
+  rc=$?
+  echo "    transfer ended at t=$(since "$t0") s"
+  show "$run/d.out"
+  split=$(per_nic "$run/d.out")
+  failures=$(failed_writes node-a)
+  # Evidence that the down hit the transfer: writes on rail1 failed (else it proved nothing).
+  hit=$(echo "$failures" | tr ' ' '\n' | sed -n 's/^rail1=//p')
+  ok=1
+  [ -n "$downed" ] && [ $rc -eq 0 ] && verified "$run/d.out" &&
+    awk -v n="${hit:-0}" 'BEGIN { exit !(n > 0) }' && ok=0
+  result d $ok "vA1 down ${downed:-NEVER (transfer ended first)} during a 128 MiB stripe demo: rc=$rc, $(secs "$run/d.out") s, MiB per NIC: ${split:-none}; node-a failed writes: $failures$(sed -n 's/^failed: /; failed: /p' "$run/d.out" | head -1)"
+  [ $ok -eq 0 ] || { echo "    node-a's log:"; tail -n 15 "$run/node-a.log" | sed 's/^/    /'; }
+  # Informational (not counted): rail1 back up; does a new transfer use it again?
+  ip link set vA1 up
+  for _ in $(seq 100); do
+    grep -q ACTIVE /sys/class/infiniband/rxeA1/ports/1/state && break
+    sleep 0.1
+  done
+  sleep 1
+  demo "$run/e.out" 8 16 131072
+  rc=$?
+  echo "agent-check: d-back INFO rail1 up again ($(cat /sys/class/infiniband/rxeA1/ports/1/state)); next 16 MiB demo rc=$rc, $(grep -c 'bytes match' "$run/e.out") verified, MiB per NIC: $(per_nic "$run/e.out")$(sed -n 's/^failed: /; failed: /p' "$run/e.out" | head -1)"
+fi
+stop_all
+
+# --- (c) tcp when told, on the same addresses; tcp when a NIC has no RDMA device
+if pair tcp; then
+  got=$(transports tcp)
+  ok=$?
+  demo "$run/c.out" 8 16 131072
+  rc=$?
+  show "$run/c.out"
+  split=$(per_nic "$run/c.out")
+  [ $rc -eq 0 ] && verified "$run/c.out" && grep -q "over tcp" "$run/c.out" || ok=1
+  result c $ok "--transport=tcp on the rail addresses: $got; demo 16 MiB rc=$rc, $(secs "$run/c.out") s, MiB per NIC: $split"
+else
+  result c 1 "--transport=tcp agents did not start"
+fi
+stop_all
+cat >"$run/lo.json" <<EOF
+{"nics":[{"name":"rail0","address":"10.0.0.1"},{"name":"lo","address":"127.0.0.1"}]}
+EOF
+if start node-c "$run/lo.json" --transport=auto; then
+  got=$(ready_transport node-c)
+  [ "$got" = tcp ]
+  result c-auto $? "--transport=auto with 127.0.0.1 (no RDMA device) among the NICs picks: $got"
+else
+  result c-auto 1 "agent node-c did not start"
+fi
+stop_all
+echo "agent-check: took $(since "$t0") s"
+exit $failed

@@ -9,9 +9,11 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "tools/bench/sched_main.h"
 #include "tools/bench/workloads.h"
 
-ABSL_FLAG(std::string, workload, "transfer", "transfer or rpc.");
+ABSL_FLAG(std::string, workload, "transfer",
+          "transfer or rpc; the scheduler workloads: hot, serving, expert, dlrm, owner.");
 ABSL_FLAG(std::string, source_agent, "127.0.0.1:50051",
           "The source agent's gRPC address.");
 ABSL_FLAG(std::string, target_agent, "127.0.0.1:50052",
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   using namespace fuselink::bench;
   const std::string workload = absl::GetFlag(FLAGS_workload);
+  if (IsSchedWorkload(workload)) return SchedMain(workload, absl::GetFlag(FLAGS_json));
   if (workload != "transfer" && workload != "rpc") {
     return Fail(absl::InvalidArgumentError("--workload must be transfer or rpc"));
   }

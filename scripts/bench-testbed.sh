@@ -1,0 +1,134 @@
+#!/bin/bash
+# The scheduler benchmarks (issue 3) on the namespace testbed: builds (Release, its
+# own build folder), brings up two nodes with four shaped rails, starts a pair of
+# agents per policy (static, stripe, fuselink; each agent the other's peer, on fixed
+# ports of its node's management address), runs every fuselink-bench scheduler
+# workload under each policy in turn, runs scheduler_bench (the cost of a pick), and
+# tears everything down. Needs root (scripts/testbed.sh check); exits 77 otherwise.
+#
+#   scripts/bench-testbed.sh [--out DIR] [--results DIR] [--rate RATE]
+#                            [--chunk_bytes N] [--build DIR] [--workloads LIST]
+#                            [--quick]
+#
+# --out DIR        the PNGs (default docs/bench: docs/benchmarks.md shows them)
+# --results DIR    tables, timelines, logs (default /tmp/fuselink-bench-testbed)
+# --rate RATE      each rail's rate, each way (default 1gbit: the rate, not the two
+#                  cores of a developer machine, is the limit)
+# --chunk_bytes N  the agents' --chunk_bytes (default 1 MiB)
+# --workloads LIST comma-separated, default hot,serving,expert,dlrm,owner
+# --quick          smaller workloads (a check that everything runs, not numbers)
+# Extra agent flags for every agent: FUSELINK_AGENT_FLAGS (e.g. --borrow_depth=4).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=$here/docs/bench
+results=/tmp/fuselink-bench-testbed
+rate=1gbit
+chunk_bytes=1048576
+build=$here/build-bench-testbed
+workloads=hot,serving,expert,dlrm,owner
+quick=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) out=${2:?}; shift 2 ;;
+    --results) results=${2:?}; shift 2 ;;
+    --rate) rate=${2:?}; shift 2 ;;
+    --chunk_bytes) chunk_bytes=${2:?}; shift 2 ;;
+    --build) build=${2:?}; shift 2 ;;
+    --workloads) workloads=${2:?}; shift 2 ;;
+    --quick) quick=1; shift ;;
+    *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
+  esac
+done
+tb=$here/scripts/testbed.sh
+policies=(static stripe fuselink)
+
+reason=$("$tb" check 2>&1) || {
+  rc=$?
+  echo "bench-testbed: ${reason:-testbed check failed}" >&2
+  exit "$rc"
+}
+command -v gnuplot >/dev/null || echo "bench-testbed: gnuplot is missing; no PNGs" >&2
+
+echo "== build ($build)"
+cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C "$build" fuselink-agent fuselink-bench scheduler_bench | tail -n 1
+agent=$build/services/fuselink-agent
+bench=$build/tools/bench/fuselink-bench
+[ -x "$agent" ] || agent=$(find "$build" -name fuselink-agent -type f | head -n 1)
+sched_bench=$(find "$build" -name scheduler_bench -type f | head -n 1)
+
+mkdir -p "$out" "$results"
+results=$(cd "$results" && pwd)
+out=$(cd "$out" && pwd)
+name="flb$$"
+# shellcheck source=scripts/lib/testbed.sh
+. "$here/scripts/lib/testbed.sh"
+cleanup() {
+  local rc=$?
+  set +e
+  if [ "$rc" -ne 0 ] && [ -n "${TESTBED_STATE:-}" ]; then
+    for log in "$TESTBED_STATE"/*.log; do
+      [ -f "$log" ] && { echo "--- $log"; tail -n 20 "$log"; }
+    done
+  fi
+  stop_agents
+  "$tb" down --name "$name" >/dev/null || rc=1
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$tb" up --name "$name" --nodes 2 --rails 4 --rate "$rate"
+testbed_load "$name"
+state=$TESTBED_STATE
+
+# Agents: <policy>-n<i> in node i's namespace; gRPC on port 7100+p, metrics on
+# 7200+p of node i's management address, peer: the same policy's other node.
+for p in "${!policies[@]}"; do
+  policy=${policies[p]}
+  for i in 0 1; do
+    j=$((1 - i))
+    # shellcheck disable=SC2034  # read by launch_agent (scripts/lib/agents.sh)
+    agent_prefix=(ip netns exec "$(testbed_ns "$i")")
+    # shellcheck disable=SC2034
+    agent_dir=$state
+    # shellcheck disable=SC2086  # FUSELINK_AGENT_FLAGS: words
+    launch_agent "$policy-n$i" --topology="$(testbed_var TOPOLOGY "$i")" \
+      --listen="$(testbed_mgmt "$i"):$((7100 + p))" \
+      --metrics_listen="$(testbed_mgmt "$i"):$((7200 + p))" \
+      --peer="$policy-n$j=$(testbed_mgmt "$j"):$((7100 + p))" \
+      --policy="$policy" --chunk_bytes="$chunk_bytes" ${FUSELINK_AGENT_FLAGS:-}
+  done
+done
+
+sizes=()
+if [ "$quick" = 1 ]; then
+  sizes=(--hot_bytes=268435456 --serving_seconds=4 --expert_bytes=268435456
+    --dlrm_bytes=16777216 --dlrm_iterations=1 --owner_borrower_bytes=268435456
+    --owner_bytes=33554432 --owner_delay_s=0.3)
+fi
+{
+  echo "# scripts/bench-testbed.sh $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores, $(uname -r)"
+  echo "# testbed: 2 nodes, 4 rails at $rate each way; agents --chunk_bytes=$chunk_bytes ${FUSELINK_AGENT_FLAGS:-}"
+} >"$results/sched-tables.txt"
+IFS=, read -r -a list <<<"$workloads"
+for w in "${list[@]}"; do
+  echo "== $w"
+  start=$(date +%s)
+  "$bench" --workload="$w" --cluster_dir="$state" --out_dir="$results" \
+    --png="$out/sched-$w.png" --rail_bytes_per_s="$TESTBED_RATE_BYTES_PER_S" \
+    --chunk_bytes="$chunk_bytes" "${sizes[@]}" | tee "$results/$w.txt"
+  {
+    echo
+    echo "## $w ($(($(date +%s) - start)) s): fuselink-bench --workload=$w ${sizes[*]}"
+    cat "$results/$w.txt"
+  } >>"$results/sched-tables.txt"
+done
+
+if [ -n "$sched_bench" ]; then
+  echo "== scheduler_bench"
+  "$sched_bench" --benchmark_min_time=0.2 2>&1 | tee "$results/scheduler_bench.txt"
+  { echo; echo "## scheduler_bench"; cat "$results/scheduler_bench.txt"; } \
+    >>"$results/sched-tables.txt"
+fi
+echo "tables: $results/sched-tables.txt; plots: $out/sched-*.png"

@@ -1,0 +1,241 @@
+#include "tools/bench/sched_cluster.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "agent/common/grpc_status.h"
+#include "agent/common/status_macros.h"
+#include "agent/common/unique_fd.h"
+#include "grpcpp/grpcpp.h"
+
+namespace fuselink::bench {
+namespace {
+
+// A string value from a one-line JSON ready file: "key":"value".
+std::string JsonField(const std::string& json, const std::string& key) {
+  const std::string open = absl::StrCat("\"", key, "\":\"");
+  const size_t begin = json.find(open);
+  if (begin == std::string::npos) return "";
+  const size_t value = begin + open.size();
+  const size_t end = json.find('"', value);
+  return end == std::string::npos ? "" : json.substr(value, end - value);
+}
+
+absl::Status Unregister(v1::Agent::Stub& stub, const std::string& name) {
+  v1::UnregisterTensorRequest request;
+  request.set_name(name);
+  v1::UnregisterTensorResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return FromGrpcStatus(stub.UnregisterTensor(&context, request, &response));
+}
+
+}  // namespace
+
+absl::StatusOr<Cluster> LoadCluster(const std::string& dir, const std::string& policy,
+                                    int nodes, absl::Duration timeout) {
+  Cluster cluster;
+  cluster.policy = policy;
+  for (int i = 0; i < nodes; ++i) {
+    const std::string path = absl::StrCat(dir, "/", policy, "-n", i, ".json");
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    NodeAgent agent;
+    agent.grpc = JsonField(text.str(), "grpc");
+    agent.metrics_url = JsonField(text.str(), "metrics");
+    agent.handle_socket = JsonField(text.str(), "handle_socket");
+    if (agent.grpc.empty() || agent.metrics_url.empty() || agent.handle_socket.empty()) {
+      return absl::NotFoundError(absl::StrCat("no agent ready file at ", path));
+    }
+    auto channel = grpc::CreateChannel(agent.grpc, grpc::InsecureChannelCredentials());
+    if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+      return absl::UnavailableError(absl::StrCat("no agent answers at ", agent.grpc));
+    }
+    agent.stub = v1::Agent::NewStub(channel);
+    v1::Topology topology;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    FL_RETURN_IF_ERROR(FromGrpcStatus(
+        agent.stub->GetTopology(&context, v1::GetTopologyRequest(), &topology)));
+    agent.node = topology.node();
+    for (const v1::Nic& nic : topology.nics()) agent.nic_names.push_back(nic.name());
+    cluster.nodes.push_back(std::move(agent));
+  }
+  return cluster;
+}
+
+absl::StatusOr<std::unique_ptr<HomedTensor>> HomedTensor::Create(
+    NodeAgent& agent, const std::string& name, uint32_t layers, uint32_t blocks,
+    uint64_t block_bytes, uint32_t home_gpu, bool fill) {
+  const uint64_t bytes = uint64_t{layers} * blocks * block_bytes;
+  FL_ASSIGN_OR_RETURN(auto buffer, client::HostBuffer::Create(name, bytes));
+  if (fill) {
+    client::FillPattern(buffer->span(), std::random_device{}());
+  } else {
+    std::memset(buffer->data(), 0, bytes);  // faults the pages in before any transfer
+  }
+  std::unique_ptr<HomedTensor> t(
+      new HomedTensor(agent, name, layers, blocks, block_bytes, std::move(buffer)));
+  v1::Layout layout;
+  layout.set_layers(layers);
+  layout.set_blocks_per_layer(blocks);
+  layout.set_block_bytes(block_bytes);
+  FL_RETURN_IF_ERROR(client::RegisterHostTensor(*agent.stub, agent.handle_socket, name,
+                                                layout, *t->buffer_, home_gpu)
+                         .status());
+  t->registered_ = true;
+  return t;
+}
+
+HomedTensor::~HomedTensor() {
+  if (!registered_) return;
+  if (absl::Status s = Unregister(*agent_.stub, name_); !s.ok()) {
+    std::fprintf(stderr, "fuselink-bench: unregister %s on %s: %s\n", name_.c_str(),
+                 agent_.node.c_str(), s.ToString().c_str());
+  }
+}
+
+const uint8_t* HomedTensor::block(uint32_t layer, uint32_t block) const {
+  return buffer_->data() + (uint64_t{layer} * blocks_ + block) * block_bytes_;
+}
+
+v1::TransferRequest BlockRequest(const std::string& request_id, const HomedTensor& source,
+                                 uint32_t source_begin, const HomedTensor& target,
+                                 uint32_t target_begin, uint32_t count) {
+  v1::TransferRequest request;
+  request.set_request_id(request_id);
+  request.mutable_source()->set_node(source.agent().node);
+  request.mutable_source()->set_tensor(source.name());
+  request.mutable_target()->set_node(target.agent().node);
+  request.mutable_target()->set_tensor(target.name());
+  for (uint32_t i = 0; i < count; ++i) {
+    request.mutable_source()->add_block_ids(source_begin + i);
+    request.mutable_target()->add_block_ids(target_begin + i);
+  }
+  return request;
+}
+
+bool BlocksMatch(const HomedTensor& source, uint32_t source_begin,
+                 const HomedTensor& target, uint32_t target_begin, uint32_t count) {
+  for (uint32_t layer = 0; layer < source.layers(); ++layer) {
+    if (std::memcmp(source.block(layer, source_begin), target.block(layer, target_begin),
+                    count * source.block_bytes()) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<TransferTimes> RunToEnd(
+    NodeAgent& source, const v1::TransferRequest& request,
+    const std::function<void(const v1::TransferEvent&)>& on_event) {
+  TransferTimes times;
+  times.start = absl::Now();
+  client::TransferOutcome outcome =
+      client::RunTransfer(*source.stub, request, [&](const v1::TransferEvent& e) {
+        if (e.has_accepted()) times.accepted = absl::Now();
+        if (e.has_completed()) {
+          times.completed = absl::Now();
+          for (const v1::NicBytes& n : e.completed().per_nic()) {
+            times.nic_bytes.push_back(n.bytes());
+          }
+        }
+        if (on_event) on_event(e);
+      });
+  if (!outcome.status.ok()) return outcome.status;
+  if (!outcome.last.has_completed()) {
+    return absl::AbortedError(absl::StrCat(
+        request.request_id(), " did not complete: ", outcome.last.failed().message(),
+        " (", outcome.last.failed().reason(), ")"));
+  }
+  return times;
+}
+
+absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeout) {
+  constexpr absl::string_view kScheme = "http://";
+  if (!absl::StartsWith(url, kScheme)) {
+    return absl::InvalidArgumentError(absl::StrCat("not an http:// URL: ", url));
+  }
+  const std::string rest = url.substr(kScheme.size());
+  const size_t slash = rest.find('/');
+  const std::string hostport = rest.substr(0, slash);
+  const std::string path = slash == std::string::npos ? "/" : rest.substr(slash);
+  const size_t colon = hostport.rfind(':');
+  const std::string host = hostport.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "80" : hostport.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", hostport));
+  }
+  UniqueFd fd(socket(found->ai_family, found->ai_socktype, found->ai_protocol));
+  const timeval tv = absl::ToTimeval(timeout);
+  const bool connected =
+      fd.get() >= 0 &&
+      setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 &&
+      setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0 &&
+      connect(fd.get(), found->ai_addr, found->ai_addrlen) == 0;
+  freeaddrinfo(found);
+  if (!connected) {
+    return absl::UnavailableError(
+        absl::StrCat("connect to ", hostport, ": ", std::strerror(errno)));
+  }
+  const std::string get = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", hostport,
+                                       "\r\nConnection: close\r\n\r\n");
+  if (send(fd.get(), get.data(), get.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(get.size())) {
+    return absl::UnavailableError(absl::StrCat("send to ", hostport));
+  }
+  std::string response;
+  char buffer[16384];
+  for (;;) {
+    const ssize_t n = recv(fd.get(), buffer, sizeof buffer, 0);
+    if (n == 0) break;
+    if (n < 0) return absl::UnavailableError(absl::StrCat("read from ", hostport));
+    response.append(buffer, n);
+  }
+  const size_t body = response.find("\r\n\r\n");
+  if (!absl::StartsWith(response, "HTTP/1.") || body == std::string::npos ||
+      response.find(" 200 ") > body) {
+    return absl::UnavailableError(absl::StrCat("no 200 answer from ", url));
+  }
+  return response.substr(body + 4);
+}
+
+absl::StatusOr<double> MetricValue(const std::string& body, const std::string& name,
+                                   const std::map<std::string, std::string>& labels) {
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (!absl::StartsWith(line, name)) continue;
+    const absl::string_view rest = line.substr(name.size());
+    if (rest.empty() || (rest[0] != '{' && rest[0] != ' ')) continue;
+    bool all = true;
+    for (const auto& [key, value] : labels) {
+      all = all && absl::StrContains(rest, absl::StrCat(key, "=\"", value, "\""));
+    }
+    if (!all) continue;
+    const size_t space = rest.rfind(' ');
+    double v = 0;
+    if (space != absl::string_view::npos &&
+        absl::SimpleAtod(rest.substr(space + 1), &v)) {
+      return v;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no sample of ", name));
+}
+
+}  // namespace fuselink::bench

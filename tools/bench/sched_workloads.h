@@ -1,0 +1,96 @@
+// The scheduler workloads of fuselink-bench (issue 3): each runs against the agents
+// of one policy on the namespace testbed (node 0 = A, node 1 = B; GPU k owns NIC k)
+// and gives one row; RunSchedWorkload runs it for every policy in turn and adds the
+// ratio to static.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tools/bench/report.h"
+#include "tools/bench/sched_cluster.h"
+#include "tools/bench/sched_timeline.h"
+
+namespace fuselink::bench {
+
+struct SchedOptions {
+  // DIR/<policy>-n<i>.json: the ready files of each policy's agents.
+  std::string cluster_dir;
+  std::vector<std::string> policies = {"static", "stripe", "fuselink"};
+  // Where the rate timelines (.dat), the gnuplot script and the PNG go; empty: none.
+  std::string out_dir;
+  std::string png;
+  // The agents' --chunk_bytes and one rail's rate: a chunk time is their ratio.
+  uint64_t chunk_bytes = 1 << 20;
+  double rail_bytes_per_s = 125e6;
+  absl::Duration sample_period = absl::Milliseconds(100);
+  uint32_t seed = 1;
+  int nics = 4;  // GPUs (and NICs) per node
+
+  // hot: one tensor from GPU 0 of A to GPU 0 of B.
+  uint64_t hot_bytes = 1ull << 30;
+  // serving: 4 prefill instances (A's GPUs) to 4 decode instances (B's GPUs).
+  double serving_seconds = 20;
+  double serving_arrivals_per_s = 1.5;  // per instance, Poisson
+  double prompt_tokens_median = 1024;   // lognormal
+  double prompt_tokens_sigma = 1.0;
+  uint32_t max_tokens = 4096;
+  uint64_t kv_bytes_per_token = 16 << 10;
+  // expert: bytes of the whole combine all-to-all, both nodes together.
+  uint64_t expert_bytes = 1ull << 30;
+  double expert_zipf_s = 1.0;
+  // dlrm: mean bytes a worker sends per iteration.
+  uint64_t dlrm_bytes = 64ull << 20;
+  double dlrm_sigma = 0.6;
+  int dlrm_iterations = 3;
+  // owner: GPU 0 streams `owner_borrower_transfers` tensors (total
+  // `owner_borrower_bytes`); `owner_delay` later GPU 1 sends `owner_bytes`.
+  uint64_t owner_borrower_bytes = 1ull << 30;
+  int owner_borrower_transfers = 8;
+  uint64_t owner_bytes = 128ull << 20;
+  absl::Duration owner_delay = absl::Seconds(1);
+};
+
+// One policy's row, and the figure its ratio to static is taken on.
+struct PolicyRow {
+  Result result;
+  double key = 0;
+  bool higher_is_better = true;
+};
+
+// What a workload knows of the policies run before it in the same run.
+struct RunContext {
+  double static_owner_solo_gbps = 0;  // owner: the owner alone on its own NIC
+};
+
+using WorkloadFn = absl::StatusOr<PolicyRow> (*)(Cluster&, const SchedOptions&, Sampler&,
+                                                 RunContext&);
+absl::StatusOr<PolicyRow> HotWorkload(Cluster&, const SchedOptions&, Sampler&,
+                                      RunContext&);
+absl::StatusOr<PolicyRow> ServingWorkload(Cluster&, const SchedOptions&, Sampler&,
+                                          RunContext&);
+absl::StatusOr<PolicyRow> ExpertWorkload(Cluster&, const SchedOptions&, Sampler&,
+                                         RunContext&);
+absl::StatusOr<PolicyRow> DlrmWorkload(Cluster&, const SchedOptions&, Sampler&,
+                                       RunContext&);
+absl::StatusOr<PolicyRow> OwnerWorkload(Cluster&, const SchedOptions&, Sampler&,
+                                        RunContext&);
+
+// hot, serving, expert, dlrm or owner; nullptr otherwise.
+WorkloadFn FindSchedWorkload(const std::string& name);
+
+// `name` under every policy of `options`, one row each, with `x_static` added.
+absl::StatusOr<std::vector<Result>> RunSchedWorkload(const std::string& name,
+                                                     const SchedOptions& options);
+
+// Shared by the workloads: a small transfer each way so that every peer session is
+// connected before anything is timed.
+absl::Status WarmUp(Cluster& cluster);
+// Seconds to move `bytes` over one rail.
+inline double RailSeconds(const SchedOptions& o, double bytes) {
+  return bytes / o.rail_bytes_per_s;
+}
+
+}  // namespace fuselink::bench

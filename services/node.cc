@@ -1,5 +1,7 @@
 #include "services/node.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/tcp_fabric.h"
@@ -34,12 +36,12 @@ absl::Status Node::Start() {
   std::vector<uint32_t> owners;
   for (const v1::Nic& nic : topology_.nics()) owners.push_back(nic.owner_gpu());
   scheduler_ = std::make_unique<sched::Scheduler>(policy, owners, options_.limits);
-  // One relay slot per chunk a NIC may carry for borrowers (borrow_depth), or, for
-  // stripe, per chunk one transfer may have in flight.
-  const uint32_t relay_slots = policy == sched::Policy::kStatic ? 0
-                               : policy == sched::Policy::kStripe
-                                   ? options_.engine.window_chunks
-                                   : options_.limits.borrow_depth;
+  // One relay slot per chunk a NIC may carry for other GPUs: borrow_depth, or for
+  // stripe one transfer's window. At least one, so that a failover away from a dead
+  // direct NIC (a chunk on another GPU's NIC under any policy) always has a slot.
+  const uint32_t relay_slots = std::max<uint32_t>(1, policy == sched::Policy::kStripe
+                                                         ? options_.engine.window_chunks
+                                                         : options_.limits.borrow_depth);
   FL_ASSIGN_OR_RETURN(
       relay_, relay::RelayPool::Create(fabric_.get(), topology_.nics_size(), relay_slots,
                                        options_.engine.chunk_bytes));

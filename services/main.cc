@@ -36,7 +36,7 @@ ABSL_FLAG(std::vector<std::string>, peer, {},
 ABSL_FLAG(std::string, policy, "fuselink",
           "NIC policy: fuselink (borrow idle NICs, owners first), static (own NIC "
           "only) or stripe (every NIC, owners ignored).");
-ABSL_FLAG(uint32_t, direct_depth, 4,
+ABSL_FLAG(uint32_t, direct_depth, 8,
           "Chunks in flight on a GPU's own NIC before it borrows.");
 ABSL_FLAG(uint32_t, borrow_depth, 2,
           "Borrowed chunks in flight per NIC: what a returning owner waits for at most.");

@@ -48,7 +48,7 @@ absl::string_view PolicyName(Policy policy);
 
 struct Limits {
   // Chunks in flight on a NIC before its owner's next chunk spills to a borrowed one.
-  uint32_t direct_depth = 4;
+  uint32_t direct_depth = 8;
   // Borrowed chunks in flight on one NIC: what a returning owner waits for at most.
   uint32_t borrow_depth = 2;
 };

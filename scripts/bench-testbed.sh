@@ -1,5 +1,5 @@
 #!/bin/bash
-# The scheduler benchmarks (issue 3) on the namespace testbed: builds (Release, its
+# The scheduler benchmarks on the namespace testbed: builds (Release, its
 # own build folder), brings up two nodes with four shaped rails, starts a pair of
 # agents per policy (static, stripe, fuselink; each agent the other's peer, on fixed
 # ports of its node's management address), runs every fuselink-bench scheduler

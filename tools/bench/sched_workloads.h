@@ -1,4 +1,4 @@
-// The scheduler workloads of fuselink-bench (issue 3): each runs against the agents
+// The scheduler workloads of fuselink-bench: each runs against the agents
 // of one policy on the namespace testbed (node 0 = A, node 1 = B; GPU k owns NIC k)
 // and gives one row; RunSchedWorkload runs it for every policy in turn and adds the
 // ratio to static.

@@ -15,9 +15,8 @@ namespace fuselink::fabric {
 inline absl::Status CheckRemoteEndpoints(const std::vector<Endpoint>& remote,
                                          size_t nic_count) {
   if (remote.size() != nic_count) {
-    return absl::InvalidArgumentError(absl::StrCat("peer has ", remote.size(),
-                                                   " endpoints, this node ", nic_count,
-                                                   " NICs"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer has ", remote.size(), " endpoints, this node ", nic_count, " NICs"));
   }
   for (size_t nic = 0; nic < remote.size(); ++nic) {
     if (remote[nic].nic != static_cast<int>(nic)) {

@@ -124,9 +124,9 @@ absl::StatusOr<NicBinding> BindAddress(absl::string_view ipv4) {
     if (!index.has_value()) continue;
     if (port.link_layer != IBV_LINK_LAYER_ETHERNET) continue;
     if (port.state != IBV_PORT_ACTIVE) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(port.device, " port ", port.port, " carries ", ipv4, " but is ",
-                       ibv_port_state_str(port.state)));
+      return absl::FailedPreconditionError(absl::StrCat(port.device, " port ", port.port,
+                                                        " carries ", ipv4, " but is ",
+                                                        ibv_port_state_str(port.state)));
     }
     return NicBinding{.port = std::move(port), .gid_index = *index, .gid = gid};
   }

@@ -62,7 +62,7 @@ struct VerbsFabricOptions {
 // INVALID_ARGUMENT for options out of bounds; NOT_FOUND / FAILED_PRECONDITION when a
 // NIC address has no active RDMA port; the verbs or socket failure otherwise, naming
 // the NIC. `handler` must outlive the fabric.
-absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(const VerbsFabricOptions& options,
-                                                          Handler* handler);
+absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(
+    const VerbsFabricOptions& options, Handler* handler);
 
 }  // namespace fuselink::fabric

@@ -96,7 +96,8 @@ wire::Hello ControlLink::LocalHello(std::string name) const {
                     .name = std::move(name),
                     .qps = {}};
   std::memcpy(hello.gid.data(), nic_.binding().gid.raw, wire::kGidBytes);
-  for (VerbsQp* qp : qps_) hello.qps.push_back({.qpn = nic_.qpn(qp), .psn = nic_.psn(qp)});
+  for (VerbsQp* qp : qps_)
+    hello.qps.push_back({.qpn = nic_.qpn(qp), .psn = nic_.psn(qp)});
   return hello;
 }
 
@@ -131,7 +132,8 @@ absl::StatusOr<wire::Decoded> ControlLink::ReadFrame() {
 absl::Status ControlLink::Handshake(absl::string_view node_name, uint32_t qp_count) {
   FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHandshakeTimeoutMs));
   FL_RETURN_IF_ERROR(CreateQps(qp_count));
-  FL_ASSIGN_OR_RETURN(std::string hello, wire::EncodeHello(LocalHello(std::string(node_name))));
+  FL_ASSIGN_OR_RETURN(std::string hello,
+                      wire::EncodeHello(LocalHello(std::string(node_name))));
   {
     iovec iov[1] = {{hello.data(), hello.size()}};
     absl::MutexLock lock(&send_mu_);
@@ -241,8 +243,8 @@ absl::Status ControlLink::PushAdd(wire::RegionAdd add) {
     uint64_t seq;
   } args{&acked_seq_, &ack_dead_, add.seq};
   if (!ack_mu_.AwaitWithTimeout(
-          absl::Condition(+[](Args* a) { return *a->acked >= a->seq || *a->dead; },
-                          &args),
+          absl::Condition(
+              +[](Args* a) { return *a->acked >= a->seq || *a->dead; }, &args),
           kRegionAckTimeout)) {
     return absl::DeadlineExceededError(
         absl::StrCat("no ACK for region ", add.key, " on NIC ", nic_.index()));

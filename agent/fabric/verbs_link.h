@@ -107,7 +107,8 @@ class ControlLink {
   absl::Status CreateQps(uint32_t count);
   absl::Status ConnectQps(const wire::HelloHeader& hello,
                           const std::vector<wire::QpInfo>& infos);
-  absl::Status SendFrame(const wire::Frame& frame) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  absl::Status SendFrame(const wire::Frame& frame)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
   absl::StatusOr<wire::Decoded> ReadFrame();
   absl::Status ApplyRegionFrame(const wire::Decoded& frame);
   wire::Hello LocalHello(std::string name) const;

@@ -88,17 +88,21 @@ absl::Status WcStatus(const ibv_wc& wc, const absl::Status& close_reason) {
 
 Nic::Nic(int index, NicBinding binding, const NicSizing& sizing, const RcParams& rc,
          NicHost& host)
-    : index_(index), binding_(std::move(binding)), sizing_(sizing), rc_(rc), host_(host) {}
+    : index_(index),
+      binding_(std::move(binding)),
+      sizing_(sizing),
+      rc_(rc),
+      host_(host) {}
 
 absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(int index, NicBinding binding,
-                                               const NicSizing& sizing, const RcParams& rc,
-                                               NicHost& host) {
+                                               const NicSizing& sizing,
+                                               const RcParams& rc, NicHost& host) {
   const std::string context =
       absl::StrCat("NIC ", index, " (", binding.port.device, " port ", binding.port.port,
                    ", GID index ", binding.gid_index, ")");
   auto fail = [&](const absl::Status& status) { return WithContext(status, context); };
-  const uint64_t cq_entries = 2ull * sizing.queue_depth +
-                              uint64_t{sizing.max_qps} * sizing.recv_depth_per_qp;
+  const uint64_t cq_entries =
+      2ull * sizing.queue_depth + uint64_t{sizing.max_qps} * sizing.recv_depth_per_qp;
   if (cq_entries > static_cast<uint64_t>(binding.port.max_cqe)) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "a CQ of ", cq_entries, " entries exceeds max_cqe ", binding.port.max_cqe)));
@@ -118,7 +122,8 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(int index, NicBinding binding,
     nic->context_ = *std::move(opened);
   }
   if (!nic->context_) return fail(absl::NotFoundError("the device is gone"));
-  if (absl::Status s = MakeAsyncFdNonBlocking(nic->context_.get()); !s.ok()) return fail(s);
+  if (absl::Status s = MakeAsyncFdNonBlocking(nic->context_.get()); !s.ok())
+    return fail(s);
   absl::StatusOr<ProtectionDomain> pd = AllocPd(nic->context_.get());
   if (!pd.ok()) return fail(pd.status());
   nic->pd_ = *std::move(pd);
@@ -160,12 +165,11 @@ absl::StatusOr<VerbsQp*> Nic::CreateQp(uint64_t link) {
       return absl::ResourceExhaustedError(
           absl::StrCat("NIC ", index_, " already has ", sizing_.max_qps, " QPs"));
     }
-    FL_ASSIGN_OR_RETURN(
-        QueuePair qp,
-        QueuePair::Create(pd_.get(), cq_.get(),
-                          {.send_wrs = 2 * sizing_.send_depth_per_qp,
-                           .recv_wrs = sizing_.recv_depth_per_qp,
-                           .inline_bytes = sizeof(Descriptor)}));
+    FL_ASSIGN_OR_RETURN(QueuePair qp,
+                        QueuePair::Create(pd_.get(), cq_.get(),
+                                          {.send_wrs = 2 * sizing_.send_depth_per_qp,
+                                           .recv_wrs = sizing_.recv_depth_per_qp,
+                                           .inline_bytes = sizeof(Descriptor)}));
     FL_RETURN_IF_ERROR(qp.ToInit(rc_));
     auto owned = std::make_unique<VerbsQp>(index, generations_[index], link,
                                            std::move(qp), sizing_.send_depth_per_qp);
@@ -264,13 +268,13 @@ absl::Status Nic::Post(VerbsQp* qp, const WriteOp& op, WriteSource source,
       return absl::ResourceExhaustedError(absl::StrCat(
           "NIC ", index_, " has ", sizing_.queue_depth, " writes outstanding"));
     }
-  } while (!send_quota_used_.compare_exchange_weak(used, used + 1,
-                                                   std::memory_order_acq_rel));
+  } while (
+      !send_quota_used_.compare_exchange_weak(used, used + 1, std::memory_order_acq_rel));
   absl::MutexLock lock(&qp->mu);
   absl::Status refused;
   if (qp->state != VerbsQp::State::kActive) {
-    refused = absl::UnavailableError(absl::StrCat("QP ", qp->qp.qpn(), " on NIC ", index_,
-                                                  " is closed"));
+    refused = absl::UnavailableError(
+        absl::StrCat("QP ", qp->qp.qpn(), " on NIC ", index_, " is closed"));
   } else if (qp->tail - qp->head >= qp->ring.size()) {
     refused = absl::ResourceExhaustedError(absl::StrCat(
         "QP ", qp->qp.qpn(), " has ", qp->ring.size(), " writes outstanding"));
@@ -288,7 +292,8 @@ absl::Status Nic::Post(VerbsQp* qp, const WriteOp& op, WriteSource source,
   descriptor_sge.addr = reinterpret_cast<uintptr_t>(&descriptor);
   descriptor_sge.length = sizeof(descriptor);
   ibv_send_wr send{};
-  send.wr_id = wr_id::Encode({.slot = slot, .qp = qp->index, .generation = qp->generation});
+  send.wr_id =
+      wr_id::Encode({.slot = slot, .qp = qp->index, .generation = qp->generation});
   send.opcode = IBV_WR_SEND_WITH_IMM;
   send.imm_data = htonl(op.imm);
   send.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
@@ -391,17 +396,17 @@ void Nic::HandleRecv(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
   }
   if (wc.status != IBV_WC_SUCCESS) {
     if (wc.status != IBV_WC_WR_FLUSH_ERR) {
-      CloseQp(&qp, absl::UnavailableError(absl::StrCat(
-                       "receive failed: ", ibv_wc_status_str(wc.status))));
+      CloseQp(&qp, absl::UnavailableError(
+                       absl::StrCat("receive failed: ", ibv_wc_status_str(wc.status))));
     }
     return;
   }
   Descriptor descriptor;
-  std::memcpy(&descriptor,
-              recv_arena_.data() +
-                  (size_t{qp.index} * sizing_.recv_depth_per_qp + id.slot) *
-                      sizeof(Descriptor),
-              sizeof(descriptor));
+  std::memcpy(
+      &descriptor,
+      recv_arena_.data() +
+          (size_t{qp.index} * sizing_.recv_depth_per_qp + id.slot) * sizeof(Descriptor),
+      sizeof(descriptor));
   // The NIC has bounds-checked the payload against the MR; this checks the
   // descriptor's claim, as the TCP fabric checks a WRITE header: a bad one closes.
   const bool well_formed =
@@ -452,8 +457,8 @@ void Nic::FinalizeDrained() {
         forced.push_back({.wr_id = slot.user_wr_id,
                           .nic = index_,
                           .bytes = slot.bytes,
-                          .status = absl::UnavailableError(absl::StrCat(
-                              "QP closed: ", qp->close_reason.message()))});
+                          .status = absl::UnavailableError(
+                              absl::StrCat("QP closed: ", qp->close_reason.message()))});
       }
       qp->finalized = true;
       why = qp->close_reason;
@@ -478,8 +483,8 @@ void Nic::DrainAsyncEvents() {
     switch (event.event_type) {
       case IBV_EVENT_PORT_ERR:
         port_down_.store(true);
-        CloseAll(absl::UnavailableError(
-            absl::StrCat("NIC ", index_, " (", binding_.port.device, ") port went down")));
+        CloseAll(absl::UnavailableError(absl::StrCat(
+            "NIC ", index_, " (", binding_.port.device, ") port went down")));
         host_.OnPortChange(index_, /*down=*/true);
         break;
       case IBV_EVENT_PORT_ACTIVE:

@@ -86,8 +86,8 @@ constexpr uint64_t Encode(const Fields& f) {
 constexpr Fields Decode(uint64_t id) {
   return Fields{.slot = static_cast<uint32_t>(id & ((1u << kSlotBits) - 1)),
                 .qp = static_cast<uint32_t>((id >> kSlotBits) & ((1u << kQpBits) - 1)),
-                .generation =
-                    static_cast<uint32_t>((id >> (kSlotBits + kQpBits)) & kGenerationMask),
+                .generation = static_cast<uint32_t>((id >> (kSlotBits + kQpBits)) &
+                                                    kGenerationMask),
                 .payload = ((id >> 62) & 1) != 0,
                 .recv = ((id >> 63) & 1) != 0};
 }

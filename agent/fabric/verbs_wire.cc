@@ -18,7 +18,8 @@ constexpr uint32_t kMaxMtu = 5;
 
 template <typename T>
 void Put(std::span<uint8_t> out, size_t at, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[at + i] = static_cast<uint8_t>(value >> (8 * i));
+  for (size_t i = 0; i < sizeof(T); ++i)
+    out[at + i] = static_cast<uint8_t>(value >> (8 * i));
 }
 template <typename T>
 T Get(std::span<const uint8_t> in, size_t at) {
@@ -119,7 +120,8 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
                         .qp_count = Get<uint32_t>(in, kWordAt[1]),
                         .mtu = Get<uint32_t>(in, kWordAt[2]),
                         .name_bytes = Get<uint32_t>(in, kWordAt[3])};
-      if (!ZeroBetween(in, kDwordAt[0], kGidAt)) return Bad("HELLO with unused fields set");
+      if (!ZeroBetween(in, kDwordAt[0], kGidAt))
+        return Bad("HELLO with unused fields set");
       if (hello.qp_count < 1 || hello.qp_count > kMaxQpsPerHello) {
         return Bad(absl::StrCat("HELLO with ", hello.qp_count, " QPs"));
       }
@@ -132,14 +134,16 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
     }
     case FrameType::kRefuse: {
       if (!ZeroBetween(in, kWordAt[1], kFrameBytes)) return Bad("REFUSE with fields set");
-      if (word0 == 0 || word0 > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+      if (word0 == 0 ||
+          word0 > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
         return Bad(absl::StrCat("REFUSE with code ", word0));
       }
       return Refuse{.code = static_cast<absl::StatusCode>(word0)};
     }
     case FrameType::kRegionAdd: {
       if (word0 == 0) return Bad("REGION_ADD for key 0");
-      if (!ZeroBetween(in, kWordAt[2], kDwordAt[0]) || !ZeroBetween(in, kGidAt, kFrameBytes)) {
+      if (!ZeroBetween(in, kWordAt[2], kDwordAt[0]) ||
+          !ZeroBetween(in, kGidAt, kFrameBytes)) {
         return Bad("REGION_ADD with unused fields set");
       }
       return RegionAdd{.key = word0,
@@ -150,7 +154,8 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
     }
     case FrameType::kRegionRemove: {
       if (word0 == 0) return Bad("REGION_REMOVE for key 0");
-      if (!ZeroBetween(in, kWordAt[1], kDwordAt[2]) || !ZeroBetween(in, kGidAt, kFrameBytes)) {
+      if (!ZeroBetween(in, kWordAt[1], kDwordAt[2]) ||
+          !ZeroBetween(in, kGidAt, kFrameBytes)) {
         return Bad("REGION_REMOVE with unused fields set");
       }
       return RegionRemove{.key = word0, .seq = Get<uint64_t>(in, kDwordAt[2])};
@@ -159,7 +164,8 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
       if (!ZeroBetween(in, kWordAt[0], kFrameBytes)) return Bad("READY with fields set");
       return Ready{};
     case FrameType::kAck:
-      if (!ZeroBetween(in, kWordAt[0], kDwordAt[2]) || !ZeroBetween(in, kGidAt, kFrameBytes)) {
+      if (!ZeroBetween(in, kWordAt[0], kDwordAt[2]) ||
+          !ZeroBetween(in, kGidAt, kFrameBytes)) {
         return Bad("ACK with unused fields set");
       }
       return Ack{.seq = Get<uint64_t>(in, kDwordAt[2])};

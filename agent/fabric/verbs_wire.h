@@ -72,8 +72,8 @@ struct Hello {
   uint32_t nic = 0;
   uint32_t mtu = 0;  // ibv_mtu
   std::array<uint8_t, kGidBytes> gid{};
-  std::string name;          // empty in the reply
-  std::vector<QpInfo> qps;   // 1..kMaxQpsPerHello
+  std::string name;         // empty in the reply
+  std::vector<QpInfo> qps;  // 1..kMaxQpsPerHello
 };
 struct HelloHeader {  // a decoded HELLO frame, before its name and QP records
   uint32_t nic = 0;

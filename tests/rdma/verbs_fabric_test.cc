@@ -2,6 +2,8 @@
 // of the rails and "b" on the B ends. FUSELINK_RDMA_RAILS="a0,b0;a1,b1" names each
 // rail's two IPv4 addresses, FUSELINK_RDMA_VETHS="vA0,vB0;..." their interfaces
 // (scripts/rdma-vm.sh sets both inside its Soft-RoCE VM). Skips, saying why, elsewhere.
+#include "agent/fabric/verbs_fabric.h"
+
 #include <sys/stat.h>
 
 #include <chrono>
@@ -20,7 +22,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "agent/fabric/verbs_device.h"
-#include "agent/fabric/verbs_fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 
@@ -53,7 +54,8 @@ std::vector<Rail> Rails() {
   auto addresses = Pairs("FUSELINK_RDMA_RAILS");
   auto veths = Pairs("FUSELINK_RDMA_VETHS");
   for (size_t i = 0; i < addresses.size(); ++i) {
-    Rail rail{.a = addresses[i].first, .b = addresses[i].second, .a_veth = "", .b_veth = ""};
+    Rail rail{
+        .a = addresses[i].first, .b = addresses[i].second, .a_veth = "", .b_veth = ""};
     if (i < veths.size()) std::tie(rail.a_veth, rail.b_veth) = veths[i];
     rails.push_back(rail);
   }
@@ -118,7 +120,8 @@ class VerbsFabricTest : public ::testing::Test {
   }
   // A region of `bytes` filled with `fill`, registered on `fabric`.
   RegionKey Region(Fabric& fabric, std::vector<uint8_t>& memory) {
-    absl::StatusOr<RegionKey> key = fabric.RegisterRegion(memory.data(), memory.size(), nullptr);
+    absl::StatusOr<RegionKey> key =
+        fabric.RegisterRegion(memory.data(), memory.size(), nullptr);
     EXPECT_TRUE(key.ok()) << key.status();
     return key.value_or(0);
   }
@@ -136,23 +139,25 @@ TEST_F(VerbsFabricTest, DiscoveryPicksTheRoceV2GidOfEachAddress) {
     for (const std::string& address : {rail.a, rail.b}) {
       absl::StatusOr<verbs::NicBinding> binding = verbs::BindAddress(address);
       ASSERT_TRUE(binding.ok()) << binding.status();
-      const std::string base = absl::StrCat("/sys/class/infiniband/", binding->port.device,
-                                            "/ports/", binding->port.port);
+      const std::string base = absl::StrCat(
+          "/sys/class/infiniband/", binding->port.device, "/ports/", binding->port.port);
       std::string gid, type;
       std::getline(std::ifstream(absl::StrCat(base, "/gids/", binding->gid_index)), gid);
-      std::getline(std::ifstream(absl::StrCat(base, "/gid_attrs/types/", binding->gid_index)),
-                   type);
+      std::getline(
+          std::ifstream(absl::StrCat(base, "/gid_attrs/types/", binding->gid_index)),
+          type);
       EXPECT_EQ(verbs::GidToString(binding->gid), absl::StrCat("::ffff:", address));
       EXPECT_NE(gid.find("ffff"), std::string::npos) << gid;
       EXPECT_EQ(type, "RoCE v2");
-      std::printf("discovery: %s -> %s port %d GID index %u (%s, %s) netdev %s mtu %d "
-                  "max_qp_wr %d max_cqe %d max_sge %d max_mr_size %llu pci '%s'\n",
-                  address.c_str(), binding->port.device.c_str(), binding->port.port,
-                  binding->gid_index, gid.c_str(), type.c_str(),
-                  binding->port.netdev.c_str(), 128 << binding->port.active_mtu,
-                  binding->port.max_qp_wr, binding->port.max_cqe, binding->port.max_sge,
-                  static_cast<unsigned long long>(binding->port.max_mr_size),
-                  binding->port.pci_path.c_str());
+      std::printf(
+          "discovery: %s -> %s port %d GID index %u (%s, %s) netdev %s mtu %d "
+          "max_qp_wr %d max_cqe %d max_sge %d max_mr_size %llu pci '%s'\n",
+          address.c_str(), binding->port.device.c_str(), binding->port.port,
+          binding->gid_index, gid.c_str(), type.c_str(), binding->port.netdev.c_str(),
+          128 << binding->port.active_mtu, binding->port.max_qp_wr, binding->port.max_cqe,
+          binding->port.max_sge,
+          static_cast<unsigned long long>(binding->port.max_mr_size),
+          binding->port.pci_path.c_str());
       if (!rail.a_veth.empty()) {
         EXPECT_EQ(binding->port.netdev, address == rail.a ? rail.a_veth : rail.b_veth);
       }
@@ -182,7 +187,6 @@ TEST_F(VerbsFabricTest, SetsUpAndTearsDownQps) {
   b_.reset();
 }
 
-
 class VerbsWriteTest : public VerbsFabricTest,
                        public ::testing::WithParamInterface<std::pair<int, int>> {};
 
@@ -207,9 +211,13 @@ TEST_P(VerbsWriteTest, RandomWritesLandExactly) {
       offset += 100;
       continue;
     }
-    ops.push_back({.local_key = source_key, .local_offset = offset, .remote_key = *target_key,
-                   .remote_offset = offset, .bytes = bytes,
-                   .imm = static_cast<uint32_t>(ops.size()), .wr_id = ops.size()});
+    ops.push_back({.local_key = source_key,
+                   .local_offset = offset,
+                   .remote_key = *target_key,
+                   .remote_offset = offset,
+                   .bytes = bytes,
+                   .imm = static_cast<uint32_t>(ops.size()),
+                   .wr_id = ops.size()});
     offset += bytes;
   }
   ops.push_back({.imm = 0xC0FFEE, .wr_id = ops.size()});  // a notification
@@ -269,10 +277,15 @@ TEST_F(VerbsFabricTest, WriteBeyondTheRemoteRegionFailsOnlyThatWrite) {
   std::vector<uint8_t> target(128 << 10, kUntouched);
   const RegionKey source_key = Region(*a_, source);
   // Registered: the first 64 KiB only.
-  absl::StatusOr<RegionKey> target_key = b_->RegisterRegion(target.data(), 64 << 10, nullptr);
+  absl::StatusOr<RegionKey> target_key =
+      b_->RegisterRegion(target.data(), 64 << 10, nullptr);
   ASSERT_TRUE(target_key.ok());
-  WriteOp bad{.local_key = source_key, .remote_key = *target_key,
-              .remote_offset = 60 << 10, .bytes = 8 << 10, .imm = 1, .wr_id = 1};
+  WriteOp bad{.local_key = source_key,
+              .remote_key = *target_key,
+              .remote_offset = 60 << 10,
+              .bytes = 8 << 10,
+              .imm = 1,
+              .wr_id = 1};
   ASSERT_TRUE(a_->PostWrite(b_on_a_, 0, bad).ok());
   ASSERT_TRUE(a_events_.WaitForCompletions(1));
   const Completion failed = a_events_.completions()[0];
@@ -283,8 +296,13 @@ TEST_F(VerbsFabricTest, WriteBeyondTheRemoteRegionFailsOnlyThatWrite) {
   // The other QP on NIC 0, and NIC 1, still carry writes.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   for (uint64_t id = 2; id < 6; ++id) {
-    WriteOp good{.local_key = source_key, .local_offset = 0, .remote_key = *target_key,
-                 .remote_offset = (id - 2) * 4096, .bytes = 4096, .imm = 2, .wr_id = id};
+    WriteOp good{.local_key = source_key,
+                 .local_offset = 0,
+                 .remote_key = *target_key,
+                 .remote_offset = (id - 2) * 4096,
+                 .bytes = 4096,
+                 .imm = 2,
+                 .wr_id = id};
     absl::Status posted = a_->PostWrite(b_on_a_, static_cast<int>(id % 2), good);
     ASSERT_TRUE(posted.ok()) << posted;
   }
@@ -317,8 +335,11 @@ TEST_F(VerbsFabricTest, RailDownFailsItsWritesUnavailableExactlyOnce) {
   });
   const auto started = Clock::now();
   while (posted < kWrites && Clock::now() - started < std::chrono::seconds(20)) {
-    WriteOp op{.local_key = source_key, .remote_key = target_key,
-               .remote_offset = (posted % 2) * kChunk, .bytes = kChunk, .imm = 7,
+    WriteOp op{.local_key = source_key,
+               .remote_key = target_key,
+               .remote_offset = (posted % 2) * kChunk,
+               .bytes = kChunk,
+               .imm = 7,
                .wr_id = static_cast<uint64_t>(posted)};
     absl::Status status = a_->PostWrite(b_on_a_, 1, op);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
@@ -357,7 +378,10 @@ TEST_F(VerbsFabricTest, RailDownFailsItsWritesUnavailableExactlyOnce) {
   EXPECT_GT(unavailable, 0);
   EXPECT_EQ(other, 0);
   // Rail 0 still works.
-  WriteOp op{.local_key = source_key, .remote_key = target_key, .bytes = 4096, .imm = 8,
+  WriteOp op{.local_key = source_key,
+             .remote_key = target_key,
+             .bytes = 4096,
+             .imm = 8,
              .wr_id = 100000};
   absl::Status status = a_->PostWrite(b_on_a_, 0, op);
   EXPECT_TRUE(status.ok()) << status;
@@ -382,7 +406,9 @@ TEST_F(VerbsFabricTest, Throughput) {
     size_t posted = 0;
     const auto started = Clock::now();
     while (Clock::now() - started < std::chrono::seconds(5)) {
-      WriteOp op{.local_key = source_key, .remote_key = target_key, .bytes = chunk,
+      WriteOp op{.local_key = source_key,
+                 .remote_key = target_key,
+                 .bytes = chunk,
                  .wr_id = posted};
       absl::Status status = a_->PostWrite(b_on_a_, 0, op);
       if (status.ok()) {
@@ -394,18 +420,19 @@ TEST_F(VerbsFabricTest, Throughput) {
     }
     ASSERT_TRUE(a_events_.WaitForCompletions(before + posted));
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-    std::printf("bench: fuselink verbs write %u B x %zu over 1 NIC, 2 QPs: %.3f Gbit/s "
-                "(%.1f MB/s)\n",
-                chunk, posted, posted * chunk * 8 / seconds / 1e9,
-                posted * chunk / seconds / 1e6);
+    std::printf(
+        "bench: fuselink verbs write %u B x %zu over 1 NIC, 2 QPs: %.3f Gbit/s "
+        "(%.1f MB/s)\n",
+        chunk, posted, posted * chunk * 8 / seconds / 1e9,
+        posted * chunk / seconds / 1e6);
   }
   std::vector<uint8_t> big(256 << 20, 1);
   const auto started = Clock::now();
   absl::StatusOr<RegionKey> key = a_->RegisterRegion(big.data(), big.size(), nullptr);
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   ASSERT_TRUE(key.ok());
-  std::printf("bench: register 256 MiB on 1 NIC: %.1f ms = %.0f ms per GiB\n", seconds * 1e3,
-              seconds * 4e3);
+  std::printf("bench: register 256 MiB on 1 NIC: %.1f ms = %.0f ms per GiB\n",
+              seconds * 1e3, seconds * 4e3);
 }
 
 }  // namespace

@@ -16,8 +16,8 @@ TEST(VerbsWire, HelloRoundTrips) {
   absl::StatusOr<std::string> bytes = wire::EncodeHello(hello);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   ASSERT_EQ(bytes->size(), wire::kFrameBytes + 6 + 2 * wire::kQpInfoBytes);
-  absl::StatusOr<wire::Decoded> decoded = wire::DecodeFrame(
-      std::span<const uint8_t, wire::kFrameBytes>(
+  absl::StatusOr<wire::Decoded> decoded =
+      wire::DecodeFrame(std::span<const uint8_t, wire::kFrameBytes>(
           reinterpret_cast<const uint8_t*>(bytes->data()), wire::kFrameBytes));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   const auto& header = std::get<wire::HelloHeader>(*decoded);
@@ -95,10 +95,19 @@ TEST(VerbsGid, ChoosesTheRoceV2EntryOfTheAddress) {
   absl::StatusOr<ibv_gid> other = Ipv4MappedGid("10.1.0.1");
   ASSERT_TRUE(other.ok());
   std::vector<GidEntry> table = {
-      {.gid = {}, .index = 0, .type = IBV_GID_TYPE_ROCE_V2, .netdev = ""},        // link-local-ish
-      {.gid = *gid, .index = 1, .type = IBV_GID_TYPE_ROCE_V1, .netdev = ""},      // same GID, v1
-      {.gid = *other, .index = 2, .type = IBV_GID_TYPE_ROCE_V2, .netdev = ""},    // another address
-      {.gid = *gid, .index = 3, .type = IBV_GID_TYPE_ROCE_V2, .netdev = ""},      // the one
+      {.gid = {},
+       .index = 0,
+       .type = IBV_GID_TYPE_ROCE_V2,
+       .netdev = ""},  // link-local-ish
+      {.gid = *gid,
+       .index = 1,
+       .type = IBV_GID_TYPE_ROCE_V1,
+       .netdev = ""},  // same GID, v1
+      {.gid = *other,
+       .index = 2,
+       .type = IBV_GID_TYPE_ROCE_V2,
+       .netdev = ""},  // another address
+      {.gid = *gid, .index = 3, .type = IBV_GID_TYPE_ROCE_V2, .netdev = ""},  // the one
   };
   EXPECT_EQ(ChooseRoceV2Gid(table, *gid), 3u);
   table.pop_back();

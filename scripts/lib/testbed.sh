@@ -60,3 +60,17 @@ testbed_start_agent() {
   launch_agent "$name" --topology="$topology" --listen="$mgmt:0" \
     --metrics_listen="$mgmt:0" ${peer:+--peer="$peer"} "$@"
 }
+
+# testbed_require: returns when this machine can host a testbed; otherwise exits 77
+# (a test's skip) saying why, or 1 when the check itself failed.
+testbed_require() {
+  local reason rc=0
+  reason=$("$(dirname "${BASH_SOURCE[0]}")/../testbed.sh" check 2>&1) || rc=$?
+  [ "$rc" -eq 0 ] && return 0
+  if [ "$rc" -eq 77 ]; then
+    echo "SKIP: $reason"
+    exit 77
+  fi
+  echo "FAIL: testbed check: $reason" >&2
+  exit 1
+}

@@ -18,15 +18,10 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 tb="$here/scripts/testbed.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-reason=$("$tb" check 2>&1) || {
-  rc=$?
-  [ "$rc" -eq 77 ] && { echo "SKIP: $reason"; exit 77; }
-  fail "testbed check: $reason"
-}
+. "$here/scripts/lib/testbed.sh"
+testbed_require
 
 name="fls$$"
-# shellcheck source=scripts/lib/testbed.sh
-. "$here/scripts/lib/testbed.sh"
 cleanup() {
   local rc=$?
   set +e

@@ -13,17 +13,13 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 tb="$here/scripts/testbed.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-reason=$("$tb" check 2>&1) || {
-  rc=$?
-  [ "$rc" -eq 77 ] && { echo "SKIP: $reason"; exit 77; }
-  fail "testbed check: $reason"
-}
+. "$here/scripts/lib/testbed.sh"
+testbed_require
 command -v iperf3 >/dev/null || { echo "SKIP: iperf3 is not installed"; exit 77; }
 
 name="flt$$"
 rails=4
 rate_gbit=1
-. "$here/scripts/lib/testbed.sh"
 iperf_pid=""
 cleanup() {
   local rc=$?

@@ -35,6 +35,8 @@ struct Engine::Job {
   uint32_t in_flight = 0;
   bool accepted = false;
   bool finished = false;  // Finished() ran
+  // `finished`, readable without the transfer's lock: the timer skips finished jobs.
+  std::atomic<bool> finished_flag{false};
 };
 
 namespace {
@@ -450,6 +452,7 @@ bool Engine::MaybeFinishLocked(Job& job) {
     return false;
   }
   job.finished = true;
+  job.finished_flag.store(true, std::memory_order_release);
   job.source = memory::TensorLease();  // the source tensor may be unregistered now
   if (job.owner_started) scheduler_->OwnerStopped(job.direct_nic);
   return true;
@@ -578,8 +581,10 @@ void Engine::HousekeepingLoop() {
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stop), kTick)) return;
-      jobs.reserve(by_id_.size());
-      for (auto& [id, job] : by_id_) jobs.push_back(job);
+      jobs.reserve(active_);
+      for (auto& [id, job] : by_id_) {
+        if (!job->finished_flag.load(std::memory_order_acquire)) jobs.push_back(job);
+      }
     }
     const absl::Time now = absl::Now();
     scheduler_->Refresh();
@@ -606,6 +611,13 @@ void Engine::HousekeepingLoop() {
     next_gc = now + absl::Seconds(1);
     // Forget finished transfers past their keeping time, oldest first past the cap.
     // Finish times are read off the engine's lock (lock order: transfer, then engine).
+    jobs.clear();
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [id, job] : by_id_) {
+        if (job->finished_flag.load(std::memory_order_acquire)) jobs.push_back(job);
+      }
+    }
     std::vector<std::pair<absl::Time, std::string>> finished;
     for (const JobPtr& job : jobs) {
       const absl::Time at = job->transfer->finished_at();

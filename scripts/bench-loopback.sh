@@ -7,13 +7,22 @@
 #   3. chunk-size sweep at 4 NICs;
 #   4. the rpc workload (small-transfer latency and rate);
 #   5. the planner's micro-benchmark.
-# Prints tables; raw results stay in $RESULTS (printed at the end).
+# Prints tables; raw results (JSON lines) stay in $RESULTS, printed at the end.
+#
+# A shared machine is noisy. Each run records bg_pct: the share of the machine's CPU
+# that other processes used while it ran (busy time minus the agents', the bench's or
+# iperf3's own, the samplers' and ksoftirqd's). Tables take the median of the clean
+# runs (bg_pct < CLEAN_PCT) and say how many there were; a cell with no clean run uses
+# every run and is marked '!'. About 5 minutes on a quiet machine.
 #
 # Environment: ROUNDS (3), REPS (transfers per bench run, 3), IPERF_SECONDS (2),
 # NET (first of two loopback nets for the agents' NICs, 230), BUILD (build-bench),
-# QUIET_PCT (15) and QUIET_WAIT_S (20): before each measurement, wait up to that
-# long for other work to use less than that share of the CPU. Every result records
-# the background load measured just before it (bg_pct), and the tables show it.
+# SKIP_BUILD=1 (measure the binaries already in BUILD), CODE_REV (what to print as
+# the code measured outside a git checkout), CLEAN_PCT (10), NICE (-10 as root, else
+# 0: the agents, the bench and iperf3 alike run at this nice level, so that other
+# work on the machine disturbs them less), and QUIET_PCT (15) / QUIET_WAIT_S (10):
+# before each run, wait up to QUIET_WAIT_S seconds for other work to use less than
+# QUIET_PCT of the CPU.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,32 +31,41 @@ ROUNDS=${ROUNDS:-3}
 REPS=${REPS:-3}
 IPERF_SECONDS=${IPERF_SECONDS:-2}
 NET=${NET:-230}
+CLEAN_PCT=${CLEAN_PCT:-10}
 QUIET_PCT=${QUIET_PCT:-15}
-QUIET_WAIT_S=${QUIET_WAIT_S:-20}
+QUIET_WAIT_S=${QUIET_WAIT_S:-10}
+NICE=${NICE:-$([[ $(id -u) == 0 ]] && echo -10 || echo 0)}
+RUN=(nice -n "$NICE")
 NIC_COUNTS=(1 2 4)
 CHUNKS_KIB=(256 1024 4096 16384)
 RESULTS=$(mktemp -d /tmp/fuselink-bench.XXXXXX)
 AGENT=$BUILD/services/fuselink-agent
 BENCH=$BUILD/tools/bench/fuselink-bench
 PLAN_BENCH=$BUILD/tools/bench/fuselink_plan_bench
+FL=$RESULTS/fuselink.jsonl
+IP=$RESULTS/iperf3.jsonl
 
 log() { echo "== $(date +%T) $*" >&2; }
 
 # --- build -------------------------------------------------------------------------
-log "building (Release) in $BUILD"
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-ninja -C "$BUILD" -j2 fuselink-agent fuselink-bench fuselink_plan_bench >/dev/null
+if [[ ${SKIP_BUILD:-0} == 1 ]]; then
+  log "SKIP_BUILD=1: using the binaries in $BUILD as they are"
+else
+  log "building (Release) in $BUILD"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  ninja -C "$BUILD" -j2 fuselink-agent fuselink-bench fuselink_plan_bench >/dev/null
+fi
 
 # --- helpers -----------------------------------------------------------------------
-# A fork-free sleep for the sampler: read with a timeout on a pipe no one writes.
+# A fork-free sleep for the samplers: read with a timeout on a pipe no one writes.
 exec {SLEEP_FD}<> <(:)
 nap() { read -r -t "$1" -u "$SLEEP_FD" || true; }
 
 # Reads a process's VmRSS RssAnon RssFile RssShmem (KiB) into MEM; no fork.
 read_mem() {
-  local key value unit
+  local key value _unit
   MEM=(0 0 0 0)
-  while read -r key value unit; do
+  while read -r key value _unit; do
     case $key in
       VmRSS:) MEM[0]=$value ;; RssAnon:) MEM[1]=$value ;;
       RssFile:) MEM[2]=$value ;; RssShmem:) MEM[3]=$value ;;
@@ -69,27 +87,47 @@ sample_peak() {
   echo "${peak[*]}" >"$out"
 }
 
-# Percent of the machine's CPU time busy over the next $1 seconds: while our own
-# processes are idle, this is the load others put on the machine.
+# CPU clock ticks (USER_HZ): a process's utime + stime; this shell's reaped
+# children's; the machine's "busy total" over every CPU.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Loopback's receive work that the kernel defers runs in ksoftirqd: ours, too.
+mapfile -t KSOFTIRQD < <(pgrep '^ksoftirqd/' || true)
+softirqd_ticks() {
+  local p sum=0
+  for p in "${KSOFTIRQD[@]}"; do sum=$((sum + $(cpu_ticks "$p"))); done
+  echo "$sum"
+}
+children_ticks() { awk '{print $16 + $17}' "/proc/$$/stat"; }
+machine_ticks() {
+  local _c u n sy id io irq sirq st _rest
+  read -r _c u n sy id io irq sirq st _rest </proc/stat
+  echo "$((u + n + sy + irq + sirq + st)) $((u + n + sy + irq + sirq + st + id + io))"
+}
+
+# Percent of the machine busy over the next $1 seconds.
 busy_pct() {
-  local _c u n sy id io irq sirq st u2 n2 sy2 id2 io2 irq2 sirq2 st2
-  read -r _c u n sy id io irq sirq st _ </proc/stat
+  local b0 t0 b1 t1
+  read -r b0 t0 < <(machine_ticks)
   nap "$1"
-  read -r _c u2 n2 sy2 id2 io2 irq2 sirq2 st2 _ </proc/stat
-  local busy=$(((u2 + n2 + sy2 + irq2 + sirq2 + st2) - (u + n + sy + irq + sirq + st)))
-  local idle=$(((id2 + io2) - (id + io)))
-  echo $((100 * busy / (busy + idle > 0 ? busy + idle : 1)))
+  read -r b1 t1 < <(machine_ticks)
+  echo $((100 * (b1 - b0) / (t1 - t0 > 0 ? t1 - t0 : 1)))
 }
 
 # Waits, up to QUIET_WAIT_S seconds, until others use less than QUIET_PCT of the CPU.
 wait_quiet() {
   local start=$SECONDS pct
   while pct=$(busy_pct 0.5) && ((pct >= QUIET_PCT && SECONDS - start < QUIET_WAIT_S)); do :; done
-  ((pct < QUIET_PCT)) || log "machine still ${pct}% busy with other work; measuring anyway"
+  ((pct < QUIET_PCT)) || log "machine ${pct}% busy with other work; measuring anyway"
 }
 
-# utime + stime of a process, in clock ticks.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# others_pct BUSY0 TOTAL0 OWN_TICKS: the share of the machine that processes other
+# than ours used since machine_ticks said "BUSY0 TOTAL0".
+others_pct() {
+  local b1 t1
+  read -r b1 t1 < <(machine_ticks)
+  local others=$((b1 - $1 - $3))
+  echo $((100 * (others > 0 ? others : 0) / (t1 - $2 > 0 ? t1 - $2 : 1)))
+}
 
 # Median of numbers on stdin.
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
@@ -98,9 +136,13 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# Agents run through the project's helpers: start_agent, stop_agents, field, pids.
+# Agents run through the project's helpers: start_agent, stop_agents, field, pids;
+# they read $agent, $run and $agent_prefix.
+# shellcheck disable=SC2034
 agent=$AGENT
 . "$ROOT/scripts/lib/agents.sh"
+# shellcheck disable=SC2034
+agent_prefix=("${RUN[@]}")
 trap stop_agents EXIT
 
 # start_pair NICS AGENT_FLAGS...: agents a (source) and b (target), ports from the
@@ -121,13 +163,13 @@ stop_pair() {
 }
 
 # run_bench TAG ARGS...: fuselink-bench against the current pair, sampling both
-# agents' memory. Appends the bench's JSON (with tag, CPU and memory fields) to
-# $RESULTS/fuselink.jsonl.
+# agents' memory. Appends the bench's JSON with tag, CPU, memory and bg_pct fields
+# to $FL.
 run_bench() {
-  local tag=$1 idle_a idle_b peak_a peak_b after_a after_b cpu0 cpu1 out bg
+  local tag=$1 idle_a idle_b peak_a peak_b after_a after_b cpu0 cpu1 kids0 kids1 out m0 t0
+  local own0 own1
   shift
   wait_quiet
-  bg=$(busy_pct 0.3)  # agents idle: this is others' load
   idle_a=$(mem_of "$A_PID") idle_b=$(mem_of "$B_PID")
   rm -f "$RESULTS/peak.a"* "$RESULTS/peak.b"*
   sample_peak "$A_PID" "$RESULTS/peak.a" &
@@ -135,50 +177,57 @@ run_bench() {
   sample_peak "$B_PID" "$RESULTS/peak.b" &
   local sampler_b=$!
   cpu0=$(($(cpu_ticks "$A_PID") + $(cpu_ticks "$B_PID")))
-  out=$("$BENCH" --json --source_agent="$A_ADDR" --target_agent="$B_ADDR" \
+  kids0=$(children_ticks)
+  own0=$(($(softirqd_ticks) + $(cpu_ticks "$sampler_a") + $(cpu_ticks "$sampler_b")))
+  read -r m0 t0 < <(machine_ticks)
+  out=$("${RUN[@]}" "$BENCH" --json --source_agent="$A_ADDR" --target_agent="$B_ADDR" \
     --source_socket="$A_SOCK" --target_socket="$B_SOCK" "$@" 2>>"$RESULTS/bench.stderr")
   cpu1=$(($(cpu_ticks "$A_PID") + $(cpu_ticks "$B_PID")))
+  kids1=$(children_ticks) # the bench, reaped
+  own1=$(($(softirqd_ticks) + $(cpu_ticks "$sampler_a") + $(cpu_ticks "$sampler_b")))
+  local bg
+  bg=$(others_pct "$m0" "$t0" $((cpu1 - cpu0 + kids1 - kids0 + own1 - own0)))
   touch "$RESULTS/peak.a.stop" "$RESULTS/peak.b.stop"
   wait "$sampler_a" "$sampler_b"
   peak_a=$(cat "$RESULTS/peak.a") peak_b=$(cat "$RESULTS/peak.b")
   after_a=$(mem_of "$A_PID") after_b=$(mem_of "$B_PID")
   echo "$out" | jq -c --arg tag "$tag" --argjson cpu_ticks $((cpu1 - cpu0)) \
-    --argjson hz "$(getconf CLK_TCK)" \
+    --argjson hz "$(getconf CLK_TCK)" --argjson bg "$bg" \
     --arg idle_a "$idle_a" --arg idle_b "$idle_b" --arg peak_a "$peak_a" \
     --arg peak_b "$peak_b" --arg after_a "$after_a" --arg after_b "$after_b" \
-    --argjson bg "$bg" \
     '. + {tag: $tag, agents_cpu_s: ($cpu_ticks / $hz), bg_pct: $bg,
           mem_kib: {idle_a: $idle_a, idle_b: $idle_b, peak_a: $peak_a, peak_b: $peak_b,
-                    after_a: $after_a, after_b: $after_b}}' >>"$RESULTS/fuselink.jsonl"
+                    after_a: $after_a, after_b: $after_b}}' >>"$FL"
 }
 
 # run_iperf TAG STREAMS ARGS...: one iperf3 server for this run, the client with
-# -P STREAMS; appends {tag, streams, gbps, cpu_s} to $RESULTS/iperf3.jsonl.
+# -P STREAMS; appends {tag, streams, gbps, cpu_s, bg_pct} to $IP.
 run_iperf() {
-  local tag=$1 streams=$2 port bg
+  local tag=$1 streams=$2 port m0 t0 json cpu_ticks
   shift 2
   wait_quiet
-  bg=$(busy_pct 0.3)
   port=$(free_port)
-  timeout $((IPERF_SECONDS + 20)) iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+  timeout $((IPERF_SECONDS + 20)) "${RUN[@]}" iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
   local server=$!
   nap 0.3
-  iperf3 -c 127.0.0.1 -B 127.0.0.1 -p "$port" -P "$streams" -t "$IPERF_SECONDS" -J "$@" |
-    jq -c --arg tag "$tag" --argjson streams "$streams" --argjson bg "$bg" \
-      '{tag: $tag, streams: $streams, bg_pct: $bg,
-        gbps: (.end.sum_received.bits_per_second / 8e9),
-        seconds: .end.sum_received.seconds,
-        cpu_s: ((.end.cpu_utilization_percent.host_total
-                 + .end.cpu_utilization_percent.remote_total) / 100
-                * .end.sum_received.seconds)}' >>"$RESULTS/iperf3.jsonl"
+  local soft0
+  soft0=$(softirqd_ticks)
+  read -r m0 t0 < <(machine_ticks)
+  json=$("${RUN[@]}" iperf3 -c 127.0.0.1 -B 127.0.0.1 -p "$port" -P "$streams" -t "$IPERF_SECONDS" -J "$@")
+  # iperf3's own CPU, client and server, from its report.
+  cpu_ticks=$(echo "$json" | jq --argjson hz "$(getconf CLK_TCK)" \
+    '((.end.cpu_utilization_percent.host_total + .end.cpu_utilization_percent.remote_total)
+      / 100 * .end.sum_received.seconds * $hz) | floor')
+  local bg
+  bg=$(others_pct "$m0" "$t0" $((cpu_ticks + $(softirqd_ticks) - soft0)))
+  echo "$json" | jq -c --arg tag "$tag" --argjson streams "$streams" --argjson bg "$bg" \
+    '{tag: $tag, streams: $streams, bg_pct: $bg,
+      gbps: (.end.sum_received.bits_per_second / 8e9),
+      seconds: .end.sum_received.seconds,
+      cpu_s: ((.end.cpu_utilization_percent.host_total
+               + .end.cpu_utilization_percent.remote_total) / 100
+              * .end.sum_received.seconds)}' >>"$IP"
   wait "$server" || true
-}
-
-# Stats over the rounds of one tag: field -> "median min max".
-stat_of() {  # FILE TAG FIELD
-  local values
-  values=$(jq -r --arg tag "$2" "select(.tag == \$tag) | $3" "$1")
-  echo "$(echo "$values" | median) $(echo "$values" | sort -g | head -1) $(echo "$values" | sort -g | tail -1)"
 }
 
 TRANSFER=(--workload=transfer --warmup=1 --reps="$REPS")
@@ -192,7 +241,7 @@ for round in $(seq "$ROUNDS"); do
     start_pair "$n" --connections_per_nic=1
     run_bench "fl-c1-n$n" "${TRANSFER[@]}"
     stop_pair
-    start_pair "$n"  # the default, --connections_per_nic=2
+    start_pair "$n" # the default, --connections_per_nic=2
     run_bench "fl-c2-n$n" "${TRANSFER[@]}"
     stop_pair
     run_iperf "ip-n$n" "$n"
@@ -215,11 +264,17 @@ done
 log "rpc workload (4 NICs, default flags)"
 start_pair 4
 wait_quiet
-RPC_BG=$(busy_pct 0.3)
 RPC_IDLE_A=$(mem_of "$A_PID") RPC_IDLE_B=$(mem_of "$B_PID")
-"$BENCH" --json --workload=rpc --rpc_calls=2000 --concurrency=1,4,16 --rpc_seconds=3 \
+rpc_cpu0=$(($(cpu_ticks "$A_PID") + $(cpu_ticks "$B_PID")))
+rpc_kids0=$(children_ticks)
+rpc_soft0=$(softirqd_ticks)
+read -r rpc_m0 rpc_t0 < <(machine_ticks)
+"${RUN[@]}" "$BENCH" --json --workload=rpc --rpc_calls=2000 --concurrency=1,4,16 --rpc_seconds=3 \
   --source_agent="$A_ADDR" --target_agent="$B_ADDR" --source_socket="$A_SOCK" \
   --target_socket="$B_SOCK" 2>>"$RESULTS/bench.stderr" >"$RESULTS/rpc.jsonl"
+rpc_own=$(($(cpu_ticks "$A_PID") + $(cpu_ticks "$B_PID") - rpc_cpu0 + $(children_ticks) - rpc_kids0 +
+  $(softirqd_ticks) - rpc_soft0))
+RPC_BG=$(others_pct "$rpc_m0" "$rpc_t0" "$rpc_own")
 RPC_AFTER_A=$(mem_of "$A_PID") RPC_AFTER_B=$(mem_of "$B_PID")
 # The agent's CPU while idle again, with the finished transfers it keeps.
 t0=$(cpu_ticks "$A_PID")
@@ -229,81 +284,99 @@ stop_pair
 
 # --- 5. planner ----------------------------------------------------------------------
 log "planner micro-benchmark"
-"$PLAN_BENCH" --benchmark_min_time=0.2 --benchmark_format=console \
+wait_quiet
+"${RUN[@]}" "$PLAN_BENCH" --benchmark_min_time=0.2 --benchmark_format=console \
   >"$RESULTS/plan_bench.txt" 2>/dev/null
 
 # --- tables --------------------------------------------------------------------------
-FL=$RESULTS/fuselink.jsonl IP=$RESULTS/iperf3.jsonl
-mib() { awk -v k="$1" 'BEGIN {printf "%.1f", k / 1024}'; }       # KiB -> MiB
+mib() { awk -v k="$1" 'BEGIN {printf "%.1f", k / 1024}'; } # KiB -> MiB
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 
-echo
-echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "machine: $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p')), $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "rounds: $ROUNDS; each fuselink cell: median over rounds of the per-run median of $REPS x 1 GiB transfers (after 1 warm-up); iperf3: -t $IPERF_SECONDS, median over rounds"
-echo
-# cell TAG FIELD_MEDIAN: "median [min-max]" over rounds, min and max from the
-# runs' own gbps_min / gbps_max.
+# pick FILE TAG: the runs of TAG that a table uses, one JSON object a line: the clean
+# ones, or all of them (each marked "all": true) when none was clean.
+pick() {
+  jq -c --arg t "$2" --argjson clean "$CLEAN_PCT" -s \
+    '[.[] | select(.tag == $t)] as $runs
+     | [$runs[] | select(.bg_pct < $clean)] as $ok
+     | if ($ok | length) > 0 then $ok[] else ($runs[] | . + {all: true}) end' "$1"
+}
+# of FILE TAG JQ_EXPR: the median of JQ_EXPR over pick FILE TAG.
+of() { pick "$1" "$2" | jq -r "$3" | median; }
+# clean FILE TAG: "k/n" clean runs, or "!0/n".
+clean() {
+  local n k
+  n=$(jq -r --arg t "$2" 'select(.tag == $t) | .tag' "$1" | wc -l)
+  k=$(jq -r --arg t "$2" --argjson c "$CLEAN_PCT" 'select(.tag == $t and .bg_pct < $c) | .tag' "$1" | wc -l)
+  ((k > 0)) && echo "$k/$n" || echo "!0/$n"
+}
+# cell TAG: "median [min-max] k/n" of a fuselink tag's picked runs, min and max from
+# the runs' own gbps_min and gbps_max.
 cell() {
   local med lo hi
-  med=$(stat_of "$FL" "$1" .gbps_median | awk '{print $1}')
-  lo=$(stat_of "$FL" "$1" .gbps_min | awk '{print $2}')
-  hi=$(stat_of "$FL" "$1" .gbps_max | awk '{print $3}')
-  printf '%.2f [%.2f-%.2f]' "$med" "$lo" "$hi"
+  med=$(of "$FL" "$1" .gbps_median)
+  lo=$(pick "$FL" "$1" | jq -r .gbps_min | sort -g | head -1)
+  hi=$(pick "$FL" "$1" | jq -r .gbps_max | sort -g | tail -1)
+  printf '%.2f [%.2f-%.2f] %s' "$med" "$lo" "$hi" "$(clean "$FL" "$1")"
 }
-med_of() { stat_of "$1" "$2" "$3" | awk '{print $1}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
-# Highest background load measured before any run of these tags.
-bg_max() {
-  local tag
-  for tag in "$@"; do jq -r --arg t "$tag" 'select(.tag == $t) | .bg_pct' "$FL" "$IP"; done |
-    sort -g | tail -1
-}
+ipcell() { printf '%.2f %s' "$(of "$IP" "$1" .gbps)" "$(clean "$IP" "$1")"; }
 
+echo
+if git -C "$ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
+  code="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null || echo ' + uncommitted changes')"
+else
+  code="${CODE_REV:-not a git checkout}"
+fi
+echo "code: $code; binaries built $(date -u -r "$AGENT" +%H:%MZ)"
+echo "machine: $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p')), $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg); agents, bench and iperf3 at nice $NICE"
+echo "rounds: $ROUNDS. A fuselink run: 1 warm-up + $REPS transfers of 1 GiB, its median; iperf3: -t $IPERF_SECONDS."
+echo "Cells: median over clean runs (others used < $CLEAN_PCT% of the CPU meanwhile), k/n = clean/all;"
+echo "'!' = no clean run, all used. [min-max] = slowest and fastest single transfer of those runs."
+echo
 echo "Throughput, GB/s (1e9 B/s), policy stripe. Same number of TCP streams on both sides:"
-echo "fuselink --connections_per_nic=1 (N streams) vs iperf3 -P N, default 128 KiB writes and -l 1M."
-printf "%-5s | %-22s | %-11s | %-5s | %-14s | %-5s | %-6s\n" \
-  "NICs" "fuselink [min-max]" "iperf3 -P N" "ratio" "iperf3 -l 1M" "ratio" "bg% max"
+echo "fuselink --connections_per_nic=1 (N streams) vs iperf3 -P N, 128 KiB writes (default) and -l 1M."
+printf "%-4s | %-26s | %-12s | %-5s | %-12s | %-5s\n" \
+  "NICs" "fuselink c=1" "iperf3 -P N" "ratio" "iperf3 -l 1M" "ratio"
 for n in "${NIC_COUNTS[@]}"; do
-  fl=$(med_of "$FL" "fl-c1-n$n" .gbps_median)
-  ip=$(med_of "$IP" "ip-n$n" .gbps)
-  ip1=$(med_of "$IP" "ip1m-n$n" .gbps)
-  printf "%-5s | %-22s | %-11.2f | %-5s | %-14.2f | %-5s | %-6s\n" "$n" "$(cell "fl-c1-n$n")" \
-    "$ip" "$(ratio "$fl" "$ip")" "$ip1" "$(ratio "$fl" "$ip1")" \
-    "$(bg_max "fl-c1-n$n" "ip-n$n" "ip1m-n$n")"
+  fl=$(of "$FL" "fl-c1-n$n" .gbps_median)
+  printf "%-4s | %-26s | %-12s | %-5s | %-12s | %-5s\n" "$n" "$(cell "fl-c1-n$n")" \
+    "$(ipcell "ip-n$n")" "$(ratio "$fl" "$(of "$IP" "ip-n$n" .gbps)")" \
+    "$(ipcell "ip1m-n$n")" "$(ratio "$fl" "$(of "$IP" "ip1m-n$n" .gbps)")"
 done
 echo
-echo "The agent's default, --connections_per_nic=2 (2N streams), vs iperf3 -P 2N (128 KiB writes)."
-printf "%-5s | %-22s | %-12s | %-5s | %-6s\n" "NICs" "fuselink [min-max]" "iperf3 -P 2N" "ratio" "bg% max"
+echo "The agent's default --connections_per_nic=2 (2N streams) vs iperf3 -P 2N (128 KiB writes)."
+printf "%-4s | %-26s | %-12s | %-5s\n" "NICs" "fuselink c=2" "iperf3 -P 2N" "ratio"
 for n in "${NIC_COUNTS[@]}"; do
-  fl=$(med_of "$FL" "fl-c2-n$n" .gbps_median)
-  ip=$(med_of "$IP" "ip-n$((2 * n))" .gbps)
-  printf "%-5s | %-22s | %-12.2f | %-5s | %-6s\n" "$n" "$(cell "fl-c2-n$n")" "$ip" \
-    "$(ratio "$fl" "$ip")" "$(bg_max "fl-c2-n$n" "ip-n$((2 * n))")"
+  fl=$(of "$FL" "fl-c2-n$n" .gbps_median)
+  printf "%-4s | %-26s | %-12s | %-5s\n" "$n" "$(cell "fl-c2-n$n")" \
+    "$(ipcell "ip-n$((2 * n))")" "$(ratio "$fl" "$(of "$IP" "ip-n$((2 * n))" .gbps)")"
 done
 echo
-echo "CPU seconds per GB moved (both ends; fuselink: both agents' utime+stime over the bench run; iperf3: its own client+server report)"
-printf "%-5s | %-14s | %-14s | %-14s | %-16s\n" "NICs" "fuselink c=1" "fuselink c=2" "iperf3 -P N" "iperf3 -P N -l1M"
+echo "CPU seconds per GB moved, both ends (fuselink: both agents' utime+stime over a run,"
+echo "warm-up included; iperf3: client + server as it reports them)."
+printf "%-4s | %-12s | %-12s | %-11s | %-12s\n" "NICs" "fuselink c=1" "fuselink c=2" "iperf3 -P N" "iperf3 -l 1M"
 for n in "${NIC_COUNTS[@]}"; do
-  f1=$(jq -r --arg t "fl-c1-n$n" --argjson gb "$RUN_GB" 'select(.tag == $t) | .agents_cpu_s / $gb' "$FL" | median)
-  f2=$(jq -r --arg t "fl-c2-n$n" --argjson gb "$RUN_GB" 'select(.tag == $t) | .agents_cpu_s / $gb' "$FL" | median)
-  i1=$(jq -r --arg t "ip-n$n" 'select(.tag == $t) | .cpu_s / (.gbps * .seconds)' "$IP" | median)
-  i1m=$(jq -r --arg t "ip1m-n$n" 'select(.tag == $t) | .cpu_s / (.gbps * .seconds)' "$IP" | median)
-  printf "%-5s | %-14.3f | %-14.3f | %-14.3f | %-16.3f\n" "$n" "$f1" "$f2" "$i1" "$i1m"
+  printf "%-4s | %-12.3f | %-12.3f | %-11.3f | %-12.3f\n" "$n" \
+    "$(of "$FL" "fl-c1-n$n" ".agents_cpu_s / $RUN_GB")" \
+    "$(of "$FL" "fl-c2-n$n" ".agents_cpu_s / $RUN_GB")" \
+    "$(of "$IP" "ip-n$n" '.cpu_s / (.gbps * .seconds)')" \
+    "$(of "$IP" "ip1m-n$n" '.cpu_s / (.gbps * .seconds)')"
 done
 
 echo
 echo "Agent memory, MiB, 4 NICs, default flags (last round). RssAnon is the agent's own memory;"
 echo "RssShmem counts tensor pages (the engine's memfd, mapped) once the agent touched them."
-printf "%-8s | %-7s | %-8s | %-8s | %-8s | %-8s\n" "agent" "when" "VmRSS" "RssAnon" "RssFile" "RssShmem"
+printf "%-6s | %-5s | %-7s | %-7s | %-7s | %-8s\n" "agent" "when" "VmRSS" "RssAnon" "RssFile" "RssShmem"
 row=$(jq -c 'select(.tag == "fl-c2-n4")' "$FL" | tail -1)
 for side in a b; do
   for when in idle peak after; do
     read -r r a f s < <(echo "$row" | jq -r --arg k "${when}_$side" '.mem_kib[$k]')
-    printf "%-8s | %-7s | %-8s | %-8s | %-8s | %-8s\n" "$([[ $side == a ]] && echo source || echo target)" \
-      "$when" "$(mib "$r")" "$(mib "$a")" "$(mib "$f")" "$(mib "$s")"
+    printf "%-6s | %-5s | %-7s | %-7s | %-7s | %-8s\n" \
+      "$([[ $side == a ]] && echo source || echo target)" "$when" \
+      "$(mib "$r")" "$(mib "$a")" "$(mib "$f")" "$(mib "$s")"
   done
 done
-echo "(peak: 20 ms samples during the bench run: 1 warm-up + $REPS transfers of 1 GiB; after: once it exited)"
+echo "(peak: 20 ms samples during the run: 1 warm-up + $REPS transfers of 1 GiB; after: once it exited)"
 in_use=$(grep -c TENSOR_IN_USE "$RESULTS/bench.stderr" || true)
 if ((in_use > 0)); then
   echo "note: $in_use UnregisterTensor calls after finished transfers failed TENSOR_IN_USE, so the"
@@ -312,27 +385,25 @@ fi
 
 echo
 echo "Chunk-size sweep, 4 NICs, default flags otherwise (window 16 chunks, 2 connections per NIC)"
-printf "%-10s | %-22s | %-8s | %-20s | %-20s | %-6s\n" "chunk" "GB/s [min-max]" "cpu s/GB" \
-  "peak RssAnon src MiB" "peak RssAnon dst MiB" "bg% max"
+printf "%-9s | %-26s | %-8s | %-18s | %-18s\n" "chunk" "GB/s" "cpu s/GB" \
+  "peak RssAnon src" "peak RssAnon dst"
 for kib in "${CHUNKS_KIB[@]}"; do
-  cpu=$(jq -r --arg t "chunk-$kib" --argjson gb "$RUN_GB" 'select(.tag == $t) | .agents_cpu_s / $gb' "$FL" | median)
   pa=$(jq -r --arg t "chunk-$kib" 'select(.tag == $t) | .mem_kib.peak_a | split(" ")[1]' "$FL" | sort -g | tail -1)
   pb=$(jq -r --arg t "chunk-$kib" 'select(.tag == $t) | .mem_kib.peak_b | split(" ")[1]' "$FL" | sort -g | tail -1)
-  printf "%-10s | %-22s | %-8.3f | %-20s | %-20s | %-6s\n" "$kib KiB" "$(cell "chunk-$kib")" \
-    "$cpu" "$(mib "$pa")" "$(mib "$pb")" "$(bg_max "chunk-$kib")"
+  printf "%-9s | %-26s | %-8.3f | %-18s | %-18s\n" "$kib KiB" "$(cell "chunk-$kib")" \
+    "$(of "$FL" "chunk-$kib" ".agents_cpu_s / $RUN_GB")" "$(mib "$pa") MiB" "$(mib "$pb") MiB"
 done
 
 echo
-echo "rpc workload, 4 NICs, default flags: 1 block of 4 KiB per transfer (bg ${RPC_BG}%)"
+echo "rpc workload, 4 NICs, default flags: 1 block of 4 KiB per transfer (others used ${RPC_BG}% of the CPU meanwhile)"
 jq -r 'select(.kind == "rpc_latency") |
   "sequential \(.calls) calls: accepted p50 \(.accepted_p50_us | floor) us, p99 \(.accepted_p99_us | floor) us, max \(.accepted_max_us | floor) us; completed p50 \(.completed_p50_us | floor) us, p99 \(.completed_p99_us | floor) us"' \
   "$RESULTS/rpc.jsonl"
-printf "%-8s | %-10s | %-16s | %-18s | %-18s\n" "callers" "transfers" "transfers/s" "completed p50 us" "completed p99 us"
+printf "%-7s | %-9s | %-11s | %-16s | %-16s\n" "callers" "transfers" "transfers/s" "completed p50 us" "completed p99 us"
 jq -r 'select(.kind == "rpc_rate") | [.callers, .transfers, .transfers_per_s, .completed_p50_us, .completed_p99_us] | @tsv' \
   "$RESULTS/rpc.jsonl" | while IFS=$'\t' read -r k t r p50 p99; do
-  printf "%-8s | %-10s | %-16.0f | %-18.0f | %-18.0f\n" "$k" "$t" "$r" "$p50" "$p99"
+  printf "%-7s | %-9s | %-11.0f | %-16.0f | %-16.0f\n" "$k" "$t" "$r" "$p50" "$p99"
 done
-
 read -r r0 a0 _ _ <<<"$RPC_IDLE_A"
 read -r r1 a1 _ _ <<<"$RPC_AFTER_A"
 read -r rb0 ab0 _ _ <<<"$RPC_IDLE_B"

@@ -8,6 +8,15 @@
 #include "agent/common/status_macros.h"
 
 namespace fuselink::memory {
+namespace {
+
+#ifdef MADV_POPULATE_WRITE
+constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kPopulateWrite = 23;  // the Linux value, for older headers
+#endif
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
                                                               uint64_t offset_bytes,
@@ -36,6 +45,10 @@ absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
   void* data = mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
                     static_cast<off_t>(offset_bytes));
   if (data == MAP_FAILED) return ErrnoStatus("mmap(memfd)", errno);
+  // Fault the pages in now, once, rather than on the first transfer (which otherwise
+  // runs at half speed: a page fault per 4 KiB landed). Best effort: kernels before
+  // 5.14 lack the advice, and the mapping works without it.
+  madvise(data, size_bytes, kPopulateWrite);
   return std::unique_ptr<HostMapping>(new HostMapping(data, size_bytes));
 }
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "tools/client/client.h"
 
 #ifndef FUSELINK_AGENT_PATH
 #error "FUSELINK_AGENT_PATH must name the fuselink-agent binary"
@@ -40,17 +41,6 @@ std::string ReadFile(const std::string& path) {
   std::stringstream out;
   out << in.rdbuf();
   return out.str();
-}
-
-// The string value of `key` in the agent's one-line ready JSON; values hold no
-// quotes or escapes.
-std::string JsonField(const std::string& json, const std::string& key) {
-  const std::string open = absl::StrCat("\"", key, "\":\"");
-  const size_t begin = json.find(open);
-  if (begin == std::string::npos) return "";
-  const size_t value = begin + open.size();
-  const size_t end = json.find('"', value);
-  return end == std::string::npos ? "" : json.substr(value, end - value);
 }
 
 }  // namespace
@@ -146,9 +136,9 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(
     }
     absl::SleepFor(kPollInterval);
   }
-  agent->grpc_address_ = JsonField(ready, "grpc");
-  agent->metrics_url_ = JsonField(ready, "metrics");
-  agent->handle_socket_ = JsonField(ready, "handle_socket");
+  agent->grpc_address_ = client::ReadyField(ready, "grpc");
+  agent->metrics_url_ = client::ReadyField(ready, "metrics");
+  agent->handle_socket_ = client::ReadyField(ready, "handle_socket");
   if (agent->grpc_address_.empty() || agent->metrics_url_.empty() ||
       agent->handle_socket_.empty()) {
     return absl::InternalError(absl::StrCat("bad ready file: ", ready));

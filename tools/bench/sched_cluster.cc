@@ -22,28 +22,6 @@
 #include "grpcpp/grpcpp.h"
 
 namespace fuselink::bench {
-namespace {
-
-// A string value from a one-line JSON ready file: "key":"value".
-std::string JsonField(const std::string& json, const std::string& key) {
-  const std::string open = absl::StrCat("\"", key, "\":\"");
-  const size_t begin = json.find(open);
-  if (begin == std::string::npos) return "";
-  const size_t value = begin + open.size();
-  const size_t end = json.find('"', value);
-  return end == std::string::npos ? "" : json.substr(value, end - value);
-}
-
-absl::Status Unregister(v1::Agent::Stub& stub, const std::string& name) {
-  v1::UnregisterTensorRequest request;
-  request.set_name(name);
-  v1::UnregisterTensorResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  return FromGrpcStatus(stub.UnregisterTensor(&context, request, &response));
-}
-
-}  // namespace
 
 absl::StatusOr<Cluster> LoadCluster(const std::string& dir, const std::string& policy,
                                     int nodes, absl::Duration timeout) {
@@ -55,9 +33,9 @@ absl::StatusOr<Cluster> LoadCluster(const std::string& dir, const std::string& p
     std::stringstream text;
     text << in.rdbuf();
     NodeAgent agent;
-    agent.grpc = JsonField(text.str(), "grpc");
-    agent.metrics_url = JsonField(text.str(), "metrics");
-    agent.handle_socket = JsonField(text.str(), "handle_socket");
+    agent.grpc = client::ReadyField(text.str(), "grpc");
+    agent.metrics_url = client::ReadyField(text.str(), "metrics");
+    agent.handle_socket = client::ReadyField(text.str(), "handle_socket");
     if (agent.grpc.empty() || agent.metrics_url.empty() || agent.handle_socket.empty()) {
       return absl::NotFoundError(absl::StrCat("no agent ready file at ", path));
     }
@@ -103,7 +81,7 @@ absl::StatusOr<std::unique_ptr<HomedTensor>> HomedTensor::Create(
 
 HomedTensor::~HomedTensor() {
   if (!registered_) return;
-  if (absl::Status s = Unregister(*agent_.stub, name_); !s.ok()) {
+  if (absl::Status s = client::UnregisterTensor(*agent_.stub, name_); !s.ok()) {
     std::fprintf(stderr, "fuselink-bench: unregister %s on %s: %s\n", name_.c_str(),
                  agent_.node.c_str(), s.ToString().c_str());
   }

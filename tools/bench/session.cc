@@ -35,15 +35,6 @@ absl::Status Connect(const std::string& address, const std::string& socket,
   return absl::OkStatus();
 }
 
-absl::Status Unregister(v1::Agent::Stub& stub, const std::string& name) {
-  v1::UnregisterTensorRequest request;
-  request.set_name(name);
-  v1::UnregisterTensorResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  return FromGrpcStatus(stub.UnregisterTensor(&context, request, &response));
-}
-
 }  // namespace
 
 absl::StatusOr<Agents> ConnectAgents(const std::string& source_address,
@@ -89,7 +80,7 @@ TensorPair::~TensorPair() {
       {registered_on_source_, &agents_.source}, {registered_on_target_, &agents_.target}};
   for (const auto& [registered, agent] : sides) {
     if (!registered) continue;
-    if (absl::Status s = Unregister(*agent->stub, name_); !s.ok()) {
+    if (absl::Status s = client::UnregisterTensor(*agent->stub, name_); !s.ok()) {
       std::fprintf(stderr, "fuselink-bench: unregister %s on %s: %s\n", name_.c_str(),
                    agent->node.c_str(), s.ToString().c_str());
     }

@@ -77,6 +77,24 @@ TransferOutcome RunTransfer(v1::Agent::Stub& agent, const v1::TransferRequest& r
   return outcome;
 }
 
+absl::Status UnregisterTensor(v1::Agent::Stub& agent, const std::string& name) {
+  v1::UnregisterTensorRequest request;
+  request.set_name(name);
+  v1::UnregisterTensorResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return FromGrpcStatus(agent.UnregisterTensor(&context, request, &response));
+}
+
+std::string ReadyField(const std::string& json, const std::string& key) {
+  const std::string open = absl::StrCat("\"", key, "\":\"");
+  const size_t begin = json.find(open);
+  if (begin == std::string::npos) return "";
+  const size_t value = begin + open.size();
+  const size_t end = json.find('"', value);
+  return end == std::string::npos ? "" : json.substr(value, end - value);
+}
+
 std::string ReasonOf(const grpc::Status& status) {
   return fuselink::ReasonOf(FromGrpcStatus(status));
 }

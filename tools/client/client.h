@@ -55,6 +55,13 @@ TransferOutcome RunTransfer(v1::Agent::Stub& agent, const v1::TransferRequest& r
                             const std::function<void(const v1::TransferEvent&)>& on_event,
                             absl::Duration timeout = absl::Minutes(10));
 
+// Forgets a tensor on the agent (10 s deadline).
+absl::Status UnregisterTensor(v1::Agent::Stub& agent, const std::string& name);
+
+// A string value of the agent's one-line ready file (--ready_file): "key":"value".
+// Empty when the key is absent; values hold no quotes or escapes.
+std::string ReadyField(const std::string& json, const std::string& key);
+
 // The reason in a gRPC error's google.rpc.ErrorInfo, or empty.
 std::string ReasonOf(const grpc::Status& status);
 

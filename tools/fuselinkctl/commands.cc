@@ -386,10 +386,10 @@ int Demo(Context& ctx) {
     rc = same ? 0 : 1;
   }
   for (auto* agent : {ctx.agent.get(), target_agent.get()}) {
-    v1::UnregisterTensorRequest u;
-    u.set_name(name);
-    v1::UnregisterTensorResponse r;
-    Call([&](grpc::ClientContext* c) { return agent->UnregisterTensor(c, u, &r); });
+    if (absl::Status s = client::UnregisterTensor(*agent, name); !s.ok()) {
+      std::fprintf(stderr, "warning: unregister %s: %s\n", name.c_str(),
+                   s.ToString().c_str());
+    }
   }
   return rc;
 }

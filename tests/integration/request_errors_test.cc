@@ -1,10 +1,13 @@
 // Every bad TransferKVCache request, each with its code and reason: the call ends
-// with the error and no events, and both agents go on moving good requests.
+// with the error and no events, and both agents go on moving good requests. Then the
+// same for what one agent sends another (Peer.Hello, Peer.PrepareIncoming).
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "fuselink/v1/peer.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
@@ -156,6 +159,62 @@ TEST_F(RequestErrorTest, RefusedRequestIdMayBeUsedAgain) {
   TransferResult fixed =
       RunTransfer(a_->stub(), MakeRequest("retry-me", "kv", {0}, "kv", {0}));
   EXPECT_TRUE(fixed.status.ok()) << fixed.status.error_message();
+}
+
+// The agent-to-agent service checks what a peer sends as carefully: a bad Hello or
+// PrepareIncoming gets its code and reason, and nothing is reserved.
+class PeerRequestTest : public RequestErrorTest {
+ protected:
+  grpc::Status Prepare(const v1::PrepareIncomingRequest& request) {
+    auto stub = v1::Peer::NewStub(
+        grpc::CreateChannel(b_->grpc_address(), grpc::InsecureChannelCredentials()));
+    v1::PrepareIncomingResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return stub->PrepareIncoming(&context, request, &response);
+  }
+
+  v1::PrepareIncomingRequest Good() {
+    v1::PrepareIncomingRequest request;
+    request.set_source_node("node-a");
+    request.set_transfer_id("raw-1");
+    request.set_tensor("kv");
+    request.add_block_ids(0);
+    request.set_layer_begin(0);
+    request.set_layer_end(kLayers);
+    request.set_block_bytes(kBlockBytes);
+    request.set_total_bytes(kLayers * kBlockBytes);
+    return request;
+  }
+};
+
+TEST_F(PeerRequestTest, HelloOfAnotherVersion) {
+  auto stub = v1::Peer::NewStub(
+      grpc::CreateChannel(b_->grpc_address(), grpc::InsecureChannelCredentials()));
+  v1::HelloRequest request;
+  request.set_version(2);
+  v1::HelloResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  EXPECT_TRUE(HasError(stub->Hello(&context, request, &response),
+                       grpc::StatusCode::FAILED_PRECONDITION, "VERSION_MISMATCH"));
+}
+
+TEST_F(PeerRequestTest, PrepareIncomingChecksEveryField) {
+  v1::PrepareIncomingRequest r = Good();
+  r.set_source_nic(99);
+  EXPECT_TRUE(HasError(Prepare(r), grpc::StatusCode::INVALID_ARGUMENT, "BAD_SOURCE_NIC"));
+  r = Good();
+  r.set_total_bytes(r.total_bytes() + 1);
+  EXPECT_TRUE(HasError(Prepare(r), grpc::StatusCode::INVALID_ARGUMENT, "BAD_TOTAL"));
+  r = Good();
+  r.set_tensor("no-such");
+  EXPECT_TRUE(HasError(Prepare(r), grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  r = Good();
+  r.set_block_bytes(kBlockBytes / 2);
+  EXPECT_TRUE(
+      HasError(Prepare(r), grpc::StatusCode::INVALID_ARGUMENT, "BLOCK_SIZE_MISMATCH"));
+  // TearDown then checks that both agents still serve and move a good transfer.
 }
 
 }  // namespace

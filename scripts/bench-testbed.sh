@@ -63,20 +63,7 @@ out=$(cd "$out" && pwd)
 name="flb$$"
 # shellcheck source=scripts/lib/testbed.sh
 . "$here/scripts/lib/testbed.sh"
-cleanup() {
-  local rc=$?
-  set +e
-  if [ "$rc" -ne 0 ] && [ -n "${TESTBED_STATE:-}" ]; then
-    for log in "$TESTBED_STATE"/*.log; do
-      [ -f "$log" ] && { echo "--- $log"; tail -n 20 "$log"; }
-    done
-  fi
-  stop_agents
-  "$tb" down --name "$name" >/dev/null || rc=1
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+testbed_down_on_exit "$name"
 
 "$tb" up --name "$name" --nodes 2 --rails 4 --rate "$rate"
 testbed_load "$name"

@@ -9,6 +9,7 @@ packages=(
   libabsl-dev prometheus-cpp-dev libibverbs-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus iperf3 iproute2 gnuplot-nox curl
+  python3-grpcio python3-protobuf
   qemu-system-x86 debootstrap
 )
 

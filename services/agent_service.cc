@@ -1,9 +1,13 @@
 #include "services/agent_service.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
+#include "agent/gpu/ipc.h"
+#include "agent/gpu/vmm.h"
 
 namespace fuselink::services {
 namespace {
@@ -104,46 +108,112 @@ absl::StatusOr<std::shared_ptr<transfer::Transfer>> FindTransfer(
   return engine.Find(transfer_id, request_id);
 }
 
+// A handle the driver refused: INVALID_ARGUMENT (BAD_GPU_HANDLE) with the driver's
+// words; out of memory and a dead context keep their own codes.
+absl::Status HandleRefused(const absl::Status& status) {
+  if (!absl::IsInvalidArgument(status)) return status;
+  return WithReason(absl::InvalidArgumentError(status.message()), "BAD_GPU_HANDLE");
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* AgentService::RegisterTensor(
     grpc::CallbackServerContext* context, const v1::RegisterTensorRequest* request,
     v1::Tensor* response) {
-  const v1::TensorMemory& memory = request->memory();
-  if (memory.kind_case() == v1::TensorMemory::KIND_NOT_SET) {
-    return Answer(context, WithReason(absl::InvalidArgumentError("memory is required"),
-                                      "BAD_MEMORY"));
-  }
-  if (memory.kind_case() != v1::TensorMemory::kHost) {
-    return Answer(context, WithReason(absl::UnimplementedError(
-                                          "this agent imports host memory only; GPU "
-                                          "memory handles are not supported yet"),
-                                      "GPU_MEMORY_UNSUPPORTED"));
-  }
-  if (request->home_gpu() >= static_cast<uint32_t>(node_->topology().gpus_size())) {
-    return Answer(
-        context,
-        WithReason(absl::InvalidArgumentError(absl::StrCat(
-                       "home_gpu ", request->home_gpu(), " does not exist on this node")),
-                   "BAD_HOME_GPU"));
-  }
-  // Check the cheap things before spending the token.
-  if (absl::Status s = memory::ValidateName(request->name()); !s.ok()) {
-    return Answer(context, s);
-  }
-  absl::StatusOr<UniqueFd> fd = node_->fd_tokens().Take(memory.host().fd_token());
-  if (!fd.ok()) return Answer(context, fd.status());
-  memory::TensorInfo want;
-  want.name = request->name();
-  const v1::Layout& l = request->layout();
-  want.layout = memory::Layout{l.layers(), l.blocks_per_layer(), l.block_bytes(),
-                               l.block_stride_bytes(), l.layer_stride_bytes()};
-  want.home_gpu = request->home_gpu();
-  absl::StatusOr<memory::TensorInfo> info = node_->registry().RegisterHost(
-      std::move(want), std::move(*fd), memory.host().offset_bytes(),
-      memory.host().size_bytes());
+  absl::StatusOr<memory::TensorInfo> info = Register(*request);
   if (info.ok()) ToProto(*info, node_->name(), response);
   return Answer(context, info.status());
+}
+
+absl::StatusOr<memory::TensorInfo> AgentService::Register(
+    const v1::RegisterTensorRequest& request) {
+  const v1::TensorMemory& memory = request.memory();
+  if (memory.kind_case() == v1::TensorMemory::KIND_NOT_SET) {
+    return WithReason(absl::InvalidArgumentError("memory is required"), "BAD_MEMORY");
+  }
+  const bool on_gpu = memory.kind_case() != v1::TensorMemory::kHost;
+  const uint32_t gpu =
+      memory.kind_case() == v1::TensorMemory::kCudaIpc ? memory.cuda_ipc().gpu()
+      : memory.kind_case() == v1::TensorMemory::kVmm   ? memory.vmm().gpu()
+                                                       : request.home_gpu();
+  if (gpu >= static_cast<uint32_t>(node_->topology().gpus_size())) {
+    return WithReason(
+        absl::InvalidArgumentError(absl::StrCat(on_gpu ? "gpu " : "home_gpu ", gpu,
+                                                " does not exist on this node")),
+        "BAD_HOME_GPU");
+  }
+  const gpu::Runtime* runtime = node_->gpu();
+  if (on_gpu && (runtime == nullptr || !runtime->has(static_cast<int>(gpu)))) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "GPU ", gpu, " is not a CUDA device of this agent (",
+                          node_->gpu_status(), ")")),
+                      "NO_GPU");
+  }
+  // Check the cheap things before spending the tokens.
+  FL_RETURN_IF_ERROR(memory::ValidateName(request.name()));
+  if (memory.kind_case() == v1::TensorMemory::kCudaIpc &&
+      memory.cuda_ipc().handle().size() != sizeof(gpu::IpcMemHandle)) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "cuda_ipc.handle has ", memory.cuda_ipc().handle().size(),
+                          " bytes; a CUDA IPC handle has ", sizeof(gpu::IpcMemHandle))),
+                      "BAD_GPU_HANDLE");
+  }
+  UniqueFd owner;
+  if (request.owner_fd_token() != 0) {
+    FL_ASSIGN_OR_RETURN(owner, node_->fd_tokens().Take(request.owner_fd_token()));
+  }
+  memory::TensorInfo want;
+  want.name = request.name();
+  const v1::Layout& l = request.layout();
+  want.layout = memory::Layout{l.layers(), l.blocks_per_layer(), l.block_bytes(),
+                               l.block_stride_bytes(), l.layer_stride_bytes()};
+  want.home_gpu = gpu;
+  memory::Registry& registry = node_->registry();
+  switch (memory.kind_case()) {
+    case v1::TensorMemory::kHost: {
+      FL_ASSIGN_OR_RETURN(UniqueFd fd, node_->fd_tokens().Take(memory.host().fd_token()));
+      return registry.RegisterHost(std::move(want), std::move(fd),
+                                   memory.host().offset_bytes(),
+                                   memory.host().size_bytes(), std::move(owner));
+    }
+    case v1::TensorMemory::kCudaIpc: {
+      const v1::CudaIpcMemory& ipc = memory.cuda_ipc();
+      gpu::IpcMemHandle handle;
+      std::memcpy(handle.data(), ipc.handle().data(), handle.size());
+      absl::StatusOr<gpu::IpcImport> import =
+          gpu::IpcImport::Open(runtime->context(static_cast<int>(gpu)), handle,
+                               ipc.offset_bytes(), ipc.size_bytes());
+      if (!import.ok()) return HandleRefused(import.status());
+      auto held = std::make_shared<gpu::IpcImport>(std::move(*import));
+      want.memory_kind = "cuda_ipc";
+      return registry.RegisterGpu(std::move(want), held->ptr(), static_cast<int>(gpu),
+                                  ipc.size_bytes(), held, std::move(owner));
+    }
+    case v1::TensorMemory::kVmm: {
+      const v1::VmmMemory& vmm = memory.vmm();
+      FL_ASSIGN_OR_RETURN(UniqueFd fd, node_->fd_tokens().Take(vmm.fd_token()));
+      const gpu::PrimaryContext& ctx = runtime->context(static_cast<int>(gpu));
+      uint64_t allocation = vmm.allocation_bytes();
+      if (allocation == 0) {
+        FL_ASSIGN_OR_RETURN(size_t granule, gpu::VmmGranule(ctx));
+        FL_ASSIGN_OR_RETURN(
+            allocation,
+            gpu::RoundUpToGranule(vmm.offset_bytes() + vmm.size_bytes(), granule));
+      }
+      FL_RETURN_IF_ERROR(
+          gpu::CheckSubrange(allocation, vmm.offset_bytes(), vmm.size_bytes()));
+      absl::StatusOr<gpu::VmmBuffer> buffer =
+          gpu::VmmBuffer::ImportFd(ctx, fd.get(), allocation);
+      if (!buffer.ok()) return HandleRefused(buffer.status());
+      auto held = std::make_shared<gpu::VmmBuffer>(std::move(*buffer));
+      want.memory_kind = "vmm";
+      return registry.RegisterGpu(std::move(want), held->ptr() + vmm.offset_bytes(),
+                                  static_cast<int>(gpu), vmm.size_bytes(), held,
+                                  std::move(owner));
+    }
+    default:
+      return WithReason(absl::InvalidArgumentError("unknown memory kind"), "BAD_MEMORY");
+  }
 }
 
 grpc::ServerUnaryReactor* AgentService::UnregisterTensor(

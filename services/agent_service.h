@@ -40,6 +40,9 @@ class AgentService final : public v1::Agent::CallbackService {
                                         v1::Topology* response) override;
 
  private:
+  // Checks the request, imports or maps the memory, registers it.
+  absl::StatusOr<memory::TensorInfo> Register(const v1::RegisterTensorRequest& request);
+
   Node* const node_;
 };
 

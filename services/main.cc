@@ -49,6 +49,17 @@ ABSL_FLAG(std::string, transport, "auto",
           "verbs.");
 ABSL_FLAG(int, connections_per_nic, 2, "tcp: connections per NIC and peer.");
 ABSL_FLAG(int, qps_per_nic, 2, "verbs: RC queue pairs per NIC and peer.");
+ABSL_FLAG(std::string, gpu, "auto",
+          "GPU paths: auto (on where the CUDA driver finds GPUs; topology GPU i is CUDA "
+          "device i) or off.");
+ABSL_FLAG(std::string, relay_stage, "d2",
+          "How GPU chunks enter a relay slot: d1 (copy kernel on the source GPU) or d2 "
+          "(copy-engine peer copy).");
+ABSL_FLAG(uint64_t, relay_cap_mib, 512, "Relay memory per GPU, at most (MiB).");
+ABSL_FLAG(uint64_t, relay_min_free_mib, 2048,
+          "Below this much free memory on a GPU, its relay slots are given back and its "
+          "NICs lend nothing (MiB).");
+ABSL_FLAG(int, relay_idle_ms, 2000, "Relay slots idle this long are freed.");
 ABSL_FLAG(std::string, ready_file, "",
           "Write the bound addresses here as JSON once serving.");
 
@@ -110,6 +121,18 @@ int main(int argc, char** argv) {
   options.engine.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.engine.window_chunks = absl::GetFlag(FLAGS_window_chunks);
   options.engine.max_active_transfers = absl::GetFlag(FLAGS_max_transfers);
+  options.gpu = absl::GetFlag(FLAGS_gpu);
+  if (options.gpu != "auto" && options.gpu != "off") {
+    return Fail(absl::InvalidArgumentError("--gpu must be auto or off"));
+  }
+  absl::StatusOr<relay::StageMode> stage =
+      relay::ParseStageMode(absl::GetFlag(FLAGS_relay_stage));
+  if (!stage.ok()) return Fail(stage.status());
+  options.gpu_relay.mode = *stage;
+  options.gpu_relay.slot_bytes = options.engine.chunk_bytes;
+  options.gpu_relay.cap_bytes_per_gpu = absl::GetFlag(FLAGS_relay_cap_mib) << 20;
+  options.gpu_relay.min_free_bytes = absl::GetFlag(FLAGS_relay_min_free_mib) << 20;
+  options.gpu_relay.idle = absl::Milliseconds(absl::GetFlag(FLAGS_relay_idle_ms));
   if (options.engine.chunk_bytes < transfer::kMinChunkBytes ||
       options.engine.chunk_bytes > transfer::kMaxChunkBytes ||
       options.engine.window_chunks == 0 || options.engine.window_chunks > 1024 ||
@@ -157,10 +180,12 @@ int main(int argc, char** argv) {
       absl::StrCat("http://", host, ":", (*metrics)->port(), "/metrics");
   std::printf(
       "fuselink-agent node=%s grpc=%s metrics=%s handle_socket=%s transport=%s nics=%d "
-      "policy=%s\n",
+      "policy=%s\n%s\n",
       options.node.c_str(), grpc_address.c_str(), metrics_url.c_str(),
       socket_path.c_str(), (*node)->topology().transport().c_str(),
-      (*node)->topology().nics_size(), options.policy.c_str());
+      (*node)->topology().nics_size(), options.policy.c_str(),
+      (*node)->gpu_status().c_str());
+  if ((*node)->gpu() != nullptr) std::printf("%s", (*node)->gpu()->Describe().c_str());
   std::fflush(stdout);
   if (std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
     std::ofstream out(ready + ".tmp");

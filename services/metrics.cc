@@ -92,8 +92,53 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
           static_cast<double>(node_->landing().active()));
     gauge("fuselink_tensors_registered", "Tensors registered on this node.",
           static_cast<double>(node_->registry().size()));
-    gauge("fuselink_relay_memory_bytes", "Memory held for relay slots, all NICs.",
+    gauge("fuselink_relay_memory_bytes", "Host memory held for relay slots, all NICs.",
           static_cast<double>(node_->relay().held_bytes()));
+    if (const relay::GpuRelayPool* pool = node_->gpu_relay(); pool != nullptr) {
+      const int gpus = node_->gpu()->count();
+      auto per_gpu = [&](const char* name, const char* help, auto value) {
+        prometheus::MetricFamily f{name, help, MetricType::Gauge, {}};
+        for (int g = 0; g < gpus; ++g) {
+          prometheus::ClientMetric m;
+          m.label = {{"gpu", absl::StrCat(g)}};
+          m.gauge.value = static_cast<double>(value(pool->stats(g)));
+          f.metric.push_back(std::move(m));
+        }
+        out.push_back(std::move(f));
+      };
+      per_gpu("fuselink_relay_device_bytes",
+              "Device memory held for relay slots on the GPU (at most the relay cap).",
+              [](const relay::GpuRelayStats& s) { return s.held_bytes; });
+      per_gpu("fuselink_relay_slots_in_use", "Relay slots on the GPU holding a chunk.",
+              [](const relay::GpuRelayStats& s) { return s.slots_in_use; });
+      per_gpu("fuselink_relay_paused",
+              "1 while the GPU is short of free memory: its relay slots are given back "
+              "and its NICs lend nothing.",
+              [](const relay::GpuRelayStats& s) { return s.paused ? 1 : 0; });
+      gauge("fuselink_relay_device_cap_bytes", "The relay cap per GPU.",
+            static_cast<double>(pool->options().cap_bytes_per_gpu));
+      prometheus::MetricFamily remaps{
+          "fuselink_relay_remaps_total",
+          "Relay slot mappings made and unmapped (the pool growing and shrinking).",
+          MetricType::Counter,
+          {}};
+      prometheus::ClientMetric r;
+      r.counter.value = static_cast<double>(pool->remaps());
+      remaps.metric.push_back(std::move(r));
+      out.push_back(std::move(remaps));
+      prometheus::MetricFamily staged{"fuselink_relay_staged_bytes_total",
+                                      "Bytes staged into GPU relay slots, by way in.",
+                                      MetricType::Counter,
+                                      {}};
+      for (auto [way, bytes] : {std::pair{"d1", pool->kernel_bytes()},
+                                std::pair{"d2", pool->copy_engine_bytes()}}) {
+        prometheus::ClientMetric m;
+        m.label = {{"stage", way}};
+        m.counter.value = static_cast<double>(bytes);
+        staged.metric.push_back(std::move(m));
+      }
+      out.push_back(std::move(staged));
+    }
     prometheus::MetricFamily stray{"fuselink_stray_writes_total",
                                    "Writes that named no live incoming transfer.",
                                    MetricType::Counter,

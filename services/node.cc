@@ -26,6 +26,7 @@ absl::Status Node::Start() {
   topology_.set_node(options_.node);
   FL_ASSIGN_OR_RETURN(sched::Policy policy, sched::ParsePolicy(options_.policy));
 
+  OpenGpus();
   FL_ASSIGN_OR_RETURN(fabric_, MakeFabric());
   topology_.set_transport(std::string(fabric_->transport()));
   for (const fabric::Endpoint& e : fabric_->endpoints()) {
@@ -45,6 +46,18 @@ absl::Status Node::Start() {
   FL_ASSIGN_OR_RETURN(
       relay_, relay::RelayPool::Create(fabric_.get(), topology_.nics_size(), relay_slots,
                                        options_.engine.chunk_bytes));
+  if (gpu_ != nullptr) {
+    std::vector<int> nic_gpu;
+    for (const v1::Nic& nic : topology_.nics()) nic_gpu.push_back(nic.owner_gpu());
+    absl::StatusOr<std::unique_ptr<relay::GpuRelayPool>> pool =
+        relay::GpuRelayPool::Create(fabric_.get(), gpu_.get(), nic_gpu,
+                                    options_.gpu_relay);
+    if (pool.ok()) {
+      gpu_relay_ = std::move(*pool);
+    } else {
+      absl::StrAppend(&gpu_status_, "; no GPU relay: ", pool.status().message());
+    }
+  }
   landing_ = std::make_unique<transfer::Landing>(
       registry_.get(), topology_.nics_size(),
       [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); },
@@ -56,9 +69,9 @@ absl::Status Node::Start() {
       std::make_unique<peer::PeerDirectory>(topology_, fabric_.get(), options_.peers);
   transfer::EngineOptions engine_options = options_.engine;
   engine_options.node = options_.node;
-  engine_ = std::make_unique<transfer::Engine>(engine_options, topology_, registry_.get(),
-                                               fabric_.get(), peers_.get(),
-                                               scheduler_.get(), relay_.get(), observer_);
+  engine_ = std::make_unique<transfer::Engine>(
+      engine_options, topology_, registry_.get(), fabric_.get(), peers_.get(),
+      scheduler_.get(), relay_.get(), gpu_relay_.get(), observer_);
   credit_thread_ = std::thread([this] { CreditLoop(); });
   expirer_ = std::thread([this] {
     // Re-open failed NICs this often: a rail back from an outage carries chunks again.
@@ -66,6 +79,8 @@ absl::Status Node::Start() {
     for (int tick = 1; !stop_.load(); ++tick) {
       absl::SleepFor(absl::Milliseconds(200));
       landing_->Expire(absl::Now());
+      ReapExitedOwners();
+      if (gpu_relay_ != nullptr) gpu_relay_->Maintain(absl::Now());
       if (tick % kRepairEveryTicks == 0) peers_->RepairSessions();
     }
   });
@@ -86,7 +101,41 @@ Node::~Node() {
   peers_.reset();
   landing_.reset();
   relay_.reset();
+  gpu_relay_.reset();
   registry_.reset();
+}
+
+void Node::OpenGpus() {
+  if (options_.gpu == "off") {
+    gpu_status_ = "GPU paths off (--gpu=off)";
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<gpu::Runtime>> runtime =
+      gpu::Runtime::Open(topology_.gpus_size());
+  if (!runtime.ok()) {
+    gpu_status_ = absl::StrCat("no GPUs: ", runtime.status().message(),
+                               "; serving host memory only");
+    return;
+  }
+  gpu_ = std::move(*runtime);
+  gpu_status_ = absl::StrCat(gpu_->count(), " of the topology's ", topology_.gpus_size(),
+                             " GPUs are CUDA devices here");
+  std::vector<int> nic_gpu;
+  for (const v1::Nic& nic : topology_.nics()) nic_gpu.push_back(nic.owner_gpu());
+  stager_ = std::make_unique<relay::CudaDeviceStager>(gpu_.get(), std::move(nic_gpu),
+                                                      options_.stage_piece_bytes);
+}
+
+void Node::ReapExitedOwners() {
+  for (const memory::Revoked& gone : registry_->TakeExitedOwners()) {
+    const absl::Status why =
+        WithReason(absl::FailedPreconditionError(absl::StrCat(
+                       "the process that lent tensor '", gone.name, "' exited")),
+                   "OWNER_EXITED");
+    engine_->AbortTensor(gone.id, why);
+    landing_->AbortTensor(gone.id, why);
+    fabric_->DeregisterRegion(gone.region_key).IgnoreError();
+  }
 }
 
 absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
@@ -114,6 +163,7 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
   tcp.node_name = options_.node;
   tcp.connections_per_nic = options_.connections_per_nic;
   tcp.nics = std::move(nics);
+  tcp.device_stager = stager_.get();
   return fabric::CreateTcpFabric(tcp, this);
 }
 

@@ -9,9 +9,12 @@
 #include <thread>
 
 #include "agent/fabric/fabric.h"
+#include "agent/gpu/runtime.h"
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/registry.h"
 #include "agent/peer/peer_directory.h"
+#include "agent/relay/device_stager.h"
+#include "agent/relay/gpu_relay_pool.h"
 #include "agent/relay/relay_pool.h"
 #include "agent/sched/scheduler.h"
 #include "agent/topo/topology.h"
@@ -33,6 +36,11 @@ struct NodeOptions {
   int connections_per_nic = 2;  // tcp: connections per NIC and peer
   int qps_per_nic = 2;          // verbs: RC QPs per NIC and peer
   transfer::EngineOptions engine;
+  // GPU paths: "auto" (on where the driver finds GPUs) or "off".
+  std::string gpu = "auto";
+  relay::GpuRelayOptions gpu_relay;
+  // Pieces the TCP fabric moves GPU bytes in, through pinned host memory.
+  uint32_t stage_piece_bytes = 2 << 20;
 };
 
 class Node final : public fabric::Handler {
@@ -53,6 +61,11 @@ class Node final : public fabric::Handler {
   peer::PeerDirectory& peers() { return *peers_; }
   const sched::Scheduler& scheduler() const { return *scheduler_; }
   const relay::RelayPool& relay() const { return *relay_; }
+  // Null without GPUs; then gpu_status() says why.
+  const gpu::Runtime* gpu() const { return gpu_.get(); }
+  const std::string& gpu_status() const { return gpu_status_; }
+  // Null without GPUs, or when a NIC's GPU is not one of them.
+  const relay::GpuRelayPool* gpu_relay() const { return gpu_relay_.get(); }
 
   // fabric::Handler
   void OnCompletion(const fabric::Completion& completion) override;
@@ -64,6 +77,9 @@ class Node final : public fabric::Handler {
   Node(NodeOptions options, transfer::EngineObserver* observer);
   absl::Status Start();
   absl::StatusOr<std::unique_ptr<fabric::Fabric>> MakeFabric();
+  void OpenGpus();
+  // Stops what uses the tensors whose lending process exited, and lets them go.
+  void ReapExitedOwners();
   // Tells the sources of incoming transfers which NICs are idle here, when that
   // changes. Runs on credit_thread_: connecting back may block.
   void CreditLoop();
@@ -73,11 +89,15 @@ class Node final : public fabric::Handler {
   v1::Topology topology_;
   memory::FdTokens fd_tokens_;
   WatchHub watch_hub_;
+  std::unique_ptr<gpu::Runtime> gpu_;  // outlives everything that copies
+  std::string gpu_status_;
+  std::unique_ptr<relay::CudaDeviceStager> stager_;  // outlives the fabric
   // Teardown order matters: the engine stops posting, the fabric goes (flushing
   // completions into the engine), then the rest.
   std::unique_ptr<memory::Registry> registry_;
   std::unique_ptr<sched::Scheduler> scheduler_;
   std::unique_ptr<relay::RelayPool> relay_;
+  std::unique_ptr<relay::GpuRelayPool> gpu_relay_;
   std::unique_ptr<transfer::Landing> landing_;
   std::unique_ptr<peer::PeerDirectory> peers_;
   std::unique_ptr<transfer::Engine> engine_;

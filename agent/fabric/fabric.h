@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace fuselink::fabric {
@@ -83,6 +84,35 @@ struct NicCounters {
   uint64_t malformed_frames = 0;
 };
 
+// Moves the bytes of GPU regions for a transport whose NICs reach only host memory (the
+// TCP fabric; the stand-in for GPUDirect RDMA). Each fabric thread that sends or
+// receives GPU bytes owns a stage: two pinned host buffers and the streams to fill and
+// drain them, so it copies one piece while the socket carries the other. Used by one
+// thread at a time.
+class DeviceStage {
+ public:
+  virtual ~DeviceStage() = default;
+  // Size of each buffer; writes move in pieces of at most this.
+  virtual uint32_t piece_bytes() const = 0;
+  // Pinned host buffer `i` (0 or 1).
+  virtual uint8_t* buffer(int i) = 0;
+  // Enqueues device `source` on `gpu` -> buffer `i`. It crosses `gpu`'s own PCIe link,
+  // as a NIC reading that GPU's memory would.
+  virtual absl::Status StartToHost(int gpu, uint64_t source, int i, uint32_t bytes) = 0;
+  // Enqueues buffer `i` -> device `target` on `gpu`. Lands on the GPU next to this
+  // stage's NIC first and crosses NVLink from there when `gpu` is another GPU.
+  virtual absl::Status StartToDevice(int gpu, uint64_t target, int i, uint32_t bytes) = 0;
+  // Waits for every copy enqueued so far; the first error.
+  virtual absl::Status Wait() = 0;
+};
+
+// Makes stages; shared by the fabric's threads. Thread-safe.
+class DeviceStager {
+ public:
+  virtual ~DeviceStager() = default;
+  virtual absl::StatusOr<std::unique_ptr<DeviceStage>> NewStage(int nic) = 0;
+};
+
 class Fabric {
  public:
   virtual ~Fabric() = default;
@@ -98,6 +128,13 @@ class Fabric {
   // and no write into it is in progress.
   virtual absl::StatusOr<RegionKey> RegisterRegion(
       void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) = 0;
+  // The same for device memory [address, address + bytes) on GPU `gpu`.
+  // UNIMPLEMENTED for a transport that cannot reach GPU memory.
+  virtual absl::StatusOr<RegionKey> RegisterDeviceRegion(
+      uint64_t address, uint64_t bytes, int gpu, std::shared_ptr<const void> keepalive) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the ", transport(), " fabric of this agent cannot reach GPU memory"));
+  }
   // Writes that arrive for the key afterwards are refused as malformed.
   virtual absl::Status DeregisterRegion(RegionKey key) = 0;
 

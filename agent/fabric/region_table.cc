@@ -8,7 +8,8 @@
 namespace fuselink::fabric {
 
 absl::StatusOr<RegionKey> RegionTable::Register(void* base, uint64_t bytes,
-                                                std::shared_ptr<const void> keepalive) {
+                                                std::shared_ptr<const void> keepalive,
+                                                int gpu) {
   if (base == nullptr || bytes == 0) {
     return absl::InvalidArgumentError("a region needs a base and at least one byte");
   }
@@ -18,7 +19,8 @@ absl::StatusOr<RegionKey> RegionTable::Register(void* base, uint64_t bytes,
   }
   auto region = std::make_shared<const Region>(Region{.base = static_cast<uint8_t*>(base),
                                                       .bytes = bytes,
-                                                      .keepalive = std::move(keepalive)});
+                                                      .keepalive = std::move(keepalive),
+                                                      .gpu = gpu});
   absl::MutexLock lock(&mu_);
   if (regions_.size() >= kMaxRegions) {
     return absl::ResourceExhaustedError(

@@ -19,9 +19,12 @@ inline constexpr size_t kMaxRegions = 1 << 20;
 // One registered region. Immutable once registered; whoever holds a
 // shared_ptr<const Region> keeps the memory alive through `keepalive`.
 struct Region {
+  // Host memory; for a GPU region, the device address.
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
   std::shared_ptr<const void> keepalive;
+  int gpu = -1;  // the GPU that holds the memory; -1 for host memory
+  bool on_gpu() const { return gpu >= 0; }
 };
 
 // True when [offset, offset + bytes) lies inside [0, region_bytes), without
@@ -35,7 +38,7 @@ class RegionTable {
   // Keys start at 1 and are never reused; RESOURCE_EXHAUSTED past kMaxRegions
   // regions or once the key space is spent.
   absl::StatusOr<RegionKey> Register(void* base, uint64_t bytes,
-                                     std::shared_ptr<const void> keepalive);
+                                     std::shared_ptr<const void> keepalive, int gpu = -1);
   // NOT_FOUND for an unknown key. Holders of the region keep it alive.
   absl::Status Deregister(RegionKey key);
   // The region under `key` if [offset, offset + bytes) lies inside it; NOT_FOUND

@@ -140,12 +140,60 @@ absl::Status TcpConnection::SendWrites() {
                                             .wr_id = op.wr_id});
     iovec iov[2] = {{header.data(), header.size()}, {nullptr, 0}};
     size_t iov_count = 1;
-    if (op.bytes > 0) {
+    const bool staged = op.bytes > 0 && next.source->on_gpu();
+    if (op.bytes > 0 && !staged) {
       iov[1] = {next.source->base + op.local_offset, op.bytes};
       iov_count = 2;
     }
     FL_RETURN_IF_ERROR(SendAll(fd_.get(), std::span<iovec>(iov, iov_count)));
+    if (staged) {
+      FL_RETURN_IF_ERROR(SendFromDevice(*next.source, op.local_offset, op.bytes));
+    }
   }
+}
+
+absl::StatusOr<DeviceStage*> TcpConnection::Stage(std::unique_ptr<DeviceStage>& stage) {
+  if (stage == nullptr) {
+    DeviceStager* stager = host_.device_stager();
+    if (stager == nullptr) return absl::FailedPreconditionError("no device stager");
+    FL_ASSIGN_OR_RETURN(stage, stager->NewStage(nic_));
+  }
+  return stage.get();
+}
+
+// Piece i is copied into buffer i % 2 while piece i - 1 is on the socket.
+absl::Status TcpConnection::SendFromDevice(const Region& source, uint64_t offset,
+                                           uint32_t bytes) {
+  FL_ASSIGN_OR_RETURN(DeviceStage * stage, Stage(send_stage_));
+  const uint32_t piece = stage->piece_bytes();
+  const uint64_t base = reinterpret_cast<uintptr_t>(source.base) + offset;
+  FL_RETURN_IF_ERROR(stage->StartToHost(source.gpu, base, 0, std::min(piece, bytes)));
+  for (uint32_t at = 0, i = 0; at < bytes; at += piece, ++i) {
+    const uint32_t n = std::min(piece, bytes - at);
+    FL_RETURN_IF_ERROR(stage->Wait());
+    if (at + n < bytes) {
+      FL_RETURN_IF_ERROR(stage->StartToHost(source.gpu, base + at + n, (i + 1) % 2,
+                                            std::min(piece, bytes - at - n)));
+    }
+    iovec iov[1] = {{stage->buffer(i % 2), n}};
+    FL_RETURN_IF_ERROR(SendAll(fd_.get(), iov));
+  }
+  return absl::OkStatus();
+}
+
+// Piece i arrives in buffer i % 2 while piece i - 1 is copied to the GPU.
+absl::Status TcpConnection::ReceiveIntoDevice(const Region& target, uint64_t offset,
+                                              uint32_t bytes) {
+  FL_ASSIGN_OR_RETURN(DeviceStage * stage, Stage(receive_stage_));
+  const uint32_t piece = stage->piece_bytes();
+  const uint64_t base = reinterpret_cast<uintptr_t>(target.base) + offset;
+  for (uint32_t at = 0, i = 0; at < bytes; at += piece, ++i) {
+    const uint32_t n = std::min(piece, bytes - at);
+    FL_RETURN_IF_ERROR(RecvAll(fd_.get(), stage->buffer(i % 2), n));
+    FL_RETURN_IF_ERROR(stage->Wait());
+    FL_RETURN_IF_ERROR(stage->StartToDevice(target.gpu, base + at, i % 2, n));
+  }
+  return stage->Wait();
 }
 
 absl::Status TcpConnection::ReceiveAcks() {
@@ -222,8 +270,12 @@ absl::Status TcpConnection::ServeInbound() {
       absl::StatusOr<std::shared_ptr<const Region>> target =
           host_.regions().Find(write->key, write->offset, write->bytes);
       if (!target.ok()) return Malformed(target.status());
-      FL_RETURN_IF_ERROR(
-          RecvAll(fd_.get(), (*target)->base + write->offset, write->bytes));
+      if ((*target)->on_gpu()) {
+        FL_RETURN_IF_ERROR(ReceiveIntoDevice(**target, write->offset, write->bytes));
+      } else {
+        FL_RETURN_IF_ERROR(
+            RecvAll(fd_.get(), (*target)->base + write->offset, write->bytes));
+      }
       stats.received_bytes.fetch_add(write->bytes, std::memory_order_relaxed);
     }
     host_.handler().OnArrival(Arrival{.peer = peer_,

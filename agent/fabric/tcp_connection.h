@@ -53,6 +53,8 @@ class ConnectionHost {
   virtual NicStats& nic_stats(int nic) = 0;
   virtual const RegionTable& regions() const = 0;
   virtual uint32_t max_write_bytes() const = 0;
+  // Null when GPU regions cannot be registered.
+  virtual DeviceStager* device_stager() = 0;
   // An inbound connection said HELLO as `name`: the peer it now belongs to.
   virtual absl::StatusOr<PeerId> AttachInbound(uint64_t connection_id,
                                                absl::string_view name) = 0;
@@ -109,6 +111,12 @@ class TcpConnection {
   absl::Status ReceiveHello();
   void RunThread(absl::Status (TcpConnection::*body)());
 
+  // The payload of a write from or into a GPU region, piece by piece through this
+  // thread's stage (made on first use), overlapping the copies with the socket.
+  absl::Status SendFromDevice(const Region& source, uint64_t offset, uint32_t bytes);
+  absl::Status ReceiveIntoDevice(const Region& target, uint64_t offset, uint32_t bytes);
+  absl::StatusOr<DeviceStage*> Stage(std::unique_ptr<DeviceStage>& stage);
+
   // Counts a malformed frame on the NIC and returns the reason to close.
   absl::Status Malformed(const absl::Status& why);
   // Returns the write's NIC slot, then reports it to the handler.
@@ -131,6 +139,9 @@ class TcpConnection {
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t tail_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int> queued_{0};  // tail_ - head_, for PostWrite's choice
+  // One per thread that moves GPU bytes: outbound tx, inbound rx.
+  std::unique_ptr<DeviceStage> send_stage_;
+  std::unique_ptr<DeviceStage> receive_stage_;
 
   // Declared before the threads: members die in reverse order, so the socket
   // outlives them (the destructor has joined them by then anyway).

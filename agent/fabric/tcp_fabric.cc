@@ -83,6 +83,17 @@ class TcpFabric final : public Fabric, public ConnectionHost {
       void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) override {
     return regions_.Register(base, bytes, std::move(keepalive));
   }
+  absl::StatusOr<RegionKey> RegisterDeviceRegion(
+      uint64_t address, uint64_t bytes, int gpu,
+      std::shared_ptr<const void> keepalive) override {
+    if (options_.device_stager == nullptr) {
+      return absl::FailedPreconditionError(
+          "this agent has no GPU runtime: it cannot stage GPU memory");
+    }
+    if (gpu < 0) return absl::InvalidArgumentError("a GPU region needs a GPU");
+    return regions_.Register(reinterpret_cast<void*>(address), bytes,
+                             std::move(keepalive), gpu);
+  }
   absl::Status DeregisterRegion(RegionKey key) override {
     return regions_.Deregister(key);
   }
@@ -98,6 +109,7 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   NicStats& nic_stats(int nic) override { return stats_[nic]; }
   const RegionTable& regions() const override { return regions_; }
   uint32_t max_write_bytes() const override { return options_.max_write_bytes; }
+  DeviceStager* device_stager() override { return options_.device_stager; }
   absl::StatusOr<PeerId> AttachInbound(uint64_t connection_id,
                                        absl::string_view name) override;
   void OnConnectionFinished(uint64_t connection_id) override;

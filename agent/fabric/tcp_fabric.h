@@ -49,6 +49,9 @@ struct TcpFabricOptions {
   uint32_t max_write_bytes = 64 << 20;
   // Writes posted on one NIC and not yet completed, over all its peers.
   int queue_depth_per_nic = 512;
+  // Copies GPU regions' bytes through pinned host memory; without it GPU regions
+  // cannot be registered. Must outlive the fabric.
+  DeviceStager* device_stager = nullptr;
 };
 
 // INVALID_ARGUMENT for options out of bounds; the bind/listen failure otherwise.

@@ -1,5 +1,7 @@
 #include "agent/memory/registry.h"
 
+#include <poll.h>
+
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/memory/host_mapping.h"
@@ -8,8 +10,12 @@ namespace fuselink::memory {
 
 struct TensorLease::Record {
   TensorInfo info;
-  std::shared_ptr<HostMapping> mapping;
+  uint64_t id = 0;
+  uint8_t* base = nullptr;
+  int gpu = -1;
+  std::shared_ptr<const void> memory;  // the mapping or the GPU import
   fabric::RegionKey region_key = 0;
+  UniqueFd owner;  // pidfd of the lending process; may be empty
   std::atomic<int> leases{0};
 };
 
@@ -26,9 +32,9 @@ TensorLease& TensorLease::operator=(TensorLease&& other) noexcept {
   return *this;
 }
 const TensorInfo& TensorLease::info() const { return record_->info; }
-uint8_t* TensorLease::base() const {
-  return static_cast<uint8_t*>(record_->mapping->data());
-}
+uint8_t* TensorLease::base() const { return record_->base; }
+int TensorLease::gpu() const { return record_->gpu; }
+uint64_t TensorLease::id() const { return record_->id; }
 fabric::RegionKey TensorLease::region_key() const { return record_->region_key; }
 
 namespace {
@@ -53,33 +59,69 @@ absl::Status ValidateName(absl::string_view name) {
                     "BAD_NAME");
 }
 
+absl::Status Registry::CheckRoom(const TensorInfo& want) const {
+  FL_RETURN_IF_ERROR(ValidateName(want.name));
+  absl::MutexLock lock(&mu_);
+  if (tensors_.contains(want.name)) {
+    return WithReason(absl::AlreadyExistsError(absl::StrCat("a tensor named '", want.name,
+                                                            "' is already registered")),
+                      "TENSOR_EXISTS");
+  }
+  if (tensors_.size() >= kMaxTensors) {
+    return WithReason(absl::ResourceExhaustedError(
+                          absl::StrCat("already ", kMaxTensors, " tensors registered")),
+                      "TOO_MANY_TENSORS");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TensorInfo> Registry::RegisterHost(TensorInfo want, UniqueFd fd,
                                                   uint64_t offset_bytes,
-                                                  uint64_t size_bytes) {
-  FL_RETURN_IF_ERROR(ValidateName(want.name));
+                                                  uint64_t size_bytes, UniqueFd owner) {
   FL_ASSIGN_OR_RETURN(want.layout, NormalizeLayout(want.layout, size_bytes));
-  {
-    absl::MutexLock lock(&mu_);
-    if (tensors_.contains(want.name)) {
-      return WithReason(absl::AlreadyExistsError(absl::StrCat(
-                            "a tensor named '", want.name, "' is already registered")),
-                        "TENSOR_EXISTS");
-    }
-    if (tensors_.size() >= kMaxTensors) {
-      return WithReason(absl::ResourceExhaustedError(
-                            absl::StrCat("already ", kMaxTensors, " tensors registered")),
-                        "TOO_MANY_TENSORS");
-    }
-  }
+  FL_RETURN_IF_ERROR(CheckRoom(want));
   FL_ASSIGN_OR_RETURN(std::shared_ptr<HostMapping> mapping,
                       HostMapping::Map(std::move(fd), offset_bytes, size_bytes));
   auto record = std::make_shared<TensorLease::Record>();
   want.memory_kind = "host";
-  want.size_bytes = size_bytes;
+  want.on_gpu = false;
   record->info = std::move(want);
-  record->mapping = mapping;
-  FL_ASSIGN_OR_RETURN(record->region_key,
-                      fabric_->RegisterRegion(mapping->data(), size_bytes, mapping));
+  record->owner = std::move(owner);
+  void* base = mapping->data();
+  return Insert(std::move(record), base, size_bytes, -1, std::move(mapping));
+}
+
+absl::StatusOr<TensorInfo> Registry::RegisterGpu(TensorInfo want, uint64_t address,
+                                                 int gpu, uint64_t size_bytes,
+                                                 std::shared_ptr<const void> memory,
+                                                 UniqueFd owner) {
+  FL_ASSIGN_OR_RETURN(want.layout, NormalizeLayout(want.layout, size_bytes));
+  FL_RETURN_IF_ERROR(CheckRoom(want));
+  auto record = std::make_shared<TensorLease::Record>();
+  want.home_gpu = static_cast<uint32_t>(gpu);
+  want.on_gpu = true;
+  record->info = std::move(want);
+  record->owner = std::move(owner);
+  return Insert(std::move(record), reinterpret_cast<void*>(address), size_bytes, gpu,
+                std::move(memory));
+}
+
+absl::StatusOr<TensorInfo> Registry::Insert(std::shared_ptr<TensorLease::Record> record,
+                                            void* base, uint64_t size_bytes, int gpu,
+                                            std::shared_ptr<const void> memory) {
+  record->info.size_bytes = size_bytes;
+  record->id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  record->base = static_cast<uint8_t*>(base);
+  record->gpu = gpu;
+  record->memory = memory;
+  if (gpu >= 0) {
+    FL_ASSIGN_OR_RETURN(record->region_key, fabric_->RegisterDeviceRegion(
+                                                reinterpret_cast<uintptr_t>(base),
+                                                size_bytes, gpu, std::move(memory)));
+  } else {
+    FL_ASSIGN_OR_RETURN(record->region_key,
+                        fabric_->RegisterRegion(base, size_bytes, std::move(memory)));
+  }
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = tensors_.emplace(record->info.name, record);
   if (!inserted) {  // lost a race with a registration of the same name
@@ -90,6 +132,22 @@ absl::StatusOr<TensorInfo> Registry::RegisterHost(TensorInfo want, UniqueFd fd,
         "TENSOR_EXISTS");
   }
   return record->info;
+}
+
+std::vector<Revoked> Registry::TakeExitedOwners() {
+  std::vector<Revoked> out;
+  absl::MutexLock lock(&mu_);
+  for (auto it = tensors_.begin(); it != tensors_.end();) {
+    const TensorLease::Record& r = *it->second;
+    pollfd p{.fd = r.owner.get(), .events = POLLIN, .revents = 0};
+    if (r.owner.get() >= 0 && poll(&p, 1, 0) > 0) {  // a pidfd polls readable at exit
+      out.push_back(Revoked{it->first, r.id, r.region_key});
+      it = tensors_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
 }
 
 absl::Status Registry::Unregister(absl::string_view name) {

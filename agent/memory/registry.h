@@ -31,9 +31,18 @@ absl::Status ValidateName(absl::string_view name);
 struct TensorInfo {
   std::string name;
   Layout layout;
-  std::string memory_kind;  // "host"
+  std::string memory_kind;  // "host", "cuda_ipc" or "vmm"
   uint64_t size_bytes = 0;
-  uint32_t home_gpu = 0;
+  uint32_t home_gpu = 0;  // for GPU memory: the GPU that holds it
+  bool on_gpu = false;
+};
+
+// A tensor whose owner process exited: no longer registered under its name; its region
+// is still registered until the caller has stopped what uses it and deregisters it.
+struct Revoked {
+  std::string name;
+  uint64_t id = 0;
+  fabric::RegionKey region_key = 0;
 };
 
 class Registry;
@@ -47,8 +56,14 @@ class TensorLease {
   ~TensorLease() { Release(); }
 
   const TensorInfo& info() const;
+  // Host memory, or the device address of GPU memory (info().on_gpu).
   uint8_t* base() const;
+  // -1 for host memory.
+  int gpu() const;
   fabric::RegionKey region_key() const;
+  // Unique among every tensor this registry ever held.
+  uint64_t id() const;
+  bool valid() const { return record_ != nullptr; }
 
  private:
   friend class Registry;
@@ -65,8 +80,21 @@ class Registry {
   // Maps host memory from `fd` and registers it under `want.name`. `want` gives the
   // name, layout and home GPU; the layout is normalized and checked against
   // `size_bytes`.
+  // `owner` (may be empty): a pidfd of the process that lent the memory; see
+  // TakeExitedOwners.
   absl::StatusOr<TensorInfo> RegisterHost(TensorInfo want, UniqueFd fd,
-                                          uint64_t offset_bytes, uint64_t size_bytes);
+                                          uint64_t offset_bytes, uint64_t size_bytes,
+                                          UniqueFd owner = UniqueFd());
+  // GPU memory the caller imported: [address, address + size_bytes) on `gpu`, alive
+  // while `memory` is. `want.memory_kind` says how it was imported.
+  absl::StatusOr<TensorInfo> RegisterGpu(TensorInfo want, uint64_t address, int gpu,
+                                         uint64_t size_bytes,
+                                         std::shared_ptr<const void> memory,
+                                         UniqueFd owner = UniqueFd());
+  // Tensors whose owner process has exited since the last call, taken out of the
+  // registry (their names are free again; leases stay valid). The caller stops the
+  // transfers that use them, then deregisters their regions from the fabric.
+  std::vector<Revoked> TakeExitedOwners();
   // NOT_FOUND if unknown; FAILED_PRECONDITION (TENSOR_IN_USE) while leased.
   absl::Status Unregister(absl::string_view name);
   absl::StatusOr<TensorInfo> Get(absl::string_view name) const;
@@ -78,7 +106,13 @@ class Registry {
   size_t size() const;
 
  private:
+  absl::StatusOr<TensorInfo> Insert(std::shared_ptr<TensorLease::Record> record,
+                                    void* base, uint64_t size_bytes, int gpu,
+                                    std::shared_ptr<const void> memory);
+  absl::Status CheckRoom(const TensorInfo& want) const;
+
   fabric::Fabric* const fabric_;
+  std::atomic<uint64_t> next_id_{1};
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<TensorLease::Record>, std::less<>> tensors_
       ABSL_GUARDED_BY(mu_);

@@ -45,8 +45,12 @@ void RelayPool::Release(const Slot& slot) {
   nics_[slot.nic].free.push_back(slot.index);
 }
 
-void RelayPool::Stage(const Slot& slot, const uint8_t* source, uint32_t bytes) {
-  std::memcpy(slot.data, source, bytes);
+absl::Status RelayPool::Stage(const Slot& slot, Source source, uint32_t bytes) {
+  if (source.gpu >= 0) {
+    return absl::FailedPreconditionError("host relay slots cannot stage GPU memory");
+  }
+  std::memcpy(slot.data, source.data, bytes);
+  return absl::OkStatus();
 }
 
 uint64_t RelayPool::held_bytes() const {

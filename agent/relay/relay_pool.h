@@ -1,10 +1,12 @@
 // Relay slots: where a chunk bound for a borrowed NIC is staged, in memory that
-// belongs to that NIC's GPU. On host-memory nodes a slot is pinned host memory
-// registered with the fabric and staging is a memcpy; on GPU nodes the slot is
-// device memory of the relay GPU and staging is the NVLink copy. One region per NIC,
-// `slots_per_nic` slots of `slot_bytes` each, allocated once. The regions stay
-// registered for the fabric's life: the fabric holds the memory, so a pool may go
-// before or after its fabric. Thread-safe.
+// belongs to that NIC's GPU, so that the NIC sends it from there. Two pools:
+//  - RelayPool (here), for host-memory tensors: slots are host memory registered with
+//    the fabric, staging is a memcpy. One region per NIC, `slots_per_nic` slots of
+//    `slot_bytes` each, allocated once; the regions stay registered for the fabric's
+//    life (the fabric holds the memory, so a pool may go before or after its fabric).
+//  - GpuRelayPool (gpu_relay_pool.h), for GPU tensors: slots are device memory of the
+//    relay GPU, staging crosses NVLink.
+// Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -27,22 +29,40 @@ struct Slot {
   bool valid() const { return nic >= 0; }
 };
 
-class RelayPool {
+// Bytes to stage: host memory, or a device address on `gpu`.
+struct Source {
+  const uint8_t* data = nullptr;
+  int gpu = -1;
+};
+
+class Pool {
+ public:
+  virtual ~Pool() = default;
+  // A free slot on `nic`, or an invalid one when none can be had now.
+  virtual Slot Acquire(int nic) = 0;
+  virtual void Release(const Slot& slot) = 0;
+  // The relay stage: moves `bytes` from `source` into the slot; done on return.
+  virtual absl::Status Stage(const Slot& slot, Source source, uint32_t bytes) = 0;
+  // NICs that may take borrowed chunks now (bit i: NIC i).
+  virtual uint32_t borrowable() const { return ~0u; }
+  // Bytes of relay memory held, all NICs together.
+  virtual uint64_t held_bytes() const = 0;
+};
+
+class RelayPool final : public Pool {
  public:
   static absl::StatusOr<std::unique_ptr<RelayPool>> Create(fabric::Fabric* fabric,
                                                            int nics,
                                                            uint32_t slots_per_nic,
                                                            uint32_t slot_bytes);
 
-  // A free slot on `nic`, or an invalid one when all are taken.
-  Slot Acquire(int nic);
-  void Release(const Slot& slot);
-  // The relay stage: moves `bytes` from `source` into the slot.
-  void Stage(const Slot& slot, const uint8_t* source, uint32_t bytes);
+  Slot Acquire(int nic) override;
+  void Release(const Slot& slot) override;
+  // Host memory only: FAILED_PRECONDITION for a GPU source.
+  absl::Status Stage(const Slot& slot, Source source, uint32_t bytes) override;
+  uint64_t held_bytes() const override;
 
   uint32_t slot_bytes() const { return slot_bytes_; }
-  // Bytes of relay memory held, all NICs together.
-  uint64_t held_bytes() const;
 
  private:
   struct PerNic {

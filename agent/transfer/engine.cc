@@ -75,7 +75,7 @@ absl::Time RequestDeadline(const v1::TransferRequest& request) {
 
 Engine::Engine(EngineOptions options, const topo::Topology& topology,
                memory::Registry* registry, fabric::Fabric* fabric, PeerLink* peers,
-               sched::Scheduler* scheduler, relay::RelayPool* relay,
+               sched::Scheduler* scheduler, relay::Pool* relay, relay::Pool* gpu_relay,
                EngineObserver* observer)
     : options_(std::move(options)),
       topology_(topology),
@@ -84,6 +84,7 @@ Engine::Engine(EngineOptions options, const topo::Topology& topology,
       peers_(peers),
       scheduler_(scheduler),
       relay_(relay),
+      gpu_relay_(gpu_relay),
       observer_(observer),
       nic_names_(NicNames(topology)),
       id_prefix_(absl::StrFormat("%s-%08x-", options_.node,
@@ -303,8 +304,12 @@ void Engine::PumpLocked(Job& job) {
     } else if (!job.cursor->Next(&chunk)) {
       return;
     }
+    // GPU tensors relay through slots on GPUs; a relay GPU short of memory lends none.
+    relay::Pool& pool =
+        job.source.gpu() >= 0 && gpu_relay_ != nullptr ? *gpu_relay_ : *relay_;
+    const uint32_t usable = job.usable & (pool.borrowable() | (1u << job.direct_nic));
     const sched::Choice choice =
-        scheduler_->Pick(job.direct_nic, job.remote_idle, job.usable);
+        scheduler_->Pick(job.direct_nic, job.remote_idle, usable);
     if (!choice.ok()) {
       job.pending.push_back(chunk);
       return Wait(job);
@@ -314,18 +319,30 @@ void Engine::PumpLocked(Job& job) {
     f.chunk = chunk;
     f.choice = choice;
     f.relay = relay::Slot{};
+    f.pool = &pool;
     fabric::WriteOp op;
     op.local_key = job.source.region_key();
     op.local_offset = chunk.source_offset;
     if (choice.borrowed) {
       // The relay stage: into a slot of the borrowed NIC's GPU, sent from there.
-      f.relay = relay_->Acquire(choice.nic);
+      f.relay = pool.Acquire(choice.nic);
       if (!f.relay.valid()) {
         scheduler_->Complete(choice, 0);
         job.pending.push_back(chunk);
         return Wait(job);
       }
-      relay_->Stage(f.relay, job.source.base() + chunk.source_offset, chunk.bytes);
+      absl::Status staged = pool.Stage(
+          f.relay,
+          relay::Source{job.source.base() + chunk.source_offset, job.source.gpu()},
+          chunk.bytes);
+      if (!staged.ok()) {
+        scheduler_->Complete(choice, 0);
+        pool.Release(f.relay);
+        job.pending.push_back(chunk);
+        return StopLocked(job, WithReason(absl::InternalError(absl::StrCat(
+                                              "relay stage: ", staged.message())),
+                                          "RELAY_FAILED"));
+      }
       op.local_key = f.relay.key;
       op.local_offset = f.relay.offset;
     }
@@ -337,7 +354,7 @@ void Engine::PumpLocked(Job& job) {
     absl::Status posted = fabric_->PostWrite(job.target.peer, choice.nic, op);
     if (!posted.ok()) {
       scheduler_->Complete(choice, 0, !absl::IsResourceExhausted(posted));
-      if (f.relay.valid()) relay_->Release(f.relay);
+      if (f.relay.valid()) pool.Release(f.relay);
       job.pending.push_back(chunk);
       if (absl::IsResourceExhausted(posted)) return Wait(job);
       if (!NicFailedLocked(job, choice.nic, posted)) return;
@@ -501,7 +518,7 @@ void Engine::OnCompletion(const fabric::Completion& completion) {
       }
     } else {
       job.free_slots.push_back(static_cast<uint32_t>(&f - job.window.data()));
-      if (f.relay.valid()) relay_->Release(f.relay);
+      if (f.relay.valid()) f.pool->Release(f.relay);
       give_back_ns = scheduler_->Complete(
           f.choice, completion.status.ok() ? f.chunk.bytes : 0, !completion.status.ok());
       if (completion.status.ok()) {
@@ -553,23 +570,44 @@ absl::Status Engine::Cancel(const std::shared_ptr<Transfer>& transfer) {
     if (it == by_id_.end()) return absl::NotFoundError("transfer is gone");
     job = it->second;
   }
+  return StopJob(
+      job, WithReason(absl::CancelledError("cancelled by CancelTransfer"), "CANCELLED"));
+}
+
+absl::Status Engine::StopJob(const JobPtr& job, absl::Status why) {
+  Transfer& transfer = *job->transfer;
   bool done;
   {
-    absl::MutexLock lock(&transfer->mu());
-    const State s = transfer->state_locked();
+    absl::MutexLock lock(&transfer.mu());
+    const State s = transfer.state_locked();
     if (s != State::kPreparing && s != State::kRunning) {
       return WithReason(absl::FailedPreconditionError(
                             "the transfer has already finished or is stopping"),
                         "TRANSFER_FINISHED");
     }
-    StopLocked(*job, WithReason(absl::CancelledError("cancelled by CancelTransfer"),
-                                "CANCELLED"));
+    StopLocked(*job, std::move(why));
     // A preparing job finishes when its prepare call returns.
     done = job->accepted && MaybeFinishLocked(*job);
   }
   if (done) Finished(*job);
-  transfer->Notify(false, absl::ZeroDuration());
+  transfer.Notify(false, absl::ZeroDuration());
   return absl::OkStatus();
+}
+
+void Engine::AbortTensor(uint64_t tensor_id, const absl::Status& why) {
+  std::vector<JobPtr> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : by_id_) jobs.push_back(job);
+  }
+  for (const JobPtr& job : jobs) {
+    bool uses;
+    {
+      absl::MutexLock lock(&job->transfer->mu());
+      uses = job->source.valid() && job->source.id() == tensor_id;
+    }
+    if (uses) StopJob(job, why).IgnoreError();
+  }
 }
 
 void Engine::HousekeepingLoop() {

@@ -59,11 +59,13 @@ class EngineObserver {
 
 class Engine {
  public:
-  // `scheduler` picks each chunk's NIC; `relay` stages chunks for borrowed NICs.
-  // Both, and `observer` (may be null), outlive the engine.
+  // `scheduler` picks each chunk's NIC; `relay` stages host tensors' chunks for
+  // borrowed NICs, `gpu_relay` (null on nodes without GPUs) GPU tensors'. They, and
+  // `observer` (may be null), outlive the engine.
   Engine(EngineOptions options, const topo::Topology& topology,
          memory::Registry* registry, fabric::Fabric* fabric, PeerLink* peers,
-         sched::Scheduler* scheduler, relay::RelayPool* relay, EngineObserver* observer);
+         sched::Scheduler* scheduler, relay::Pool* relay, relay::Pool* gpu_relay,
+         EngineObserver* observer);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -83,6 +85,10 @@ class Engine {
   // The receiver `peer` says which of its NICs are idle (bit k: NIC k).
   void OnCredit(fabric::PeerId peer, uint32_t idle_mask);
 
+  // Stops the transfers whose source is tensor `tensor_id` (TensorLease::id) with
+  // `why`; they end once their chunks in flight are back.
+  void AbortTensor(uint64_t tensor_id, const absl::Status& why);
+
   // Stops posting and fails what runs, UNAVAILABLE. Call before the fabric goes.
   void Shutdown();
 
@@ -94,7 +100,8 @@ class Engine {
     Job* job = nullptr;
     Chunk chunk;
     sched::Choice choice;
-    relay::Slot relay;  // valid when the chunk was staged for a borrowed NIC
+    relay::Slot relay;            // valid when the chunk was staged for a borrowed NIC
+    relay::Pool* pool = nullptr;  // the relay slot's
   };
   using JobPtr = std::shared_ptr<Job>;
 
@@ -122,6 +129,9 @@ class Engine {
   void Wait(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
   // Pumps the jobs that waited for a NIC; called after any completion.
   void KickWaiting();
+  // Stops a preparing or running job with `why`. FAILED_PRECONDITION
+  // (TRANSFER_FINISHED) when it is already ending.
+  absl::Status StopJob(const JobPtr& job, absl::Status why);
   absl::StatusOr<JobPtr> Admit(const v1::TransferRequest& request,
                                absl::Time call_deadline);
 
@@ -131,7 +141,8 @@ class Engine {
   fabric::Fabric* const fabric_;
   PeerLink* const peers_;
   sched::Scheduler* const scheduler_;
-  relay::RelayPool* const relay_;
+  relay::Pool* const relay_;
+  relay::Pool* const gpu_relay_;
   EngineObserver* const observer_;
   const std::vector<std::string> nic_names_;
   const std::string id_prefix_;

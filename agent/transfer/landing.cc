@@ -209,6 +209,20 @@ void Landing::OnPeerLost(absl::string_view peer_name, const absl::Status& why) {
   if (!events.empty()) TellCredit();
 }
 
+void Landing::AbortTensor(uint64_t tensor_id, const absl::Status& why) {
+  absl::InlinedVector<v1::WatchEvent, 4> events;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Slot& slot : slots_) {
+      if (slot.active && slot.tensor.valid() && slot.tensor.id() == tensor_id) {
+        events.push_back(CloseLocked(slot, why));
+      }
+    }
+  }
+  for (const auto& e : events) on_event_(e);
+  if (!events.empty()) TellCredit();
+}
+
 void Landing::Expire(absl::Time now) {
   absl::InlinedVector<v1::WatchEvent, 4> events;
   {

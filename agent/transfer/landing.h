@@ -53,6 +53,8 @@ class Landing {
   void OnArrival(const fabric::Arrival& arrival);
   // Fails every slot whose source is `peer_name`.
   void OnPeerLost(absl::string_view peer_name, const absl::Status& why);
+  // Fails the incoming transfers into tensor `tensor_id` (TensorLease::id) with `why`.
+  void AbortTensor(uint64_t tensor_id, const absl::Status& why);
   // Fails slots idle longer than kIncomingIdleTimeout.
   void Expire(absl::Time now);
 

@@ -74,3 +74,27 @@ testbed_require() {
   echo "FAIL: testbed check: $reason" >&2
   exit 1
 }
+
+# testbed_down_on_exit NAME: when the script exits, shows the tail of every log in the
+# testbed's state folder if it failed, runs testbed_on_exit_hook if the script defines
+# one (to stop processes of its own), stops the agents and takes testbed NAME down;
+# INT and TERM exit 130.
+testbed_down_on_exit() {
+  _testbed_down_name=$1
+  trap _testbed_exit EXIT
+  trap 'exit 130' INT TERM
+}
+_testbed_exit() {
+  local rc=$? log
+  set +e
+  if [ "$rc" -ne 0 ] && [ -n "${TESTBED_STATE:-}" ]; then
+    for log in "$TESTBED_STATE"/*.log "$TESTBED_STATE"/*.out; do
+      [ -f "$log" ] && { echo "--- $log"; tail -n 30 "$log" | tr '\r' '\n' | tail -n 30; }
+    done
+  fi
+  declare -F testbed_on_exit_hook >/dev/null && testbed_on_exit_hook
+  stop_agents
+  "$(dirname "${BASH_SOURCE[0]}")/../testbed.sh" down --name "$_testbed_down_name" \
+    >/dev/null || rc=1
+  exit "$rc"
+}

@@ -1,10 +1,12 @@
 #!/bin/bash
-# Runs the GPU tests and gpu_bench on the lent GPU machine, whose image lacks libabsl-dev,
+# Runs the GPU tests and benchmarks on the lent GPU machine, whose image lacks libabsl-dev,
 # libgrpc++-dev and prometheus-cpp-dev (so the project does not configure there):
 #   here:  tests/gpu/device_carry.sh pack [BUILD_DIR=build-gpu]
-#          -> .gpu-carry/ (git-ignored): stripped binaries + the Debian abseil libraries
+#          -> .gpu-carry/ (git-ignored): stripped binaries, the Debian libraries they
+#             need, the generated Python package, and iproute2's .deb files
 #   there: run tool, carry [".gpu-carry"], command `bash .gpu-carry/run.sh [size_mib]`
-#          -> logs under $OUT (env.txt, one .txt per test binary, bench.txt)
+#          -> logs under $OUT (env.txt, one .txt per test binary, bench.txt,
+#             relay.txt, cluster.txt); RUN= picks parts: unit,bench,relay,cluster
 # Binaries built on Debian 12 (glibc 2.36) run on the machine's Ubuntu 24.04 (glibc 2.39).
 set -euo pipefail
 [ "${1:-}" = pack ] || { echo "usage: $0 pack [BUILD_DIR]" >&2; exit 2; }
@@ -18,7 +20,12 @@ rm -rf "$carry" && mkdir -p "$carry/lib" "$carry/lib-cxx"
 for b in gpu_unit_test gpu_test gpu_peer_test gpu_child gpu_bench; do
   cp "$build/tests/gpu/$b" "$carry/" && strip "$carry/$b"
 done
-ldd "$carry"/gpu_* | awk '/=>/{print $3}' | sort -u |
+for b in services/fuselink-agent tools/bench/fuselink-relay-bench; do
+  cp "$build/$b" "$carry/" && strip "$carry/$(basename "$b")"
+done
+cp -r "$build/python" "$carry/python"
+(cd "$top" && bash "$top/../shared/tools/device-debs.sh" >/dev/null && cp .carry/*.deb "$carry/")
+ldd "$carry"/gpu_* "$carry"/fuselink-* | awk '/=>/{print $3}' | sort -u |
   grep -vE 'libc.so|libm.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl.so|librt.so' |
   while read -r lib; do cp -L "$lib" "$carry/lib/"; done
 # Used only where the machine's libstdc++ is older than the build's.
@@ -36,13 +43,29 @@ cat $OUT/env.txt
 export LD_LIBRARY_PATH=$C/lib
 if ! $C/gpu_unit_test --gtest_list_tests >/dev/null 2>&1; then
   echo "using carried libstdc++"; export LD_LIBRARY_PATH=$C/lib:$C/lib-cxx; fi
+export PYTHONPATH=$C/python
+python3 -c 'import grpc, google.protobuf as p; print("python: grpc", grpc.__version__, "protobuf", p.__version__)' 2>&1 | tee -a $OUT/env.txt
+mkdir -p /tmp/debs && for f in $C/*.deb; do dpkg -x "$f" /tmp/debs; done
+export PATH=/tmp/debs/sbin:/tmp/debs/usr/sbin:/tmp/debs/usr/bin:/tmp/debs/bin:$PATH
+run=${RUN:-unit,bench,relay,cluster}
 cd $C
-for t in gpu_unit_test gpu_test gpu_peer_test; do
-  ./$t >$OUT/$t.txt 2>&1; echo "$t rc=$?"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^GPU |^  P2P|bogus|import of|import with|needs" \
-    $OUT/$t.txt | head -40
-done
-./gpu_bench ${1:-1024} 2>&1 | tee $OUT/bench.txt
+if [[ $run == *unit* ]]; then
+  for t in gpu_unit_test gpu_test gpu_peer_test; do
+    ./$t >$OUT/$t.txt 2>&1; echo "$t rc=$?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^GPU |^  P2P|bogus|import of|import with|needs" \
+      $OUT/$t.txt | head -40
+  done
+fi
+[[ $run == *bench* ]] && ./gpu_bench ${1:-1024} 2>&1 | tee $OUT/bench.txt
+[[ $run == *relay* ]] && ./fuselink-relay-bench 2>&1 | tee $OUT/relay.txt
+if [[ $run == *cluster* ]]; then
+  # The agent with the carried libraries; python and ip with the machine's own.
+  printf '#!/bin/bash\nLD_LIBRARY_PATH=%s exec %s/fuselink-agent "$@"\n' "$LD_LIBRARY_PATH" "$C" \
+    >$C/agent.sh && chmod +x $C/agent.sh
+  LD_LIBRARY_PATH=/tmp/debs/usr/lib/x86_64-linux-gnu:/tmp/debs/lib/x86_64-linux-gnu \
+    BENCH=${BENCH:-1} timeout 420 bash $C/../tests/gpu/gpu_cluster_test.sh $C/agent.sh \
+    $C/python 2>&1 | tee $OUT/cluster.txt
+fi
 RUN
 chmod +x "$carry/run.sh"
 du -sh "$carry"

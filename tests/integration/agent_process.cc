@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(
       absl::StrCat("--handle_socket=", dir, "/", node, ".sock"),
       absl::StrCat("--ready_file=", ready_path),
       absl::StrCat("--loopback_net=", NextLoopbackNet()),
+      "--gpu=off",  // host memory only, on every machine
   };
   bool has_listen = false;
   for (const std::string& flag : flags) has_listen |= absl::StartsWith(flag, "--listen=");

@@ -31,7 +31,7 @@ std::span<uint8_t> HostTensor::Block(uint32_t layer, uint32_t block) const {
 
 absl::StatusOr<HostTensor> RegisterTensor(AgentProcess& agent, const std::string& name,
                                           const v1::Layout& layout, uint64_t seed,
-                                          uint32_t home_gpu) {
+                                          uint32_t home_gpu, int owner_pidfd) {
   HostTensor tensor;
   tensor.name = name;
   tensor.layout = layout;
@@ -52,8 +52,9 @@ absl::StatusOr<HostTensor> RegisterTensor(AgentProcess& agent, const std::string
   if (!buffer.ok()) return buffer.status();
   tensor.buffer = *std::move(buffer);
   client::FillPattern(tensor.buffer->span(), seed);
-  absl::StatusOr<v1::Tensor> registered = client::RegisterHostTensor(
-      agent.stub(), agent.handle_socket(), name, layout, *tensor.buffer, home_gpu);
+  absl::StatusOr<v1::Tensor> registered =
+      client::RegisterHostTensor(agent.stub(), agent.handle_socket(), name, layout,
+                                 *tensor.buffer, home_gpu, owner_pidfd);
   if (!registered.ok()) return registered.status();
   return tensor;
 }

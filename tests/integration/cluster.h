@@ -38,7 +38,7 @@ struct HostTensor {
 // with `agent` under `name`.
 absl::StatusOr<HostTensor> RegisterTensor(AgentProcess& agent, const std::string& name,
                                           const v1::Layout& layout, uint64_t seed,
-                                          uint32_t home_gpu = 0);
+                                          uint32_t home_gpu = 0, int owner_pidfd = -1);
 
 // A request moving source_blocks[i] of node-a's `source` to target_blocks[i] of
 // node-b's `target`, in every layer.

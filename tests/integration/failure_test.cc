@@ -1,7 +1,11 @@
 // Agents that die mid-transfer, peers that cannot be reached, deadlines, the limit
 // on transfers in flight, and garbage on a NIC port. After each, the agents that
 // live go on serving.
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <string>
@@ -264,6 +268,51 @@ TEST_F(FailureTest, SourceKilledMidTransfer) {
   EXPECT_TRUE(Serves(*b_));
   // The landing slot let go of the target tensor.
   EXPECT_TRUE(UnregisterTensor(*b_, "big").ok());
+}
+
+// The engine that lent a tensor exits: the agent fails the transfers that use it, on
+// both sides, and forgets the tensor.
+TEST_F(FailureTest, OwnerExitingMidTransferFailsItAndDropsTheTensor) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes(kSlowFlags));
+  const pid_t engine = fork();
+  ASSERT_GE(engine, 0);
+  if (engine == 0) {  // the lending engine: waits to be killed
+    pause();
+    _exit(0);
+  }
+  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, engine, 0)));
+  ASSERT_GE(pidfd.get(), 0) << std::strerror(errno);
+  absl::StatusOr<HostTensor> source =
+      RegisterTensor(*a_, "big", kBigLayout, 11, 0, pidfd.get());
+  ASSERT_TRUE(source.ok()) << source.status();
+  absl::StatusOr<HostTensor> target = RegisterTensor(*b_, "big", kBigLayout, 12);
+  ASSERT_TRUE(target.ok()) << target.status();
+  WatchCall watch(b_->stub(), "");
+  ASSERT_TRUE(watch.established());
+
+  TransferCall call(a_->stub(), BigRequest("owner-exits"));
+  ASSERT_TRUE(call.WaitUntilMoving());
+  kill(engine, SIGKILL);
+  waitpid(engine, nullptr, 0);
+  TransferResult result = call.Finish();
+  EXPECT_TRUE(
+      HasError(result.status, grpc::StatusCode::FAILED_PRECONDITION, "OWNER_EXITED"));
+  ASSERT_FALSE(result.events.empty());
+  EXPECT_TRUE(result.events.back().has_failed()) << result.events.back().DebugString();
+  // The target hears of it through the source's abort.
+  ASSERT_TRUE(watch.WaitForEvents(1, absl::Seconds(10)));
+  EXPECT_NE(watch.events()[0].code(), 0);
+  // node-a forgot the tensor: the name is free again.
+  v1::GetTensorRequest get;
+  get.set_name("big");
+  v1::Tensor tensor;
+  grpc::ClientContext context;
+  EXPECT_TRUE(HasError(a_->stub().GetTensor(&context, get, &tensor),
+                       grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  absl::StatusOr<HostTensor> again = RegisterTensor(*a_, "big", kBigLayout, 13);
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(Serves(*a_));
+  EXPECT_TRUE(Serves(*b_));
 }
 
 TEST_F(FailureTest, MalformedFrameOnANicPortClosesOnlyThatConnection) {

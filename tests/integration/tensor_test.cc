@@ -202,5 +202,24 @@ TEST_F(TensorTest, RegisterChecksNameHomeGpuAndMemoryBeforeSpendingTheToken) {
   EXPECT_TRUE(Serves(*b_));
 }
 
+// The test agent runs with --gpu=off, so GPU memory has nowhere to go, on any machine.
+TEST_F(TensorTest, GpuMemoryOnAnAgentWithoutGpusIsAFailedPrecondition) {
+  v1::RegisterTensorRequest request;
+  request.set_name("kv");
+  *request.mutable_layout() = MakeLayout(1, 2, kBlockBytes);
+  v1::CudaIpcMemory* ipc = request.mutable_memory()->mutable_cuda_ipc();
+  ipc->set_handle(std::string(64, '\x5a'));
+  ipc->set_size_bytes(2 * kBlockBytes);
+  v1::Tensor tensor;
+  grpc::ClientContext context;
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context, request, &tensor),
+                       grpc::StatusCode::FAILED_PRECONDITION, "NO_GPU"));
+  ipc->set_gpu(7);
+  grpc::ClientContext context2;
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context2, request, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_HOME_GPU"));
+  EXPECT_TRUE(Serves(*b_));
+}
+
 }  // namespace
 }  // namespace fuselink::testing

@@ -17,21 +17,8 @@ testbed_require
 
 name="flf$$"
 demo_pid=""
-cleanup() {
-  local rc=$?
-  set +e
-  if [ "$rc" -ne 0 ] && [ -n "${TESTBED_STATE:-}" ]; then
-    for log in "$TESTBED_STATE"/*.log "$TESTBED_STATE"/demo.out; do
-      [ -f "$log" ] && { echo "--- $log"; tail -n 30 "$log" | tr '\r' '\n' | tail -n 30; }
-    done
-  fi
-  [ -z "$demo_pid" ] || kill "$demo_pid" 2>/dev/null
-  stop_agents
-  "$tb" down --name "$name" || rc=1
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+testbed_on_exit_hook() { [ -z "$demo_pid" ] || kill "$demo_pid" 2>/dev/null; }
+testbed_down_on_exit "$name"
 
 "$tb" up --name "$name" --nodes 2 --rails 4 --rate 1gbit
 testbed_load "$name"

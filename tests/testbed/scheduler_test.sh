@@ -22,20 +22,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 testbed_require
 
 name="fls$$"
-cleanup() {
-  local rc=$?
-  set +e
-  if [ "$rc" -ne 0 ] && [ -n "${TESTBED_STATE:-}" ]; then
-    for log in "$TESTBED_STATE"/*.log; do
-      [ -f "$log" ] && { echo "--- $log"; tail -n 30 "$log"; }
-    done
-  fi
-  stop_agents
-  "$tb" down --name "$name" || rc=1
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+testbed_down_on_exit "$name"
 
 "$tb" up --name "$name" --nodes 2 --rails 4 --rate 1gbit
 testbed_load "$name"

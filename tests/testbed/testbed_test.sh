@@ -21,21 +21,8 @@ name="flt$$"
 rails=4
 rate_gbit=1
 iperf_pid=""
-cleanup() {
-  local rc=$?
-  set +e # whatever fails here, the rest still runs
-  if [ "$rc" -ne 0 ] && [ -n "${TESTBED_STATE:-}" ]; then
-    for log in "$TESTBED_STATE"/*.log; do
-      [ -f "$log" ] && { echo "--- $log"; tail -n 30 "$log"; }
-    done
-  fi
-  [ -z "$iperf_pid" ] || kill "$iperf_pid" 2>/dev/null
-  stop_agents
-  "$tb" down --name "$name" || rc=1
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+testbed_on_exit_hook() { [ -z "$iperf_pid" ] || kill "$iperf_pid" 2>/dev/null; }
+testbed_down_on_exit "$name"
 
 "$tb" up --name "$name" --nodes 2 --rails "$rails" --rate "${rate_gbit}gbit"
 testbed_load "$name"

@@ -40,11 +40,18 @@ void FillPattern(std::span<uint8_t> bytes, uint64_t seed) {
     bytes[i] = static_cast<uint8_t>(seed + i);
 }
 
-absl::StatusOr<v1::Tensor> RegisterHostTensor(
-    v1::Agent::Stub& agent, const std::string& handle_socket, const std::string& name,
-    const v1::Layout& layout, const HostBuffer& buffer, uint32_t home_gpu) {
+absl::StatusOr<v1::Tensor> RegisterHostTensor(v1::Agent::Stub& agent,
+                                              const std::string& handle_socket,
+                                              const std::string& name,
+                                              const v1::Layout& layout,
+                                              const HostBuffer& buffer, uint32_t home_gpu,
+                                              int owner_pidfd) {
   FL_ASSIGN_OR_RETURN(uint64_t token, services::SendFd(handle_socket, buffer.fd()));
   v1::RegisterTensorRequest request;
+  if (owner_pidfd >= 0) {
+    FL_ASSIGN_OR_RETURN(uint64_t owner, services::SendFd(handle_socket, owner_pidfd));
+    request.set_owner_fd_token(owner);
+  }
   request.set_name(name);
   *request.mutable_layout() = layout;
   request.set_home_gpu(home_gpu);

@@ -39,10 +39,12 @@ class HostBuffer {
 // Deterministic bytes: the same (seed, offset) always gives the same byte.
 void FillPattern(std::span<uint8_t> bytes, uint64_t seed);
 
-// Passes the buffer's memfd over the agent's handle socket and registers it.
+// Passes the buffer's memfd over the agent's handle socket and registers it; with
+// `owner_pidfd` (a pidfd), the agent drops the tensor when that process exits.
 absl::StatusOr<v1::Tensor> RegisterHostTensor(
     v1::Agent::Stub& agent, const std::string& handle_socket, const std::string& name,
-    const v1::Layout& layout, const HostBuffer& buffer, uint32_t home_gpu = 0);
+    const v1::Layout& layout, const HostBuffer& buffer, uint32_t home_gpu = 0,
+    int owner_pidfd = -1);
 
 struct TransferOutcome {
   absl::Status status;     // the call's final status

@@ -1,0 +1,97 @@
+#include "agent/relay/device_stager.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+#include "agent/gpu/memory.h"
+#include "agent/gpu/stream.h"
+
+namespace fuselink::relay {
+namespace {
+
+class CudaStage final : public fabric::DeviceStage {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaStage>> Create(const gpu::Runtime* runtime,
+                                                           int nic_gpu,
+                                                           uint32_t piece_bytes) {
+    std::unique_ptr<CudaStage> stage(new CudaStage(runtime, nic_gpu, piece_bytes));
+    const gpu::PrimaryContext& home = runtime->context(nic_gpu >= 0 ? nic_gpu : 0);
+    for (int i = 0; i < 2; ++i) {
+      FL_ASSIGN_OR_RETURN(stage->host_[i],
+                          gpu::PinnedHostBuffer::Allocate(home, piece_bytes));
+    }
+    return stage;
+  }
+
+  uint32_t piece_bytes() const override { return piece_bytes_; }
+  uint8_t* buffer(int i) override { return static_cast<uint8_t*>(host_[i]->data()); }
+
+  absl::Status StartToHost(int gpu, uint64_t source, int i, uint32_t bytes) override {
+    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(gpu));
+    return stream->CopyDeviceToHost(buffer(i), source, bytes);
+  }
+
+  absl::Status StartToDevice(int gpu, uint64_t target, int i, uint32_t bytes) override {
+    if (nic_gpu_ < 0 || gpu == nic_gpu_) {
+      FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(gpu));
+      return stream->CopyHostToDevice(target, buffer(i), bytes);
+    }
+    // Over the NIC's GPU's PCIe link into its landing buffer, then NVLink.
+    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(nic_gpu_));
+    if (!landing_[i].has_value()) {
+      FL_ASSIGN_OR_RETURN(landing_[i], gpu::DeviceBuffer::Allocate(
+                                           runtime_->context(nic_gpu_), piece_bytes_));
+    }
+    FL_RETURN_IF_ERROR(stream->CopyHostToDevice(landing_[i]->ptr(), buffer(i), bytes));
+    return stream->CopyDeviceToDevice(target, landing_[i]->ptr(), bytes);
+  }
+
+  absl::Status Wait() override {
+    absl::Status first;
+    for (size_t g = 0; g < streams_.size(); ++g) {
+      if (busy_[g]) first.Update(streams_[g]->Synchronize());
+      busy_[g] = false;
+    }
+    return first;
+  }
+
+ private:
+  CudaStage(const gpu::Runtime* runtime, int nic_gpu, uint32_t piece_bytes)
+      : runtime_(runtime),
+        nic_gpu_(nic_gpu),
+        piece_bytes_(piece_bytes),
+        streams_(runtime->count()),
+        busy_(runtime->count(), false) {}
+
+  absl::StatusOr<gpu::Stream*> StreamOf(int gpu) {
+    if (!runtime_->has(gpu)) {
+      return absl::FailedPreconditionError(absl::StrCat("no GPU ", gpu, " here"));
+    }
+    if (!streams_[gpu].has_value()) {
+      FL_ASSIGN_OR_RETURN(streams_[gpu], gpu::Stream::Create(runtime_->context(gpu)));
+    }
+    busy_[gpu] = true;
+    return &*streams_[gpu];
+  }
+
+  const gpu::Runtime* const runtime_;
+  const int nic_gpu_;
+  const uint32_t piece_bytes_;
+  std::optional<gpu::PinnedHostBuffer> host_[2];
+  std::optional<gpu::DeviceBuffer> landing_[2];
+  std::vector<std::optional<gpu::Stream>> streams_;
+  std::vector<bool> busy_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<fabric::DeviceStage>> CudaDeviceStager::NewStage(int nic) {
+  const int gpu = nic < static_cast<int>(nic_gpu_.size()) ? nic_gpu_[nic] : -1;
+  FL_ASSIGN_OR_RETURN(
+      std::unique_ptr<CudaStage> stage,
+      CudaStage::Create(runtime_, runtime_->has(gpu) ? gpu : -1, piece_bytes_));
+  return stage;
+}
+
+}  // namespace fuselink::relay

@@ -1,0 +1,32 @@
+// The fabric's DeviceStager on CUDA: each stage has two pinned host buffers on its NIC's
+// GPU, a stream per GPU it touches, and (for bytes bound to another GPU) two landing
+// buffers on the NIC's GPU. Bytes out of GPU memory are copied by that GPU's stream,
+// over its own PCIe link; bytes into GPU memory land on the NIC's GPU first and cross
+// NVLink to the target GPU (the receive side of the relay).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "agent/fabric/fabric.h"
+#include "agent/gpu/runtime.h"
+
+namespace fuselink::relay {
+
+class CudaDeviceStager final : public fabric::DeviceStager {
+ public:
+  // `nic_gpu[k]`: NIC k's GPU, or -1 when it has none here (bytes then go straight
+  // between the host buffer and the target GPU). `runtime` must outlive the stager.
+  CudaDeviceStager(const gpu::Runtime* runtime, std::vector<int> nic_gpu,
+                   uint32_t piece_bytes)
+      : runtime_(runtime), nic_gpu_(std::move(nic_gpu)), piece_bytes_(piece_bytes) {}
+
+  absl::StatusOr<std::unique_ptr<fabric::DeviceStage>> NewStage(int nic) override;
+
+ private:
+  const gpu::Runtime* const runtime_;
+  const std::vector<int> nic_gpu_;
+  const uint32_t piece_bytes_;
+};
+
+}  // namespace fuselink::relay

@@ -1,0 +1,200 @@
+#include "agent/relay/gpu_relay_pool.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+#include "agent/gpu/vmm.h"
+
+namespace fuselink::relay {
+
+absl::StatusOr<StageMode> ParseStageMode(absl::string_view name) {
+  if (name == "d1") return StageMode::kKernel;
+  if (name == "d2") return StageMode::kCopyEngine;
+  return WithReason(
+      absl::InvalidArgumentError(absl::StrCat(
+          "relay stage '", name, "': choose d1 (kernel) or d2 (copy engine)")),
+      "BAD_RELAY_MODE");
+}
+
+const char* StageModeName(StageMode mode) {
+  return mode == StageMode::kKernel ? "d1" : "d2";
+}
+
+struct GpuRelayPool::SlotMemory {
+  gpu::VmmBuffer buffer;
+  fabric::RegionKey key = 0;
+  bool in_use = false;
+  absl::Time idle_since;
+};
+
+GpuRelayPool::GpuRelayPool(fabric::Fabric* fabric, const gpu::Runtime* runtime,
+                           std::vector<int> nic_gpu, GpuRelayOptions options)
+    : fabric_(fabric),
+      runtime_(runtime),
+      nic_gpu_(std::move(nic_gpu)),
+      options_(options),
+      nics_(nic_gpu_.size()),
+      gpus_(runtime->count()) {}
+
+absl::StatusOr<std::unique_ptr<GpuRelayPool>> GpuRelayPool::Create(
+    fabric::Fabric* fabric, const gpu::Runtime* runtime, std::vector<int> nic_gpu,
+    GpuRelayOptions options) {
+  for (size_t k = 0; k < nic_gpu.size(); ++k) {
+    if (!runtime->has(nic_gpu[k])) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("NIC ", k, "'s GPU ", nic_gpu[k], " is not a GPU of this node"));
+    }
+  }
+  if (options.slot_bytes == 0) return absl::InvalidArgumentError("slot_bytes is 0");
+  std::unique_ptr<GpuRelayPool> pool(
+      new GpuRelayPool(fabric, runtime, std::move(nic_gpu), options));
+  FL_ASSIGN_OR_RETURN(size_t granule, gpu::VmmGranule(runtime->context(0)));
+  FL_ASSIGN_OR_RETURN(pool->slot_alloc_bytes_,
+                      gpu::RoundUpToGranule(options.slot_bytes, granule));
+  for (int g = 0; g < runtime->count(); ++g) {
+    auto stager = std::make_unique<Stager>();
+    absl::MutexLock lock(&stager->mu);
+    FL_ASSIGN_OR_RETURN(stager->stream, gpu::Stream::Create(runtime->context(g)));
+    if (options.mode == StageMode::kKernel) {
+      FL_ASSIGN_OR_RETURN(stager->kernel, gpu::CopyKernel::Load(runtime->context(g)));
+    }
+    pool->stagers_.push_back(std::move(stager));
+  }
+  return pool;
+}
+
+Slot GpuRelayPool::Acquire(int nic) {
+  absl::MutexLock lock(&mu_);
+  PerNic& n = nics_[nic];
+  const int g = nic_gpu_[nic];
+  PerGpu& per_gpu = gpus_[g];
+  if (per_gpu.paused) return Slot{};
+  if (n.free.empty()) {
+    // Grow: a new slot of whole granules, mapped for every GPU.
+    if (per_gpu.held_bytes + slot_alloc_bytes_ > options_.cap_bytes_per_gpu)
+      return Slot{};
+    std::vector<int> all(runtime_->count());
+    for (int i = 0; i < runtime_->count(); ++i) all[i] = i;
+    absl::StatusOr<gpu::VmmBuffer> buffer =
+        gpu::VmmBuffer::Create(runtime_->context(g), slot_alloc_bytes_, all);
+    if (!buffer.ok()) return Slot{};  // out of device memory: no borrowing here now
+    auto memory = std::make_shared<SlotMemory>(SlotMemory{.buffer = std::move(*buffer),
+                                                          .key = 0,
+                                                          .in_use = false,
+                                                          .idle_since = absl::Now()});
+    absl::StatusOr<fabric::RegionKey> key =
+        fabric_->RegisterDeviceRegion(memory->buffer.ptr(), slot_alloc_bytes_, g, memory);
+    if (!key.ok()) return Slot{};
+    memory->key = *key;
+    remaps_.fetch_add(1, std::memory_order_relaxed);
+    per_gpu.held_bytes += slot_alloc_bytes_;
+    auto hole = std::find(n.slots.begin(), n.slots.end(), nullptr);
+    const uint32_t index = static_cast<uint32_t>(hole - n.slots.begin());
+    if (hole == n.slots.end()) {
+      n.slots.push_back(std::move(memory));
+    } else {
+      *hole = std::move(memory);
+    }
+    n.free.push_back(index);
+  }
+  const uint32_t index = n.free.back();
+  n.free.pop_back();
+  SlotMemory& memory = *n.slots[index];
+  memory.in_use = true;
+  ++per_gpu.in_use;
+  return Slot{nic, index, reinterpret_cast<uint8_t*>(memory.buffer.ptr()), memory.key, 0};
+}
+
+void GpuRelayPool::Release(const Slot& slot) {
+  absl::MutexLock lock(&mu_);
+  PerNic& n = nics_[slot.nic];
+  PerGpu& per_gpu = gpus_[nic_gpu_[slot.nic]];
+  SlotMemory& memory = *n.slots[slot.index];
+  memory.in_use = false;
+  memory.idle_since = absl::Now();
+  --per_gpu.in_use;
+  n.free.push_back(slot.index);
+  if (per_gpu.paused) FreeSlotLocked(slot.nic, slot.index);
+}
+
+void GpuRelayPool::FreeSlotLocked(int nic, uint32_t index) {
+  PerNic& n = nics_[nic];
+  std::shared_ptr<SlotMemory>& memory = n.slots[index];
+  fabric_->DeregisterRegion(memory->key).IgnoreError();
+  memory.reset();  // the fabric lets go of its reference once no write uses it
+  n.free.erase(std::find(n.free.begin(), n.free.end(), index));
+  gpus_[nic_gpu_[nic]].held_bytes -= slot_alloc_bytes_;
+  remaps_.fetch_add(1, std::memory_order_relaxed);
+}
+
+absl::Status GpuRelayPool::Stage(const Slot& slot, Source source, uint32_t bytes) {
+  if (!runtime_->has(source.gpu)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU ", source.gpu, " is not a GPU of this node"));
+  }
+  Stager& stager = *stagers_[source.gpu];
+  const auto target = reinterpret_cast<uintptr_t>(slot.data);
+  const auto from = reinterpret_cast<uintptr_t>(source.data);
+  absl::MutexLock lock(&stager.mu);
+  if (stager.kernel.has_value() && (target | from | bytes) % 16 == 0) {
+    FL_RETURN_IF_ERROR(stager.kernel->Launch(*stager.stream, target, from, bytes));
+    kernel_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  } else {
+    FL_RETURN_IF_ERROR(stager.stream->CopyDeviceToDevice(target, from, bytes));
+    copy_engine_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  return stager.stream->Synchronize();
+}
+
+void GpuRelayPool::Maintain(absl::Time now) {
+  std::vector<uint64_t> free_bytes(runtime_->count(), ~uint64_t{0});
+  for (int g = 0; g < runtime_->count(); ++g) {
+    absl::StatusOr<gpu::MemoryInfo> info = gpu::DeviceMemoryInfo(runtime_->context(g));
+    if (info.ok()) free_bytes[g] = info->free_bytes;
+  }
+  absl::MutexLock lock(&mu_);
+  for (int g = 0; g < runtime_->count(); ++g) {
+    PerGpu& per_gpu = gpus_[g];
+    if (!per_gpu.paused && free_bytes[g] < options_.min_free_bytes) {
+      per_gpu.paused = true;
+    } else if (per_gpu.paused &&
+               free_bytes[g] >= options_.min_free_bytes + options_.cap_bytes_per_gpu) {
+      per_gpu.paused = false;
+    }
+  }
+  for (size_t k = 0; k < nics_.size(); ++k) {
+    const bool paused = gpus_[nic_gpu_[k]].paused;
+    std::vector<uint32_t> idle;
+    for (uint32_t index : nics_[k].free) {
+      if (paused || now - nics_[k].slots[index]->idle_since >= options_.idle) {
+        idle.push_back(index);
+      }
+    }
+    for (uint32_t index : idle) FreeSlotLocked(static_cast<int>(k), index);
+  }
+  UpdateBorrowableLocked();
+}
+
+void GpuRelayPool::UpdateBorrowableLocked() {
+  uint32_t mask = ~0u;
+  for (size_t k = 0; k < nic_gpu_.size(); ++k) {
+    if (gpus_[nic_gpu_[k]].paused) mask &= ~(1u << k);
+  }
+  borrowable_.store(mask, std::memory_order_relaxed);
+}
+
+uint64_t GpuRelayPool::held_bytes() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t held = 0;
+  for (const PerGpu& g : gpus_) held += g.held_bytes;
+  return held;
+}
+
+GpuRelayStats GpuRelayPool::stats(int gpu) const {
+  absl::MutexLock lock(&mu_);
+  const PerGpu& g = gpus_[gpu];
+  return GpuRelayStats{g.held_bytes, g.in_use, g.paused};
+}
+
+}  // namespace fuselink::relay

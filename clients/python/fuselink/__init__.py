@@ -1,0 +1,14 @@
+"""Python client of the fuselink agent: lend KV caches, move them, wait for them.
+
+The generated protobuf and gRPC modules live beside this package, in fuselink.v1
+(agent_pb2, tensor_pb2, ...) and google.rpc; the build writes all of them to
+build/python (see clients/python/README.md).
+"""
+
+from .client import DEFAULT_CALL_TIMEOUT_S, Agent
+from .errors import FuselinkError
+from .memory import HostBuffer
+from .watch import MAX_PENDING_EVENTS, Watch
+
+__all__ = ["Agent", "FuselinkError", "HostBuffer", "Watch", "DEFAULT_CALL_TIMEOUT_S",
+           "MAX_PENDING_EVENTS"]

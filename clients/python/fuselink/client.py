@@ -1,0 +1,221 @@
+"""Agent: a connection to one fuselink agent, for engines and orchestrators.
+
+An engine lends a KV cache (a PyTorch CUDA tensor or a HostBuffer) and waits for the
+transfers that land in it; an orchestrator asks the source node's agent to move
+blocks. Every failed call raises FuselinkError with the agent's code and reason.
+
+    agent = fuselink.Agent("127.0.0.1:50051")
+    agent.register_kv_cache("kv0", kv_cache, layers=32, blocks_per_layer=64)
+    event = agent.wait_for_transfer("kv0", timeout=60)
+"""
+
+import threading
+import uuid
+
+import grpc
+
+from fuselink.v1 import agent_pb2, agent_pb2_grpc, tensor_pb2
+
+from .errors import FuselinkError, from_rpc_error
+from .memory import HostBuffer, cuda_ipc_export, is_cuda_tensor, send_fd, send_owner_pidfd
+from .watch import Watch
+
+# Deadline of the short calls (register, get, unregister, topology), in seconds.
+DEFAULT_CALL_TIMEOUT_S = 10
+
+
+class Agent:
+    """A gRPC channel to one agent, and the memory this process lent through it.
+
+    `address` is the agent's gRPC address (host:port). `handle_socket` is its Unix
+    handle socket, needed to lend memory (default: the agent's own default,
+    /tmp/fuselink-<node>.sock). The Agent keeps every lent tensor alive until it is
+    unregistered, so PyTorch cannot hand its memory to another tensor while the agent
+    still maps it. Closing the Agent does not unregister anything. Safe to share
+    between threads.
+    """
+
+    def __init__(self, address, handle_socket=None, call_timeout_s=DEFAULT_CALL_TIMEOUT_S):
+        self.address = address
+        self._handle_socket = handle_socket
+        self._call_timeout_s = call_timeout_s
+        self._channel = grpc.insecure_channel(address)
+        self._stub = agent_pb2_grpc.AgentStub(self._channel)
+        self._node = None
+        self._lock = threading.Lock()
+        self._lent = {}  # tensor name -> the object whose memory the agent maps
+        self._watches = {}  # tensor name -> Watch started before it was registered
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self._call_timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    @property
+    def node(self):
+        """The agent's node name (its --node), asked once."""
+        if self._node is None:
+            self._node = self.topology().node
+        return self._node
+
+    @property
+    def handle_socket(self):
+        """The path given, else the agent's default for its node."""
+        return self._handle_socket or f"/tmp/fuselink-{self.node}.sock"
+
+    def topology(self):
+        """The agent's fuselink.v1.Topology: its node name, GPUs and NICs."""
+        return self._call(self._stub.GetTopology, agent_pb2.GetTopologyRequest())
+
+    def get_tensor(self, name):
+        """The agent's fuselink.v1.Tensor named `name` (NOT_FOUND if none)."""
+        return self._call(self._stub.GetTensor, agent_pb2.GetTensorRequest(name=name))
+
+    def register_kv_cache(self, name, tensor, layers, blocks_per_layer, block_bytes=None, *,
+                          block_stride_bytes=0, layer_stride_bytes=0, home_gpu=0,
+                          owner_pidfd=None, watch=True):
+        """Lends `tensor` to the agent as `layers` x `blocks_per_layer` blocks.
+
+        `tensor` is a contiguous PyTorch CUDA tensor (exported by CUDA IPC; its device
+        index must be the agent's GPU number, so run both with the same
+        CUDA_VISIBLE_DEVICES) or a HostBuffer (its memfd goes over the handle
+        socket). `block_bytes` defaults to the tensor's bytes split evenly into packed
+        blocks; the strides follow fuselink.v1.Layout (0: packed). `home_gpu` picks
+        the direct NIC of host memory. `owner_pidfd` (default: on for CUDA tensors)
+        hands the agent a pidfd of this process, so it lets go of the memory when the
+        process exits. `watch` starts, before registering, the watch that
+        wait_for_transfer() reads, so no transfer into the tensor can finish unseen.
+        Returns the agent's fuselink.v1.Tensor.
+        """
+        cuda = is_cuda_tensor(tensor)
+        if cuda:
+            handle, offset_bytes, size_bytes, gpu = cuda_ipc_export(tensor)
+        elif isinstance(tensor, HostBuffer):
+            size_bytes = tensor.size_bytes
+        else:
+            raise TypeError(f"expected a PyTorch CUDA tensor or a HostBuffer, not "
+                            f"{type(tensor).__name__}")
+        if block_bytes is None:
+            block_bytes, extra = divmod(size_bytes, layers * blocks_per_layer)
+            if extra or block_bytes == 0:
+                raise ValueError(f"{size_bytes} bytes do not split into {layers} x "
+                                 f"{blocks_per_layer} equal blocks; give block_bytes")
+        request = agent_pb2.RegisterTensorRequest(
+            name=name, home_gpu=home_gpu,
+            layout=tensor_pb2.Layout(layers=layers, blocks_per_layer=blocks_per_layer,
+                                     block_bytes=block_bytes,
+                                     block_stride_bytes=block_stride_bytes,
+                                     layer_stride_bytes=layer_stride_bytes))
+        if cuda:
+            request.memory.cuda_ipc.CopyFrom(tensor_pb2.CudaIpcMemory(
+                handle=handle, offset_bytes=offset_bytes, size_bytes=size_bytes, gpu=gpu))
+        else:
+            request.memory.host.CopyFrom(tensor_pb2.HostMemory(
+                fd_token=send_fd(self.handle_socket, tensor.fd), size_bytes=size_bytes))
+        if owner_pidfd is None:
+            owner_pidfd = cuda
+        if owner_pidfd:
+            request.owner_fd_token = send_owner_pidfd(self.handle_socket)
+
+        watcher = Watch(self._stub, name) if watch else None
+        try:
+            registered = self._call(self._stub.RegisterTensor, request)
+        except BaseException:
+            if watcher is not None:
+                watcher.close()
+            raise
+        with self._lock:
+            self._lent[name] = tensor
+            if watcher is not None:
+                self._watches[name] = watcher
+        return registered
+
+    def watch(self, tensor=""):
+        """A Watch on transfers into `tensor` ("" for all), in place when it returns.
+
+        For tensors not registered here with watch=True: open it, then trigger the
+        transfer, then wait() on it.
+        """
+        return Watch(self._stub, tensor)
+
+    def wait_for_transfer(self, tensor_name, timeout=None):
+        """Waits for a transfer into `tensor_name` to finish; returns its WatchEvent.
+
+        For a tensor registered through this Agent (with watch=True) it returns the
+        next transfer that finished since registration or since the previous call, in
+        order. For any other tensor it watches from now on, and a transfer that
+        finished before this call is not seen: use watch() instead. Raises
+        FuselinkError if that transfer failed, TimeoutError after `timeout` seconds.
+        """
+        with self._lock:
+            watcher = self._watches.get(tensor_name)
+        if watcher is not None:
+            return watcher.wait(timeout)
+        with Watch(self._stub, tensor_name) as w:
+            return w.wait(timeout)
+
+    def transfer(self, source_tensor, target_node, target_tensor, blocks=None,
+                 target_blocks=None, layers=None, request_id=None, timeout=None,
+                 on_event=None):
+        """Moves blocks of `source_tensor` on this agent's node into `target_tensor` on
+        `target_node`, and returns the final fuselink.v1.TransferEvent (`completed`).
+
+        `blocks` are source block ids (default: every block), copied in every layer
+        moved into `target_blocks` (default: the same ids). `layers` is (begin, end)
+        or a range; default all. `request_id` makes the call idempotent (default: a
+        fresh one). `timeout` bounds the whole transfer, in seconds. `on_event` is
+        called with every event (accepted, progress, layer_done, ...). A CUDA source
+        must be complete: synchronize the stream that wrote it first. Raises
+        FuselinkError when the agent refuses the request or the transfer fails (the
+        last event seen in `.event`).
+        """
+        if blocks is None:
+            blocks = range(self.get_tensor(source_tensor).layout.blocks_per_layer)
+        blocks = list(blocks)
+        target_blocks = blocks if target_blocks is None else list(target_blocks)
+        request = agent_pb2.TransferRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            source=agent_pb2.BlockSet(node=self.node, tensor=source_tensor, block_ids=blocks),
+            target=agent_pb2.BlockSet(node=target_node, tensor=target_tensor,
+                                      block_ids=target_blocks))
+        if layers is not None:
+            begin, end = (layers.start, layers.stop) if isinstance(layers, range) else layers
+            request.layers.CopyFrom(agent_pb2.LayerRange(begin=begin, end=end))
+        last = None
+        try:
+            for event in self._stub.TransferKVCache(request, timeout=timeout):
+                last = event
+                if on_event is not None:
+                    on_event(event)
+        except grpc.RpcError as e:
+            failed = last is not None and last.HasField("failed")
+            raise from_rpc_error(e, event=last,
+                                 default_reason=last.failed.reason if failed else "") from None
+        if last is None or not last.HasField("completed"):
+            raise FuselinkError(grpc.StatusCode.UNKNOWN,
+                                "the transfer stream ended without a final event", event=last)
+        return last
+
+    def unregister(self, name):
+        """Takes the tensor back from the agent and lets go of it here."""
+        self._call(self._stub.UnregisterTensor, agent_pb2.UnregisterTensorRequest(name=name))
+        with self._lock:
+            self._lent.pop(name, None)
+            watcher = self._watches.pop(name, None)
+        if watcher is not None:
+            watcher.close()
+
+    def close(self):
+        """Ends the watches and the channel. Lent tensors stay registered."""
+        with self._lock:
+            watches, self._watches = list(self._watches.values()), {}
+        for w in watches:
+            w.close()
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

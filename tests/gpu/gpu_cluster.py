@@ -1,0 +1,264 @@
+"""Two agents on one GPU machine, GPU tensors lent by PyTorch engines.
+
+Run by gpu_cluster_test.sh, which starts the testbed and the agents and passes their
+addresses. Modes:
+  check   the GPU tests: direct and relayed transfers checked on the GPUs, the relay
+          cap, memory pressure on a relay GPU, an engine that exits mid-transfer, a
+          handle the driver refuses. Exit 1 on the first failure.
+  bench   one hot GPU sends --gib GiB to the other node, --rounds times; one JSON line.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import torch
+
+import fuselink
+
+MIB = 1 << 20
+
+
+def metrics(url):
+    """name{labels} -> value, from an agent's /metrics."""
+    out = {}
+    for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def metric(url, name, **labels):
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    key = f"{name}{{{want}}}" if want else name
+    return metrics(url).get(key, 0.0)
+
+
+def kv_cache(gpu, gib, fill):
+    """A KV cache of 4 MiB blocks, 8 layers, on `gpu`: random bytes or zeros."""
+    blocks = int(gib * 1024) // 4 // 8
+    t = torch.empty(8 * blocks * 4 * MIB, dtype=torch.uint8, device=f"cuda:{gpu}")
+    if fill:
+        t.random_(0, 256)
+    else:
+        t.zero_()
+    torch.cuda.synchronize(gpu)
+    return t, dict(layers=8, blocks_per_layer=blocks)
+
+
+def same_on_gpu(a, b):
+    """Compares two tensors on the GPU: a checksum each (sum of 64-bit words, weighted
+    by position) and then every byte."""
+    b = b.to(a.device)
+    wa = a.view(torch.int64)
+    wb = b.view(torch.int64)
+    weights = torch.arange(1, wa.numel() + 1, device=a.device, dtype=torch.int64)
+    return bool((wa * weights).sum() == (wb * weights).sum()) and bool(torch.equal(a, b))
+
+
+class Cluster:
+    def __init__(self, args):
+        self.a = fuselink.Agent(args.a, handle_socket=args.a_socket)
+        self.b = fuselink.Agent(args.b, handle_socket=args.b_socket)
+        self.a_metrics = args.a_metrics
+        self.b_metrics = args.b_metrics
+        self.gpus = torch.cuda.device_count()
+        self.n = 0
+
+    def move(self, source_gpu, target_gpu, gib, **kw):
+        """Registers a random cache on node-a and a zeroed one on node-b, moves it,
+        checks it on the GPU. Returns (completed event, seconds)."""
+        self.n += 1
+        name = f"kv{self.n}"
+        src, shape = kv_cache(source_gpu, gib, True)
+        dst, _ = kv_cache(target_gpu, gib, False)
+        self.a.register_kv_cache(name, src, **shape)
+        self.b.register_kv_cache(name, dst, **shape)
+        start = time.monotonic()
+        done = self.a.transfer(name, self.b.node, name, **kw)
+        seconds = time.monotonic() - start
+        self.b.wait_for_transfer(name, timeout=60)
+        ok = same_on_gpu(src, dst)
+        self.a.unregister(name)
+        self.b.unregister(name)
+        if not ok:
+            raise AssertionError(f"{name}: GPU {source_gpu} -> GPU {target_gpu}: bytes differ")
+        return done, seconds
+
+
+def per_nic(event):
+    return {n.nic: n.bytes for n in event.completed.per_nic}
+
+
+def check(c, args):
+    g = c.gpus
+    results = []
+
+    def ok(what):
+        print(f"PASS {what}", flush=True)
+        results.append(what)
+
+    # Direct, and into another GPU on the far side (lands on the NIC's GPU, crosses NVLink).
+    done, _ = c.move(0, 0, 1)
+    ok(f"GPU 0 -> GPU 0, 1 GiB, bytes match on the GPU; per NIC {per_nic(done)}")
+    if g >= 2:
+        staged_before = metric(c.a_metrics, "fuselink_relay_staged_bytes_total",
+                               stage=args.stage)
+        peak = [0.0]
+        stop = threading.Event()
+
+        def watch_cap():
+            while not stop.is_set():
+                for gpu in range(g):
+                    peak[0] = max(peak[0], metric(c.a_metrics, "fuselink_relay_device_bytes",
+                                                  gpu=gpu))
+                time.sleep(0.02)
+        t = threading.Thread(target=watch_cap)
+        t.start()
+        done, _ = c.move(0, 1, 2)
+        stop.set()
+        t.join()
+        nics = per_nic(done)
+        borrowed = sum(v for k, v in nics.items() if k != "rail0")
+        staged = metric(c.a_metrics, "fuselink_relay_staged_bytes_total",
+                        stage=args.stage) - staged_before
+        cap = metric(c.a_metrics, "fuselink_relay_device_cap_bytes")
+        assert borrowed > 0, f"nothing went through a borrowed NIC: {nics}"
+        assert staged >= borrowed, f"relay staged {staged} < borrowed {borrowed}"
+        assert 0 < peak[0] <= cap, f"relay memory peaked at {peak[0]}, cap {cap}"
+        ok(f"GPU 0 -> GPU 1, 2 GiB, relayed ({args.stage}): per NIC {nics}; staged "
+           f"{staged / MIB:.0f} MiB; relay memory peak {peak[0] / MIB:.0f} MiB <= cap "
+           f"{cap / MIB:.0f} MiB")
+
+        # Memory pressure on GPU 1: a process takes its memory; the pool gives its
+        # slots back, borrowing through GPU 1 pauses, the transfer still completes.
+        free, _ = torch.cuda.mem_get_info(1)
+        hog = subprocess.Popen([sys.executable, "-c",
+                                "import torch,sys,time\n"
+                                f"x=torch.empty({free} - {args.leave_free_mib} * {MIB},"
+                                " dtype=torch.uint8, device='cuda:1')\n"
+                                "print('held', flush=True)\ntime.sleep(600)\n"],
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            assert hog.stdout.readline().strip() == "held", "the memory hog failed"
+            deadline = time.monotonic() + 10
+            while metric(c.a_metrics, "fuselink_relay_paused", gpu=1) != 1:
+                assert time.monotonic() < deadline, "GPU 1's relay did not pause"
+                time.sleep(0.1)
+            held = metric(c.a_metrics, "fuselink_relay_device_bytes", gpu=1)
+            assert held == 0, f"GPU 1 still holds {held} relay bytes under pressure"
+            before = metric(c.a_metrics, "fuselink_nic_transmitted_bytes_total",
+                            nic="rail1", owner_gpu=1, traffic="borrowed")
+            done, _ = c.move(0, 0, 1)
+            after = metric(c.a_metrics, "fuselink_nic_transmitted_bytes_total",
+                           nic="rail1", owner_gpu=1, traffic="borrowed")
+            assert after == before, "rail1 carried borrowed bytes while GPU 1 was short"
+            ok(f"GPU 1 short of memory: relay paused, 0 bytes held, the transfer "
+               f"completed on {per_nic(done)}")
+        finally:
+            hog.kill()
+            hog.wait()
+        deadline = time.monotonic() + 10
+        while metric(c.a_metrics, "fuselink_relay_paused", gpu=1) != 0:
+            assert time.monotonic() < deadline, "GPU 1's relay did not resume"
+            time.sleep(0.1)
+        ok("GPU 1's memory back: relay resumed")
+
+    # An engine that exits mid-transfer: its transfer fails, the agent lets go.
+    engine = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "engine", "--a", args.a,
+         "--a_socket", args.a_socket, "--gib", "4"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert engine.stdout.readline().strip() == "lent", "the engine did not start"
+        dst, shape = kv_cache(0, 4, False)
+        c.b.register_kv_cache("orphan", dst, **shape)
+        failure = {}
+
+        def run():
+            try:
+                c.a.transfer("orphan", c.b.node, "orphan")
+            except fuselink.FuselinkError as e:
+                failure["error"] = e
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.3)
+        engine.send_signal(signal.SIGKILL)
+        t.join(60)
+        e = failure.get("error")
+        assert e is not None, "the transfer did not fail"
+        assert e.reason == "OWNER_EXITED", f"failed with {e.code} {e.reason}: {e}"
+        try:
+            c.a.get_tensor("orphan")
+            raise AssertionError("node-a still holds the exited engine's tensor")
+        except fuselink.FuselinkError as gone:
+            assert gone.code.name == "NOT_FOUND", gone
+        c.b.unregister("orphan")
+        ok(f"engine killed mid-transfer: {e.code.name} {e.reason}; node-a dropped its tensor")
+    finally:
+        engine.kill()
+        engine.wait()
+
+    # A handle the driver cannot open.
+    try:
+        from fuselink.v1 import agent_pb2, tensor_pb2
+        req = agent_pb2.RegisterTensorRequest(
+            name="bogus", layout=tensor_pb2.Layout(layers=1, blocks_per_layer=1,
+                                                   block_bytes=MIB))
+        req.memory.cuda_ipc.CopyFrom(tensor_pb2.CudaIpcMemory(
+            handle=bytes(range(64)), size_bytes=MIB, gpu=0))
+        c.a._call(c.a._stub.RegisterTensor, req)
+        raise AssertionError("a bogus CUDA IPC handle was accepted")
+    except fuselink.FuselinkError as e:
+        assert e.code.name == "INVALID_ARGUMENT" and e.reason == "BAD_GPU_HANDLE", e
+        ok(f"bogus IPC handle: {e.code.name} {e.reason}: {e}")
+    c.a.topology()
+    print(f"all {len(results)} GPU checks passed", flush=True)
+
+
+def engine(args):
+    """A PyTorch engine that lends a cache to node-a and waits to be killed."""
+    agent = fuselink.Agent(args.a, handle_socket=args.a_socket)
+    src, shape = kv_cache(0, args.gib, True)
+    agent.register_kv_cache("orphan", src, **shape)
+    print("lent", flush=True)
+    time.sleep(600)
+
+
+def bench(c, args):
+    rates = []
+    for _ in range(args.rounds):
+        done, seconds = c.move(0, 0, args.gib)
+        rates.append(done.completed.total_bytes / seconds / 1e9)
+    print(json.dumps({"label": args.label, "gib": args.gib, "rounds": args.rounds,
+                      "gbytes_per_s": rates, "median": sorted(rates)[len(rates) // 2],
+                      "per_nic_last": per_nic(done)}), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["check", "bench", "engine"])
+    for n in ("a", "b"):
+        p.add_argument(f"--{n}")
+        p.add_argument(f"--{n}_socket")
+        p.add_argument(f"--{n}_metrics")
+    p.add_argument("--stage", default="d2")
+    p.add_argument("--gib", type=float, default=4)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--label", default="")
+    p.add_argument("--leave_free_mib", type=int, default=1024)
+    args = p.parse_args()
+    if args.mode == "engine":
+        return engine(args)
+    c = Cluster(args)
+    (check if args.mode == "check" else bench)(c, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+#!/bin/bash
+# The GPU tests on a GPU machine: two agents in network namespaces (scripts/testbed.sh),
+# each using all the GPUs as its node's GPUs, one rail per GPU shaped to RATE; PyTorch
+# engines lend GPU tensors through the Python client and gpu_cluster.py checks them
+# (its `check` mode), once with the D2 relay stage and once with D1. With BENCH=1 it
+# then times one hot GPU sending to the other node under static, stripe and fuselink
+# (D1, D2), and NCCL point-to-point over the same rails (tools/bench/nccl_p2p.py).
+# Skips (77) without a GPU, torch, or a testbed, saying why.
+# Usage: gpu_cluster_test.sh AGENT_BINARY PYTHONPATH_DIR   (env: RATE, BENCH, GIB)
+set -euo pipefail
+agent=$1
+export PYTHONPATH=$2${PYTHONPATH:+:$PYTHONPATH}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+tb="$here/scripts/testbed.sh"
+rate=${RATE:-10gbit}
+. "$here/scripts/lib/testbed.sh"
+
+gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null) ||
+  { echo "SKIP: python3 cannot import torch"; exit 77; }
+[ "$gpus" -ge 1 ] || { echo "SKIP: no CUDA GPU visible to torch"; exit 77; }
+python3 -c 'import fuselink' || { echo "FAIL: the fuselink Python package does not import" >&2; exit 1; }
+testbed_require
+
+name="flg$$"
+testbed_down_on_exit "$name"
+
+"$tb" up --name "$name" --nodes 2 --rails "$gpus" --rate "$rate"
+testbed_load "$name"
+out="$TESTBED_STATE"
+metrics_of() { sed -n 's/.*"metrics":"\([^"]*\)".*/\1/p' "$1"; }
+
+# agents FLAGS...: (re)starts node-b and node-a with FLAGS; sets $addrs for the driver.
+agents() {
+  stop_agents
+  pids=()
+  testbed_start_agent 1 node-b "" "$@"
+  local b
+  b=$(field "$out/node-b.json" grpc)
+  testbed_start_agent 0 node-a "node-b=$b" "$@"
+  addrs=(--a "$(field "$out/node-a.json" grpc)" --a_socket "$out/node-a.sock"
+    --a_metrics "$(metrics_of "$out/node-a.json")"
+    --b "$b" --b_socket "$out/node-b.sock" --b_metrics "$(metrics_of "$out/node-b.json")")
+  grep -h "GPU\|relay" "$out/node-a.log" | head -5
+}
+
+driver="$here/tests/gpu/gpu_cluster.py"
+for stage in d2 d1; do
+  echo "== checks, relay stage $stage, $gpus GPUs, rails at $rate"
+  agents --policy=fuselink --relay_stage="$stage" --relay_cap_mib=64
+  python3 "$driver" check "${addrs[@]}" --stage "$stage"
+done
+
+echo "== the Python client's example"
+python3 "$here/clients/python/examples/gpu_kv_transfer.py" --source_agent "${addrs[1]}" \
+  --source_socket "${addrs[3]}" --target_agent "${addrs[7]}" --target_socket "${addrs[9]}" \
+  --source_gpu 0 --target_gpu $((gpus - 1))
+
+[ "${BENCH:-0}" = 1 ] || exit 0
+gib=${GIB:-4}
+echo "== end to end, one hot GPU, $gpus rails at $rate, $gib GiB"
+for spec in static:d2 stripe:d2 fuselink:d2 fuselink:d1; do
+  policy=${spec%%:*}
+  agents --policy="$policy" --relay_stage="${spec#*:}"
+  python3 "$driver" bench "${addrs[@]}" --gib "$gib" --rounds 3 --label "$spec"
+  if [ "$policy" = fuselink ]; then
+    curl -s "$(metrics_of "$out/node-a.json")" | grep -E "^fuselink_relay_(remaps|staged)" || true
+  fi
+done
+stop_agents
+pids=()
+echo "== NCCL point-to-point over the same rails"
+ifs=$(seq -s, -f 'rail%g' 0 $((gpus - 1)))
+export NCCL_SOCKET_IFNAME=$ifs NCCL_IB_DISABLE=1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
+  NCCL_NVLS_ENABLE=0 MASTER_ADDR=10.232.0.1 MASTER_PORT=29511 WORLD_SIZE=2
+# NCCL refuses two ranks on one GPU: the receiver uses the last GPU.
+testbed_exec 1 env RANK=1 python3 "$here/tools/bench/nccl_p2p.py" --gpu $((gpus - 1)) \
+  --bytes $((gib << 30)) >"$out/nccl1.log" 2>&1 &
+nccl1=$!
+testbed_exec 0 env RANK=0 python3 "$here/tools/bench/nccl_p2p.py" --gpu 0 \
+  --bytes $((gib << 30)) 2>&1 | tail -3
+wait "$nccl1" || true
+tail -3 "$out/nccl1.log"

@@ -1,0 +1,149 @@
+"""The Python client against two real agents (started by client_test.sh).
+
+Host memory on both nodes: node-a's agent moves blocks of a HostBuffer into one on
+node-b, the client waits for them through WatchTransfers, and the bytes are compared
+in node-b's buffer, block by block. Then the errors: each bad input surfaces as a
+FuselinkError with its gRPC code and the agent's reason.
+
+Environment: FL_SOURCE_AGENT, FL_SOURCE_SOCKET (node-a), FL_TARGET_AGENT,
+FL_TARGET_SOCKET, FL_TARGET_NODE (node-b).
+"""
+
+import os
+import unittest
+
+import grpc
+
+import fuselink
+
+LAYERS = 4
+BLOCKS = 16
+BLOCK_BYTES = 64 << 10
+SIZE_BYTES = LAYERS * BLOCKS * BLOCK_BYTES
+WAIT_S = 30
+
+
+def block(buffer, layer, index):
+    """Bytes of block `index` of `layer` in a packed layout."""
+    begin = (layer * BLOCKS + index) * BLOCK_BYTES
+    return buffer.data[begin:begin + BLOCK_BYTES]
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.source = fuselink.Agent(os.environ["FL_SOURCE_AGENT"],
+                                    handle_socket=os.environ["FL_SOURCE_SOCKET"])
+        cls.target = fuselink.Agent(os.environ["FL_TARGET_AGENT"],
+                                    handle_socket=os.environ["FL_TARGET_SOCKET"])
+        cls.target_node = os.environ["FL_TARGET_NODE"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.source.close()
+        cls.target.close()
+
+    def lend(self, agent, name, fill, **kwargs):
+        """A HostBuffer of random bytes (or zeros) registered as `name` on `agent`."""
+        buffer = fuselink.HostBuffer(SIZE_BYTES, name)
+        if fill:
+            buffer.data[:] = os.urandom(SIZE_BYTES)
+        self.addCleanup(buffer.close)
+        tensor = agent.register_kv_cache(name, buffer, LAYERS, BLOCKS, **kwargs)
+        self.addCleanup(agent.unregister, name)
+        self.assertEqual(tensor.memory_kind, "host")
+        self.assertEqual(tensor.layout.block_bytes, BLOCK_BYTES)
+        return buffer
+
+    def assertError(self, code, reason, fn, *args, **kwargs):
+        with self.assertRaises(fuselink.FuselinkError) as caught:
+            fn(*args, **kwargs)
+        self.assertEqual((caught.exception.code, caught.exception.reason), (code, reason),
+                         str(caught.exception))
+
+    def test_transfer_lands_and_is_seen(self):
+        src = self.lend(self.source, "py-lands-src", fill=True)
+        dst = self.lend(self.target, "py-lands-dst", fill=False)
+        self.assertEqual(self.source.node, "node-a")
+        # Every block into its mirror image, layers 1 to 3 only; layer 0 stays zero.
+        target_blocks = list(reversed(range(BLOCKS)))
+        events = []
+        final = self.source.transfer("py-lands-src", self.target_node, "py-lands-dst",
+                                     target_blocks=target_blocks, layers=(1, LAYERS),
+                                     on_event=events.append, timeout=WAIT_S)
+        moved = (LAYERS - 1) * BLOCKS * BLOCK_BYTES
+        self.assertTrue(events[0].HasField("accepted"))
+        self.assertEqual(final.completed.total_bytes, moved)
+        self.assertEqual(sum(n.bytes for n in final.completed.per_nic), moved)
+
+        # The watch began at registration, before the transfer: nothing is missed.
+        landed = self.target.wait_for_transfer("py-lands-dst", timeout=WAIT_S)
+        self.assertEqual(landed.code, 0)
+        self.assertEqual(landed.transfer_id, final.transfer_id)
+        self.assertEqual(landed.source_node, "node-a")
+        self.assertEqual(landed.bytes, moved)
+        self.assertEqual(list(landed.block_ids), target_blocks)
+        self.assertEqual((landed.layers.begin, landed.layers.end), (1, LAYERS))
+
+        zeros = bytes(BLOCK_BYTES)
+        for layer in range(LAYERS):
+            for b in range(BLOCKS):
+                want = zeros if layer == 0 else block(src, layer, b)
+                self.assertEqual(block(dst, layer, target_blocks[b]), want,
+                                 f"layer {layer}, source block {b}")
+
+    def test_explicit_watch(self):
+        src = self.lend(self.source, "py-watch-src", fill=True)
+        dst = self.lend(self.target, "py-watch-dst", fill=False, watch=False)
+        with self.target.watch("py-watch-dst") as watch:
+            self.source.transfer("py-watch-src", self.target_node, "py-watch-dst",
+                                 blocks=[3, 4], target_blocks=[7, 9], timeout=WAIT_S)
+            landed = watch.wait(WAIT_S)
+        self.assertEqual(landed.bytes, 2 * LAYERS * BLOCK_BYTES)
+        for layer in range(LAYERS):
+            self.assertEqual(block(dst, layer, 7), block(src, layer, 3))
+            self.assertEqual(block(dst, layer, 9), block(src, layer, 4))
+        # Nothing else lands: waiting again times out.
+        with self.assertRaises(TimeoutError):
+            self.target.wait_for_transfer("py-watch-dst", timeout=0.2)
+
+    def test_errors_carry_code_and_reason(self):
+        self.lend(self.source, "py-err-src", fill=True)
+        self.lend(self.target, "py-err-dst", fill=False)
+        node = self.target_node
+        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TENSOR", self.source.transfer,
+                         "py-no-such-tensor", node, "py-err-dst", blocks=[0])
+        self.assertError(grpc.StatusCode.OUT_OF_RANGE, "BLOCK_OUT_OF_RANGE",
+                         self.source.transfer, "py-err-src", node, "py-err-dst",
+                         blocks=[BLOCKS])
+        # Refused by node-b's agent and passed back by node-a's.
+        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TENSOR", self.source.transfer,
+                         "py-err-src", node, "py-no-such-tensor", blocks=[0])
+        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_NODE", self.source.transfer,
+                         "py-err-src", "node-z", "py-err-dst", blocks=[0])
+        self.assertError(grpc.StatusCode.OUT_OF_RANGE, "LAYER_OUT_OF_RANGE",
+                         self.source.transfer, "py-err-src", node, "py-err-dst",
+                         blocks=[0], layers=(2, 2))
+        with fuselink.HostBuffer(SIZE_BYTES) as again:
+            self.assertError(grpc.StatusCode.ALREADY_EXISTS, "TENSOR_EXISTS",
+                             self.source.register_kv_cache, "py-err-src", again, LAYERS,
+                             BLOCKS, watch=False)
+        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TENSOR", self.target.unregister,
+                         "py-no-such-tensor")
+        # Checked here, before anything reaches the agent.
+        with fuselink.HostBuffer(SIZE_BYTES + 1) as odd, self.assertRaises(ValueError):
+            self.source.register_kv_cache("py-odd", odd, LAYERS, BLOCKS)
+        with self.assertRaises(TypeError):
+            self.source.register_kv_cache("py-bytes", bytearray(SIZE_BYTES), LAYERS, BLOCKS)
+
+    def test_unregister(self):
+        with fuselink.HostBuffer(SIZE_BYTES) as buffer:
+            self.source.register_kv_cache("py-gone", buffer, LAYERS, BLOCKS)
+            self.assertEqual(self.source.get_tensor("py-gone").size_bytes, SIZE_BYTES)
+            self.source.unregister("py-gone")
+        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TENSOR", self.source.get_tensor,
+                         "py-gone")
+
+
+if __name__ == "__main__":
+    unittest.main()

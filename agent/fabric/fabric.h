@@ -34,6 +34,14 @@ struct Endpoint {
   uint16_t port = 0;
 };
 
+// Device work a write's source waits for (a relay copy still on the GPU): the fabric
+// waits for it before it reads the source, on its own thread.
+class Fence {
+ public:
+  virtual ~Fence() = default;
+  virtual absl::Status Wait() = 0;
+};
+
 struct WriteOp {
   RegionKey local_key = 0;  // source region, registered on this node
   uint64_t local_offset = 0;
@@ -43,6 +51,8 @@ struct WriteOp {
   uint32_t bytes = 0;
   uint32_t imm = 0;    // delivered to the target with the arrival
   uint64_t wr_id = 0;  // returned to the source in the completion
+  // Null, or device work to wait for first; must live until the write completes.
+  Fence* after = nullptr;
 };
 
 // The outcome of a posted write, on the source.

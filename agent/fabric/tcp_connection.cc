@@ -132,6 +132,9 @@ absl::Status TcpConnection::SendWrites() {
       ++sent_;
     }
     const WriteOp& op = next.op;
+    // A device fault here leaves the source unreadable: the connection closes and
+    // its writes fail over to other NICs.
+    if (op.after != nullptr) FL_RETURN_IF_ERROR(op.after->Wait());
     wire::HeaderBytes header =
         wire::EncodeWrite(wire::WriteHeader{.key = op.remote_key,
                                             .offset = op.remote_offset,

@@ -345,6 +345,8 @@ std::string VerbsFabric::PeerName(PeerId peer) const {
 
 absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
   FL_RETURN_IF_ERROR(CheckWrite(nic, nic_count(), op, options_.max_write_bytes));
+  // The NIC reads the source as soon as the work request is posted.
+  if (op.after != nullptr) FL_RETURN_IF_ERROR(op.after->Wait());
   verbs::WriteSource source;
   if (op.bytes > 0) {
     absl::ReaderMutexLock lock(&regions_mu_);

@@ -21,11 +21,19 @@ const char* StageModeName(StageMode mode) {
   return mode == StageMode::kKernel ? "d1" : "d2";
 }
 
-struct GpuRelayPool::SlotMemory {
+// One slot's memory, and the fence its writes wait for: an event recorded after the
+// last stage into it, on the stream of the GPU that staged it.
+struct GpuRelayPool::SlotMemory final : fabric::Fence {
+  SlotMemory(gpu::VmmBuffer buffer, int gpus) : buffer(std::move(buffer)), staged(gpus) {}
+  absl::Status Wait() override { return staged[staged_by]->Synchronize(); }
+
   gpu::VmmBuffer buffer;
   fabric::RegionKey key = 0;
   bool in_use = false;
   absl::Time idle_since;
+  std::vector<std::optional<gpu::Event>> staged;  // per source GPU, made on first use
+  int staged_by = 0;
+  bool ever_staged = false;
 };
 
 GpuRelayPool::GpuRelayPool(fabric::Fabric* fabric, const gpu::Runtime* runtime,
@@ -79,10 +87,7 @@ Slot GpuRelayPool::Acquire(int nic) {
     absl::StatusOr<gpu::VmmBuffer> buffer =
         gpu::VmmBuffer::Create(runtime_->context(g), slot_alloc_bytes_, all);
     if (!buffer.ok()) return Slot{};  // out of device memory: no borrowing here now
-    auto memory = std::make_shared<SlotMemory>(SlotMemory{.buffer = std::move(*buffer),
-                                                          .key = 0,
-                                                          .in_use = false,
-                                                          .idle_since = absl::Now()});
+    auto memory = std::make_shared<SlotMemory>(std::move(*buffer), runtime_->count());
     absl::StatusOr<fabric::RegionKey> key =
         fabric_->RegisterDeviceRegion(memory->buffer.ptr(), slot_alloc_bytes_, g, memory);
     if (!key.ok()) return Slot{};
@@ -103,10 +108,16 @@ Slot GpuRelayPool::Acquire(int nic) {
   SlotMemory& memory = *n.slots[index];
   memory.in_use = true;
   ++per_gpu.in_use;
-  return Slot{nic, index, reinterpret_cast<uint8_t*>(memory.buffer.ptr()), memory.key, 0};
+  return Slot{nic,        index, reinterpret_cast<uint8_t*>(memory.buffer.ptr()),
+              memory.key, 0,     &memory};
 }
 
 void GpuRelayPool::Release(const Slot& slot) {
+  // A chunk whose write failed before the fabric waited: its copy may still run, and
+  // the slot must not be staged again or freed under it. Passed fences return at once.
+  if (SlotMemory& memory = static_cast<SlotMemory&>(*slot.ready); memory.ever_staged) {
+    gpu::ReportDroppedError(memory.Wait());
+  }
   absl::MutexLock lock(&mu_);
   PerNic& n = nics_[slot.nic];
   PerGpu& per_gpu = gpus_[nic_gpu_[slot.nic]];
@@ -134,6 +145,12 @@ absl::Status GpuRelayPool::Stage(const Slot& slot, Source source, uint32_t bytes
         absl::StrCat("GPU ", source.gpu, " is not a GPU of this node"));
   }
   Stager& stager = *stagers_[source.gpu];
+  auto& memory =
+      static_cast<SlotMemory&>(*slot.ready);  // the slot is ours until released
+  std::optional<gpu::Event>& staged = memory.staged[source.gpu];
+  if (!staged.has_value()) {
+    FL_ASSIGN_OR_RETURN(staged, gpu::Event::Create(runtime_->context(source.gpu), false));
+  }
   const auto target = reinterpret_cast<uintptr_t>(slot.data);
   const auto from = reinterpret_cast<uintptr_t>(source.data);
   absl::MutexLock lock(&stager.mu);
@@ -144,7 +161,10 @@ absl::Status GpuRelayPool::Stage(const Slot& slot, Source source, uint32_t bytes
     FL_RETURN_IF_ERROR(stager.stream->CopyDeviceToDevice(target, from, bytes));
     copy_engine_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   }
-  return stager.stream->Synchronize();
+  // Not waited for here: the fabric waits on slot.ready before it reads the slot.
+  memory.staged_by = source.gpu;
+  memory.ever_staged = true;
+  return staged->Record(*stager.stream);
 }
 
 void GpuRelayPool::Maintain(absl::Time now) {

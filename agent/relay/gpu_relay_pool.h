@@ -9,6 +9,9 @@
 // and stops lending that GPU's NICs (borrowable()) until free memory is back above
 // min_free_bytes + cap_bytes_per_gpu.
 //
+// Stage only enqueues the copy and records an event; the slot's fence (Slot::ready)
+// waits for it on the fabric's thread, so the engine never blocks on the GPU.
+//
 // Two ways into a slot (StageMode):
 //  - kKernel (D1): a copy kernel on the source GPU stores through the slot's mapping;
 //    chunks not aligned to 16 bytes fall back to the copy engine.

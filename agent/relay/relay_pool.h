@@ -26,6 +26,8 @@ struct Slot {
   uint8_t* data = nullptr;
   fabric::RegionKey key = 0;
   uint64_t offset = 0;  // of the slot within its region
+  // Set when Stage returns before the bytes are in the slot: the write waits for it.
+  fabric::Fence* ready = nullptr;
   bool valid() const { return nic >= 0; }
 };
 
@@ -41,7 +43,8 @@ class Pool {
   // A free slot on `nic`, or an invalid one when none can be had now.
   virtual Slot Acquire(int nic) = 0;
   virtual void Release(const Slot& slot) = 0;
-  // The relay stage: moves `bytes` from `source` into the slot; done on return.
+  // The relay stage: moves `bytes` from `source` into the slot. Done on return, or,
+  // where slot.ready is set, once that fence has passed.
   virtual absl::Status Stage(const Slot& slot, Source source, uint32_t bytes) = 0;
   // NICs that may take borrowed chunks now (bit i: NIC i).
   virtual uint32_t borrowable() const { return ~0u; }

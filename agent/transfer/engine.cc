@@ -345,6 +345,7 @@ void Engine::PumpLocked(Job& job) {
       }
       op.local_key = f.relay.key;
       op.local_offset = f.relay.offset;
+      op.after = f.relay.ready;
     }
     op.remote_key = job.target.region_key;
     op.remote_offset = chunk.target_offset;

@@ -1,8 +1,10 @@
 // fuselink-relay-bench: the GPU relay path's parts, timed on the GPUs of this machine,
 // with the network taken out.
 //
-//  copy  The relay stage (GpuRelayPool::Stage, D1 kernel and D2 copy engine, one chunk
-//        at a time and waited for, as the engine stages) against a plain copy-engine
+//  copy  The relay stage (GpuRelayPool::Stage, D1 kernel and D2 copy engine) as the
+//        engine and the fabric use it: --depth slots on NIC 1 (GPU 1) in turn, each
+//        chunk staged, and a slot's fence waited for (as the fabric waits before it
+//        reads the slot) before the slot is staged again. Against a plain copy-engine
 //        peer copy of the same chunks, pipelined, from GPU 0 into GPU 1.
 //  sink  The PCIe argument: a sink fabric that consumes staged chunks. Each NIC has
 //        --threads sender threads with the TCP fabric's own device stage (two pinned
@@ -34,6 +36,8 @@ ABSL_FLAG(int, gpus, 0, "GPUs to use; 0: all.");
 ABSL_FLAG(std::vector<std::string>, chunk_mib,
           (std::vector<std::string>{"1", "4", "16", "64"}),
           "Chunk sizes of the copy rows (MiB).");
+ABSL_FLAG(int, depth, 2,
+          "Relay slots in use at once in the copy rows (the agent's --borrow_depth).");
 ABSL_FLAG(int, sink_chunk_mib, 4, "Chunk size of the sink rows (MiB).");
 ABSL_FLAG(int, piece_mib, 2, "Stage piece size of the sink rows (MiB).");
 ABSL_FLAG(int, threads, 2, "Sender threads per NIC in the sink rows.");
@@ -76,27 +80,37 @@ absl::Status RunCopy(Setup& s, relay::GpuRelayPool& d1, relay::GpuRelayPool& d2)
         }));
     double stage_gbps[2] = {0, 0};
     relay::GpuRelayPool* pools[2] = {&d1, &d2};
+    const int depth = absl::GetFlag(FLAGS_depth);
     for (int p = 0; p < 2; ++p) {
-      relay::Slot slot = pools[p]->Acquire(1);  // NIC 1: a slot on GPU 1
-      if (!slot.valid()) return absl::ResourceExhaustedError("no relay slot");
+      std::vector<relay::Slot> slots;
+      for (int d = 0; d < depth; ++d) {
+        slots.push_back(pools[p]->Acquire(1));  // NIC 1: slots on GPU 1
+        if (!slots.back().valid()) return absl::ResourceExhaustedError("no relay slot");
+      }
       const relay::Source warm{reinterpret_cast<const uint8_t*>(s.source->ptr()), 0};
-      FL_RETURN_IF_ERROR(pools[p]->Stage(slot, warm, static_cast<uint32_t>(chunk)));
+      for (const relay::Slot& slot : slots) {
+        FL_RETURN_IF_ERROR(pools[p]->Stage(slot, warm, static_cast<uint32_t>(chunk)));
+        FL_RETURN_IF_ERROR(slot.ready->Wait());
+      }
       const absl::Time start = absl::Now();
       for (int n = 0; n < iterations; ++n) {
+        const relay::Slot& slot = slots[n % depth];
+        if (n >= depth) FL_RETURN_IF_ERROR(slot.ready->Wait());
         const uint64_t off = (uint64_t{static_cast<unsigned>(n)} * chunk) % span;
         const relay::Source from{reinterpret_cast<const uint8_t*>(s.source->ptr() + off),
                                  0};
         FL_RETURN_IF_ERROR(pools[p]->Stage(slot, from, static_cast<uint32_t>(chunk)));
       }
+      for (const relay::Slot& slot : slots) FL_RETURN_IF_ERROR(slot.ready->Wait());
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
       stage_gbps[p] = static_cast<double>(chunk) * iterations / seconds / 1e9;
-      pools[p]->Release(slot);
+      for (const relay::Slot& slot : slots) pools[p]->Release(slot);
     }
     const double peer_gbps = static_cast<double>(chunk) / peer_s / 1e9;
     std::printf(
-        "{\"row\":\"copy\",\"chunk_mib\":%s,\"peer_copy_gbps\":%.1f,\"d1_gbps\":%.1f,"
-        "\"d2_gbps\":%.1f,\"d1_ratio\":%.3f,\"d2_ratio\":%.3f}\n",
-        mib_text.c_str(), peer_gbps, stage_gbps[0], stage_gbps[1],
+        "{\"row\":\"copy\",\"chunk_mib\":%s,\"depth\":%d,\"peer_copy_gbps\":%.1f,"
+        "\"d1_gbps\":%.1f,\"d2_gbps\":%.1f,\"d1_ratio\":%.3f,\"d2_ratio\":%.3f}\n",
+        mib_text.c_str(), depth, peer_gbps, stage_gbps[0], stage_gbps[1],
         stage_gbps[0] / peer_gbps, stage_gbps[1] / peer_gbps);
     std::fflush(stdout);
   }
@@ -123,6 +137,7 @@ absl::Status Sender(Setup& s, relay::GpuRelayPool* pool, int nic, uint64_t chunk
     if (nic > 0) {
       FL_RETURN_IF_ERROR(pool->Stage(slot, {reinterpret_cast<const uint8_t*>(from), 0},
                                      static_cast<uint32_t>(chunk)));
+      FL_RETURN_IF_ERROR(slot.ready->Wait());  // as the fabric does
       from = reinterpret_cast<uintptr_t>(slot.data);
       gpu = s.runtime->count() > nic ? nic : 0;
     }

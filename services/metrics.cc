@@ -117,6 +117,13 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
               [](const relay::GpuRelayStats& s) { return s.paused ? 1 : 0; });
       gauge("fuselink_relay_device_cap_bytes", "The relay cap per GPU.",
             static_cast<double>(pool->options().cap_bytes_per_gpu));
+      gauge("fuselink_stage_device_bytes",
+            "Device memory of the fabric's GPU staging: landing buffers for bytes that "
+            "arrive on one GPU's NIC for another GPU.",
+            static_cast<double>(node_->stager()->device_bytes()));
+      gauge("fuselink_stage_pinned_host_bytes",
+            "Pinned host buffers the fabric moves GPU bytes through.",
+            static_cast<double>(node_->stager()->pinned_host_bytes()));
       prometheus::MetricFamily remaps{
           "fuselink_relay_remaps_total",
           "Relay slot mappings made and unmapped (the pool growing and shrinking).",

@@ -66,6 +66,8 @@ class Node final : public fabric::Handler {
   const std::string& gpu_status() const { return gpu_status_; }
   // Null without GPUs, or when a NIC's GPU is not one of them.
   const relay::GpuRelayPool* gpu_relay() const { return gpu_relay_.get(); }
+  // Null without GPUs.
+  const relay::CudaDeviceStager* stager() const { return stager_.get(); }
 
   // fabric::Handler
   void OnCompletion(const fabric::Completion& completion) override;

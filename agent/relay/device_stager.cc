@@ -14,12 +14,14 @@ class CudaStage final : public fabric::DeviceStage {
  public:
   static absl::StatusOr<std::unique_ptr<CudaStage>> Create(const gpu::Runtime* runtime,
                                                            int nic_gpu,
-                                                           uint32_t piece_bytes) {
-    std::unique_ptr<CudaStage> stage(new CudaStage(runtime, nic_gpu, piece_bytes));
+                                                           uint32_t piece_bytes,
+                                                           CudaDeviceStager::Held* held) {
+    std::unique_ptr<CudaStage> stage(new CudaStage(runtime, nic_gpu, piece_bytes, held));
     const gpu::PrimaryContext& home = runtime->context(nic_gpu >= 0 ? nic_gpu : 0);
     for (int i = 0; i < 2; ++i) {
       FL_ASSIGN_OR_RETURN(stage->host_[i],
                           gpu::PinnedHostBuffer::Allocate(home, piece_bytes));
+      held->host.fetch_add(piece_bytes, std::memory_order_relaxed);
     }
     return stage;
   }
@@ -42,6 +44,7 @@ class CudaStage final : public fabric::DeviceStage {
     if (!landing_[i].has_value()) {
       FL_ASSIGN_OR_RETURN(landing_[i], gpu::DeviceBuffer::Allocate(
                                            runtime_->context(nic_gpu_), piece_bytes_));
+      held_->device.fetch_add(piece_bytes_, std::memory_order_relaxed);
     }
     FL_RETURN_IF_ERROR(stream->CopyHostToDevice(landing_[i]->ptr(), buffer(i), bytes));
     return stream->CopyDeviceToDevice(target, landing_[i]->ptr(), bytes);
@@ -56,9 +59,18 @@ class CudaStage final : public fabric::DeviceStage {
     return first;
   }
 
+  ~CudaStage() override {
+    for (int i = 0; i < 2; ++i) {
+      if (host_[i].has_value()) held_->host.fetch_sub(piece_bytes_);
+      if (landing_[i].has_value()) held_->device.fetch_sub(piece_bytes_);
+    }
+  }
+
  private:
-  CudaStage(const gpu::Runtime* runtime, int nic_gpu, uint32_t piece_bytes)
+  CudaStage(const gpu::Runtime* runtime, int nic_gpu, uint32_t piece_bytes,
+            CudaDeviceStager::Held* held)
       : runtime_(runtime),
+        held_(held),
         nic_gpu_(nic_gpu),
         piece_bytes_(piece_bytes),
         streams_(runtime->count()),
@@ -76,6 +88,7 @@ class CudaStage final : public fabric::DeviceStage {
   }
 
   const gpu::Runtime* const runtime_;
+  CudaDeviceStager::Held* const held_;
   const int nic_gpu_;
   const uint32_t piece_bytes_;
   std::optional<gpu::PinnedHostBuffer> host_[2];
@@ -90,7 +103,7 @@ absl::StatusOr<std::unique_ptr<fabric::DeviceStage>> CudaDeviceStager::NewStage(
   const int gpu = nic < static_cast<int>(nic_gpu_.size()) ? nic_gpu_[nic] : -1;
   FL_ASSIGN_OR_RETURN(
       std::unique_ptr<CudaStage> stage,
-      CudaStage::Create(runtime_, runtime_->has(gpu) ? gpu : -1, piece_bytes_));
+      CudaStage::Create(runtime_, runtime_->has(gpu) ? gpu : -1, piece_bytes_, &held_));
   return stage;
 }
 

@@ -5,6 +5,7 @@
 // NVLink to the target GPU (the receive side of the relay).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -23,10 +24,22 @@ class CudaDeviceStager final : public fabric::DeviceStager {
 
   absl::StatusOr<std::unique_ptr<fabric::DeviceStage>> NewStage(int nic) override;
 
+  // Memory the stages hold now: pinned host buffers, landing buffers on GPUs.
+  uint64_t pinned_host_bytes() const {
+    return held_.host.load(std::memory_order_relaxed);
+  }
+  uint64_t device_bytes() const { return held_.device.load(std::memory_order_relaxed); }
+
+  struct Held {
+    std::atomic<uint64_t> host{0};
+    std::atomic<uint64_t> device{0};
+  };
+
  private:
   const gpu::Runtime* const runtime_;
   const std::vector<int> nic_gpu_;
   const uint32_t piece_bytes_;
+  Held held_;
 };
 
 }  // namespace fuselink::relay

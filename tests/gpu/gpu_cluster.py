@@ -8,6 +8,7 @@ addresses. Modes:
   bench   one hot GPU sends --gib GiB to the other node, --rounds times; one JSON line.
 """
 import argparse
+import ctypes
 import json
 import os
 import re
@@ -51,6 +52,61 @@ def kv_cache(gpu, gib, fill):
         t.zero_()
     torch.cuda.synchronize(gpu)
     return t, dict(layers=8, blocks_per_layer=blocks)
+
+
+class VmmTensor:
+    """A CUDA VMM allocation exportable as a POSIX fd (what a VMM-based allocator
+    holds), mapped here and seen by torch as a uint8 tensor."""
+
+    class _Location(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+    class _Flags(ctypes.Structure):
+        _fields_ = [("compression", ctypes.c_ubyte), ("rdma", ctypes.c_ubyte),
+                    ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+    class _Prop(ctypes.Structure):
+        pass
+
+    class _Access(ctypes.Structure):
+        pass
+
+    _Prop._fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                      ("location", _Location), ("win32", ctypes.c_void_p),
+                      ("flags", _Flags)]
+    _Access._fields_ = [("location", _Location), ("flags", ctypes.c_int)]
+
+    def __init__(self, gpu, size):
+        cuda = ctypes.CDLL("libcuda.so.1")
+        torch.cuda.set_device(gpu)
+        torch.cuda.synchronize(gpu)  # the primary context is current on this thread
+
+        def check(result, call):
+            if result != 0:
+                raise RuntimeError(f"{call}: CUresult {result}")
+        device = self._Location(1, gpu)  # CU_MEM_LOCATION_TYPE_DEVICE
+        prop = self._Prop(1, 1, device, None, self._Flags())  # pinned, POSIX fd
+        self.handle = ctypes.c_ulonglong()
+        check(cuda.cuMemCreate(ctypes.byref(self.handle), ctypes.c_size_t(size),
+                               ctypes.byref(prop), ctypes.c_ulonglong(0)), "cuMemCreate")
+        fd = ctypes.c_int(-1)
+        check(cuda.cuMemExportToShareableHandle(ctypes.byref(fd), self.handle, 1,
+                                                ctypes.c_ulonglong(0)),
+              "cuMemExportToShareableHandle")
+        self.fd = fd.value
+        self.ptr = ctypes.c_ulonglong()
+        check(cuda.cuMemAddressReserve(ctypes.byref(self.ptr), ctypes.c_size_t(size),
+                                       ctypes.c_size_t(0), ctypes.c_ulonglong(0),
+                                       ctypes.c_ulonglong(0)), "cuMemAddressReserve")
+        check(cuda.cuMemMap(self.ptr, ctypes.c_size_t(size), ctypes.c_size_t(0),
+                            self.handle, ctypes.c_ulonglong(0)), "cuMemMap")
+        access = self._Access(device, 3)  # read-write
+        check(cuda.cuMemSetAccess(self.ptr, ctypes.c_size_t(size), ctypes.byref(access),
+                                  ctypes.c_size_t(1)), "cuMemSetAccess")
+        self.size = size
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1",
+                                         "data": (self.ptr.value, False), "version": 3}
+        self.tensor = torch.as_tensor(self, device=f"cuda:{gpu}")
 
 
 def same_on_gpu(a, b):
@@ -171,6 +227,32 @@ def check(c, args):
             time.sleep(0.1)
         ok("GPU 1's memory back: relay resumed")
 
+    # A VMM allocation lent by its POSIX fd, as target.
+    from fuselink.memory import send_fd
+    from fuselink.v1 import agent_pb2, tensor_pb2
+    vmm_gpu = g - 1
+    vmm = VmmTensor(vmm_gpu, 256 * MIB)
+    vmm.tensor.zero_()
+    src, _ = kv_cache(0, 0.25, True)
+    shape = dict(layers=8, blocks_per_layer=8)
+    c.a.register_kv_cache("vmm-src", src, **shape)
+    req = agent_pb2.RegisterTensorRequest(
+        name="vmm-dst", layout=tensor_pb2.Layout(layers=8, blocks_per_layer=8,
+                                                 block_bytes=4 * MIB))
+    req.memory.vmm.CopyFrom(tensor_pb2.VmmMemory(
+        fd_token=send_fd(c.b.handle_socket, vmm.fd), size_bytes=vmm.size, gpu=vmm_gpu,
+        allocation_bytes=vmm.size))
+    registered = c.b._call(c.b._stub.RegisterTensor, req)
+    assert registered.memory_kind == "vmm", registered
+    with c.b.watch("vmm-dst") as w:
+        c.a.transfer("vmm-src", c.b.node, "vmm-dst")
+        w.wait(60)
+    torch.cuda.synchronize(vmm_gpu)
+    assert same_on_gpu(src, vmm.tensor), "bytes differ in the VMM tensor"
+    c.a.unregister("vmm-src")
+    c.b.unregister("vmm-dst")
+    ok(f"GPU 0 -> a VMM allocation on GPU {vmm_gpu} lent by its fd: bytes match")
+
     # An engine that exits mid-transfer: its transfer fails, the agent lets go.
     engine = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "engine", "--a", args.a,
@@ -207,7 +289,6 @@ def check(c, args):
 
     # A handle the driver cannot open.
     try:
-        from fuselink.v1 import agent_pb2, tensor_pb2
         req = agent_pb2.RegisterTensorRequest(
             name="bogus", layout=tensor_pb2.Layout(layers=1, blocks_per_layer=1,
                                                    block_bytes=MIB))

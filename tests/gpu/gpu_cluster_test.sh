@@ -63,7 +63,8 @@ for spec in static:d2 stripe:d2 fuselink:d2 fuselink:d1; do
   agents --policy="$policy" --relay_stage="${spec#*:}"
   python3 "$driver" bench "${addrs[@]}" --gib "$gib" --rounds 3 --label "$spec"
   if [ "$policy" = fuselink ]; then
-    curl -s "$(metrics_of "$out/node-a.json")" | grep -E "^fuselink_relay_(remaps|staged)" || true
+    curl -s "$(metrics_of "$out/node-a.json")" |
+      grep -E "^fuselink_(relay_(remaps|staged|device)|stage_)" || true
   fi
 done
 stop_agents

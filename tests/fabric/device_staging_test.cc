@@ -1,0 +1,189 @@
+// The TCP fabric's path for GPU regions, with a stager whose "device memory" is host
+// memory: pieces, the two buffers, odd sizes, the landing GPU, fences. What CUDA does
+// inside the real stage is tested on GPU machines (tests/gpu).
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "agent/fabric/tcp_fabric.h"
+#include "gtest/gtest.h"
+#include "tests/fabric/test_util.h"
+
+namespace fuselink::fabric {
+namespace {
+
+using testing::LoopbackOptions;
+using testing::RecordingHandler;
+
+constexpr uint32_t kPiece = 4096;
+
+// Copies at once; records which GPUs were named, and checks that no buffer is
+// refilled before the copy that used it was waited for.
+class HostStager final : public DeviceStager {
+ public:
+  struct Log {
+    std::atomic<uint64_t> to_host_bytes{0};
+    std::atomic<uint64_t> to_device_bytes{0};
+    std::atomic<int> last_target_gpu{-1};
+    std::atomic<int> buffer_reused_early{0};
+  };
+
+  absl::StatusOr<std::unique_ptr<DeviceStage>> NewStage(int nic) override {
+    return std::make_unique<Stage>(&log_);
+  }
+  Log& log() { return log_; }
+
+ private:
+  class Stage final : public DeviceStage {
+   public:
+    explicit Stage(Log* log)
+        : log_(log),
+          buffers_{std::vector<uint8_t>(kPiece), std::vector<uint8_t>(kPiece)} {}
+    uint32_t piece_bytes() const override { return kPiece; }
+    uint8_t* buffer(int i) override { return buffers_[i].data(); }
+    absl::Status StartToHost(int gpu, uint64_t source, int i, uint32_t bytes) override {
+      Use(i);
+      std::memcpy(buffer(i), reinterpret_cast<const void*>(source), bytes);
+      log_->to_host_bytes += bytes;
+      return absl::OkStatus();
+    }
+    absl::Status StartToDevice(int gpu, uint64_t target, int i, uint32_t bytes) override {
+      Use(i);
+      std::memcpy(reinterpret_cast<void*>(target), buffer(i), bytes);
+      log_->to_device_bytes += bytes;
+      log_->last_target_gpu = gpu;
+      return absl::OkStatus();
+    }
+    absl::Status Wait() override {
+      pending_[0] = pending_[1] = false;
+      return absl::OkStatus();
+    }
+
+   private:
+    void Use(int i) {
+      if (pending_[i]) ++log_->buffer_reused_early;
+      pending_[i] = true;
+    }
+    Log* const log_;
+    std::vector<uint8_t> buffers_[2];
+    bool pending_[2] = {false, false};
+  };
+  Log log_;
+};
+
+class CountingFence final : public Fence {
+ public:
+  explicit CountingFence(absl::Status result) : result_(std::move(result)) {}
+  absl::Status Wait() override {
+    ++waits;
+    return result_;
+  }
+  std::atomic<int> waits{0};
+
+ private:
+  const absl::Status result_;
+};
+
+class DeviceStagingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TcpFabricOptions a = LoopbackOptions("a", 21);
+    a.device_stager = &a_stager_;
+    TcpFabricOptions b = LoopbackOptions("b", 23);
+    b.device_stager = &b_stager_;
+    a_ = *CreateTcpFabric(a, &a_events_);
+    b_ = *CreateTcpFabric(b, &b_events_);
+    absl::StatusOr<PeerId> peer = a_->Connect("b", b_->endpoints());
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    b_on_a_ = *peer;
+  }
+
+  HostStager a_stager_, b_stager_;
+  RecordingHandler a_events_, b_events_;
+  std::unique_ptr<Fabric> a_, b_;
+  PeerId b_on_a_ = 0;
+};
+
+TEST_F(DeviceStagingTest, GpuRegionsMoveInPiecesAndLandExactly) {
+  constexpr size_t kBytes = 1 << 20;
+  std::vector<uint8_t> source(kBytes), target(kBytes, 0xAB);
+  std::mt19937 random(7);
+  for (uint8_t& byte : source) byte = static_cast<uint8_t>(random());
+  std::vector<uint8_t> expected = target;
+  const auto address = [](std::vector<uint8_t>& v) {
+    return reinterpret_cast<uintptr_t>(v.data());
+  };
+  RegionKey source_key = *a_->RegisterDeviceRegion(address(source), kBytes, 0, nullptr);
+  RegionKey target_key = *b_->RegisterDeviceRegion(address(target), kBytes, 1, nullptr);
+  // Sizes around the piece: less, exactly one, one byte over, several and a tail.
+  const uint32_t sizes[] = {1, kPiece - 1, kPiece, kPiece + 1, 5 * kPiece + 17, 65536};
+  uint64_t at = 0, moved = 0;
+  int n = 0;
+  for (uint32_t bytes : sizes) {
+    const uint64_t from = (at * 7919) % (kBytes - bytes);
+    std::memcpy(&expected[at], &source[from], bytes);
+    ASSERT_TRUE(a_->PostWrite(b_on_a_, n % 2,
+                              {.local_key = source_key,
+                               .local_offset = from,
+                               .remote_key = target_key,
+                               .remote_offset = at,
+                               .bytes = bytes,
+                               .imm = 0,
+                               .wr_id = static_cast<uint64_t>(n)})
+                    .ok());
+    at += bytes + 100;  // gaps stay untouched
+    moved += bytes;
+    ++n;
+  }
+  ASSERT_TRUE(a_events_.WaitForCompletions(n));
+  for (const Completion& c : a_events_.completions())
+    EXPECT_TRUE(c.status.ok()) << c.status;
+  EXPECT_TRUE(target == expected);
+  EXPECT_EQ(a_stager_.log().to_host_bytes, moved);
+  EXPECT_EQ(b_stager_.log().to_device_bytes, moved);
+  EXPECT_EQ(b_stager_.log().last_target_gpu, 1);
+  EXPECT_EQ(a_stager_.log().buffer_reused_early, 0);
+  EXPECT_EQ(b_stager_.log().buffer_reused_early, 0);
+}
+
+TEST_F(DeviceStagingTest, AWriteWaitsForItsFenceAndAFailedFenceFailsIt) {
+  std::vector<uint8_t> source(kPiece, 1), target(kPiece, 0);
+  RegionKey source_key = *a_->RegisterRegion(source.data(), source.size(), nullptr);
+  RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
+  CountingFence passes(absl::OkStatus());
+  WriteOp op{.local_key = source_key,
+             .local_offset = 0,
+             .remote_key = target_key,
+             .remote_offset = 0,
+             .bytes = kPiece,
+             .imm = 0,
+             .wr_id = 1,
+             .after = &passes};
+  ASSERT_TRUE(a_->PostWrite(b_on_a_, 0, op).ok());
+  ASSERT_TRUE(a_events_.WaitForCompletions(1));
+  EXPECT_TRUE(a_events_.completions()[0].status.ok());
+  EXPECT_EQ(passes.waits, 1);
+  EXPECT_EQ(target, source);
+
+  CountingFence fails(absl::InternalError("the relay copy faulted"));
+  op.after = &fails;
+  op.wr_id = 2;
+  ASSERT_TRUE(a_->PostWrite(b_on_a_, 1, op).ok());
+  ASSERT_TRUE(a_events_.WaitForCompletions(2));
+  EXPECT_FALSE(a_events_.completions()[1].status.ok());
+  EXPECT_EQ(fails.waits, 1);
+}
+
+TEST(DeviceStagingWithoutStager, GpuRegionsAreRefused) {
+  RecordingHandler events;
+  std::unique_ptr<Fabric> fabric = *CreateTcpFabric(LoopbackOptions("c", 25), &events);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      fabric->RegisterDeviceRegion(0x1000, 4096, 0, nullptr).status()));
+}
+
+}  // namespace
+}  // namespace fuselink::fabric

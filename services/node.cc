@@ -47,13 +47,14 @@ absl::Status Node::Start() {
       relay_, relay::RelayPool::Create(fabric_.get(), topology_.nics_size(), relay_slots,
                                        options_.engine.chunk_bytes));
   if (gpu_ != nullptr) {
-    std::vector<int> nic_gpu;
-    for (const v1::Nic& nic : topology_.nics()) nic_gpu.push_back(nic.owner_gpu());
     absl::StatusOr<std::unique_ptr<relay::GpuRelayPool>> pool =
-        relay::GpuRelayPool::Create(fabric_.get(), gpu_.get(), nic_gpu,
+        relay::GpuRelayPool::Create(fabric_.get(), gpu_.get(), NicGpus(),
                                     options_.gpu_relay);
     if (pool.ok()) {
       gpu_relay_ = std::move(*pool);
+      absl::StrAppend(
+          &gpu_status_, "; GPU relay: ", relay::StageModeName(options_.gpu_relay.mode),
+          ", at most ", options_.gpu_relay.cap_bytes_per_gpu >> 20, " MiB per GPU");
     } else {
       absl::StrAppend(&gpu_status_, "; no GPU relay: ", pool.status().message());
     }
@@ -120,10 +121,14 @@ void Node::OpenGpus() {
   gpu_ = std::move(*runtime);
   gpu_status_ = absl::StrCat(gpu_->count(), " of the topology's ", topology_.gpus_size(),
                              " GPUs are CUDA devices here");
+  stager_ = std::make_unique<relay::CudaDeviceStager>(gpu_.get(), NicGpus(),
+                                                      options_.stage_piece_bytes);
+}
+
+std::vector<int> Node::NicGpus() const {
   std::vector<int> nic_gpu;
   for (const v1::Nic& nic : topology_.nics()) nic_gpu.push_back(nic.owner_gpu());
-  stager_ = std::make_unique<relay::CudaDeviceStager>(gpu_.get(), std::move(nic_gpu),
-                                                      options_.stage_piece_bytes);
+  return nic_gpu;
 }
 
 void Node::ReapExitedOwners() {

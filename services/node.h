@@ -80,6 +80,8 @@ class Node final : public fabric::Handler {
   absl::Status Start();
   absl::StatusOr<std::unique_ptr<fabric::Fabric>> MakeFabric();
   void OpenGpus();
+  // The owner GPU of each NIC, in NIC order.
+  std::vector<int> NicGpus() const;
   // Stops what uses the tensors whose lending process exited, and lets them go.
   void ReapExitedOwners();
   // Tells the sources of incoming transfers which NICs are idle here, when that

@@ -84,7 +84,6 @@ absl::StatusOr<TensorInfo> Registry::RegisterHost(TensorInfo want, UniqueFd fd,
                       HostMapping::Map(std::move(fd), offset_bytes, size_bytes));
   auto record = std::make_shared<TensorLease::Record>();
   want.memory_kind = "host";
-  want.on_gpu = false;
   record->info = std::move(want);
   record->owner = std::move(owner);
   void* base = mapping->data();
@@ -99,7 +98,6 @@ absl::StatusOr<TensorInfo> Registry::RegisterGpu(TensorInfo want, uint64_t addre
   FL_RETURN_IF_ERROR(CheckRoom(want));
   auto record = std::make_shared<TensorLease::Record>();
   want.home_gpu = static_cast<uint32_t>(gpu);
-  want.on_gpu = true;
   record->info = std::move(want);
   record->owner = std::move(owner);
   return Insert(std::move(record), reinterpret_cast<void*>(address), size_bytes, gpu,

@@ -34,7 +34,6 @@ struct TensorInfo {
   std::string memory_kind;  // "host", "cuda_ipc" or "vmm"
   uint64_t size_bytes = 0;
   uint32_t home_gpu = 0;  // for GPU memory: the GPU that holds it
-  bool on_gpu = false;
 };
 
 // A tensor whose owner process exited: no longer registered under its name; its region
@@ -56,7 +55,7 @@ class TensorLease {
   ~TensorLease() { Release(); }
 
   const TensorInfo& info() const;
-  // Host memory, or the device address of GPU memory (info().on_gpu).
+  // Host memory, or the device address of GPU memory (gpu() >= 0).
   uint8_t* base() const;
   // -1 for host memory.
   int gpu() const;

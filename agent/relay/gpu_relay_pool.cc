@@ -29,7 +29,6 @@ struct GpuRelayPool::SlotMemory final : fabric::Fence {
 
   gpu::VmmBuffer buffer;
   fabric::RegionKey key = 0;
-  bool in_use = false;
   absl::Time idle_since;
   std::vector<std::optional<gpu::Event>> staged;  // per source GPU, made on first use
   int staged_by = 0;
@@ -106,7 +105,6 @@ Slot GpuRelayPool::Acquire(int nic) {
   const uint32_t index = n.free.back();
   n.free.pop_back();
   SlotMemory& memory = *n.slots[index];
-  memory.in_use = true;
   ++per_gpu.in_use;
   return Slot{nic,        index, reinterpret_cast<uint8_t*>(memory.buffer.ptr()),
               memory.key, 0,     &memory};
@@ -122,7 +120,6 @@ void GpuRelayPool::Release(const Slot& slot) {
   PerNic& n = nics_[slot.nic];
   PerGpu& per_gpu = gpus_[nic_gpu_[slot.nic]];
   SlotMemory& memory = *n.slots[slot.index];
-  memory.in_use = false;
   memory.idle_since = absl::Now();
   --per_gpu.in_use;
   n.free.push_back(slot.index);

@@ -305,9 +305,12 @@ void Engine::PumpLocked(Job& job) {
       return;
     }
     // GPU tensors relay through slots on GPUs; a relay GPU short of memory lends none.
-    relay::Pool& pool =
-        job.source.gpu() >= 0 && gpu_relay_ != nullptr ? *gpu_relay_ : *relay_;
-    const uint32_t usable = job.usable & (pool.borrowable() | (1u << job.direct_nic));
+    // Without a GPU relay (a NIC's GPU is no CUDA device here) a GPU chunk leaves a
+    // borrowed NIC straight from the tensor, through its own GPU's PCIe link.
+    relay::Pool* const pool = job.source.gpu() >= 0 ? gpu_relay_ : relay_;
+    const uint32_t usable =
+        job.usable &
+        (pool == nullptr ? ~0u : pool->borrowable() | (1u << job.direct_nic));
     const sched::Choice choice =
         scheduler_->Pick(job.direct_nic, job.remote_idle, usable);
     if (!choice.ok()) {
@@ -319,25 +322,25 @@ void Engine::PumpLocked(Job& job) {
     f.chunk = chunk;
     f.choice = choice;
     f.relay = relay::Slot{};
-    f.pool = &pool;
+    f.pool = pool;
     fabric::WriteOp op;
     op.local_key = job.source.region_key();
     op.local_offset = chunk.source_offset;
-    if (choice.borrowed) {
+    if (choice.borrowed && pool != nullptr) {
       // The relay stage: into a slot of the borrowed NIC's GPU, sent from there.
-      f.relay = pool.Acquire(choice.nic);
+      f.relay = pool->Acquire(choice.nic);
       if (!f.relay.valid()) {
         scheduler_->Complete(choice, 0);
         job.pending.push_back(chunk);
         return Wait(job);
       }
-      absl::Status staged = pool.Stage(
+      absl::Status staged = pool->Stage(
           f.relay,
           relay::Source{job.source.base() + chunk.source_offset, job.source.gpu()},
           chunk.bytes);
       if (!staged.ok()) {
         scheduler_->Complete(choice, 0);
-        pool.Release(f.relay);
+        pool->Release(f.relay);
         job.pending.push_back(chunk);
         return StopLocked(job, WithReason(absl::InternalError(absl::StrCat(
                                               "relay stage: ", staged.message())),
@@ -355,7 +358,7 @@ void Engine::PumpLocked(Job& job) {
     absl::Status posted = fabric_->PostWrite(job.target.peer, choice.nic, op);
     if (!posted.ok()) {
       scheduler_->Complete(choice, 0, !absl::IsResourceExhausted(posted));
-      if (f.relay.valid()) pool.Release(f.relay);
+      if (f.relay.valid()) pool->Release(f.relay);
       job.pending.push_back(chunk);
       if (absl::IsResourceExhausted(posted)) return Wait(job);
       if (!NicFailedLocked(job, choice.nic, posted)) return;

@@ -104,9 +104,20 @@ class VmmTensor:
         check(cuda.cuMemSetAccess(self.ptr, ctypes.c_size_t(size), ctypes.byref(access),
                                   ctypes.c_size_t(1)), "cuMemSetAccess")
         self.size = size
+        self._cuda = cuda
         self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1",
                                          "data": (self.ptr.value, False), "version": 3}
         self.tensor = torch.as_tensor(self, device=f"cuda:{gpu}")
+
+    def release(self):
+        """Lets go of this process's mapping, handle and fd: the memory stays only as
+        long as someone else (the agent) maps it."""
+        self.tensor = None
+        torch.cuda.synchronize()
+        self._cuda.cuMemUnmap(self.ptr, ctypes.c_size_t(self.size))
+        self._cuda.cuMemAddressFree(self.ptr, ctypes.c_size_t(self.size))
+        self._cuda.cuMemRelease(self.handle)
+        os.close(self.fd)
 
 
 def same_on_gpu(a, b):
@@ -250,8 +261,20 @@ def check(c, args):
     torch.cuda.synchronize(vmm_gpu)
     assert same_on_gpu(src, vmm.tensor), "bytes differ in the VMM tensor"
     c.a.unregister("vmm-src")
+    # The engine lets go of its allocation; the agent's import keeps it alive until
+    # the tensor is unregistered there.
+    vmm.release()
+    before, _ = torch.cuda.mem_get_info(vmm_gpu)
+    time.sleep(0.5)
+    assert torch.cuda.mem_get_info(vmm_gpu)[0] < before + vmm.size // 2, \
+        "the VMM memory was freed while the agent still had it registered"
     c.b.unregister("vmm-dst")
-    ok(f"GPU 0 -> a VMM allocation on GPU {vmm_gpu} lent by its fd: bytes match")
+    deadline = time.monotonic() + 5
+    while torch.cuda.mem_get_info(vmm_gpu)[0] < before + vmm.size * 9 // 10:
+        assert time.monotonic() < deadline, "unregistering did not free the VMM memory"
+        time.sleep(0.05)
+    ok(f"GPU 0 -> a VMM allocation on GPU {vmm_gpu} lent by its fd: bytes match; the "
+       f"memory lived until unregistered, then was freed")
 
     # An engine that exits mid-transfer: its transfer fails, the agent lets go.
     engine = subprocess.Popen(
@@ -271,6 +294,7 @@ def check(c, args):
         t = threading.Thread(target=run)
         t.start()
         time.sleep(0.3)
+        free_before, _ = torch.cuda.mem_get_info(0)
         engine.send_signal(signal.SIGKILL)
         t.join(60)
         e = failure.get("error")
@@ -282,7 +306,13 @@ def check(c, args):
         except fuselink.FuselinkError as gone:
             assert gone.code.name == "NOT_FOUND", gone
         c.b.unregister("orphan")
-        ok(f"engine killed mid-transfer: {e.code.name} {e.reason}; node-a dropped its tensor")
+        # Its 4 GiB come back: the agent no longer holds them.
+        deadline = time.monotonic() + 5
+        while torch.cuda.mem_get_info(0)[0] < free_before + (4 << 30) * 9 // 10:
+            assert time.monotonic() < deadline, "the exited engine's memory stays held"
+            time.sleep(0.05)
+        ok(f"engine killed mid-transfer: {e.code.name} {e.reason}; node-a dropped its "
+           f"tensor and its GPU memory came back")
     finally:
         engine.kill()
         engine.wait()

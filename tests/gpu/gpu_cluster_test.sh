@@ -2,11 +2,14 @@
 # The GPU tests on a GPU machine: two agents in network namespaces (scripts/testbed.sh),
 # each using all the GPUs as its node's GPUs, one rail per GPU shaped to RATE; PyTorch
 # engines lend GPU tensors through the Python client and gpu_cluster.py checks them
-# (its `check` mode), once with the D2 relay stage and once with D1. With BENCH=1 it
-# then times one hot GPU sending to the other node under static, stripe and fuselink
-# (D1, D2), and NCCL point-to-point over the same rails (tools/bench/nccl_p2p.py).
+# (its `check` mode), once with the D2 relay stage and once with D1 (CHECKS=0 skips
+# them). With BENCH=1 it then draws the curve: for R = MIN_RAILS (default 1) to G rails
+# (GPUs 0 .. R-1, so R - 1 NICs to borrow), one hot GPU 0 sends GIB GiB (default 4) to
+# the other node under static, stripe and fuselink (D1, D2), and NCCL point-to-point
+# crosses the same rails (tools/bench/nccl_p2p.py).
 # Skips (77) without a GPU, torch, or a testbed, saying why.
-# Usage: gpu_cluster_test.sh AGENT_BINARY PYTHONPATH_DIR   (env: RATE, BENCH, GIB)
+# Usage: gpu_cluster_test.sh AGENT_BINARY PYTHONPATH_DIR
+#        (env: RATE, CHECKS, BENCH, MIN_RAILS, GIB)
 set -euo pipefail
 agent=$1
 export PYTHONPATH=$2${PYTHONPATH:+:$PYTHONPATH}
@@ -24,9 +27,15 @@ testbed_require
 name="flg$$"
 testbed_down_on_exit "$name"
 
-"$tb" up --name "$name" --nodes 2 --rails "$gpus" --rate "$rate"
-testbed_load "$name"
-out="$TESTBED_STATE"
+# up RAILS: (re)builds the testbed with RAILS rails, one per GPU 0 .. RAILS-1.
+up() {
+  stop_agents
+  pids=()
+  if [ -n "${out:-}" ]; then "$tb" down --name "$name" >/dev/null; fi
+  "$tb" up --name "$name" --nodes 2 --rails "$1" --rate "$rate"
+  testbed_load "$name"
+  out="$TESTBED_STATE"
+}
 metrics_of() { sed -n 's/.*"metrics":"\([^"]*\)".*/\1/p' "$1"; }
 
 # agents FLAGS...: (re)starts node-b and node-a with FLAGS; sets $addrs for the driver.
@@ -44,40 +53,46 @@ agents() {
 }
 
 driver="$here/tests/gpu/gpu_cluster.py"
-for stage in d2 d1; do
-  echo "== checks, relay stage $stage, $gpus GPUs, rails at $rate"
-  agents --policy=fuselink --relay_stage="$stage" --relay_cap_mib=64
-  python3 "$driver" check "${addrs[@]}" --stage "$stage"
-done
-
-echo "== the Python client's example"
-python3 "$here/clients/python/examples/gpu_kv_transfer.py" --source_agent "${addrs[1]}" \
-  --source_socket "${addrs[3]}" --target_agent "${addrs[7]}" --target_socket "${addrs[9]}" \
-  --source_gpu 0 --target_gpu $((gpus - 1))
+if [ "${CHECKS:-1}" = 1 ]; then
+  up "$gpus"
+  for stage in d2 d1; do
+    echo "== checks, relay stage $stage, $gpus GPUs, rails at $rate"
+    agents --policy=fuselink --relay_stage="$stage" --relay_cap_mib=64
+    python3 "$driver" check "${addrs[@]}" --stage "$stage"
+  done
+  echo "== the Python client's example"
+  python3 "$here/clients/python/examples/gpu_kv_transfer.py" --source_agent "${addrs[1]}" \
+    --source_socket "${addrs[3]}" --target_agent "${addrs[7]}" --target_socket "${addrs[9]}" \
+    --source_gpu 0 --target_gpu $((gpus - 1))
+fi
 
 [ "${BENCH:-0}" = 1 ] || exit 0
+# The curve: GPU 0 sends; with R rails the node has GPUs 0 .. R-1 and each NIC's own
+# GPU idle, so fuselink may borrow R - 1 NICs. R from ${MIN_RAILS:-1} to every GPU.
 gib=${GIB:-4}
-echo "== end to end, one hot GPU, $gpus rails at $rate, $gib GiB"
-for spec in static:d2 stripe:d2 fuselink:d2 fuselink:d1; do
-  policy=${spec%%:*}
-  agents --policy="$policy" --relay_stage="${spec#*:}"
-  python3 "$driver" bench "${addrs[@]}" --gib "$gib" --rounds 3 --label "$spec"
-  if [ "$policy" = fuselink ]; then
-    curl -s "$(metrics_of "$out/node-a.json")" |
-      grep -E "^fuselink_(relay_(remaps|staged|device)|stage_)" || true
-  fi
+for rails in $(seq "${MIN_RAILS:-1}" "$gpus"); do
+  up "$rails"
+  echo "== end to end, one hot GPU, $rails rails at $rate ($((rails - 1)) to borrow), $gib GiB"
+  for spec in static:d2 stripe:d2 fuselink:d2 fuselink:d1; do
+    policy=${spec%%:*}
+    agents --policy="$policy" --relay_stage="${spec#*:}"
+    python3 "$driver" bench "${addrs[@]}" --gib "$gib" --rounds 3 --label "$spec rails=$rails"
+    if [ "$policy" = fuselink ]; then
+      curl -s "$(metrics_of "$out/node-a.json")" |
+        grep -E "^fuselink_(relay_(remaps|staged|device)|stage_)" || true
+    fi
+  done
+  stop_agents
+  pids=()
+  echo "== NCCL point-to-point over the same $rails rails"
+  nccl=(env NCCL_SOCKET_IFNAME="$(seq -s, -f 'rail%g' 0 $((rails - 1)))" NCCL_IB_DISABLE=1
+    NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 MASTER_ADDR=10.232.0.1
+    MASTER_PORT=29511 WORLD_SIZE=2 python3 "$here/tools/bench/nccl_p2p.py"
+    --bytes $((gib << 30)))
+  # NCCL refuses two ranks on one GPU: the receiver uses the last GPU.
+  testbed_exec 1 "${nccl[@]}" --rank 1 --gpu $((gpus - 1)) >"$out/nccl1.log" 2>&1 &
+  nccl1=$!
+  testbed_exec 0 "${nccl[@]}" --rank 0 --gpu 0 2>&1 | tail -3
+  wait "$nccl1" || true
+  tail -1 "$out/nccl1.log"
 done
-stop_agents
-pids=()
-echo "== NCCL point-to-point over the same rails"
-ifs=$(seq -s, -f 'rail%g' 0 $((gpus - 1)))
-export NCCL_SOCKET_IFNAME=$ifs NCCL_IB_DISABLE=1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
-  NCCL_NVLS_ENABLE=0 MASTER_ADDR=10.232.0.1 MASTER_PORT=29511 WORLD_SIZE=2
-# NCCL refuses two ranks on one GPU: the receiver uses the last GPU.
-testbed_exec 1 env RANK=1 python3 "$here/tools/bench/nccl_p2p.py" --gpu $((gpus - 1)) \
-  --bytes $((gib << 30)) >"$out/nccl1.log" 2>&1 &
-nccl1=$!
-testbed_exec 0 env RANK=0 python3 "$here/tools/bench/nccl_p2p.py" --gpu 0 \
-  --bytes $((gib << 30)) 2>&1 | tail -3
-wait "$nccl1" || true
-tail -3 "$out/nccl1.log"

@@ -11,7 +11,6 @@ import argparse
 import ctypes
 import json
 import os
-import re
 import signal
 import subprocess
 import sys

@@ -89,13 +89,6 @@ absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes,
   return MemoryRegion(mr);
 }
 
-absl::StatusOr<MemoryRegion> RegisterDmabufMr(ibv_pd* pd, uint64_t offset, size_t bytes,
-                                              uint64_t iova, int fd, int access) {
-  return absl::UnimplementedError(
-      "ibv_reg_dmabuf_mr: GPU memory registration is not wired (no machine here has "
-      "both an RDMA device and a GPU)");
-}
-
 absl::StatusOr<QueuePair> QueuePair::Create(ibv_pd* pd, ibv_cq* cq, const Caps& caps) {
   ibv_qp_init_attr init{};
   init.send_cq = cq;

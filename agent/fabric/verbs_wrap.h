@@ -99,14 +99,6 @@ absl::StatusOr<ProtectionDomain> AllocPd(ibv_context* context);
 absl::StatusOr<CompletionQueue> CreateCq(ibv_context* context, int entries);
 // Host memory; the caller adds which NIC and region to the error.
 absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes, int access);
-// GPU memory would be registered here through a dma-buf fd
-// (cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) +
-// ibv_reg_dmabuf_mr). Not implementable on our machines: the GPU machine has no RDMA
-// device and the RDMA VM has no GPU, so a path here could never run. It answers
-// UNIMPLEMENTED instead of pretending; the GPU memory layer wires it when a machine
-// with both exists.
-absl::StatusOr<MemoryRegion> RegisterDmabufMr(ibv_pd* pd, uint64_t offset, size_t bytes,
-                                              uint64_t iova, int fd, int access);
 
 // The QP attributes RC needs that do not come from the peer; all explicit.
 struct RcParams {

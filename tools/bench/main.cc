@@ -9,6 +9,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "agent/common/status_macros.h"
 #include "tools/bench/sched_main.h"
 #include "tools/bench/workloads.h"
 
@@ -41,9 +42,42 @@ ABSL_FLAG(double, rpc_seconds, 3, "rpc: how long each concurrency level runs.");
 
 namespace {
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "fuselink-bench: %s\n", status.ToString().c_str());
-  return 1;
+using namespace fuselink::bench;
+
+absl::StatusOr<std::vector<Result>> RunFromFlags(const std::string& workload) {
+  if (IsSchedWorkload(workload)) return RunSchedFromFlags(workload);
+  if (workload != "transfer" && workload != "rpc") {
+    return absl::InvalidArgumentError("--workload must be transfer or rpc");
+  }
+  FL_ASSIGN_OR_RETURN(
+      Agents agents,
+      ConnectAgents(absl::GetFlag(FLAGS_source_agent), absl::GetFlag(FLAGS_source_socket),
+                    absl::GetFlag(FLAGS_target_agent), absl::GetFlag(FLAGS_target_socket),
+                    absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s))));
+  if (workload == "transfer") {
+    TransferOptions options;
+    options.layers = absl::GetFlag(FLAGS_layers);
+    options.blocks_per_layer = absl::GetFlag(FLAGS_blocks);
+    options.block_bytes = absl::GetFlag(FLAGS_block_bytes);
+    options.repetitions = absl::GetFlag(FLAGS_reps);
+    options.warmup = absl::GetFlag(FLAGS_warmup);
+    options.verify = absl::GetFlag(FLAGS_verify);
+    return RunTransferWorkload(agents, options);
+  }
+  RpcOptions options;
+  options.blocks_per_call = absl::GetFlag(FLAGS_rpc_blocks);
+  options.block_bytes = absl::GetFlag(FLAGS_rpc_block_bytes);
+  options.calls = absl::GetFlag(FLAGS_rpc_calls);
+  options.duration = absl::Seconds(absl::GetFlag(FLAGS_rpc_seconds));
+  options.concurrency.clear();
+  for (absl::string_view k : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
+    int callers = 0;
+    if (!absl::SimpleAtoi(k, &callers)) {
+      return absl::InvalidArgumentError("--concurrency wants numbers, e.g. 1,4,16");
+    }
+    options.concurrency.push_back(callers);
+  }
+  return RunRpcWorkload(agents, options);
 }
 
 }  // namespace
@@ -53,46 +87,12 @@ int main(int argc, char** argv) {
       "fuselink-bench --workload=transfer|rpc --source_agent=HOST:PORT "
       "--source_socket=PATH --target_agent=HOST:PORT --target_socket=PATH [--json]");
   absl::ParseCommandLine(argc, argv);
-  using namespace fuselink::bench;
-  const std::string workload = absl::GetFlag(FLAGS_workload);
-  if (IsSchedWorkload(workload)) return SchedMain(workload, absl::GetFlag(FLAGS_json));
-  if (workload != "transfer" && workload != "rpc") {
-    return Fail(absl::InvalidArgumentError("--workload must be transfer or rpc"));
+  absl::StatusOr<std::vector<Result>> results =
+      RunFromFlags(absl::GetFlag(FLAGS_workload));
+  if (!results.ok()) {
+    std::fprintf(stderr, "fuselink-bench: %s\n", results.status().ToString().c_str());
+    return 1;
   }
-  absl::StatusOr<Agents> agents =
-      ConnectAgents(absl::GetFlag(FLAGS_source_agent), absl::GetFlag(FLAGS_source_socket),
-                    absl::GetFlag(FLAGS_target_agent), absl::GetFlag(FLAGS_target_socket),
-                    absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s)));
-  if (!agents.ok()) return Fail(agents.status());
-
-  absl::StatusOr<std::vector<Result>> results;
-  if (workload == "transfer") {
-    TransferOptions options;
-    options.layers = absl::GetFlag(FLAGS_layers);
-    options.blocks_per_layer = absl::GetFlag(FLAGS_blocks);
-    options.block_bytes = absl::GetFlag(FLAGS_block_bytes);
-    options.repetitions = absl::GetFlag(FLAGS_reps);
-    options.warmup = absl::GetFlag(FLAGS_warmup);
-    options.verify = absl::GetFlag(FLAGS_verify);
-    results = RunTransferWorkload(*agents, options);
-  } else {
-    RpcOptions options;
-    options.blocks_per_call = absl::GetFlag(FLAGS_rpc_blocks);
-    options.block_bytes = absl::GetFlag(FLAGS_rpc_block_bytes);
-    options.calls = absl::GetFlag(FLAGS_rpc_calls);
-    options.duration = absl::Seconds(absl::GetFlag(FLAGS_rpc_seconds));
-    options.concurrency.clear();
-    for (absl::string_view k : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
-      int callers = 0;
-      if (!absl::SimpleAtoi(k, &callers)) {
-        return Fail(
-            absl::InvalidArgumentError("--concurrency wants numbers, e.g. 1,4,16"));
-      }
-      options.concurrency.push_back(callers);
-    }
-    results = RunRpcWorkload(*agents, options);
-  }
-  if (!results.ok()) return Fail(results.status());
   if (absl::GetFlag(FLAGS_json)) {
     for (const Result& r : *results) std::printf("%s\n", ToJson(r).c_str());
   } else {

@@ -3,7 +3,6 @@
 // started (their ready files in --cluster_dir).
 #include "tools/bench/sched_main.h"
 
-#include <cstdio>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
@@ -37,7 +36,7 @@ bool IsSchedWorkload(const std::string& name) {
   return FindSchedWorkload(name) != nullptr;
 }
 
-int SchedMain(const std::string& workload, bool json) {
+absl::StatusOr<std::vector<Result>> RunSchedFromFlags(const std::string& workload) {
   SchedOptions o;
   o.cluster_dir = absl::GetFlag(FLAGS_cluster_dir);
   o.policies = absl::StrSplit(absl::GetFlag(FLAGS_policies), ',', absl::SkipEmpty());
@@ -59,22 +58,10 @@ int SchedMain(const std::string& workload, bool json) {
   o.owner_bytes = absl::GetFlag(FLAGS_owner_bytes);
   o.owner_delay = absl::Seconds(absl::GetFlag(FLAGS_owner_delay_s));
   if (o.cluster_dir.empty() || o.policies.empty() || o.rail_bytes_per_s <= 0) {
-    std::fprintf(stderr,
-                 "fuselink-bench: --cluster_dir, --policies and --rail_bytes_per_s are "
-                 "needed\n");
-    return 2;
+    return absl::InvalidArgumentError(
+        "--cluster_dir, --policies and --rail_bytes_per_s are needed");
   }
-  absl::StatusOr<std::vector<Result>> results = RunSchedWorkload(workload, o);
-  if (!results.ok()) {
-    std::fprintf(stderr, "fuselink-bench: %s\n", results.status().ToString().c_str());
-    return 1;
-  }
-  if (json) {
-    for (const Result& r : *results) std::printf("%s\n", ToJson(r).c_str());
-  } else {
-    std::printf("%s", ToTable(*results).c_str());
-  }
-  return 0;
+  return RunSchedWorkload(workload, o);
 }
 
 }  // namespace fuselink::bench

@@ -2,12 +2,16 @@
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tools/bench/report.h"
 
 namespace fuselink::bench {
 
 // hot, serving, expert, dlrm or owner.
 bool IsSchedWorkload(const std::string& name);
-// Runs `workload` with the sched flags; prints a table (or JSON lines); the exit code.
-int SchedMain(const std::string& workload, bool json);
+// Runs `workload` with the sched flags. INVALID_ARGUMENT when a needed flag is missing.
+absl::StatusOr<std::vector<Result>> RunSchedFromFlags(const std::string& workload);
 
 }  // namespace fuselink::bench

@@ -75,6 +75,21 @@ testbed_require() {
   exit 1
 }
 
+# testbed_test_start PREFIX: the start of a test on a testbed. Exits 77 (a skip,
+# saying why) where this machine cannot host one; else names the test's testbed
+# PREFIX<pid> ($name), sets $tb to scripts/testbed.sh and takes the testbed down when
+# the script exits (testbed_down_on_exit).
+testbed_test_start() {
+  testbed_require
+  tb="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/testbed.sh"
+  name="$1$$"
+  testbed_down_on_exit "$name"
+}
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
 # testbed_down_on_exit NAME: when the script exits, shows the tail of every log in the
 # testbed's state folder if it failed, runs testbed_on_exit_hook if the script defines
 # one (to stop processes of its own), stops the agents and takes testbed NAME down;

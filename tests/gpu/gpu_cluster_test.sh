@@ -14,18 +14,15 @@ set -euo pipefail
 agent=$1
 export PYTHONPATH=$2${PYTHONPATH:+:$PYTHONPATH}
 here=$(cd "$(dirname "$0")/../.." && pwd)
-tb="$here/scripts/testbed.sh"
 rate=${RATE:-10gbit}
 . "$here/scripts/lib/testbed.sh"
 
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null) ||
   { echo "SKIP: python3 cannot import torch"; exit 77; }
 [ "$gpus" -ge 1 ] || { echo "SKIP: no CUDA GPU visible to torch"; exit 77; }
-python3 -c 'import fuselink' || { echo "FAIL: the fuselink Python package does not import" >&2; exit 1; }
-testbed_require
+python3 -c 'import fuselink' || fail "the fuselink Python package does not import"
+testbed_test_start flg
 
-name="flg$$"
-testbed_down_on_exit "$name"
 
 # up RAILS: (re)builds the testbed with RAILS rails, one per GPU 0 .. RAILS-1.
 up() {

@@ -9,16 +9,12 @@ set -euo pipefail
 agent=$1
 ctl=$2
 here=$(cd "$(dirname "$0")/../.." && pwd)
-tb="$here/scripts/testbed.sh"
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 . "$here/scripts/lib/testbed.sh"
-testbed_require
+testbed_test_start flf
 
-name="flf$$"
 demo_pid=""
 testbed_on_exit_hook() { [ -z "$demo_pid" ] || kill "$demo_pid" 2>/dev/null; }
-testbed_down_on_exit "$name"
 
 "$tb" up --name "$name" --nodes 2 --rails 4 --rate 1gbit
 testbed_load "$name"

@@ -15,14 +15,9 @@ set -euo pipefail
 agent=$1
 bench=$2
 here=$(cd "$(dirname "$0")/../.." && pwd)
-tb="$here/scripts/testbed.sh"
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 . "$here/scripts/lib/testbed.sh"
-testbed_require
-
-name="fls$$"
-testbed_down_on_exit "$name"
+testbed_test_start fls
 
 "$tb" up --name "$name" --nodes 2 --rails 4 --rate 1gbit
 testbed_load "$name"

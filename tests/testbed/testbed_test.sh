@@ -10,19 +10,15 @@ set -euo pipefail
 agent=$1
 ctl=$2
 here=$(cd "$(dirname "$0")/../.." && pwd)
-tb="$here/scripts/testbed.sh"
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 . "$here/scripts/lib/testbed.sh"
-testbed_require
 command -v iperf3 >/dev/null || { echo "SKIP: iperf3 is not installed"; exit 77; }
+testbed_test_start flt
 
-name="flt$$"
 rails=4
 rate_gbit=1
 iperf_pid=""
 testbed_on_exit_hook() { [ -z "$iperf_pid" ] || kill "$iperf_pid" 2>/dev/null; }
-testbed_down_on_exit "$name"
 
 "$tb" up --name "$name" --nodes 2 --rails "$rails" --rate "${rate_gbit}gbit"
 testbed_load "$name"

@@ -135,8 +135,7 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   // The live peer called `name`, made if there is none. A peer whose connections are
   // all closed is retired here, so that its OnPeerLost still fires.
   PeerId LivePeer(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static bool HasLiveConnection(const Peer& peer,
-                                std::optional<TcpConnection::Role> role);
+  static bool HasLiveConnection(const Peer& peer);
   // The reaper thread: joins finished connections, fails their writes, reports lost
   // peers.
   void Reap();
@@ -368,19 +367,16 @@ void TcpFabric::OnConnectionFinished(uint64_t connection_id) {
   finished_.push_back(connection_id);
 }
 
-bool TcpFabric::HasLiveConnection(const Peer& peer,
-                                  std::optional<TcpConnection::Role> role) {
-  return std::any_of(peer.connections.begin(), peer.connections.end(),
-                     [&](const ConnectionPtr& connection) {
-                       return (!role || connection->role() == *role) &&
-                              !connection->closed();
-                     });
+bool TcpFabric::HasLiveConnection(const Peer& peer) {
+  return std::any_of(
+      peer.connections.begin(), peer.connections.end(),
+      [](const ConnectionPtr& connection) { return !connection->closed(); });
 }
 
 PeerId TcpFabric::LivePeer(absl::string_view name) {
   if (auto it = peer_by_name_.find(name); it != peer_by_name_.end()) {
     Peer& peer = peers_.at(it->second);
-    if (HasLiveConnection(peer, std::nullopt)) return it->second;
+    if (HasLiveConnection(peer)) return it->second;
     peer.retired = true;
     peer_by_name_.erase(it);
   }

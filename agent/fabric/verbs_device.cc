@@ -9,7 +9,6 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/verbs_wrap.h"
 

@@ -56,11 +56,6 @@ void ControlLink::Forget(VerbsQp* qp) {
   std::replace(qps_.begin(), qps_.end(), qp, static_cast<VerbsQp*>(nullptr));
 }
 
-absl::Status ControlLink::close_reason() const {
-  absl::MutexLock lock(&close_mu_);
-  return close_reason_;
-}
-
 VerbsQp* ControlLink::NextQp() {
   const size_t count = qps_.size();
   for (size_t tried = 0; tried < count; ++tried) {
@@ -165,7 +160,7 @@ absl::Status ControlLink::ApplyRegionFrame(const wire::Decoded& frame) {
     if (remote_.size() >= kMaxRegions && !remote_.contains(add->key)) {
       return absl::ResourceExhaustedError("peer pushed more than kMaxRegions regions");
     }
-    remote_[add->key] = {.address = add->address, .rkey = add->rkey, .bytes = add->bytes};
+    remote_[add->key] = {.address = add->address, .rkey = add->rkey};
     return absl::OkStatus();
   }
   if (const auto* remove = std::get_if<wire::RegionRemove>(&frame)) {

@@ -44,7 +44,6 @@ inline constexpr absl::Duration kRegionAckTimeout = absl::Seconds(10);
 struct RemoteRegion {
   uint64_t address = 0;
   uint32_t rkey = 0;
-  uint64_t bytes = 0;
 };
 
 // What a link needs from its fabric.
@@ -83,7 +82,6 @@ class ControlLink {
   void Start();
   // Shuts the socket down and starts the QPs' teardown. Idempotent, any thread.
   void Close(const absl::Status& why);
-  absl::Status close_reason() const;
   void Join();
 
   // The QPs, fixed once the handshake is done.

@@ -482,14 +482,8 @@ void Nic::DrainAsyncEvents() {
     if (!got.ok() || !*got) return;
     switch (event.event_type) {
       case IBV_EVENT_PORT_ERR:
-        port_down_.store(true);
         CloseAll(absl::UnavailableError(absl::StrCat(
             "NIC ", index_, " (", binding_.port.device, ") port went down")));
-        host_.OnPortChange(index_, /*down=*/true);
-        break;
-      case IBV_EVENT_PORT_ACTIVE:
-        port_down_.store(false);
-        host_.OnPortChange(index_, /*down=*/false);
         break;
       case IBV_EVENT_QP_FATAL:
       case IBV_EVENT_QP_REQ_ERR:

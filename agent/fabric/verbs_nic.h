@@ -135,8 +135,6 @@ class NicHost {
   // A QP of `link` is drained: every one of its writes has completed. The QP object
   // is freed when this returns; the host must forget the pointer here.
   virtual void OnQpClosed(uint64_t link, VerbsQp* qp, const absl::Status& why) = 0;
-  // The port went down (true) or came back (false).
-  virtual void OnPortChange(int nic, bool down) = 0;
 };
 
 class Nic {
@@ -179,7 +177,6 @@ class Nic {
   uint64_t transmitted_bytes() const { return transmitted_bytes_.load(); }
   uint64_t received_bytes() const { return received_bytes_.load(); }
   uint64_t malformed() const { return malformed_.load(); }
-  bool port_down() const { return port_down_.load(); }
 
  private:
   Nic(int index, NicBinding binding, const NicSizing& sizing, const RcParams& rc,
@@ -219,7 +216,6 @@ class Nic {
   std::atomic<uint64_t> transmitted_bytes_{0};
   std::atomic<uint64_t> received_bytes_{0};
   std::atomic<uint64_t> malformed_{0};
-  std::atomic<bool> port_down_{false};
 
   std::atomic<bool> stop_{false};
   std::thread poller_;

@@ -34,9 +34,8 @@ absl::Status Node::Start() {
   }
 
   registry_ = std::make_unique<memory::Registry>(fabric_.get());
-  std::vector<uint32_t> owners;
-  for (const v1::Nic& nic : topology_.nics()) owners.push_back(nic.owner_gpu());
-  scheduler_ = std::make_unique<sched::Scheduler>(policy, owners, options_.limits);
+  scheduler_ =
+      std::make_unique<sched::Scheduler>(policy, topology_.nics_size(), options_.limits);
   // One relay slot per chunk a NIC may carry for other GPUs: borrow_depth, or for
   // stripe one transfer's window. At least one, so that a failover away from a dead
   // direct NIC (a chunk on another GPU's NIC under any policy) always has a slot.

@@ -25,14 +25,16 @@ const char* StageModeName(StageMode mode) {
 // last stage into it, on the stream of the GPU that staged it.
 struct GpuRelayPool::SlotMemory final : fabric::Fence {
   SlotMemory(gpu::VmmBuffer buffer, int gpus) : buffer(std::move(buffer)), staged(gpus) {}
-  absl::Status Wait() override { return staged[staged_by]->Synchronize(); }
+  absl::Status Wait() override {
+    return staged[staged_by].has_value() ? staged[staged_by]->Synchronize()
+                                         : absl::OkStatus();
+  }
 
   gpu::VmmBuffer buffer;
   fabric::RegionKey key = 0;
   absl::Time idle_since;
   std::vector<std::optional<gpu::Event>> staged;  // per source GPU, made on first use
   int staged_by = 0;
-  bool ever_staged = false;
 };
 
 GpuRelayPool::GpuRelayPool(fabric::Fabric* fabric, const gpu::Runtime* runtime,
@@ -111,11 +113,6 @@ Slot GpuRelayPool::Acquire(int nic) {
 }
 
 void GpuRelayPool::Release(const Slot& slot) {
-  // A chunk whose write failed before the fabric waited: its copy may still run, and
-  // the slot must not be staged again or freed under it. Passed fences return at once.
-  if (SlotMemory& memory = static_cast<SlotMemory&>(*slot.ready); memory.ever_staged) {
-    gpu::ReportDroppedError(memory.Wait());
-  }
   absl::MutexLock lock(&mu_);
   PerNic& n = nics_[slot.nic];
   PerGpu& per_gpu = gpus_[nic_gpu_[slot.nic]];
@@ -160,7 +157,6 @@ absl::Status GpuRelayPool::Stage(const Slot& slot, Source source, uint32_t bytes
   }
   // Not waited for here: the fabric waits on slot.ready before it reads the slot.
   memory.staged_by = source.gpu;
-  memory.ever_staged = true;
   return staged->Record(*stager.stream);
 }
 

@@ -42,6 +42,8 @@ class Pool {
   virtual ~Pool() = default;
   // A free slot on `nic`, or an invalid one when none can be had now.
   virtual Slot Acquire(int nic) = 0;
+  // The slot's bytes must be done with: a slot whose write never waited on slot.ready
+  // (it failed first) waits on it before it is released.
   virtual void Release(const Slot& slot) = 0;
   // The relay stage: moves `bytes` from `source` into the slot. Done on return, or,
   // where slot.ready is set, once that fence has passed.

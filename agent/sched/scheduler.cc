@@ -28,10 +28,8 @@ absl::string_view PolicyName(Policy policy) {
   return "?";
 }
 
-Scheduler::Scheduler(Policy policy, std::span<const uint32_t> owner_of_nic, Limits limits)
-    : policy_(policy), nics_(static_cast<int>(owner_of_nic.size())), limits_(limits) {
-  for (int k = 0; k < nics_; ++k) nic_[k].owner = owner_of_nic[k];
-}
+Scheduler::Scheduler(Policy policy, int nics, Limits limits)
+    : policy_(policy), nics_(nics), limits_(limits) {}
 
 bool Scheduler::Reserve(std::atomic<uint32_t>& counter, uint32_t bound,
                         uint32_t* before) {

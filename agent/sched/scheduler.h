@@ -28,7 +28,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <span>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -74,11 +73,11 @@ struct NicStats {
 
 class Scheduler {
  public:
-  // `owner_of_nic[k]`: the GPU that owns NIC k.
-  Scheduler(Policy policy, std::span<const uint32_t> owner_of_nic, Limits limits);
+  // A node of `nics` NICs. NIC k's owner is whoever sends with k as its direct NIC
+  // (the GPU the topology gives it).
+  Scheduler(Policy policy, int nics, Limits limits);
 
   Policy policy() const { return policy_; }
-  int nic_count() const { return nics_; }
 
   // A chunk of a transfer whose direct NIC is `direct`; `remote_idle` has bit k set
   // when the receiver's NIC k is idle, `usable` when the transfer may use NIC k.
@@ -102,7 +101,6 @@ class Scheduler {
 
  private:
   struct alignas(64) Nic {
-    uint32_t owner = 0;
     std::atomic<uint32_t> in_flight{0};
     std::atomic<uint32_t> borrowed_in_flight{0};
     std::atomic<uint32_t> owner_transfers{0};

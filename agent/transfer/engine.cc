@@ -13,6 +13,10 @@
 
 namespace fuselink::transfer {
 
+// One bound on NICs for the topology, the scheduler's table and the credit masks.
+static_assert(sched::kMaxNics == topo::kMaxNics);
+static_assert(kCreditMaskBits >= topo::kMaxNics);
+
 // The data-plane side of one transfer. Guarded by transfer->mu() once the prepare
 // thread has filled it in.
 struct Engine::Job {
@@ -26,16 +30,15 @@ struct Engine::Job {
   InFlight commit;             // the notice that ends the transfer at the target
   bool commit_acked = false;
   int direct_nic = 0;
-  uint32_t remote_idle = 0;    // the receiver's idle NICs, from its credits
-  bool owner_started = false;  // told the scheduler this transfer's owner is busy
-  bool waiting = false;        // listed in waiting_: no NIC could take its chunk
+  uint32_t remote_idle = 0;  // the receiver's idle NICs, from its credits
+  bool waiting = false;      // listed in waiting_: no NIC could take its chunk
   std::weak_ptr<Job> self;
   std::vector<InFlight> window;
   std::vector<uint32_t> free_slots;
   uint32_t in_flight = 0;
   bool accepted = false;
-  bool finished = false;  // Finished() ran
-  // `finished`, readable without the transfer's lock: the timer skips finished jobs.
+  // MaybeFinishLocked ended the job; written under the transfer's lock, read without
+  // it by the engine's loops that skip finished jobs.
   std::atomic<bool> finished_flag{false};
 };
 
@@ -106,7 +109,7 @@ void Engine::Shutdown() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    for (auto& [id, job] : by_id_) jobs.push_back(job);
+    jobs = LiveJobsLocked();
   }
   for (const JobPtr& job : jobs) {
     bool done;
@@ -276,8 +279,7 @@ void Engine::Prepare(const JobPtr& job) {
       job->usable = (1u << fabric_->nic_count()) - 1;
       job->commit.job = job.get();
       job->remote_idle = prepared->idle_nic_mask;
-      job->accepted = true;
-      job->owner_started = true;
+      job->accepted = true;  // and the scheduler is told its owner is busy
       scheduler_->OwnerStarted(job->direct_nic);
     }
   }
@@ -340,7 +342,7 @@ void Engine::PumpLocked(Job& job) {
           chunk.bytes);
       if (!staged.ok()) {
         scheduler_->Complete(choice, 0);
-        pool->Release(f.relay);
+        ReleaseRelay(f, /*sent=*/false);
         job.pending.push_back(chunk);
         return StopLocked(job, WithReason(absl::InternalError(absl::StrCat(
                                               "relay stage: ", staged.message())),
@@ -358,7 +360,7 @@ void Engine::PumpLocked(Job& job) {
     absl::Status posted = fabric_->PostWrite(job.target.peer, choice.nic, op);
     if (!posted.ok()) {
       scheduler_->Complete(choice, 0, !absl::IsResourceExhausted(posted));
-      if (f.relay.valid()) pool->Release(f.relay);
+      if (f.relay.valid()) ReleaseRelay(f, /*sent=*/false);
       job.pending.push_back(chunk);
       if (absl::IsResourceExhausted(posted)) return Wait(job);
       if (!NicFailedLocked(job, choice.nic, posted)) return;
@@ -425,11 +427,27 @@ void Engine::KickWaiting() {
   }
 }
 
+void Engine::ReleaseRelay(InFlight& f, bool sent) {
+  // A write that failed may have failed before the fabric waited on the slot's fence:
+  // its copy may still run, and the slot must not be staged again or freed under it.
+  if (!sent && f.relay.ready != nullptr) f.relay.ready->Wait().IgnoreError();
+  f.pool->Release(f.relay);
+}
+
+std::vector<Engine::JobPtr> Engine::LiveJobsLocked() const {
+  std::vector<JobPtr> jobs;
+  jobs.reserve(active_);
+  for (const auto& [id, job] : by_id_) {
+    if (!job->finished_flag.load(std::memory_order_acquire)) jobs.push_back(job);
+  }
+  return jobs;
+}
+
 void Engine::OnCredit(fabric::PeerId peer, uint32_t idle_mask) {
   std::vector<JobPtr> jobs;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, job] : by_id_) jobs.push_back(job);
+    jobs = LiveJobsLocked();
   }
   for (const JobPtr& job : jobs) {
     absl::MutexLock lock(&job->transfer->mu());
@@ -446,7 +464,8 @@ void Engine::StopLocked(Job& job, absl::Status why) {
 
 bool Engine::MaybeFinishLocked(Job& job) {
   Transfer& t = *job.transfer;
-  if (job.finished || job.in_flight > 0) return false;
+  if (job.finished_flag.load(std::memory_order_relaxed) || job.in_flight > 0)
+    return false;
   if (t.state_locked() == State::kRunning && t.all_done_locked() && job.accepted &&
       !job.commit_acked) {
     // Every byte is placed: tell the target, which then tells its watchers. The
@@ -472,10 +491,9 @@ bool Engine::MaybeFinishLocked(Job& job) {
   } else if (!IsTerminal(s)) {
     return false;
   }
-  job.finished = true;
   job.finished_flag.store(true, std::memory_order_release);
   job.source = memory::TensorLease();  // the source tensor may be unregistered now
-  if (job.owner_started) scheduler_->OwnerStopped(job.direct_nic);
+  if (job.accepted) scheduler_->OwnerStopped(job.direct_nic);
   return true;
 }
 
@@ -522,7 +540,7 @@ void Engine::OnCompletion(const fabric::Completion& completion) {
       }
     } else {
       job.free_slots.push_back(static_cast<uint32_t>(&f - job.window.data()));
-      if (f.relay.valid()) f.pool->Release(f.relay);
+      if (f.relay.valid()) ReleaseRelay(f, completion.status.ok());
       give_back_ns = scheduler_->Complete(
           f.choice, completion.status.ok() ? f.chunk.bytes : 0, !completion.status.ok());
       if (completion.status.ok()) {
@@ -602,7 +620,7 @@ void Engine::AbortTensor(uint64_t tensor_id, const absl::Status& why) {
   std::vector<JobPtr> jobs;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, job] : by_id_) jobs.push_back(job);
+    jobs = LiveJobsLocked();
   }
   for (const JobPtr& job : jobs) {
     bool uses;
@@ -623,10 +641,7 @@ void Engine::HousekeepingLoop() {
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stop), kTick)) return;
-      jobs.reserve(active_);
-      for (auto& [id, job] : by_id_) {
-        if (!job->finished_flag.load(std::memory_order_acquire)) jobs.push_back(job);
-      }
+      jobs = LiveJobsLocked();
     }
     const absl::Time now = absl::Now();
     scheduler_->Refresh();

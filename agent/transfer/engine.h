@@ -129,6 +129,10 @@ class Engine {
   void Wait(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
   // Pumps the jobs that waited for a NIC; called after any completion.
   void KickWaiting();
+  // Gives the chunk's relay slot back; `sent`: its write completed.
+  void ReleaseRelay(InFlight& f, bool sent);
+  // The jobs that have not finished.
+  std::vector<JobPtr> LiveJobsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops a preparing or running job with `why`. FAILED_PRECONDITION
   // (TRANSFER_FINISHED) when it is already ending.
   absl::Status StopJob(const JobPtr& job, absl::Status why);

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/registry.h"
+#include "agent/topo/topology.h"
 #include "agent/transfer/imm.h"
 #include "fuselink/v1/agent.pb.h"
 #include "fuselink/v1/peer.pb.h"
@@ -98,13 +99,13 @@ class Landing {
   struct alignas(64) NicBytes {
     std::atomic<uint64_t> own{0}, borrowed{0};
   };
-  std::array<NicBytes, 16> nic_bytes_;
+  std::array<NicBytes, topo::kMaxNics> nic_bytes_;
   std::atomic<uint32_t> told_mask_{UINT32_MAX};
 
   mutable absl::Mutex mu_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // kMaxIncoming, fixed
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
-  std::array<uint32_t, 16> owner_slots_ ABSL_GUARDED_BY(mu_) = {};  // per NIC
+  std::array<uint32_t, topo::kMaxNics> owner_slots_ ABSL_GUARDED_BY(mu_) = {};  // per NIC
 };
 
 }  // namespace fuselink::transfer

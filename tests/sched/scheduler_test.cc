@@ -11,10 +11,10 @@ namespace fuselink::sched {
 namespace {
 
 constexpr uint32_t kAllIdle = 0xF;
-const std::vector<uint32_t> kOwners = {0, 1, 2, 3};  // NIC k owned by GPU k
+constexpr int kNics = 4;  // NIC k owned by GPU k
 
 Scheduler Make(Policy policy, uint32_t direct_depth = 2, uint32_t borrow_depth = 1) {
-  return Scheduler(policy, kOwners, Limits{direct_depth, borrow_depth});
+  return Scheduler(policy, kNics, Limits{direct_depth, borrow_depth});
 }
 
 TEST(Scheduler, DirectNicFirst) {
@@ -47,7 +47,9 @@ TEST(Scheduler, NeverBorrowsABusyOwnersNic) {
   s.Pick(0, kAllIdle);  // fills NIC 0
   for (int i = 0; i < 8; ++i) {
     Choice c = s.Pick(0, kAllIdle);
-    if (c.ok()) EXPECT_NE(c.nic, 2);
+    if (c.ok()) {
+      EXPECT_NE(c.nic, 2);
+    }
   }
 }
 

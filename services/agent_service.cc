@@ -142,14 +142,7 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
                                                 " does not exist on this node")),
         "BAD_HOME_GPU");
   }
-  const gpu::Runtime* runtime = node_->gpu();
-  if (on_gpu && (runtime == nullptr || !runtime->has(static_cast<int>(gpu)))) {
-    return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                          "GPU ", gpu, " is not a CUDA device of this agent (",
-                          node_->gpu_status(), ")")),
-                      "NO_GPU");
-  }
-  // Check the cheap things before spending the tokens.
+  // Check the request itself, then this node, before spending the tokens.
   FL_RETURN_IF_ERROR(memory::ValidateName(request.name()));
   if (memory.kind_case() == v1::TensorMemory::kCudaIpc &&
       memory.cuda_ipc().handle().size() != sizeof(gpu::IpcMemHandle)) {
@@ -157,6 +150,20 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
                           "cuda_ipc.handle has ", memory.cuda_ipc().handle().size(),
                           " bytes; a CUDA IPC handle has ", sizeof(gpu::IpcMemHandle))),
                       "BAD_GPU_HANDLE");
+  }
+  const uint64_t gpu_bytes = memory.kind_case() == v1::TensorMemory::kCudaIpc
+                                 ? memory.cuda_ipc().size_bytes()
+                                 : memory.vmm().size_bytes();
+  if (on_gpu && gpu_bytes == 0) {
+    return WithReason(absl::InvalidArgumentError("GPU memory needs size_bytes"),
+                      "BAD_MEMORY");
+  }
+  const gpu::Runtime* runtime = node_->gpu();
+  if (on_gpu && (runtime == nullptr || !runtime->has(static_cast<int>(gpu)))) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "GPU ", gpu, " is not a CUDA device of this agent (",
+                          node_->gpu_status(), ")")),
+                      "NO_GPU");
   }
   UniqueFd owner;
   if (request.owner_fd_token() != 0) {

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/transfer/imm.h"
+#include "agent/transfer/plan.h"
 #include "fuselink/v1/peer.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -85,6 +87,14 @@ TEST_F(RequestErrorTest, SourceOnAnotherNode) {
   v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {0});
   request.mutable_source()->set_node(kNodeB);
   ExpectRefused(request, grpc::StatusCode::FAILED_PRECONDITION, "SOURCE_NOT_LOCAL");
+}
+
+// Past the per-request bound (about 1 MiB of block ids on each side, still a
+// message gRPC accepts).
+TEST_F(RequestErrorTest, TooManyBlocks) {
+  const std::vector<uint32_t> ids(transfer::kMaxBlocksPerRequest + 1, 0);
+  ExpectRefused(MakeRequest("r", "kv", ids, "kv", ids),
+                grpc::StatusCode::INVALID_ARGUMENT, "TOO_MANY_BLOCKS");
 }
 
 TEST_F(RequestErrorTest, TargetOnTheSourceNode) {
@@ -215,6 +225,38 @@ TEST_F(PeerRequestTest, PrepareIncomingChecksEveryField) {
   EXPECT_TRUE(
       HasError(Prepare(r), grpc::StatusCode::INVALID_ARGUMENT, "BLOCK_SIZE_MISMATCH"));
   // TearDown then checks that both agents still serve and move a good transfer.
+}
+
+// Every incoming slot taken: the next transfer is refused, and the target serves on.
+// (Its own fixture: the slots stay reserved until they expire, so no good transfer
+// can follow as RequestErrorTest checks after each test.)
+TEST_F(TwoNodeTest, PrepareIncomingPastEverySlot) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes());
+  absl::StatusOr<HostTensor> kv =
+      RegisterTensor(*b_, "kv", MakeLayout(kLayers, kBlocks, kBlockBytes), 0);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  auto stub = v1::Peer::NewStub(
+      grpc::CreateChannel(b_->grpc_address(), grpc::InsecureChannelCredentials()));
+  v1::PrepareIncomingRequest r;
+  r.set_source_node("node-a");
+  r.set_tensor("kv");
+  r.add_block_ids(0);
+  r.set_layer_end(kLayers);
+  r.set_block_bytes(kBlockBytes);
+  r.set_total_bytes(kLayers * kBlockBytes);
+  auto prepare = [&](const std::string& id) {
+    r.set_transfer_id(id);
+    v1::PrepareIncomingResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return stub->PrepareIncoming(&context, r, &response);
+  };
+  for (uint32_t i = 0; i < transfer::kMaxIncoming; ++i) {
+    ASSERT_TRUE(prepare(absl::StrCat("slot-", i)).ok()) << i;
+  }
+  EXPECT_TRUE(HasError(prepare("one-too-many"), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       "TOO_MANY_INCOMING"));
+  EXPECT_TRUE(Serves(*b_));
 }
 
 }  // namespace

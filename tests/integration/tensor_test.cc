@@ -202,6 +202,20 @@ TEST_F(TensorTest, RegisterChecksNameHomeGpuAndMemoryBeforeSpendingTheToken) {
   EXPECT_TRUE(Serves(*b_));
 }
 
+TEST_F(TensorTest, RegisterRefusesAnEmptyLayoutAndMemoryPastTheFile) {
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> buffer =
+      client::HostBuffer::Create("memfd", 2 * kBlockBytes);
+  ASSERT_TRUE(buffer.ok());
+  v1::Tensor tensor;
+  EXPECT_TRUE(HasError(Register("no-layers", MakeLayout(0, 2, kBlockBytes),
+                                Token(**buffer), 2 * kBlockBytes, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_LAYOUT"));
+  EXPECT_TRUE(HasError(Register("past-the-end", MakeLayout(1, 4, kBlockBytes),
+                                Token(**buffer), 4 * kBlockBytes, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_MEMORY"));
+  EXPECT_TRUE(Serves(*b_));
+}
+
 // The test agent runs with --gpu=off, so GPU memory has nowhere to go, on any machine.
 TEST_F(TensorTest, GpuMemoryOnAnAgentWithoutGpusIsAFailedPrecondition) {
   v1::RegisterTensorRequest request;
@@ -218,6 +232,25 @@ TEST_F(TensorTest, GpuMemoryOnAnAgentWithoutGpusIsAFailedPrecondition) {
   grpc::ClientContext context2;
   EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context2, request, &tensor),
                        grpc::StatusCode::INVALID_ARGUMENT, "BAD_HOME_GPU"));
+  EXPECT_TRUE(Serves(*b_));
+}
+
+// What is wrong with the request itself is said before whether this node has GPUs.
+TEST_F(TensorTest, GpuMemoryWithABadHandleOrNoSizeIsRefusedAnywhere) {
+  v1::RegisterTensorRequest request;
+  request.set_name("kv");
+  *request.mutable_layout() = MakeLayout(1, 2, kBlockBytes);
+  v1::CudaIpcMemory* ipc = request.mutable_memory()->mutable_cuda_ipc();
+  ipc->set_handle("too short");
+  ipc->set_size_bytes(2 * kBlockBytes);
+  v1::Tensor tensor;
+  grpc::ClientContext context;
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context, request, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_GPU_HANDLE"));
+  request.mutable_memory()->mutable_vmm()->set_fd_token(1);  // size_bytes left 0
+  grpc::ClientContext context2;
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context2, request, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_MEMORY"));
   EXPECT_TRUE(Serves(*b_));
 }
 

@@ -54,8 +54,7 @@ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C "$build" fuselink-agent fuselink-bench scheduler_bench | tail -n 1
 agent=$build/services/fuselink-agent
 bench=$build/tools/bench/fuselink-bench
-[ -x "$agent" ] || agent=$(find "$build" -name fuselink-agent -type f | head -n 1)
-sched_bench=$(find "$build" -name scheduler_bench -type f | head -n 1)
+sched_bench=$build/tests/sched/scheduler_bench
 
 mkdir -p "$out" "$results"
 results=$(cd "$results" && pwd)

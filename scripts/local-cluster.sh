@@ -6,7 +6,7 @@
 # bytes in node-b's memory, shows what node-b's watchers saw and the metrics, and
 # stops the agents.
 #   LAYERS, BLOCKS, BLOCK_BYTES  size of the KV cache (default 32 x 64 x 256 KiB)
-#   POLICY                       static or stripe (default stripe)
+#   POLICY                       fuselink, stripe or static (default stripe)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh

@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libibverbs-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus iperf3 iproute2 gnuplot-nox curl
+  prometheus iperf3 iproute2 gnuplot-nox curl jq procps
   python3-grpcio python3-protobuf
   qemu-system-x86 debootstrap
 )

@@ -33,7 +33,6 @@ up() {
   testbed_load "$name"
   out="$TESTBED_STATE"
 }
-metrics_of() { sed -n 's/.*"metrics":"\([^"]*\)".*/\1/p' "$1"; }
 
 # agents FLAGS...: (re)starts node-b and node-a with FLAGS; sets $addrs for the driver.
 agents() {
@@ -44,8 +43,8 @@ agents() {
   b=$(field "$out/node-b.json" grpc)
   testbed_start_agent 0 node-a "node-b=$b" "$@"
   addrs=(--a "$(field "$out/node-a.json" grpc)" --a_socket "$out/node-a.sock"
-    --a_metrics "$(metrics_of "$out/node-a.json")"
-    --b "$b" --b_socket "$out/node-b.sock" --b_metrics "$(metrics_of "$out/node-b.json")")
+    --a_metrics "$(field "$out/node-a.json" metrics)"
+    --b "$b" --b_socket "$out/node-b.sock" --b_metrics "$(field "$out/node-b.json" metrics)")
   grep -h "GPU\|relay" "$out/node-a.log" | head -5
 }
 
@@ -63,7 +62,10 @@ if [ "${CHECKS:-1}" = 1 ]; then
     --source_gpu 0 --target_gpu $((gpus - 1))
 fi
 
-[ "${BENCH:-0}" = 1 ] || exit 0
+if [ "${BENCH:-0}" != 1 ]; then
+  [ "${CHECKS:-1}" = 1 ] || { echo "SKIP: CHECKS=0 and no BENCH=1: nothing to run"; exit 77; }
+  exit 0
+fi
 # The curve: GPU 0 sends; with R rails the node has GPUs 0 .. R-1 and each NIC's own
 # GPU idle, so fuselink may borrow R - 1 NICs. R from ${MIN_RAILS:-1} to every GPU.
 gib=${GIB:-4}
@@ -75,7 +77,7 @@ for rails in $(seq "${MIN_RAILS:-1}" "$gpus"); do
     agents --policy="$policy" --relay_stage="${spec#*:}"
     python3 "$driver" bench "${addrs[@]}" --gib "$gib" --rounds 3 --label "$spec rails=$rails"
     if [ "$policy" = fuselink ]; then
-      curl -s "$(metrics_of "$out/node-a.json")" |
+      curl -s "$(field "$out/node-a.json" metrics)" |
         grep -E "^fuselink_(relay_(remaps|staged|device)|stage_)" || true
     fi
   done

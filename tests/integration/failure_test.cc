@@ -321,13 +321,8 @@ TEST_F(FailureTest, MalformedFrameOnANicPortClosesOnlyThatConnection) {
   auto malformed = [&]() -> absl::StatusOr<double> {
     absl::StatusOr<std::string> metrics = HttpGet(b_->metrics_url());
     if (!metrics.ok()) return metrics.status();
-    // Counters may carry the _total suffix of OpenMetrics, or not.
-    absl::StatusOr<double> value =
-        MetricValue(*metrics, "fuselink_fabric_malformed_frames_total", "nic=\"rail0\"");
-    if (absl::IsNotFound(value.status())) {
-      value = MetricValue(*metrics, "fuselink_fabric_malformed_frames", "nic=\"rail0\"");
-    }
-    return value;
+    return MetricValue(*metrics, "fuselink_fabric_malformed_frames_total",
+                       "nic=\"rail0\"");
   };
   absl::StatusOr<double> before = malformed();
   ASSERT_TRUE(before.ok()) << before.status();

@@ -47,7 +47,8 @@ using namespace fuselink::bench;
 absl::StatusOr<std::vector<Result>> RunFromFlags(const std::string& workload) {
   if (IsSchedWorkload(workload)) return RunSchedFromFlags(workload);
   if (workload != "transfer" && workload != "rpc") {
-    return absl::InvalidArgumentError("--workload must be transfer or rpc");
+    return absl::InvalidArgumentError(
+        "--workload must be transfer, rpc, hot, serving, expert, dlrm or owner");
   }
   FL_ASSIGN_OR_RETURN(
       Agents agents,
@@ -85,7 +86,9 @@ absl::StatusOr<std::vector<Result>> RunFromFlags(const std::string& workload) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "fuselink-bench --workload=transfer|rpc --source_agent=HOST:PORT "
-      "--source_socket=PATH --target_agent=HOST:PORT --target_socket=PATH [--json]");
+      "--source_socket=PATH --target_agent=HOST:PORT --target_socket=PATH [--json]\n"
+      "fuselink-bench --workload=hot|serving|expert|dlrm|owner --cluster_dir=DIR "
+      "--policies=P,... --rail_bytes_per_s=N [--json]  (scripts/bench-testbed.sh)");
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<std::vector<Result>> results =
       RunFromFlags(absl::GetFlag(FLAGS_workload));

@@ -3,7 +3,6 @@
 // started (their ready files in --cluster_dir).
 #include "tools/bench/sched_main.h"
 
-
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "tools/bench/sched_workloads.h"

@@ -17,13 +17,6 @@
 namespace fuselink::bench {
 namespace {
 
-constexpr uint64_t kMiB = 1 << 20;
-
-std::string Name(const std::string& tag) {
-  static std::atomic<uint64_t> serial{0};
-  return UniqueRequestId(tag, serial.fetch_add(1));
-}
-
 // Keeps the first error of many threads.
 class FirstError {
  public:
@@ -71,9 +64,9 @@ class AllToAll {
     for (int g = 0; g < gpus; ++g) {
       NodeAgent& agent = c.nodes[g / nics];
       const uint32_t home = g % nics;
-      FL_ASSIGN_OR_RETURN(auto s, HomedTensor::Create(agent, Name("a2a-out"), 1,
+      FL_ASSIGN_OR_RETURN(auto s, HomedTensor::Create(agent, NextRequestId("a2a-out"), 1,
                                                       outgoing[g], kMiB, home, true));
-      FL_ASSIGN_OR_RETURN(auto t, HomedTensor::Create(agent, Name("a2a-in"), 1,
+      FL_ASSIGN_OR_RETURN(auto t, HomedTensor::Create(agent, NextRequestId("a2a-in"), 1,
                                                       incoming[g], kMiB, home, false));
       a->out_.push_back(std::move(s));
       a->in_.push_back(std::move(t));
@@ -91,9 +84,9 @@ class AllToAll {
     for (const Flow& f : flows_) {
       threads.emplace_back([&, f] {
         NodeAgent& agent = cluster_.nodes[f.sender / nics_];
-        absl::StatusOr<TransferTimes> t =
-            RunToEnd(agent, BlockRequest(Name("a2a"), *out_[f.sender], f.source_begin,
-                                         *in_[f.receiver], f.target_begin, f.blocks));
+        absl::StatusOr<TransferTimes> t = RunToEnd(
+            agent, BlockRequest(NextRequestId("a2a"), *out_[f.sender], f.source_begin,
+                                *in_[f.receiver], f.target_begin, f.blocks));
         if (!t.ok()) return error.Note(t.status());
         absl::MutexLock lock(&mu);
         sender_s[f.sender] =
@@ -160,10 +153,10 @@ absl::StatusOr<PolicyRow> ServingWorkload(Cluster& c, const SchedOptions& o,
   std::vector<std::unique_ptr<HomedTensor>> prefill, decode;
   for (int i = 0; i < instances; ++i) {
     FL_ASSIGN_OR_RETURN(auto s,
-                        HomedTensor::Create(c.nodes[0], Name("prefill"), kLayers,
+                        HomedTensor::Create(c.nodes[0], NextRequestId("prefill"), kLayers,
                                             kSlots * slot_blocks, block_bytes, i, true));
     FL_ASSIGN_OR_RETURN(auto t,
-                        HomedTensor::Create(c.nodes[1], Name("decode"), kLayers,
+                        HomedTensor::Create(c.nodes[1], NextRequestId("decode"), kLayers,
                                             kSlots * slot_blocks, block_bytes, i, false));
     prefill.push_back(std::move(s));
     decode.push_back(std::move(t));
@@ -190,9 +183,9 @@ absl::StatusOr<PolicyRow> ServingWorkload(Cluster& c, const SchedOptions& o,
           const absl::Time arrived = start + absl::Seconds(a.at_s);
           absl::SleepFor(arrived - absl::Now());
           const uint32_t begin = slot * slot_blocks;
-          absl::StatusOr<TransferTimes> t = RunToEnd(
-              c.nodes[0],
-              BlockRequest(Name("kv"), *prefill[i], begin, *decode[i], begin, a.blocks));
+          absl::StatusOr<TransferTimes> t =
+              RunToEnd(c.nodes[0], BlockRequest(NextRequestId("kv"), *prefill[i], begin,
+                                                *decode[i], begin, a.blocks));
           if (!t.ok()) return error.Note(t.status());
           if (!BlocksMatch(*prefill[i], begin, *decode[i], begin, a.blocks)) {
             return error.Note(

@@ -13,14 +13,13 @@
 #include "agent/common/status_macros.h"
 
 namespace fuselink::bench {
-namespace {
 
-constexpr uint64_t kMiB = 1 << 20;
-
-std::string Name(const std::string& tag) {
+std::string NextRequestId(const std::string& tag) {
   static std::atomic<uint64_t> serial{0};
   return UniqueRequestId(tag, serial.fetch_add(1));
 }
+
+namespace {
 
 // Borrowed bytes sent through each NIC of `agent` so far.
 absl::StatusOr<std::vector<double>> BorrowedBytes(const NodeAgent& agent) {
@@ -48,12 +47,13 @@ absl::Status WarmUp(Cluster& cluster) {
   for (size_t from = 0; from < cluster.nodes.size(); ++from) {
     NodeAgent& a = cluster.nodes[from];
     NodeAgent& b = cluster.nodes[(from + 1) % cluster.nodes.size()];
-    FL_ASSIGN_OR_RETURN(auto source,
-                        HomedTensor::Create(a, Name("warm"), 1, 8, kMiB, 0, true));
-    FL_ASSIGN_OR_RETURN(auto target,
-                        HomedTensor::Create(b, Name("warm"), 1, 8, kMiB, 0, false));
+    FL_ASSIGN_OR_RETURN(
+        auto source, HomedTensor::Create(a, NextRequestId("warm"), 1, 8, kMiB, 0, true));
+    FL_ASSIGN_OR_RETURN(
+        auto target, HomedTensor::Create(b, NextRequestId("warm"), 1, 8, kMiB, 0, false));
     FL_RETURN_IF_ERROR(
-        RunToEnd(a, BlockRequest(Name("warm"), *source, 0, *target, 0, 8)).status());
+        RunToEnd(a, BlockRequest(NextRequestId("warm"), *source, 0, *target, 0, 8))
+            .status());
   }
   return absl::OkStatus();
 }
@@ -64,14 +64,15 @@ absl::StatusOr<PolicyRow> HotWorkload(Cluster& c, const SchedOptions& o, Sampler
   const uint32_t blocks =
       static_cast<uint32_t>(std::max<uint64_t>(1, o.hot_bytes / kLayers / kMiB));
   NodeAgent& a = c.nodes[0];
-  FL_ASSIGN_OR_RETURN(
-      auto source, HomedTensor::Create(a, Name("hot"), kLayers, blocks, kMiB, 0, true));
-  FL_ASSIGN_OR_RETURN(auto target, HomedTensor::Create(c.nodes[1], Name("hot"), kLayers,
-                                                       blocks, kMiB, 0, false));
+  FL_ASSIGN_OR_RETURN(auto source, HomedTensor::Create(a, NextRequestId("hot"), kLayers,
+                                                       blocks, kMiB, 0, true));
+  FL_ASSIGN_OR_RETURN(auto target, HomedTensor::Create(c.nodes[1], NextRequestId("hot"),
+                                                       kLayers, blocks, kMiB, 0, false));
   FL_ASSIGN_OR_RETURN(std::vector<double> borrowed_before, BorrowedBytes(a));
   sampler.Start();
-  FL_ASSIGN_OR_RETURN(TransferTimes t, RunToEnd(a, BlockRequest(Name("hot"), *source, 0,
-                                                                *target, 0, blocks)));
+  FL_ASSIGN_OR_RETURN(
+      TransferTimes t,
+      RunToEnd(a, BlockRequest(NextRequestId("hot"), *source, 0, *target, 0, blocks)));
   sampler.Stop();
   FL_ASSIGN_OR_RETURN(std::vector<double> borrowed_after, BorrowedBytes(a));
   if (!BlocksMatch(*source, 0, *target, 0, blocks)) {
@@ -108,23 +109,23 @@ absl::StatusOr<PolicyRow> OwnerWorkload(Cluster& c, const SchedOptions& o,
       static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_bytes / kMiB));
   std::vector<std::unique_ptr<HomedTensor>> bs, bt;
   for (int i = 0; i < k; ++i) {
-    FL_ASSIGN_OR_RETURN(auto s, HomedTensor::Create(a, Name("borrower"), 1,
+    FL_ASSIGN_OR_RETURN(auto s, HomedTensor::Create(a, NextRequestId("borrower"), 1,
                                                     borrower_blocks, kMiB, 0, true));
-    FL_ASSIGN_OR_RETURN(auto t, HomedTensor::Create(b, Name("borrower"), 1,
+    FL_ASSIGN_OR_RETURN(auto t, HomedTensor::Create(b, NextRequestId("borrower"), 1,
                                                     borrower_blocks, kMiB, 0, false));
     bs.push_back(std::move(s));
     bt.push_back(std::move(t));
   }
-  FL_ASSIGN_OR_RETURN(
-      auto os, HomedTensor::Create(a, Name("owner"), 1, owner_blocks, kMiB, 1, true));
-  FL_ASSIGN_OR_RETURN(
-      auto ot, HomedTensor::Create(b, Name("owner"), 1, owner_blocks, kMiB, 1, false));
+  FL_ASSIGN_OR_RETURN(auto os, HomedTensor::Create(a, NextRequestId("owner"), 1,
+                                                   owner_blocks, kMiB, 1, true));
+  FL_ASSIGN_OR_RETURN(auto ot, HomedTensor::Create(b, NextRequestId("owner"), 1,
+                                                   owner_blocks, kMiB, 1, false));
   const double owner_bits = static_cast<double>(os->bytes()) * 8;
 
   // The owner alone, under this policy; under static that is its own NIC's rate.
-  FL_ASSIGN_OR_RETURN(
-      TransferTimes solo,
-      RunToEnd(a, BlockRequest(Name("owner-solo"), *os, 0, *ot, 0, owner_blocks)));
+  FL_ASSIGN_OR_RETURN(TransferTimes solo,
+                      RunToEnd(a, BlockRequest(NextRequestId("owner-solo"), *os, 0, *ot,
+                                               0, owner_blocks)));
   const double solo_gbps = owner_bits / solo.seconds() / 1e9;
   if (c.policy == "static") context.static_owner_solo_gbps = solo_gbps;
   const double nic_solo_gbps =
@@ -151,7 +152,8 @@ absl::StatusOr<PolicyRow> OwnerWorkload(Cluster& c, const SchedOptions& o,
   for (int i = 0; i < k; ++i) {
     borrowers.emplace_back([&, i] {
       absl::StatusOr<TransferTimes> t = RunToEnd(
-          a, BlockRequest(Name("borrower"), *bs[i], 0, *bt[i], 0, borrower_blocks));
+          a,
+          BlockRequest(NextRequestId("borrower"), *bs[i], 0, *bt[i], 0, borrower_blocks));
       absl::MutexLock lock(&mu);
       if (!t.ok() && borrower_status.ok()) borrower_status = t.status();
     });
@@ -167,7 +169,7 @@ absl::StatusOr<PolicyRow> OwnerWorkload(Cluster& c, const SchedOptions& o,
   const std::map<std::string, std::string> rail1_borrowed = {{"nic", rail1},
                                                              {"traffic", "borrowed"}};
   absl::StatusOr<TransferTimes> owner_or =
-      RunToEnd(a, BlockRequest(Name("owner"), *os, 0, *ot, 0, owner_blocks),
+      RunToEnd(a, BlockRequest(NextRequestId("owner"), *os, 0, *ot, 0, owner_blocks),
                [&](const v1::TransferEvent& e) {
                  if (e.has_accepted()) {
                    bound_probe = std::thread([&] {

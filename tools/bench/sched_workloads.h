@@ -15,6 +15,11 @@
 
 namespace fuselink::bench {
 
+inline constexpr uint64_t kMiB = 1 << 20;
+
+// A request id unique in this run, tagged `tag`: every scheduler workload's transfers.
+std::string NextRequestId(const std::string& tag);
+
 struct SchedOptions {
   // DIR/<policy>-n<i>.json: the ready files of each policy's agents.
   std::string cluster_dir;

@@ -17,6 +17,7 @@
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/net_util.h"
+#include "tools/client/scrape.h"
 
 namespace fuselink::testing {
 namespace {
@@ -319,10 +320,11 @@ TEST_F(FailureTest, MalformedFrameOnANicPortClosesOnlyThatConnection) {
   ASSERT_NO_FATAL_FAILURE(StartNodes());
   ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout, &small_));
   auto malformed = [&]() -> absl::StatusOr<double> {
-    absl::StatusOr<std::string> metrics = HttpGet(b_->metrics_url());
+    absl::StatusOr<std::string> metrics =
+        client::HttpGet(b_->metrics_url(), kWaitTimeout);
     if (!metrics.ok()) return metrics.status();
-    return MetricValue(*metrics, "fuselink_fabric_malformed_frames_total",
-                       "nic=\"rail0\"");
+    return client::MetricValue(*metrics, "fuselink_fabric_malformed_frames_total",
+                               {{"nic", "rail0"}});
   };
   absl::StatusOr<double> before = malformed();
   ASSERT_TRUE(before.ok()) << before.status();

@@ -98,11 +98,4 @@ absl::StatusOr<TransferTimes> RunToEnd(
     NodeAgent& source, const v1::TransferRequest& request,
     const std::function<void(const v1::TransferEvent&)>& on_event = {});
 
-// GET `url` (http://host:port/path); the body. UNAVAILABLE when it cannot be read.
-absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeout);
-// The value of the first sample of metric `name` whose labels contain every
-// `label="value"` pair given; NOT_FOUND if none.
-absl::StatusOr<double> MetricValue(const std::string& body, const std::string& name,
-                                   const std::map<std::string, std::string>& labels);
-
 }  // namespace fuselink::bench

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "tools/client/scrape.h"
 
 namespace fuselink::bench {
 
@@ -41,7 +42,8 @@ void Sampler::Loop() {
 void Sampler::SampleNow() {
   for (int node : nodes_) {
     const NodeAgent& agent = cluster_.nodes[node];
-    absl::StatusOr<std::string> body = HttpGet(agent.metrics_url, absl::Seconds(2));
+    absl::StatusOr<std::string> body =
+        client::HttpGet(agent.metrics_url, absl::Seconds(2));
     if (!body.ok()) continue;  // a missed read widens one interval; nothing more
     NicSample s;
     s.at = absl::Now();
@@ -49,8 +51,8 @@ void Sampler::SampleNow() {
     for (const std::string& nic : agent.nic_names) {
       for (bool own : {true, false}) {
         absl::StatusOr<double> v =
-            MetricValue(*body, "fuselink_nic_transmitted_bytes_total",
-                        {{"nic", nic}, {"traffic", own ? "own" : "borrowed"}});
+            client::MetricValue(*body, "fuselink_nic_transmitted_bytes_total",
+                                {{"nic", nic}, {"traffic", own ? "own" : "borrowed"}});
         (own ? s.own_bytes : s.borrowed_bytes).push_back(v.ok() ? *v : 0);
       }
     }

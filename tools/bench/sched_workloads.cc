@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
+#include "tools/client/scrape.h"
 
 namespace fuselink::bench {
 
@@ -23,12 +24,13 @@ namespace {
 
 // Borrowed bytes sent through each NIC of `agent` so far.
 absl::StatusOr<std::vector<double>> BorrowedBytes(const NodeAgent& agent) {
-  FL_ASSIGN_OR_RETURN(std::string body, HttpGet(agent.metrics_url, absl::Seconds(2)));
+  FL_ASSIGN_OR_RETURN(std::string body,
+                      client::HttpGet(agent.metrics_url, absl::Seconds(2)));
   std::vector<double> out;
   for (const std::string& nic : agent.nic_names) {
     FL_ASSIGN_OR_RETURN(double v,
-                        MetricValue(body, "fuselink_nic_transmitted_bytes_total",
-                                    {{"nic", nic}, {"traffic", "borrowed"}}));
+                        client::MetricValue(body, "fuselink_nic_transmitted_bytes_total",
+                                            {{"nic", nic}, {"traffic", "borrowed"}}));
     out.push_back(v);
   }
   return out;
@@ -134,9 +136,9 @@ absl::StatusOr<PolicyRow> OwnerWorkload(Cluster& c, const SchedOptions& o,
   const std::string rail1 = a.nic_names.at(1);
   auto scrape = [&](const std::string& name,
                     std::map<std::string, std::string> labels) -> double {
-    absl::StatusOr<std::string> body = HttpGet(a.metrics_url, absl::Seconds(2));
+    absl::StatusOr<std::string> body = client::HttpGet(a.metrics_url, absl::Seconds(2));
     if (!body.ok()) return -1;
-    absl::StatusOr<double> v = MetricValue(*body, name, labels);
+    absl::StatusOr<double> v = client::MetricValue(*body, name, labels);
     return v.ok() ? *v : -1;
   };
   const double gb_sum0 = scrape("fuselink_nic_give_back_seconds_sum", {{"nic", rail1}});

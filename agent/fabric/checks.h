@@ -2,14 +2,26 @@
 // codes and messages whichever transport runs.
 #pragma once
 
+#include <bitset>
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
+
+// A set of a node's NICs, bit i: NIC i (up to wire::kMaxNics).
+using NicSet = std::bitset<wire::kMaxNics>;
+
+// NICs 0 .. count - 1.
+inline NicSet FirstNics(size_t count) {
+  NicSet nics;
+  for (size_t i = 0; i < count; ++i) nics.set(i);
+  return nics;
+}
 
 // Connect's `remote`: one endpoint per local NIC, remote[i] naming NIC i.
 inline absl::Status CheckRemoteEndpoints(const std::vector<Endpoint>& remote,

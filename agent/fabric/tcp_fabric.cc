@@ -128,9 +128,10 @@ class TcpFabric final : public Fabric, public ConnectionHost {
 
   // Opens, and says HELLO on, every outbound connection of a Connect. Unstarted:
   // dropping them closes their sockets, which is the whole rollback.
-  // Opens connections_per_nic connections on every NIC in the mask `nics`.
+  // Opens connections_per_nic connections on every NIC in `nics`.
   absl::StatusOr<std::vector<ConnectionPtr>> OpenConnections(
-      absl::string_view peer_name, const std::vector<Endpoint>& remote, uint32_t nics);
+      absl::string_view peer_name, const std::vector<Endpoint>& remote,
+      const NicSet& nics);
   void OnAccepted(int nic, UniqueFd socket);
   // The live peer called `name`, made if there is none. A peer whose connections are
   // all closed is retired here, so that its OnPeerLost still fires.
@@ -196,10 +197,11 @@ TcpFabric::~TcpFabric() {
 }
 
 absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
-    absl::string_view peer_name, const std::vector<Endpoint>& remote, uint32_t nics) {
+    absl::string_view peer_name, const std::vector<Endpoint>& remote,
+    const NicSet& nics) {
   std::vector<ConnectionPtr> opened;
   for (size_t nic = 0; nic < remote.size(); ++nic) {
-    if (!(nics >> nic & 1)) continue;
+    if (!nics.test(nic)) continue;
     FL_ASSIGN_OR_RETURN(SocketAddress target,
                         ParseSocketAddress(remote[nic].address, remote[nic].port));
     FL_ASSIGN_OR_RETURN(std::string hello, wire::EncodeHello(static_cast<uint32_t>(nic),
@@ -229,20 +231,20 @@ absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
   FL_RETURN_IF_ERROR(CheckRemoteEndpoints(remote, endpoints_.size()));
   absl::MutexLock connect_lock(&connect_mu_);
-  uint32_t missing = (1u << remote.size()) - 1;  // NICs without a live connection
+  NicSet missing = FirstNics(remote.size());  // NICs without a live connection
   std::optional<PeerId> existing;
   {
     absl::ReaderMutexLock lock(&mu_);
     if (auto it = peer_by_name_.find(peer_name); it != peer_by_name_.end()) {
       for (const ConnectionPtr& c : peers_.at(it->second).connections) {
         if (c->role() == TcpConnection::Role::kOutbound && !c->closed()) {
-          missing &= ~(1u << c->nic());
+          missing.reset(c->nic());
           existing = it->second;
         }
       }
     }
   }
-  if (existing && missing == 0) return *existing;
+  if (existing && missing.none()) return *existing;
   absl::StatusOr<std::vector<ConnectionPtr>> maybe_opened =
       OpenConnections(peer_name, remote, missing);
   // A connected peer whose failed NICs cannot be re-opened yet stays connected on the

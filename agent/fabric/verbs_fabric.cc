@@ -123,7 +123,7 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
     LinkPtr link;
     PeerId peer = 0;
     int live_qps = 0;
-    bool finished = false;  // its thread is done, or it never had one
+    bool finished = false;  // its thread is done, or it will never have one
     bool pushing = false;   // inbound: receives REGION_ADDs
     bool reaping = false;
   };
@@ -223,8 +223,7 @@ VerbsFabric::~VerbsFabric() {
 LinkPtr VerbsFabric::NewLink(int nic, ControlLink::Role role, UniqueFd fd) {
   const uint64_t id = next_link_id_++;
   auto link = std::make_shared<ControlLink>(*this, *nics_[nic], id, role, std::move(fd));
-  links_.emplace(
-      id, LinkEntry{.link = link, .finished = role == ControlLink::Role::kOutbound});
+  links_.emplace(id, LinkEntry{.link = link});
   return link;
 }
 
@@ -251,7 +250,7 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
   FL_RETURN_IF_ERROR(CheckRemoteEndpoints(remote, endpoints_.size()));
   absl::MutexLock connect_lock(&connect_mu_);
-  uint32_t missing = (1u << remote.size()) - 1;  // NICs without live QPs to the peer
+  NicSet missing = FirstNics(remote.size());  // NICs without live QPs to the peer
   std::optional<PeerId> existing;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -260,19 +259,27 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
         auto entry = links_.find(link->id());
         if (link->role() == ControlLink::Role::kOutbound && entry != links_.end() &&
             entry->second.live_qps > 0) {
-          missing &= ~(1u << link->nic().index());
+          missing.reset(link->nic().index());
           existing = it->second;
         }
       }
     }
   }
-  if (existing && missing == 0) return *existing;
+  if (existing && missing.none()) return *existing;
   std::vector<LinkPtr> made;
   // Partial set-up across NICs rolls back: closing a link tears its QPs down (ERR,
-  // flush, destroy on the poller) and the reaper drops it once they are gone.
+  // flush, destroy on the poller); its thread never started, so it is finished, and
+  // the reaper drops it once no QP is left (at once when it made none).
   absl::Status failure = absl::UnavailableError("connect abandoned");
   absl::Cleanup rollback = [&] {
-    for (const LinkPtr& link : made) link->Close(failure);
+    absl::MutexLock lock(&mu_);
+    for (const LinkPtr& link : made) {
+      link->Close(failure);
+      if (auto it = links_.find(link->id()); it != links_.end()) {
+        it->second.finished = true;
+        MaybeReap(it->first, it->second);
+      }
+    }
   };
   // A connected peer whose failed NICs cannot be re-opened yet stays connected on the
   // others: the partial set-up rolls back and its id is returned.
@@ -282,7 +289,7 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
     return why;
   };
   for (size_t nic = 0; nic < remote.size(); ++nic) {
-    if (!(missing >> nic & 1)) continue;
+    if (!missing.test(nic)) continue;
     const std::string context = absl::StrCat(
         "Connect to '", peer_name, "': NIC ", nic, " (", endpoints_[nic].address, " -> ",
         remote[nic].address, ":", remote[nic].port, ")");
@@ -316,7 +323,6 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
   for (const LinkPtr& link : made) {
     LinkEntry& entry = links_.at(link->id());
     AttachLocked(entry, id);
-    entry.finished = false;
     link->Start();
   }
   std::move(rollback).Cancel();
@@ -569,8 +575,10 @@ void VerbsFabric::Reap() {
       finished_.pop_front();
       auto it = links_.find(id);
       link = std::move(it->second.link);
+      if (auto peer = peers_.find(it->second.peer); peer != peers_.end()) {
+        std::erase(peer->second.links, link);
+      }
       links_.erase(it);
-      for (auto& [peer_id, peer] : peers_) std::erase(peer.links, link);
     }
     link->Close(absl::CancelledError("reaped"));
     link->Join();

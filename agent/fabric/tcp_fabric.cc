@@ -15,6 +15,7 @@
 #include "agent/common/status_macros.h"
 #include "agent/fabric/acceptor.h"
 #include "agent/fabric/checks.h"
+#include "agent/fabric/peer_table.h"
 #include "agent/fabric/region_table.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/tcp_connection.h"
@@ -115,12 +116,7 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   void OnConnectionFinished(uint64_t connection_id) override;
 
  private:
-  struct Peer {
-    std::string name;
-    // Out of peer_by_name_: Disconnect()ed, or found with every connection closed.
-    bool retired = false;
-    std::vector<ConnectionPtr> connections;  // both roles, every NIC
-  };
+  using Peer = PeerTable<ConnectionPtr>::Peer;
   struct ConnectionEntry {
     ConnectionPtr connection;
     PeerId peer = 0;  // 0 until an inbound connection says HELLO
@@ -136,7 +132,6 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   // The live peer called `name`, made if there is none. A peer whose connections are
   // all closed is retired here, so that its OnPeerLost still fires.
   PeerId LivePeer(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static bool HasLiveConnection(const Peer& peer);
   // The reaper thread: joins finished connections, fails their writes, reports lost
   // peers.
   void Reap();
@@ -160,9 +155,8 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
-  PeerId next_peer_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<PeerId, Peer> peers_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, PeerId, std::less<>> peer_by_name_ ABSL_GUARDED_BY(mu_);
+  // Retired here also when found with every connection closed.
+  PeerTable<ConnectionPtr> peers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, ConnectionEntry> connections_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_ ABSL_GUARDED_BY(mu_);  // for the reaper
 
@@ -235,11 +229,11 @@ absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
   std::optional<PeerId> existing;
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (auto it = peer_by_name_.find(peer_name); it != peer_by_name_.end()) {
-      for (const ConnectionPtr& c : peers_.at(it->second).connections) {
+    if (std::optional<PeerId> id = peers_.Find(peer_name)) {
+      for (const ConnectionPtr& c : peers_.Get(*id)->links) {
         if (c->role() == TcpConnection::Role::kOutbound && !c->closed()) {
           missing.reset(c->nic());
-          existing = it->second;
+          existing = id;
         }
       }
     }
@@ -263,7 +257,7 @@ absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
   const PeerId id = LivePeer(peer_name);
   for (ConnectionPtr& connection : opened) {
     connections_.emplace(connection->id(), ConnectionEntry{connection, id});
-    peers_.at(id).connections.push_back(connection);
+    peers_.Get(id)->links.push_back(connection);
     connection->Start();
   }
   return id;
@@ -271,21 +265,12 @@ absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
 
 void TcpFabric::Disconnect(PeerId peer) {
   absl::MutexLock lock(&mu_);
-  auto it = peers_.find(peer);
-  if (it == peers_.end()) return;
-  if (!it->second.retired) {
-    it->second.retired = true;
-    peer_by_name_.erase(it->second.name);
-  }
-  for (const ConnectionPtr& connection : it->second.connections) {
-    connection->Close(absl::CancelledError("disconnected locally"));
-  }
+  peers_.Disconnect(peer);
 }
 
 std::string TcpFabric::PeerName(PeerId peer) const {
   absl::ReaderMutexLock lock(&mu_);
-  auto it = peers_.find(peer);
-  return it == peers_.end() ? std::string() : it->second.name;
+  return peers_.Name(peer);
 }
 
 absl::Status TcpFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
@@ -302,12 +287,12 @@ absl::Status TcpFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
   }
 
   absl::ReaderMutexLock lock(&mu_);
-  auto it = peers_.find(peer);
-  if (it == peers_.end() || it->second.retired) {
+  const Peer* to = peers_.Get(peer);
+  if (to == nullptr || to->retired) {
     return absl::UnavailableError(absl::StrCat("peer ", peer, " is not connected"));
   }
   TcpConnection* least_queued = nullptr;
-  for (const ConnectionPtr& connection : it->second.connections) {
+  for (const ConnectionPtr& connection : to->links) {
     if (connection->role() != TcpConnection::Role::kOutbound ||
         connection->nic() != nic || connection->closed()) {
       continue;
@@ -318,7 +303,7 @@ absl::Status TcpFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
   }
   if (least_queued == nullptr) {
     return absl::UnavailableError(
-        absl::StrCat("peer '", it->second.name, "' is not connected on NIC ", nic));
+        absl::StrCat("peer '", to->name, "' is not connected on NIC ", nic));
   }
   std::atomic<int>& outstanding = stats_[nic].outstanding_writes;
   int before = outstanding.load(std::memory_order_relaxed);
@@ -360,7 +345,7 @@ absl::StatusOr<PeerId> TcpFabric::AttachInbound(uint64_t connection_id,
   if (shutting_down_) return absl::CancelledError("fabric shutting down");
   ConnectionEntry& entry = connections_.at(connection_id);
   entry.peer = LivePeer(name);
-  peers_.at(entry.peer).connections.push_back(entry.connection);
+  peers_.Get(entry.peer)->links.push_back(entry.connection);
   return entry.peer;
 }
 
@@ -369,24 +354,16 @@ void TcpFabric::OnConnectionFinished(uint64_t connection_id) {
   finished_.push_back(connection_id);
 }
 
-bool TcpFabric::HasLiveConnection(const Peer& peer) {
-  return std::any_of(
-      peer.connections.begin(), peer.connections.end(),
-      [](const ConnectionPtr& connection) { return !connection->closed(); });
-}
-
 PeerId TcpFabric::LivePeer(absl::string_view name) {
-  if (auto it = peer_by_name_.find(name); it != peer_by_name_.end()) {
-    Peer& peer = peers_.at(it->second);
-    if (HasLiveConnection(peer)) return it->second;
-    peer.retired = true;
-    peer_by_name_.erase(it);
+  if (std::optional<PeerId> id = peers_.Find(name)) {
+    const std::vector<ConnectionPtr>& links = peers_.Get(*id)->links;
+    if (std::any_of(links.begin(), links.end(),
+                    [](const ConnectionPtr& c) { return !c->closed(); })) {
+      return *id;
+    }
+    peers_.Retire(*id);
   }
-  const PeerId id = next_peer_id_++;
-  peers_.emplace(id,
-                 Peer{.name = std::string(name), .retired = false, .connections = {}});
-  peer_by_name_.emplace(std::string(name), id);
-  return id;
+  return peers_.Add(name);
 }
 
 void TcpFabric::Reap() {
@@ -412,31 +389,17 @@ void TcpFabric::ReapOne(uint64_t connection_id) {
   // Every thread of the connection is gone after this, and so is every write on it.
   connection->JoinAndFailPending();
 
-  std::optional<PeerId> lost;
-  std::string lost_name;
+  PeerId peer_id = 0;
+  std::optional<std::string> lost;
   {
     absl::MutexLock lock(&mu_);
     auto entry = connections_.find(connection_id);
-    const PeerId peer_id = entry->second.peer;
+    peer_id = entry->second.peer;
     connections_.erase(entry);
-    if (peer_id != 0) {
-      Peer& peer = peers_.at(peer_id);
-      std::erase(peer.connections, connection);
-      if (peer.connections.empty()) {
-        if (!peer.retired) peer_by_name_.erase(peer.name);
-        lost_name = peer.name;
-        peers_.erase(peer_id);
-        lost = peer_id;
-      }
-    }
+    if (peer_id != 0) lost = peers_.RemoveLink(peer_id, connection);
   }
   if (lost.has_value()) {
-    const absl::Status why = connection->close_reason();
-    handler_.OnPeerLost(
-        *lost, lost_name,
-        why.code() == absl::StatusCode::kCancelled
-            ? why
-            : absl::UnavailableError(absl::StrCat("peer lost: ", why.message())));
+    handler_.OnPeerLost(peer_id, *lost, PeerLostStatus(connection->close_reason()));
   }
 }
 

@@ -15,6 +15,7 @@
 #include "agent/common/status_macros.h"
 #include "agent/fabric/acceptor.h"
 #include "agent/fabric/checks.h"
+#include "agent/fabric/peer_table.h"
 #include "agent/fabric/region_table.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/verbs_device.h"
@@ -113,12 +114,7 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   void OnLinkFinished(uint64_t link) override;
 
  private:
-  struct Peer {
-    std::string name;
-    bool retired = false;  // out of peer_by_name_: Disconnect()ed
-    int live_qps = 0;      // attached QPs not yet drained, every NIC, both roles
-    std::vector<LinkPtr> links;
-  };
+  using Peer = PeerTable<LinkPtr>::Peer;
   struct LinkEntry {
     LinkPtr link;
     PeerId peer = 0;
@@ -133,6 +129,13 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   PeerId LivePeer(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AttachLocked(LinkEntry& entry, PeerId peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeReap(uint64_t id, LinkEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether any link of `peer` still has a QP that is not drained.
+  bool HasLiveQps(const Peer& peer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::any_of(peer.links.begin(), peer.links.end(), [&](const LinkPtr& link) {
+      auto entry = links_.find(link->id());
+      return entry != links_.end() && entry->second.live_qps > 0;
+    });
+  }
   void OnAccepted(int nic, UniqueFd socket);
   void Reap();
   bool ReaperHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -157,9 +160,8 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_link_id_ ABSL_GUARDED_BY(mu_) = 1;
-  PeerId next_peer_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<PeerId, Peer> peers_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, PeerId, std::less<>> peer_by_name_ ABSL_GUARDED_BY(mu_);
+  // A peer is lost when the last QP of its links is drained.
+  PeerTable<LinkPtr> peers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, LinkEntry> links_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
 
@@ -228,18 +230,13 @@ LinkPtr VerbsFabric::NewLink(int nic, ControlLink::Role role, UniqueFd fd) {
 }
 
 PeerId VerbsFabric::LivePeer(absl::string_view name) {
-  if (auto it = peer_by_name_.find(name); it != peer_by_name_.end()) return it->second;
-  const PeerId id = next_peer_id_++;
-  peers_.emplace(id, Peer{.name = std::string(name), .links = {}});
-  peer_by_name_.emplace(std::string(name), id);
-  return id;
+  if (std::optional<PeerId> id = peers_.Find(name)) return *id;
+  return peers_.Add(name);
 }
 
 void VerbsFabric::AttachLocked(LinkEntry& entry, PeerId peer_id) {
-  Peer& peer = peers_.at(peer_id);
   entry.peer = peer_id;
-  peer.live_qps += entry.live_qps;
-  peer.links.push_back(entry.link);
+  peers_.Get(peer_id)->links.push_back(entry.link);
   for (VerbsQp* qp : entry.link->qps()) {
     if (qp != nullptr) entry.link->nic().Activate(qp, peer_id);
   }
@@ -254,13 +251,13 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
   std::optional<PeerId> existing;
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (auto it = peer_by_name_.find(peer_name); it != peer_by_name_.end()) {
-      for (const LinkPtr& link : peers_.at(it->second).links) {
+    if (std::optional<PeerId> id = peers_.Find(peer_name)) {
+      for (const LinkPtr& link : peers_.Get(*id)->links) {
         auto entry = links_.find(link->id());
         if (link->role() == ControlLink::Role::kOutbound && entry != links_.end() &&
             entry->second.live_qps > 0) {
           missing.reset(link->nic().index());
-          existing = it->second;
+          existing = id;
         }
       }
     }
@@ -331,21 +328,12 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
 
 void VerbsFabric::Disconnect(PeerId peer) {
   absl::MutexLock lock(&mu_);
-  auto it = peers_.find(peer);
-  if (it == peers_.end()) return;
-  if (!it->second.retired) {
-    it->second.retired = true;
-    peer_by_name_.erase(it->second.name);
-  }
-  for (const LinkPtr& link : it->second.links) {
-    link->Close(absl::CancelledError("disconnected locally"));
-  }
+  peers_.Disconnect(peer);
 }
 
 std::string VerbsFabric::PeerName(PeerId peer) const {
   absl::ReaderMutexLock lock(&mu_);
-  auto it = peers_.find(peer);
-  return it == peers_.end() ? std::string() : it->second.name;
+  return peers_.Name(peer);
 }
 
 absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
@@ -372,11 +360,11 @@ absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
   }
   // Held across the post: a QP is freed only after OnQpClosed, which takes mu_.
   absl::ReaderMutexLock lock(&mu_);
-  auto it = peers_.find(peer);
-  if (it == peers_.end() || it->second.retired) {
+  const Peer* to = peers_.Get(peer);
+  if (to == nullptr || to->retired) {
     return absl::UnavailableError(absl::StrCat("peer ", peer, " is not connected"));
   }
-  for (const LinkPtr& link : it->second.links) {
+  for (const LinkPtr& link : to->links) {
     if (link->role() != ControlLink::Role::kOutbound || link->nic().index() != nic)
       continue;
     VerbsQp* qp = link->NextQp();
@@ -385,16 +373,15 @@ absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
     if (op.bytes > 0) {
       std::optional<verbs::RemoteRegion> remote = link->FindRemote(op.remote_key);
       if (!remote.has_value()) {
-        return absl::NotFoundError(absl::StrCat("peer '", it->second.name,
-                                                "' has no region ", op.remote_key,
-                                                " on NIC ", nic));
+        return absl::NotFoundError(absl::StrCat("peer '", to->name, "' has no region ",
+                                                op.remote_key, " on NIC ", nic));
       }
       target = {.address = remote->address, .rkey = remote->rkey};
     }
     return link->nic().Post(qp, op, std::move(source), target);
   }
   return absl::UnavailableError(
-      absl::StrCat("peer '", it->second.name, "' is not connected on NIC ", nic));
+      absl::StrCat("peer '", to->name, "' is not connected on NIC ", nic));
 }
 
 NicCounters VerbsFabric::counters(int nic) const {
@@ -482,12 +469,11 @@ void VerbsFabric::OnQpCreated(uint64_t link) {
   auto it = links_.find(link);
   if (it == links_.end()) return;
   ++it->second.live_qps;
-  if (it->second.peer != 0) ++peers_.at(it->second.peer).live_qps;
 }
 
 void VerbsFabric::OnQpClosed(uint64_t link_id, VerbsQp* qp, const absl::Status& why) {
-  std::optional<PeerId> lost;
-  std::string lost_name;
+  PeerId peer_id = 0;
+  std::optional<std::string> lost;
   {
     absl::MutexLock lock(&mu_);
     auto it = links_.find(link_id);
@@ -495,24 +481,13 @@ void VerbsFabric::OnQpClosed(uint64_t link_id, VerbsQp* qp, const absl::Status& 
     LinkEntry& entry = it->second;
     entry.link->Forget(qp);
     if (--entry.live_qps == 0) entry.link->Close(why);
-    if (entry.peer != 0) {
-      auto peer = peers_.find(entry.peer);
-      if (--peer->second.live_qps == 0) {
-        if (!peer->second.retired) peer_by_name_.erase(peer->second.name);
-        lost_name = peer->second.name;
-        peers_.erase(peer);
-        lost = entry.peer;
-      }
+    peer_id = entry.peer;
+    if (const Peer* peer = peers_.Get(peer_id); peer != nullptr && !HasLiveQps(*peer)) {
+      lost = peers_.Forget(peer_id);
     }
     MaybeReap(link_id, entry);
   }
-  if (lost.has_value()) {
-    handler_.OnPeerLost(
-        *lost, lost_name,
-        why.code() == absl::StatusCode::kCancelled
-            ? why
-            : absl::UnavailableError(absl::StrCat("peer lost: ", why.message())));
-  }
+  if (lost.has_value()) handler_.OnPeerLost(peer_id, *lost, PeerLostStatus(why));
 }
 
 absl::StatusOr<PeerId> VerbsFabric::AttachInbound(uint64_t link, absl::string_view name) {
@@ -575,9 +550,7 @@ void VerbsFabric::Reap() {
       finished_.pop_front();
       auto it = links_.find(id);
       link = std::move(it->second.link);
-      if (auto peer = peers_.find(it->second.peer); peer != peers_.end()) {
-        std::erase(peer->second.links, link);
-      }
+      if (Peer* peer = peers_.Get(it->second.peer)) std::erase(peer->links, link);
       links_.erase(it);
     }
     link->Close(absl::CancelledError("reaped"));

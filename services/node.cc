@@ -143,13 +143,9 @@ void Node::ReapExitedOwners() {
 }
 
 absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
-  std::vector<fabric::Endpoint> nics;
+  std::vector<fabric::Endpoint> nics = peer::Endpoints(topology_);
   std::vector<std::string> addresses;
-  for (const v1::Nic& nic : topology_.nics()) {
-    nics.push_back(fabric::Endpoint{static_cast<int>(nic.index()), nic.address(),
-                                    static_cast<uint16_t>(nic.port())});
-    addresses.push_back(nic.address());
-  }
+  for (const fabric::Endpoint& nic : nics) addresses.push_back(nic.address);
   const std::string& want = options_.transport;
   if (want != "auto" && want != "tcp" && want != "verbs") {
     return WithReason(absl::InvalidArgumentError(absl::StrCat(

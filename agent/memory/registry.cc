@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/memory/host_mapping.h"
@@ -135,10 +136,19 @@ absl::StatusOr<TensorInfo> Registry::Insert(std::shared_ptr<TensorLease::Record>
 std::vector<Revoked> Registry::TakeExitedOwners() {
   std::vector<Revoked> out;
   absl::MutexLock lock(&mu_);
+  // One poll over every owner: a pidfd polls readable once its process has exited.
+  std::vector<pollfd> owners;
+  for (const auto& [name, record] : tensors_) {
+    if (record->owner.get() >= 0) owners.push_back({record->owner.get(), POLLIN, 0});
+  }
+  if (owners.empty() || poll(owners.data(), owners.size(), 0) <= 0) return out;
+  std::vector<int> exited;
+  for (const pollfd& p : owners) {
+    if (p.revents != 0) exited.push_back(p.fd);
+  }
   for (auto it = tensors_.begin(); it != tensors_.end();) {
     const TensorLease::Record& r = *it->second;
-    pollfd p{.fd = r.owner.get(), .events = POLLIN, .revents = 0};
-    if (r.owner.get() >= 0 && poll(&p, 1, 0) > 0) {  // a pidfd polls readable at exit
+    if (r.owner.get() >= 0 && absl::c_linear_search(exited, r.owner.get())) {
       out.push_back(Revoked{it->first, r.id, r.region_key});
       it = tensors_.erase(it);
     } else {

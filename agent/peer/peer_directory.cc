@@ -38,6 +38,8 @@ absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
   return s;
 }
 
+}  // namespace
+
 std::vector<fabric::Endpoint> Endpoints(const v1::Topology& topology) {
   std::vector<fabric::Endpoint> out;
   for (const v1::Nic& nic : topology.nics()) {
@@ -47,7 +49,14 @@ std::vector<fabric::Endpoint> Endpoints(const v1::Topology& topology) {
   return out;
 }
 
-}  // namespace
+absl::Status PeerDirectory::CheckRails(
+    absl::string_view node, const std::vector<fabric::Endpoint>& remote) const {
+  if (static_cast<int>(remote.size()) == fabric_->nic_count()) return absl::OkStatus();
+  return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                        "node '", node, "' has ", remote.size(), " NICs and this node ",
+                        fabric_->nic_count(), "; rails pair NIC i with NIC i")),
+                    "RAIL_MISMATCH");
+}
 
 PeerDirectory::PeerDirectory(v1::Topology local, fabric::Fabric* fabric,
                              const std::map<std::string, std::string>& peers)
@@ -84,13 +93,7 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
                       "PEER_MISMATCH");
   }
   std::vector<fabric::Endpoint> remote = Endpoints(response.topology());
-  if (static_cast<int>(remote.size()) != fabric_->nic_count()) {
-    return WithReason(
-        absl::FailedPreconditionError(absl::StrCat(
-            "node '", session.name, "' has ", remote.size(), " NICs and this node ",
-            fabric_->nic_count(), "; rails pair NIC i with NIC i")),
-        "RAIL_MISMATCH");
-  }
+  FL_RETURN_IF_ERROR(CheckRails(session.name, remote));
   absl::StatusOr<fabric::PeerId> peer = fabric_->Connect(session.name, remote);
   if (!peer.ok()) {
     return WithReason(
@@ -142,9 +145,7 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node)
     }
     remote = it->second;
   }
-  if (static_cast<int>(remote.size()) != fabric_->nic_count()) {
-    return WithReason(absl::FailedPreconditionError("rails differ"), "RAIL_MISMATCH");
-  }
+  FL_RETURN_IF_ERROR(CheckRails(node, remote));
   return fabric_->Connect(node, remote);
 }
 

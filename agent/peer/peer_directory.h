@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -14,6 +15,9 @@
 #include "fuselink/v1/peer.grpc.pb.h"
 
 namespace fuselink::peer {
+
+// Where the topology's NICs listen, in NIC order.
+std::vector<fabric::Endpoint> Endpoints(const v1::Topology& topology);
 
 class PeerDirectory final : public transfer::PeerLink {
  public:
@@ -38,6 +42,9 @@ class PeerDirectory final : public transfer::PeerLink {
   absl::StatusOr<fabric::PeerId> FabricPeer(absl::string_view node);
 
  private:
+  // FAILED_PRECONDITION (RAIL_MISMATCH) unless `node` has as many NICs as this node.
+  absl::Status CheckRails(absl::string_view node,
+                          const std::vector<fabric::Endpoint>& remote) const;
   struct Session {
     std::string name;
     std::unique_ptr<v1::Peer::Stub> stub;

@@ -43,8 +43,11 @@ GpuRelayPool::GpuRelayPool(fabric::Fabric* fabric, const gpu::Runtime* runtime,
       runtime_(runtime),
       nic_gpu_(std::move(nic_gpu)),
       options_(options),
+      all_gpus_(runtime->count()),
       nics_(nic_gpu_.size()),
-      gpus_(runtime->count()) {}
+      gpus_(runtime->count()) {
+  for (int g = 0; g < runtime->count(); ++g) all_gpus_[g] = g;
+}
 
 absl::StatusOr<std::unique_ptr<GpuRelayPool>> GpuRelayPool::Create(
     fabric::Fabric* fabric, const gpu::Runtime* runtime, std::vector<int> nic_gpu,
@@ -83,10 +86,8 @@ Slot GpuRelayPool::Acquire(int nic) {
     // Grow: a new slot of whole granules, mapped for every GPU.
     if (per_gpu.held_bytes + slot_alloc_bytes_ > options_.cap_bytes_per_gpu)
       return Slot{};
-    std::vector<int> all(runtime_->count());
-    for (int i = 0; i < runtime_->count(); ++i) all[i] = i;
     absl::StatusOr<gpu::VmmBuffer> buffer =
-        gpu::VmmBuffer::Create(runtime_->context(g), slot_alloc_bytes_, all);
+        gpu::VmmBuffer::Create(runtime_->context(g), slot_alloc_bytes_, all_gpus_);
     if (!buffer.ok()) return Slot{};  // out of device memory: no borrowing here now
     auto memory = std::make_shared<SlotMemory>(std::move(*buffer), runtime_->count());
     absl::StatusOr<fabric::RegionKey> key =

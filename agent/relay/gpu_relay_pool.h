@@ -117,7 +117,8 @@ class GpuRelayPool final : public Pool {
   const gpu::Runtime* const runtime_;
   const std::vector<int> nic_gpu_;
   const GpuRelayOptions options_;
-  uint64_t slot_alloc_bytes_ = 0;                 // slot_bytes rounded up to the granule
+  uint64_t slot_alloc_bytes_ = 0;  // slot_bytes rounded up to the granule
+  std::vector<int> all_gpus_;      // 0 .. count - 1: every GPU reaches every slot
   std::vector<std::unique_ptr<Stager>> stagers_;  // per source GPU
 
   mutable absl::Mutex mu_;

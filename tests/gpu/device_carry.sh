@@ -13,9 +13,6 @@ set -euo pipefail
 top=$(git rev-parse --show-toplevel)
 build=${2:-$top/build-gpu}
 carry=$top/.gpu-carry
-exclude=$(git -C "$top" rev-parse --git-path info/exclude)
-mkdir -p "$(dirname "$exclude")"
-grep -qx '/.gpu-carry/' "$exclude" 2>/dev/null || echo '/.gpu-carry/' >>"$exclude"
 rm -rf "$carry" && mkdir -p "$carry/lib" "$carry/lib-cxx"
 for b in gpu_unit_test gpu_test gpu_peer_test gpu_child gpu_bench; do
   cp "$build/tests/gpu/$b" "$carry/" && strip "$carry/$b"
@@ -24,7 +21,9 @@ for b in services/fuselink-agent tools/bench/fuselink-relay-bench; do
   cp "$build/$b" "$carry/" && strip "$carry/$(basename "$b")"
 done
 cp -r "$build/python" "$carry/python"
-(cd "$top" && bash "$top/../shared/tools/device-debs.sh" >/dev/null && cp .carry/*.deb "$carry/")
+# The GPU machine has no ip/tc: Debian's iproute2 (and what it links) goes along.
+(cd "$carry" && apt-get download -q=2 iproute2 libbpf1 libmnl0 libxtables12 libelf1 \
+  2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
 ldd "$carry"/gpu_* "$carry"/fuselink-* | awk '/=>/{print $3}' | sort -u |
   grep -vE 'libc.so|libm.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl.so|librt.so' |
   while read -r lib; do cp -L "$lib" "$carry/lib/"; done

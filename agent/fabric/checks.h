@@ -2,6 +2,7 @@
 // codes and messages whichever transport runs.
 #pragma once
 
+#include <atomic>
 #include <bitset>
 #include <cstdint>
 #include <vector>
@@ -36,6 +37,21 @@ inline absl::Status CheckRemoteEndpoints(const std::vector<Endpoint>& remote,
           absl::StrCat("remote[", nic, "] names NIC ", remote[nic].nic));
     }
   }
+  return absl::OkStatus();
+}
+
+// Takes one of NIC `nic`'s `limit` write slots, counted in `used`; RESOURCE_EXHAUSTED
+// when all are taken. Give it back with used.fetch_sub(1) when the write completes or
+// is not posted after all.
+template <typename Count>
+absl::Status TakeWriteSlot(std::atomic<Count>& used, Count limit, int nic) {
+  Count before = used.load(std::memory_order_relaxed);
+  do {
+    if (before >= limit) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("NIC ", nic, " has ", limit, " writes outstanding"));
+    }
+  } while (!used.compare_exchange_weak(before, before + 1, std::memory_order_acq_rel));
   return absl::OkStatus();
 }
 

@@ -306,14 +306,7 @@ absl::Status TcpFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
         absl::StrCat("peer '", to->name, "' is not connected on NIC ", nic));
   }
   std::atomic<int>& outstanding = stats_[nic].outstanding_writes;
-  int before = outstanding.load(std::memory_order_relaxed);
-  do {
-    if (before >= options_.queue_depth_per_nic) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "NIC ", nic, " has ", options_.queue_depth_per_nic, " writes outstanding"));
-    }
-  } while (
-      !outstanding.compare_exchange_weak(before, before + 1, std::memory_order_acq_rel));
+  FL_RETURN_IF_ERROR(TakeWriteSlot(outstanding, options_.queue_depth_per_nic, nic));
   absl::Status queued = least_queued->Enqueue(std::move(write));
   if (!queued.ok()) outstanding.fetch_sub(1, std::memory_order_acq_rel);
   return queued;

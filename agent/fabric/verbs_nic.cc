@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
+#include "agent/fabric/checks.h"
 #include "agent/fabric/socket.h"
 
 namespace fuselink::fabric::verbs {
@@ -262,14 +263,7 @@ void Nic::WaitUntilNoQps() {
 
 absl::Status Nic::Post(VerbsQp* qp, const WriteOp& op, WriteSource source,
                        WriteTarget target) {
-  uint32_t used = send_quota_used_.load(std::memory_order_relaxed);
-  do {
-    if (used >= sizing_.queue_depth) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "NIC ", index_, " has ", sizing_.queue_depth, " writes outstanding"));
-    }
-  } while (
-      !send_quota_used_.compare_exchange_weak(used, used + 1, std::memory_order_acq_rel));
+  FL_RETURN_IF_ERROR(TakeWriteSlot(send_quota_used_, sizing_.queue_depth, index_));
   absl::MutexLock lock(&qp->mu);
   absl::Status refused;
   if (qp->state != VerbsQp::State::kActive) {

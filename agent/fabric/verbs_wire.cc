@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "agent/fabric/little_endian.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric::verbs::wire {
@@ -16,23 +17,11 @@ constexpr size_t kGidAt = 48;
 constexpr uint32_t kMinMtu = 1;
 constexpr uint32_t kMaxMtu = 5;
 
-template <typename T>
-void Put(std::span<uint8_t> out, size_t at, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i)
-    out[at + i] = static_cast<uint8_t>(value >> (8 * i));
-}
-template <typename T>
-T Get(std::span<const uint8_t> in, size_t at) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(in[at + i]) << (8 * i);
-  return value;
-}
-
 Frame Empty(FrameType type) {
   Frame frame{};
-  Put<uint32_t>(frame, 0, kMagic);
-  Put<uint16_t>(frame, 4, kVersion);
-  Put<uint16_t>(frame, kTypeAt, static_cast<uint16_t>(type));
+  PutLe<uint32_t>(frame, 0, kMagic);
+  PutLe<uint16_t>(frame, 4, kVersion);
+  PutLe<uint16_t>(frame, kTypeAt, static_cast<uint16_t>(type));
   return frame;
 }
 
@@ -61,17 +50,17 @@ absl::StatusOr<std::string> EncodeHello(const Hello& hello) {
         absl::StrCat("a HELLO carries 1..", kMaxQpsPerHello, " QPs"));
   }
   Frame frame = Empty(FrameType::kHello);
-  Put<uint32_t>(frame, kWordAt[0], hello.nic);
-  Put<uint32_t>(frame, kWordAt[1], static_cast<uint32_t>(hello.qps.size()));
-  Put<uint32_t>(frame, kWordAt[2], hello.mtu);
-  Put<uint32_t>(frame, kWordAt[3], static_cast<uint32_t>(hello.name.size()));
+  PutLe<uint32_t>(frame, kWordAt[0], hello.nic);
+  PutLe<uint32_t>(frame, kWordAt[1], static_cast<uint32_t>(hello.qps.size()));
+  PutLe<uint32_t>(frame, kWordAt[2], hello.mtu);
+  PutLe<uint32_t>(frame, kWordAt[3], static_cast<uint32_t>(hello.name.size()));
   std::memcpy(frame.data() + kGidAt, hello.gid.data(), kGidBytes);
   std::string out(frame.begin(), frame.end());
   out += hello.name;
   for (const QpInfo& qp : hello.qps) {
     std::array<uint8_t, kQpInfoBytes> record{};
-    Put<uint32_t>(record, 0, qp.qpn);
-    Put<uint32_t>(record, 4, qp.psn);
+    PutLe<uint32_t>(record, 0, qp.qpn);
+    PutLe<uint32_t>(record, 4, qp.psn);
     out.append(record.begin(), record.end());
   }
   return out;
@@ -79,24 +68,24 @@ absl::StatusOr<std::string> EncodeHello(const Hello& hello) {
 
 Frame EncodeRefuse(const Refuse& refuse) {
   Frame frame = Empty(FrameType::kRefuse);
-  Put<uint32_t>(frame, kWordAt[0], static_cast<uint32_t>(refuse.code));
+  PutLe<uint32_t>(frame, kWordAt[0], static_cast<uint32_t>(refuse.code));
   return frame;
 }
 
 Frame EncodeRegionAdd(const RegionAdd& add) {
   Frame frame = Empty(FrameType::kRegionAdd);
-  Put<uint32_t>(frame, kWordAt[0], add.key);
-  Put<uint32_t>(frame, kWordAt[1], add.rkey);
-  Put<uint64_t>(frame, kDwordAt[0], add.address);
-  Put<uint64_t>(frame, kDwordAt[1], add.bytes);
-  Put<uint64_t>(frame, kDwordAt[2], add.seq);
+  PutLe<uint32_t>(frame, kWordAt[0], add.key);
+  PutLe<uint32_t>(frame, kWordAt[1], add.rkey);
+  PutLe<uint64_t>(frame, kDwordAt[0], add.address);
+  PutLe<uint64_t>(frame, kDwordAt[1], add.bytes);
+  PutLe<uint64_t>(frame, kDwordAt[2], add.seq);
   return frame;
 }
 
 Frame EncodeRegionRemove(const RegionRemove& remove) {
   Frame frame = Empty(FrameType::kRegionRemove);
-  Put<uint32_t>(frame, kWordAt[0], remove.key);
-  Put<uint64_t>(frame, kDwordAt[2], remove.seq);
+  PutLe<uint32_t>(frame, kWordAt[0], remove.key);
+  PutLe<uint64_t>(frame, kDwordAt[2], remove.seq);
   return frame;
 }
 
@@ -104,22 +93,22 @@ Frame EncodeReady() { return Empty(FrameType::kReady); }
 
 Frame EncodeAck(const Ack& ack) {
   Frame frame = Empty(FrameType::kAck);
-  Put<uint64_t>(frame, kDwordAt[2], ack.seq);
+  PutLe<uint64_t>(frame, kDwordAt[2], ack.seq);
   return frame;
 }
 
 absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
-  if (Get<uint32_t>(in, 0) != kMagic) return Bad("bad magic");
-  if (Get<uint16_t>(in, 4) != kVersion) {
-    return Bad(absl::StrCat("version ", Get<uint16_t>(in, 4), ", expected ", kVersion));
+  if (GetLe<uint32_t>(in, 0) != kMagic) return Bad("bad magic");
+  if (GetLe<uint16_t>(in, 4) != kVersion) {
+    return Bad(absl::StrCat("version ", GetLe<uint16_t>(in, 4), ", expected ", kVersion));
   }
-  const uint32_t word0 = Get<uint32_t>(in, kWordAt[0]);
-  switch (static_cast<FrameType>(Get<uint16_t>(in, kTypeAt))) {
+  const uint32_t word0 = GetLe<uint32_t>(in, kWordAt[0]);
+  switch (static_cast<FrameType>(GetLe<uint16_t>(in, kTypeAt))) {
     case FrameType::kHello: {
       HelloHeader hello{.nic = word0,
-                        .qp_count = Get<uint32_t>(in, kWordAt[1]),
-                        .mtu = Get<uint32_t>(in, kWordAt[2]),
-                        .name_bytes = Get<uint32_t>(in, kWordAt[3])};
+                        .qp_count = GetLe<uint32_t>(in, kWordAt[1]),
+                        .mtu = GetLe<uint32_t>(in, kWordAt[2]),
+                        .name_bytes = GetLe<uint32_t>(in, kWordAt[3])};
       if (!ZeroBetween(in, kDwordAt[0], kGidAt))
         return Bad("HELLO with unused fields set");
       if (hello.qp_count < 1 || hello.qp_count > kMaxQpsPerHello) {
@@ -147,10 +136,10 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
         return Bad("REGION_ADD with unused fields set");
       }
       return RegionAdd{.key = word0,
-                       .rkey = Get<uint32_t>(in, kWordAt[1]),
-                       .address = Get<uint64_t>(in, kDwordAt[0]),
-                       .bytes = Get<uint64_t>(in, kDwordAt[1]),
-                       .seq = Get<uint64_t>(in, kDwordAt[2])};
+                       .rkey = GetLe<uint32_t>(in, kWordAt[1]),
+                       .address = GetLe<uint64_t>(in, kDwordAt[0]),
+                       .bytes = GetLe<uint64_t>(in, kDwordAt[1]),
+                       .seq = GetLe<uint64_t>(in, kDwordAt[2])};
     }
     case FrameType::kRegionRemove: {
       if (word0 == 0) return Bad("REGION_REMOVE for key 0");
@@ -158,7 +147,7 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
           !ZeroBetween(in, kGidAt, kFrameBytes)) {
         return Bad("REGION_REMOVE with unused fields set");
       }
-      return RegionRemove{.key = word0, .seq = Get<uint64_t>(in, kDwordAt[2])};
+      return RegionRemove{.key = word0, .seq = GetLe<uint64_t>(in, kDwordAt[2])};
     }
     case FrameType::kReady:
       if (!ZeroBetween(in, kWordAt[0], kFrameBytes)) return Bad("READY with fields set");
@@ -168,15 +157,16 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
           !ZeroBetween(in, kGidAt, kFrameBytes)) {
         return Bad("ACK with unused fields set");
       }
-      return Ack{.seq = Get<uint64_t>(in, kDwordAt[2])};
+      return Ack{.seq = GetLe<uint64_t>(in, kDwordAt[2])};
   }
-  return Bad(absl::StrCat("unknown type ", Get<uint16_t>(in, kTypeAt)));
+  return Bad(absl::StrCat("unknown type ", GetLe<uint16_t>(in, kTypeAt)));
 }
 
 std::vector<QpInfo> DecodeQpInfos(std::span<const uint8_t> bytes) {
   std::vector<QpInfo> out;
   for (size_t at = 0; at + kQpInfoBytes <= bytes.size(); at += kQpInfoBytes) {
-    out.push_back({.qpn = Get<uint32_t>(bytes, at), .psn = Get<uint32_t>(bytes, at + 4)});
+    out.push_back(
+        {.qpn = GetLe<uint32_t>(bytes, at), .psn = GetLe<uint32_t>(bytes, at + 4)});
   }
   return out;
 }

@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/wire.h"
 
 namespace fuselink::fabric::verbs::wire {
 
@@ -50,7 +51,8 @@ inline constexpr size_t kQpInfoBytes = 8;
 inline constexpr size_t kGidBytes = 16;
 // QPs one HELLO may carry: bounds what a peer can make us create.
 inline constexpr uint32_t kMaxQpsPerHello = 64;
-inline constexpr size_t kMaxNameBytes = 255;
+// Node names as the TCP fabric's HELLO bounds them.
+inline constexpr size_t kMaxNameBytes = fabric::wire::kMaxNodeNameBytes;
 
 static_assert(48 + kGidBytes == kFrameBytes, "the layout above fills the frame");
 

@@ -1,6 +1,7 @@
 #include "agent/fabric/wire.h"
 
 #include "absl/strings/str_cat.h"
+#include "agent/fabric/little_endian.h"
 
 namespace fuselink::fabric::wire {
 namespace {
@@ -21,27 +22,11 @@ static_assert(kDword1At + sizeof(uint64_t) == kHeaderBytes, "fields fill the hea
 constexpr uint32_t kMaxStatusCode =
     static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
 
-template <typename T>
-void Put(HeaderBytes& out, size_t at, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    out[at + i] = static_cast<uint8_t>(value >> (8 * i));
-  }
-}
-
-template <typename T>
-T Get(std::span<const uint8_t, kHeaderBytes> in, size_t at) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    value |= static_cast<T>(static_cast<T>(in[at + i]) << (8 * i));
-  }
-  return value;
-}
-
 HeaderBytes EmptyHeader(FrameType type) {
   HeaderBytes out{};
-  Put<uint32_t>(out, kMagicAt, kMagic);
-  Put<uint16_t>(out, kVersionAt, kProtocolVersion);
-  Put<uint16_t>(out, kTypeAt, static_cast<uint16_t>(type));
+  PutLe<uint32_t>(out, kMagicAt, kMagic);
+  PutLe<uint16_t>(out, kVersionAt, kProtocolVersion);
+  PutLe<uint16_t>(out, kTypeAt, static_cast<uint16_t>(type));
   return out;
 }
 
@@ -70,8 +55,8 @@ absl::StatusOr<std::string> EncodeHello(uint32_t nic, absl::string_view node_nam
     return absl::InvalidArgumentError(absl::StrCat("NIC index ", nic, " >= ", kMaxNics));
   }
   HeaderBytes header = EmptyHeader(FrameType::kHello);
-  Put<uint32_t>(header, kWord0At, nic);
-  Put<uint32_t>(header, kWord1At, static_cast<uint32_t>(node_name.size()));
+  PutLe<uint32_t>(header, kWord0At, nic);
+  PutLe<uint32_t>(header, kWord1At, static_cast<uint32_t>(node_name.size()));
   std::string frame(reinterpret_cast<const char*>(header.data()), header.size());
   frame.append(node_name.data(), node_name.size());
   return frame;
@@ -79,38 +64,38 @@ absl::StatusOr<std::string> EncodeHello(uint32_t nic, absl::string_view node_nam
 
 HeaderBytes EncodeWrite(const WriteHeader& write) {
   HeaderBytes header = EmptyHeader(FrameType::kWrite);
-  Put<uint32_t>(header, kWord0At, write.key);
-  Put<uint32_t>(header, kWord1At, write.bytes);
-  Put<uint32_t>(header, kWord2At, write.imm);
-  Put<uint64_t>(header, kDword0At, write.offset);
-  Put<uint64_t>(header, kDword1At, write.wr_id);
+  PutLe<uint32_t>(header, kWord0At, write.key);
+  PutLe<uint32_t>(header, kWord1At, write.bytes);
+  PutLe<uint32_t>(header, kWord2At, write.imm);
+  PutLe<uint64_t>(header, kDword0At, write.offset);
+  PutLe<uint64_t>(header, kDword1At, write.wr_id);
   return header;
 }
 
 HeaderBytes EncodeAck(const AckFrame& ack) {
   HeaderBytes header = EmptyHeader(FrameType::kAck);
-  Put<uint32_t>(header, kWord0At, static_cast<uint32_t>(ack.code));
-  Put<uint64_t>(header, kDword1At, ack.wr_id);
+  PutLe<uint32_t>(header, kWord0At, static_cast<uint32_t>(ack.code));
+  PutLe<uint64_t>(header, kDword1At, ack.wr_id);
   return header;
 }
 
 absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes,
                                     uint32_t max_write_bytes) {
-  const auto magic = Get<uint32_t>(bytes, kMagicAt);
+  const auto magic = GetLe<uint32_t>(bytes, kMagicAt);
   if (magic != kMagic) return Malformed(absl::StrCat("bad magic 0x", absl::Hex(magic)));
-  const auto version = Get<uint16_t>(bytes, kVersionAt);
+  const auto version = GetLe<uint16_t>(bytes, kVersionAt);
   if (version != kProtocolVersion) {
     return Malformed(
         absl::StrCat("protocol version ", version, ", expected ", kProtocolVersion));
   }
-  if (Get<uint32_t>(bytes, kReservedAt) != 0) return Malformed("reserved field set");
+  if (GetLe<uint32_t>(bytes, kReservedAt) != 0) return Malformed("reserved field set");
 
-  const auto word0 = Get<uint32_t>(bytes, kWord0At);
-  const auto word1 = Get<uint32_t>(bytes, kWord1At);
-  const auto word2 = Get<uint32_t>(bytes, kWord2At);
-  const auto dword0 = Get<uint64_t>(bytes, kDword0At);
-  const auto dword1 = Get<uint64_t>(bytes, kDword1At);
-  const auto type = Get<uint16_t>(bytes, kTypeAt);
+  const auto word0 = GetLe<uint32_t>(bytes, kWord0At);
+  const auto word1 = GetLe<uint32_t>(bytes, kWord1At);
+  const auto word2 = GetLe<uint32_t>(bytes, kWord2At);
+  const auto dword0 = GetLe<uint64_t>(bytes, kDword0At);
+  const auto dword1 = GetLe<uint64_t>(bytes, kDword1At);
+  const auto type = GetLe<uint16_t>(bytes, kTypeAt);
   switch (static_cast<FrameType>(type)) {
     case FrameType::kHello:
       if (word2 != 0 || dword0 != 0 || dword1 != 0) {

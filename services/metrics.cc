@@ -1,5 +1,7 @@
 #include "services/metrics.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
@@ -32,17 +34,22 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
       }
       out.push_back(std::move(f));
     };
-    const sched::Scheduler& sched = node_->scheduler();
-    transfer::Landing& landing = node_->landing();
+    // One snapshot of each NIC's counters per scrape.
+    std::vector<sched::NicStats> sent;
+    std::vector<transfer::LandingNicStats> landed;
+    for (int k = 0; k < topology.nics_size(); ++k) {
+      sent.push_back(node_->scheduler().Stats(k));
+      landed.push_back(node_->landing().Stats(k));
+    }
     split(
         "fuselink_nic_transmitted_bytes_total",
         "Payload bytes sent through the NIC and acknowledged by the target.",
-        [&](int k) { return sched.Stats(k).own_bytes; },
-        [&](int k) { return sched.Stats(k).borrowed_bytes; });
+        [&](int k) { return sent[k].own_bytes; },
+        [&](int k) { return sent[k].borrowed_bytes; });
     split(
         "fuselink_nic_received_bytes_total", "Payload bytes that landed through the NIC.",
-        [&](int k) { return landing.Stats(k).own_bytes; },
-        [&](int k) { return landing.Stats(k).borrowed_bytes; });
+        [&](int k) { return landed[k].own_bytes; },
+        [&](int k) { return landed[k].borrowed_bytes; });
     auto per_nic_value = [&](const char* name, const char* help, MetricType type,
                              auto value) {
       prometheus::MetricFamily f{name, help, type, {}};
@@ -57,23 +64,22 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
     };
     per_nic_value("fuselink_nic_owner_busy",
                   "1 while the NIC's owner GPU has traffic of its own on this node.",
-                  MetricType::Gauge, [&](int k) { return sched.Stats(k).owner_busy; });
+                  MetricType::Gauge, [&](int k) { return sent[k].owner_busy; });
     per_nic_value("fuselink_nic_borrowed_chunks_in_flight",
                   "Chunks of other GPUs in flight on the NIC.", MetricType::Gauge,
-                  [&](int k) { return sched.Stats(k).borrowed_in_flight; });
+                  [&](int k) { return sent[k].borrowed_in_flight; });
     per_nic_value("fuselink_nic_borrow_events_total",
                   "Times other GPUs began borrowing the idle NIC.", MetricType::Counter,
-                  [&](int k) { return sched.Stats(k).borrow_events; });
+                  [&](int k) { return sent[k].borrow_events; });
     per_nic_value("fuselink_nic_give_back_events_total",
                   "Times the owner returned while its NIC was lent.", MetricType::Counter,
-                  [&](int k) { return sched.Stats(k).give_back_events; });
+                  [&](int k) { return sent[k].give_back_events; });
     per_nic_value("fuselink_nic_failed_writes_total",
                   "Writes that failed on the NIC; their chunks went again on others.",
-                  MetricType::Counter,
-                  [&](int k) { return sched.Stats(k).failed_chunks; });
+                  MetricType::Counter, [&](int k) { return sent[k].failed_chunks; });
     per_nic_value("fuselink_nic_receive_owner_busy",
                   "1 while an incoming transfer targets the NIC's owner GPU.",
-                  MetricType::Gauge, [&](int k) { return landing.Stats(k).owner_busy; });
+                  MetricType::Gauge, [&](int k) { return landed[k].owner_busy; });
     per_nic_value("fuselink_fabric_malformed_frames_total",
                   "Frames from peers that were refused and closed their connection.",
                   MetricType::Counter,

@@ -1,20 +1,28 @@
 // The fabric: one-sided writes from a local region into a peer's registered region,
 // over the node's NICs. Shaped after RDMA WRITE WITH IMMEDIATE so that a verbs
 // transport and the TCP transport serve the same callers:
-//  - the target registers memory and hands its region key to the source (out of band,
-//    through the peer bootstrap);
-//  - the source posts a write (local extent -> remote key + offset, with a 32-bit
-//    immediate) on a NIC; the target places the bytes, bounds-checked against the
-//    region, and is told of the arrival with the immediate; the source's completion
-//    fires once the target has placed them.
+//  - the target registers memory once; for each incoming transfer it opens a window
+//    on that memory for the one peer that sends it, over exactly the extents the
+//    transfer fills, and hands the window's key to the source (out of band, through
+//    the peer bootstrap). Region keys never leave the node;
+//  - the source posts a write (local extent -> window key + region offset, with a
+//    32-bit immediate) on a NIC; the target places the bytes only if they lie inside
+//    that window and the window is that peer's, and is told of the arrival with the
+//    immediate; the source's completion fires once the target has placed them, or
+//    carries the target's refusal (nothing placed) otherwise;
+//  - the target closes the window when the transfer ends there: from then on the
+//    key places nothing, and a write already placing finishes before the close is
+//    reported drained.
 // NIC i of one node talks to NIC i of every peer (one rail per NIC index).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -24,6 +32,9 @@ namespace fuselink::fabric {
 
 // Names a registered region on its own node. 0 is never a valid key.
 using RegionKey = uint32_t;
+// Names an open window: one peer's right to write some extents of one region. Drawn
+// at random (not guessable from other keys); 0 is never a valid key.
+using WindowKey = uint32_t;
 // Names a connected peer on this node; assigned by Connect or by an accepted HELLO.
 using PeerId = uint32_t;
 
@@ -43,11 +54,34 @@ class Fence {
   virtual absl::Status Wait() = 0;
 };
 
+// A byte range of a region, in offsets from the region's first byte.
+struct Extent {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// Extents one window may hold.
+inline constexpr size_t kMaxWindowExtents = 1 << 16;
+
+// Why a target refused a write without placing any of its bytes.
+enum class Refusal : uint32_t {
+  kNone = 0,
+  kNoWindow = 1,       // no open window under that key: closed, or never opened
+  kNotYourWindow = 2,  // the window belongs to another peer
+  kOutsideWindow = 3,  // the extent is not inside one of the window's extents
+};
+inline constexpr uint32_t kMaxRefusal = 3;
+
+// The code and reason a refusal completes its write with: NOT_FOUND (WINDOW_CLOSED),
+// PERMISSION_DENIED (WINDOW_NOT_YOURS), OUT_OF_RANGE (OUTSIDE_WINDOW).
+absl::Status RefusalStatus(Refusal refusal);
+
 struct WriteOp {
   RegionKey local_key = 0;  // source region, registered on this node
   uint64_t local_offset = 0;
-  RegionKey remote_key = 0;  // target region, registered on the peer
-  uint64_t remote_offset = 0;
+  // A window the peer opened for this node; ignored by notifications (bytes == 0).
+  WindowKey remote_key = 0;
+  uint64_t remote_offset = 0;  // in the window's region
   // 0 makes a notification: no bytes, only the immediate reaches the target.
   uint32_t bytes = 0;
   uint32_t imm = 0;    // delivered to the target with the arrival
@@ -61,15 +95,21 @@ struct Completion {
   uint64_t wr_id = 0;
   int nic = 0;
   uint32_t bytes = 0;
-  absl::Status status;  // OK: the bytes are placed at the target
+  // OK: the bytes are placed at the target. Otherwise either the target refused the
+  // write (`refusal` says why; nothing was placed, the connection is fine) or the
+  // transport failed (UNAVAILABLE: the bytes may or may not have landed).
+  absl::Status status;
+  Refusal refusal = Refusal::kNone;
 };
 
-// A write that landed here, on the target: the bytes are in place.
+// A write that landed here, on the target: the bytes are in place, inside a window
+// that `peer` holds.
 struct Arrival {
   PeerId peer = 0;
+  absl::string_view peer_name;  // valid during the call
   int nic = 0;
-  RegionKey key = 0;
-  uint64_t offset = 0;
+  WindowKey window = 0;  // 0 for a notification
+  uint64_t offset = 0;   // in the window's region
   uint32_t bytes = 0;
   uint32_t imm = 0;
 };
@@ -93,6 +133,8 @@ struct NicCounters {
   uint64_t transmitted_bytes = 0;
   uint64_t received_bytes = 0;
   uint64_t malformed_frames = 0;
+  // Writes refused before placement: no window, another peer's, outside it.
+  uint64_t refused_writes = 0;
 };
 
 // Moves the bytes of GPU regions for a transport whose NICs reach only host memory (the
@@ -148,6 +190,20 @@ class Fabric {
   }
   // Writes that arrive for the key afterwards are refused as malformed.
   virtual absl::Status DeregisterRegion(RegionKey key) = 0;
+
+  // Lets the peer called `peer_name` write into `extents` of region `region` (sorted,
+  // disjoint, inside the region, 1..kMaxWindowExtents of them) until CloseWindow.
+  // Any write through the key that names another peer or strays outside the extents
+  // is refused (Completion::refusal) and places nothing. The window holds the region
+  // alive. INVALID_ARGUMENT for bad extents, NOT_FOUND for an unknown region.
+  virtual absl::StatusOr<WindowKey> OpenWindow(RegionKey region,
+                                               absl::string_view peer_name,
+                                               std::span<const Extent> extents) = 0;
+  // No write through the window is placed once this returns, except those already
+  // placing; `drained` runs once they have finished (at once when there are none,
+  // else on the thread that finishes the last). Never blocks. An unknown key runs
+  // `drained` at once.
+  virtual void CloseWindow(WindowKey window, absl::AnyInvocable<void() &&> drained) = 0;
 
   // Connects NIC i here to `remote[i]` for every NIC, introducing this node by the
   // name the fabric was created with. Returns the id that PostWrite takes.

@@ -111,15 +111,23 @@ absl::Status TcpConnection::Malformed(const absl::Status& why) {
       absl::StrCat("closed on a malformed frame: ", why.message()));
 }
 
-void TcpConnection::Complete(const PendingWrite& write, absl::Status status) {
+void TcpConnection::Complete(const PendingWrite& write, Refusal refusal) {
+  Complete(write, RefusalStatus(refusal), refusal);
+}
+
+void TcpConnection::Complete(const PendingWrite& write, absl::Status status,
+                             Refusal refusal) {
   NicStats& stats = host_.nic_stats(nic_);
   // The slot is free before the handler runs, so that it may post again.
   stats.outstanding_writes.fetch_sub(1, std::memory_order_acq_rel);
   if (status.ok()) {
     stats.transmitted_bytes.fetch_add(write.op.bytes, std::memory_order_relaxed);
   }
-  host_.handler().OnCompletion(Completion{
-      .wr_id = write.op.wr_id, .nic = nic_, .bytes = write.op.bytes, .status = status});
+  host_.handler().OnCompletion(Completion{.wr_id = write.op.wr_id,
+                                          .nic = nic_,
+                                          .bytes = write.op.bytes,
+                                          .status = std::move(status),
+                                          .refusal = refusal});
 }
 
 absl::Status TcpConnection::SendWrites() {
@@ -223,9 +231,7 @@ absl::Status TcpConnection::ReceiveAcks() {
       ++head_;
       queued_.fetch_sub(1, std::memory_order_relaxed);
     }
-    Complete(done, ack->code == absl::StatusCode::kOk
-                       ? absl::OkStatus()
-                       : absl::Status(ack->code, "the target refused the write"));
+    Complete(done, ack->refusal);
   }
 }
 
@@ -252,6 +258,17 @@ absl::Status TcpConnection::ReceiveHello() {
   }
   FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), 0));
   FL_ASSIGN_OR_RETURN(peer_, host_.AttachInbound(id_, name));
+  peer_name_ = std::move(name);
+  return absl::OkStatus();
+}
+
+absl::Status TcpConnection::Discard(uint32_t bytes) {
+  uint8_t sink[64 << 10];
+  while (bytes > 0) {
+    const uint32_t n = std::min<uint32_t>(bytes, sizeof(sink));
+    FL_RETURN_IF_ERROR(RecvAll(fd_.get(), sink, n));
+    bytes -= n;
+  }
   return absl::OkStatus();
 }
 
@@ -268,26 +285,41 @@ absl::Status TcpConnection::ServeInbound() {
     if (write == nullptr) {
       return Malformed(absl::InvalidArgumentError("expected a WRITE"));
     }
-    if (write->bytes > 0) {
-      // Held until the payload is in place: deregistration cannot free it under us.
-      absl::StatusOr<std::shared_ptr<const Region>> target =
-          host_.regions().Find(write->key, write->offset, write->bytes);
-      if (!target.ok()) return Malformed(target.status());
-      if ((*target)->on_gpu()) {
-        FL_RETURN_IF_ERROR(ReceiveIntoDevice(**target, write->offset, write->bytes));
+    Refusal refusal = Refusal::kNone;
+    const Arrival arrival{.peer = peer_,
+                          .peer_name = peer_name_,
+                          .nic = nic_,
+                          .window = write->bytes > 0 ? write->key : 0,
+                          .offset = write->offset,
+                          .bytes = write->bytes,
+                          .imm = write->imm};
+    if (write->bytes == 0) {
+      host_.handler().OnArrival(arrival);  // a notification: nothing to place
+    } else {
+      // The placement rule: nothing lands unless the window is open, this peer's, and
+      // holds the whole extent. The placement keeps the window draining until the
+      // handler has seen the arrival.
+      std::variant<WindowTable::Placement, Refusal> admitted =
+          host_.windows().Admit(write->key, peer_name_, write->offset, write->bytes);
+      if (auto* why = std::get_if<Refusal>(&admitted)) {
+        refusal = *why;
+        stats.refused_writes.fetch_add(1, std::memory_order_relaxed);
+        FL_RETURN_IF_ERROR(Discard(write->bytes));
       } else {
-        FL_RETURN_IF_ERROR(
-            RecvAll(fd_.get(), (*target)->base + write->offset, write->bytes));
+        const Region& target = std::get<WindowTable::Placement>(admitted).region();
+        if (target.on_gpu()) {
+          FL_RETURN_IF_ERROR(ReceiveIntoDevice(target, write->offset, write->bytes));
+        } else {
+          FL_RETURN_IF_ERROR(
+              RecvAll(fd_.get(), target.base + write->offset, write->bytes));
+        }
+        stats.received_bytes.fetch_add(write->bytes, std::memory_order_relaxed);
+        host_.handler().OnArrival(arrival);
       }
-      stats.received_bytes.fetch_add(write->bytes, std::memory_order_relaxed);
     }
-    host_.handler().OnArrival(Arrival{.peer = peer_,
-                                      .nic = nic_,
-                                      .key = write->key,
-                                      .offset = write->offset,
-                                      .bytes = write->bytes,
-                                      .imm = write->imm});
-    wire::HeaderBytes ack = wire::EncodeAck({.wr_id = write->wr_id});
+    wire::HeaderBytes ack = wire::EncodeAck({.wr_id = write->wr_id,
+                                             .code = RefusalStatus(refusal).code(),
+                                             .refusal = refusal});
     iovec iov[1] = {{ack.data(), ack.size()}};
     FL_RETURN_IF_ERROR(SendAll(fd_.get(), iov));
   }

@@ -3,9 +3,12 @@
 //    posted writes onto the socket, header and payload in one sendmsg straight from
 //    the registered source memory; an rx thread reads ACKs and completes the writes
 //    in order.
-//  - inbound (we accepted): one rx thread reads HELLO, then WRITEs, places each
-//    payload straight into the target region, reports the arrival and sends the ACK
-//    itself (it is the only writer of an inbound socket, so it needs no tx thread).
+//  - inbound (we accepted): one rx thread reads HELLO, then WRITEs; it admits each
+//    write through the window it names (the peer's own, the extent inside it) before
+//    a byte is placed, places the payload straight into the window's region, reports
+//    the arrival and sends the ACK itself (it is the only writer of an inbound
+//    socket, so it needs no tx thread). A refused write's payload is read and
+//    dropped, its ACK carries the refusal, and the connection goes on.
 //
 // Lifecycle: constructed with a connected socket, Start()ed, then Close()d by
 // anyone or by its own threads on any error. Its last thread to exit tells the host
@@ -30,6 +33,7 @@
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/region_table.h"
 #include "agent/fabric/socket.h"
+#include "agent/fabric/window_table.h"
 
 namespace fuselink::fabric {
 
@@ -41,6 +45,8 @@ struct NicStats {
   std::atomic<uint64_t> transmitted_bytes{0};
   std::atomic<uint64_t> received_bytes{0};
   std::atomic<uint64_t> malformed_frames{0};
+  // Writes this NIC received and refused: no window, another peer's, outside it.
+  std::atomic<uint64_t> refused_writes{0};
   // Writes posted on the NIC and not yet completed; at most queue_depth_per_nic.
   std::atomic<int> outstanding_writes{0};
 };
@@ -52,6 +58,7 @@ class ConnectionHost {
   virtual Handler& handler() = 0;
   virtual NicStats& nic_stats(int nic) = 0;
   virtual const RegionTable& regions() const = 0;
+  virtual const WindowTable& windows() const = 0;
   virtual uint32_t max_write_bytes() const = 0;
   // Null when GPU regions cannot be registered.
   virtual DeviceStager* device_stager() = 0;
@@ -109,6 +116,8 @@ class TcpConnection {
   absl::Status ReceiveAcks();
   absl::Status ServeInbound();
   absl::Status ReceiveHello();
+  // Reads and drops `bytes` of payload: a refused write's.
+  absl::Status Discard(uint32_t bytes);
   void RunThread(absl::Status (TcpConnection::*body)());
 
   // The payload of a write from or into a GPU region, piece by piece through this
@@ -120,14 +129,18 @@ class TcpConnection {
   // Counts a malformed frame on the NIC and returns the reason to close.
   absl::Status Malformed(const absl::Status& why);
   // Returns the write's NIC slot, then reports it to the handler.
-  void Complete(const PendingWrite& write, absl::Status status);
+  void Complete(const PendingWrite& write, absl::Status status,
+                Refusal refusal = Refusal::kNone);
+  // The target's answer: placed (kNone) or refused.
+  void Complete(const PendingWrite& write, Refusal refusal);
   bool HasWorkOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ConnectionHost& host_;
   const uint64_t id_;
   const int nic_;
   const Role role_;
-  PeerId peer_ = 0;  // inbound: set by its rx thread once HELLO arrives
+  PeerId peer_ = 0;        // inbound: set by its rx thread once HELLO arrives
+  std::string peer_name_;  // inbound: the name in HELLO; read by the rx thread only
 
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/common/status_macros.h"
@@ -98,6 +99,14 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   absl::Status DeregisterRegion(RegionKey key) override {
     return regions_.Deregister(key);
   }
+  absl::StatusOr<WindowKey> OpenWindow(RegionKey region, absl::string_view peer_name,
+                                       std::span<const Extent> extents) override {
+    FL_ASSIGN_OR_RETURN(std::shared_ptr<const Region> r, regions_.Find(region, 0, 0));
+    return windows_.Open(std::move(r), peer_name, extents);
+  }
+  void CloseWindow(WindowKey window, absl::AnyInvocable<void() &&> drained) override {
+    windows_.Close(window, std::move(drained));
+  }
   absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
                                  const std::vector<Endpoint>& remote) override;
   void Disconnect(PeerId peer) override;
@@ -109,6 +118,7 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   Handler& handler() override { return handler_; }
   NicStats& nic_stats(int nic) override { return stats_[nic]; }
   const RegionTable& regions() const override { return regions_; }
+  const WindowTable& windows() const override { return windows_; }
   uint32_t max_write_bytes() const override { return options_.max_write_bytes; }
   DeviceStager* device_stager() override { return options_.device_stager; }
   absl::StatusOr<PeerId> AttachInbound(uint64_t connection_id,
@@ -149,9 +159,15 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   const std::vector<Endpoint> endpoints_;
   std::vector<NicStats> stats_;  // sized once; NicStats is all atomics
   RegionTable regions_;
+  WindowTable windows_;
   std::atomic<uint64_t> next_connection_id_{1};
 
-  absl::Mutex connect_mu_;  // one Connect at a time; taken before mu_
+  // One Connect at a time per peer name (its TCP handshakes may take
+  // kConnectTimeoutMs), so that an unreachable peer never holds up the others.
+  // Taken before mu_; the map only grows, by the names this node connects to.
+  absl::Mutex connect_locks_mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<absl::Mutex>> connect_locks_
+      ABSL_GUARDED_BY(connect_locks_mu_);
   mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -224,7 +240,14 @@ absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
                                           const std::vector<Endpoint>& remote) {
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
   FL_RETURN_IF_ERROR(CheckRemoteEndpoints(remote, endpoints_.size()));
-  absl::MutexLock connect_lock(&connect_mu_);
+  absl::Mutex* peer_lock;
+  {
+    absl::MutexLock lock(&connect_locks_mu_);
+    std::unique_ptr<absl::Mutex>& m = connect_locks_[peer_name];
+    if (m == nullptr) m = std::make_unique<absl::Mutex>();
+    peer_lock = m.get();
+  }
+  absl::MutexLock connect_lock(peer_lock);
   NicSet missing = FirstNics(remote.size());  // NICs without a live connection
   std::optional<PeerId> existing;
   {
@@ -318,7 +341,8 @@ NicCounters TcpFabric::counters(int nic) const {
   return NicCounters{
       .transmitted_bytes = stats.transmitted_bytes.load(std::memory_order_relaxed),
       .received_bytes = stats.received_bytes.load(std::memory_order_relaxed),
-      .malformed_frames = stats.malformed_frames.load(std::memory_order_relaxed)};
+      .malformed_frames = stats.malformed_frames.load(std::memory_order_relaxed),
+      .refused_writes = stats.refused_writes.load(std::memory_order_relaxed)};
 }
 
 void TcpFabric::OnAccepted(int nic, UniqueFd socket) {

@@ -21,6 +21,7 @@
 #include "agent/fabric/verbs_device.h"
 #include "agent/fabric/verbs_link.h"
 #include "agent/fabric/verbs_nic.h"
+#include "agent/fabric/window_table.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
@@ -95,6 +96,19 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   absl::StatusOr<RegionKey> RegisterRegion(
       void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) override;
   absl::Status DeregisterRegion(RegionKey key) override;
+  // Interim, until memory windows land here: the window is the whole region, open to
+  // every connected peer (what verbs placed before windows existed).
+  absl::StatusOr<WindowKey> OpenWindow(RegionKey region, absl::string_view,
+                                       std::span<const Extent> extents) override {
+    absl::ReaderMutexLock lock(&regions_mu_);
+    auto it = regions_.find(region);
+    if (it == regions_.end()) return absl::NotFoundError("no such region");
+    FL_RETURN_IF_ERROR(CheckWindowExtents(extents, it->second->bytes));
+    return region;
+  }
+  void CloseWindow(WindowKey, absl::AnyInvocable<void() &&> drained) override {
+    std::move(drained)();
+  }
   absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
                                  const std::vector<Endpoint>& remote) override;
   void Disconnect(PeerId peer) override;

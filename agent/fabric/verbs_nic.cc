@@ -418,8 +418,9 @@ void Nic::HandleRecv(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
   }
   received_bytes_.fetch_add(descriptor.bytes);
   host_.handler().OnArrival(Arrival{.peer = peer,
+                                    .peer_name = {},  // interim: filled with windows
                                     .nic = index_,
-                                    .key = descriptor.key,
+                                    .window = descriptor.bytes > 0 ? descriptor.key : 0,
                                     .offset = descriptor.offset,
                                     .bytes = descriptor.bytes,
                                     .imm = ntohl(wc.imm_data)});

@@ -75,6 +75,7 @@ HeaderBytes EncodeWrite(const WriteHeader& write) {
 HeaderBytes EncodeAck(const AckFrame& ack) {
   HeaderBytes header = EmptyHeader(FrameType::kAck);
   PutLe<uint32_t>(header, kWord0At, static_cast<uint32_t>(ack.code));
+  PutLe<uint32_t>(header, kWord1At, static_cast<uint32_t>(ack.refusal));
   PutLe<uint64_t>(header, kDword1At, ack.wr_id);
   return header;
 }
@@ -114,11 +115,15 @@ absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes
       return WriteHeader{
           .key = word0, .offset = dword0, .bytes = word1, .imm = word2, .wr_id = dword1};
     case FrameType::kAck:
-      if (word1 != 0 || word2 != 0 || dword0 != 0) {
-        return Malformed("ACK with unused fields set");
-      }
+      if (word2 != 0 || dword0 != 0) return Malformed("ACK with unused fields set");
       if (word0 > kMaxStatusCode) return Malformed(absl::StrCat("ACK status ", word0));
-      return AckFrame{.wr_id = dword1, .code = static_cast<absl::StatusCode>(word0)};
+      if (word1 > kMaxRefusal) return Malformed(absl::StrCat("ACK refusal ", word1));
+      if ((word1 != 0) != (word0 != 0)) {
+        return Malformed("ACK refusal and status disagree");
+      }
+      return AckFrame{.wr_id = dword1,
+                      .code = static_cast<absl::StatusCode>(word0),
+                      .refusal = static_cast<Refusal>(word1)};
   }
   return Malformed(absl::StrCat("unknown frame type ", type));
 }

@@ -5,8 +5,8 @@
 //    0   u32  magic            kMagic
 //    4   u16  version          kProtocolVersion
 //    6   u16  type             FrameType
-//    8   u32  word0            HELLO: nic        WRITE: region key  ACK: status code
-//   12   u32  word1            HELLO: name bytes WRITE: bytes       ACK: 0
+//    8   u32  word0            HELLO: nic        WRITE: window key  ACK: status code
+//   12   u32  word1            HELLO: name bytes WRITE: bytes       ACK: Refusal
 //   16   u32  word2            HELLO: 0          WRITE: imm         ACK: 0
 //   20   u32  reserved         0
 //   24   u64  dword0           HELLO: 0          WRITE: offset      ACK: 0
@@ -16,7 +16,9 @@
 // give them a meaning without old peers misreading it.
 //
 // A connection carries, from the connecting side: HELLO, then WRITEs; from the
-// accepting side: one ACK per WRITE, in the order the WRITEs arrived.
+// accepting side: one ACK per WRITE, in the order the WRITEs arrived. An ACK with a
+// refusal (a write outside every window the writer holds) says the target placed
+// nothing and read past the payload: the connection goes on.
 #pragma once
 
 #include <array>
@@ -33,8 +35,8 @@
 
 namespace fuselink::fabric::wire {
 
-inline constexpr uint32_t kMagic = 0x4B4E4C46;  // "FLNK" as little-endian bytes
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint32_t kMagic = 0x4B4E4C46;   // "FLNK" as little-endian bytes
+inline constexpr uint16_t kProtocolVersion = 2;  // 2: windows and refusals
 inline constexpr size_t kHeaderBytes = 40;
 // Bounds a peer's HELLO, so that a hostile name cannot make us allocate much.
 inline constexpr size_t kMaxNodeNameBytes = 255;
@@ -71,10 +73,12 @@ struct WriteHeader {
   uint64_t wr_id = 0;
 };
 
-// The target's answer to one WRITE: kOk once the bytes are placed.
+// The target's answer to one WRITE: kOk once the bytes are placed; otherwise the
+// refusal and its code (RefusalStatus), nothing placed.
 struct AckFrame {
   uint64_t wr_id = 0;
   absl::StatusCode code = absl::StatusCode::kOk;
+  Refusal refusal = Refusal::kNone;
 };
 
 using Header = std::variant<HelloHeader, WriteHeader, AckFrame>;

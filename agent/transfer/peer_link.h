@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,8 @@ struct IncomingSpec {
 // The target's answer: where to write, and the slot to name in every immediate.
 struct Prepared {
   fabric::PeerId peer = 0;
-  fabric::RegionKey region_key = 0;
+  // The window the target opened for this transfer alone: exactly its target blocks.
+  fabric::WindowKey window = 0;
   memory::Layout layout;
   uint32_t slot = 0;
   uint32_t idle_nic_mask = 0;  // the target's idle NICs when it accepted
@@ -45,6 +47,15 @@ class PeerLink {
   // deadline passing is DEADLINE_EXCEEDED (reason DEADLINE); an unreachable target
   // is UNAVAILABLE (reason PEER_UNREACHABLE).
   virtual absl::StatusOr<Prepared> PrepareIncoming(const IncomingSpec& spec) = 0;
+  // Asks the target over the control channel how it ended `transfer_id`, for when no
+  // verdict notice came on the fabric: nullopt while the target still holds the
+  // transfer open; else its verdict (OK: every byte landed), with the target's code,
+  // reason and message. NOT_FOUND (UNKNOWN_TRANSFER) when the target has no record of
+  // it; UNAVAILABLE (PEER_UNREACHABLE) when it cannot be reached. Blocks up to
+  // `deadline`.
+  virtual absl::StatusOr<std::optional<absl::Status>> QueryVerdict(
+      absl::string_view target_node, absl::string_view transfer_id,
+      absl::Time deadline) = 0;
 };
 
 }  // namespace fuselink::transfer

@@ -115,7 +115,7 @@ TEST_F(TcpFabricTest, WritesLandExactlyAndNowhereElse) {
   EXPECT_EQ(b_->PeerName(a_on_b), "a");
   for (const Arrival& arrival : b_events_.arrivals()) {
     EXPECT_EQ(arrival.peer, a_on_b);
-    EXPECT_EQ(arrival.key, target_key);
+    EXPECT_EQ(arrival.window, target_window);
     const size_t i = arrival.imm - 1000;
     ASSERT_LT(i, kWrites);
     EXPECT_EQ(arrival.nic, static_cast<int>(i % 2));

@@ -58,48 +58,57 @@ absl::Status Node::Start() {
       absl::StrAppend(&gpu_status_, "; no GPU relay: ", pool.status().message());
     }
   }
-  landing_ = std::make_unique<transfer::Landing>(
-      registry_.get(), topology_.nics_size(),
-      [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); },
-      [this](uint32_t) {
-        absl::MutexLock lock(&credit_mu_);
-        credit_pending_ = true;
-      });
   peers_ =
       std::make_unique<peer::PeerDirectory>(topology_, fabric_.get(), options_.peers);
+  notifier_ = std::make_unique<peer::Notifier>(
+      fabric_.get(), peers_.get(),
+      +[](uint32_t imm) { return transfer::ImmOpOf(imm) == transfer::ImmOp::kIdleNics; });
+  landing_ = std::make_unique<transfer::Landing>(
+      registry_.get(), fabric_.get(), topology_.nics_size(),
+      [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); },
+      [this](const std::string& source, uint32_t imm) { notifier_->Send(source, imm); },
+      [this](uint32_t mask) { TellIdleNics(mask); });
   transfer::EngineOptions engine_options = options_.engine;
   engine_options.node = options_.node;
   engine_ = std::make_unique<transfer::Engine>(
       engine_options, topology_, registry_.get(), fabric_.get(), peers_.get(),
       scheduler_.get(), relay_.get(), gpu_relay_.get(), observer_);
-  credit_thread_ = std::thread([this] { CreditLoop(); });
   expirer_ = std::thread([this] {
-    // Re-open failed NICs this often: a rail back from an outage carries chunks again.
-    constexpr int kRepairEveryTicks = 25;  // x 200 ms
-    for (int tick = 1; !stop_.load(); ++tick) {
+    while (!stop_.load()) {
       absl::SleepFor(absl::Milliseconds(200));
       landing_->Expire(absl::Now());
       ReapExitedOwners();
-      if (gpu_relay_ != nullptr) gpu_relay_->Maintain(absl::Now());
-      if (tick % kRepairEveryTicks == 0) peers_->RepairSessions();
+      if (gpu_relay_ != nullptr) {
+        gpu_relay_->Maintain(absl::Now());
+        engine_->Kick();  // a relay that has memory again lends again
+      }
+    }
+  });
+  repairer_ = std::thread([this] {
+    // Re-open failed NICs this often: a rail back from an outage carries chunks again.
+    constexpr absl::Duration kRepairEvery = absl::Seconds(5);
+    for (absl::Time next = absl::Now() + kRepairEvery; !stop_.load();) {
+      absl::SleepFor(absl::Milliseconds(100));
+      if (absl::Now() < next) continue;
+      peers_->RepairSessions();
+      next = absl::Now() + kRepairEvery;
     }
   });
   return absl::OkStatus();
 }
 
 Node::~Node() {
+  if (engine_) engine_->Shutdown();  // joins its threads: nothing posts after this
+  if (landing_) landing_->Shutdown();
   stop_.store(true);
   if (expirer_.joinable()) expirer_.join();
-  {
-    absl::MutexLock lock(&credit_mu_);
-    credit_pending_ = true;  // wakes the loop to see stop_
-  }
-  if (credit_thread_.joinable()) credit_thread_.join();
-  if (engine_) engine_->Shutdown();
-  fabric_.reset();  // flushes every write in flight into the engine
+  if (repairer_.joinable()) repairer_.join();
+  notifier_->Stop();  // posts nothing more; late verdicts are dropped
+  fabric_.reset();    // flushes every write in flight into the engine
+  notifier_.reset();
   engine_.reset();
-  peers_.reset();
   landing_.reset();
+  peers_.reset();
   relay_.reset();
   gpu_relay_.reset();
   registry_.reset();
@@ -172,29 +181,23 @@ void Node::OnCompletion(const fabric::Completion& completion) {
 }
 
 void Node::OnArrival(const fabric::Arrival& arrival) {
-  if (transfer::ImmOpOf(arrival.imm) == transfer::ImmOp::kCredit) {
-    if (engine_) engine_->OnCredit(arrival.peer, transfer::CreditMask(arrival.imm));
-    return;
+  switch (transfer::ImmOpOf(arrival.imm)) {
+    case transfer::ImmOp::kIdleNics:
+      engine_->OnIdleNics(arrival.peer, transfer::IdleNicsOf(arrival.imm));
+      return;
+    case transfer::ImmOp::kVerdict:
+      engine_->OnVerdict(arrival.peer_name.empty() ? fabric_->PeerName(arrival.peer)
+                                                   : std::string(arrival.peer_name),
+                         arrival.imm);
+      return;
+    default:
+      landing_->OnArrival(arrival);
   }
-  if (landing_) landing_->OnArrival(arrival);
 }
 
-void Node::CreditLoop() {
-  for (;;) {
-    {
-      absl::MutexLock lock(&credit_mu_);
-      credit_mu_.Await(absl::Condition(&credit_pending_));
-      credit_pending_ = false;
-    }
-    if (stop_.load()) return;
-    const uint32_t mask = landing_->IdleMask();
-    for (const std::string& source : landing_->ActiveSources()) {
-      absl::StatusOr<fabric::PeerId> peer = peers_->FabricPeer(source);
-      if (!peer.ok()) continue;  // the source reaches us; we may not reach it: no credits
-      fabric::WriteOp credit;
-      credit.imm = transfer::EncodeCredit(mask);
-      fabric_->PostWrite(*peer, 0, credit).IgnoreError();
-    }
+void Node::TellIdleNics(uint32_t idle_mask) {
+  for (const std::string& source : landing_->ActiveSources()) {
+    notifier_->Send(source, transfer::EncodeIdleNics(idle_mask));
   }
 }
 
@@ -202,7 +205,7 @@ void Node::OnPeerLost(fabric::PeerId peer, absl::string_view name,
                       const absl::Status& why) {
   if (stop_.load()) return;  // shutting down: nothing left to tell
   if (peers_) peers_->OnPeerLost(peer);
-  if (landing_) landing_->OnPeerLost(name, why);
+  if (landing_) landing_->OnPeerLost(name);
 }
 
 }  // namespace fuselink::services

@@ -12,6 +12,7 @@
 #include "agent/gpu/runtime.h"
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/registry.h"
+#include "agent/peer/notifier.h"
 #include "agent/peer/peer_directory.h"
 #include "agent/relay/device_stager.h"
 #include "agent/relay/gpu_relay_pool.h"
@@ -84,9 +85,8 @@ class Node final : public fabric::Handler {
   std::vector<int> NicGpus() const;
   // Stops what uses the tensors whose lending process exited, and lets them go.
   void ReapExitedOwners();
-  // Tells the sources of incoming transfers which NICs are idle here, when that
-  // changes. Runs on credit_thread_: connecting back may block.
-  void CreditLoop();
+  // Tells the sources of incoming transfers which NICs are idle here.
+  void TellIdleNics(uint32_t idle_mask);
 
   const NodeOptions options_;
   transfer::EngineObserver* const observer_;
@@ -96,21 +96,23 @@ class Node final : public fabric::Handler {
   std::unique_ptr<gpu::Runtime> gpu_;  // outlives everything that copies
   std::string gpu_status_;
   std::unique_ptr<relay::CudaDeviceStager> stager_;  // outlives the fabric
-  // Teardown order matters: the engine stops posting, the fabric goes (flushing
-  // completions into the engine), then the rest.
+  // Teardown (~Node): the engine stops admitting, fails what runs and joins its
+  // threads; the landing tells every open slot's end; the notifier stops; the fabric
+  // goes (flushing every write in flight into the engine); then the rest.
   std::unique_ptr<memory::Registry> registry_;
   std::unique_ptr<sched::Scheduler> scheduler_;
   std::unique_ptr<relay::RelayPool> relay_;
   std::unique_ptr<relay::GpuRelayPool> gpu_relay_;
-  std::unique_ptr<transfer::Landing> landing_;
   std::unique_ptr<peer::PeerDirectory> peers_;
+  std::unique_ptr<peer::Notifier> notifier_;
+  std::unique_ptr<transfer::Landing> landing_;
   std::unique_ptr<transfer::Engine> engine_;
   std::unique_ptr<fabric::Fabric> fabric_;
   std::atomic<bool> stop_{false};
+  // Expires slots, reaps exited lenders, maintains the GPU relay: never blocks.
   std::thread expirer_;
-  absl::Mutex credit_mu_;
-  bool credit_pending_ ABSL_GUARDED_BY(credit_mu_) = false;
-  std::thread credit_thread_;
+  // Re-opens failed NICs of peer sessions: its connects may take seconds.
+  std::thread repairer_;
 };
 
 }  // namespace fuselink::services

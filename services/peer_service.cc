@@ -33,4 +33,15 @@ grpc::ServerUnaryReactor* PeerService::PrepareIncoming(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* PeerService::GetIncoming(grpc::CallbackServerContext* context,
+                                                   const v1::GetIncomingRequest* request,
+                                                   v1::IncomingState* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::IncomingState> state =
+      node_->landing().Query(request->source_node(), request->transfer_id());
+  if (state.ok()) *response = std::move(*state);
+  reactor->Finish(ToGrpcStatus(state.status()));
+  return reactor;
+}
+
 }  // namespace fuselink::services

@@ -17,6 +17,9 @@ class PeerService final : public v1::Peer::CallbackService {
   grpc::ServerUnaryReactor* PrepareIncoming(
       grpc::CallbackServerContext* context, const v1::PrepareIncomingRequest* request,
       v1::PrepareIncomingResponse* response) override;
+  grpc::ServerUnaryReactor* GetIncoming(grpc::CallbackServerContext* context,
+                                        const v1::GetIncomingRequest* request,
+                                        v1::IncomingState* response) override;
 
  private:
   Node* const node_;

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -215,6 +216,8 @@ class Fabric {
   virtual void Disconnect(PeerId peer) = 0;
   // The peer's name (given to Connect or in its HELLO), or empty once it is lost.
   virtual std::string PeerName(PeerId peer) const = 0;
+  // The id of the live peer called `name`, if there is one. Never blocks.
+  virtual std::optional<PeerId> FindPeer(absl::string_view name) const = 0;
 
   // Queues a write on one NIC. Never blocks. RESOURCE_EXHAUSTED when the NIC's
   // queue is full; UNAVAILABLE when the peer is not connected on that NIC;

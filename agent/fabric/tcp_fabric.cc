@@ -111,6 +111,10 @@ class TcpFabric final : public Fabric, public ConnectionHost {
                                  const std::vector<Endpoint>& remote) override;
   void Disconnect(PeerId peer) override;
   std::string PeerName(PeerId peer) const override;
+  std::optional<PeerId> FindPeer(absl::string_view name) const override {
+    absl::ReaderMutexLock lock(&mu_);
+    return peers_.Find(name);
+  }
   absl::Status PostWrite(PeerId peer, int nic, const WriteOp& op) override;
   NicCounters counters(int nic) const override;
 

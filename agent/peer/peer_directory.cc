@@ -1,5 +1,7 @@
 #include "agent/peer/peer_directory.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/grpc_status.h"
@@ -76,8 +78,15 @@ bool PeerDirectory::Knows(absl::string_view node) const {
 
 absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
                                                       absl::Time deadline) {
-  absl::MutexLock lock(&session.mu);
-  if (session.connected) return session.peer;
+  {
+    absl::MutexLock lock(&session.mu);
+    if (session.connected) return session.peer;
+  }
+  absl::MutexLock bootstrap(&session.bootstrap_mu);
+  {
+    absl::MutexLock lock(&session.mu);
+    if (session.connected) return session.peer;  // another caller got there first
+  }
   v1::HelloRequest request;
   request.set_version(kProtocolVersion);
   *request.mutable_topology() = local_;
@@ -101,10 +110,19 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
                                             "': ", peer.status().message())),
         "PEER_UNREACHABLE");
   }
+  absl::MutexLock lock(&session.mu);
   session.connected = true;
   session.peer = *peer;
   session.remote = std::move(remote);
   return *peer;
+}
+
+std::optional<fabric::PeerId> PeerDirectory::ConnectedPeer(absl::string_view node) const {
+  if (auto it = sessions_.find(node); it != sessions_.end()) {
+    absl::MutexLock lock(&it->second->mu);
+    if (it->second->connected) return it->second->peer;
+  }
+  return fabric_->FindPeer(node);
 }
 
 void PeerDirectory::OnPeerLost(fabric::PeerId peer) {
@@ -178,7 +196,7 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
 
   transfer::Prepared prepared;
   prepared.peer = peer;
-  prepared.region_key = response.region_key();
+  prepared.window = response.window_key();
   prepared.slot = response.slot();
   prepared.idle_nic_mask = response.idle_nic_mask();
   const v1::Layout& l = response.layout();
@@ -188,6 +206,40 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
   FL_ASSIGN_OR_RETURN(prepared.layout,
                       memory::NormalizeLayout(prepared.layout, UINT64_MAX));
   return prepared;
+}
+
+absl::StatusOr<std::optional<absl::Status>> PeerDirectory::QueryVerdict(
+    absl::string_view target_node, absl::string_view transfer_id, absl::Time deadline) {
+  auto it = sessions_.find(target_node);
+  if (it == sessions_.end()) {
+    return WithReason(
+        absl::NotFoundError(absl::StrCat("unknown node '", target_node, "'")),
+        "UNKNOWN_NODE");
+  }
+  v1::GetIncomingRequest request;
+  request.set_source_node(local_.node());
+  request.set_transfer_id(std::string(transfer_id));
+  v1::IncomingState state;
+  grpc::ClientContext context;
+  SetDeadline(context, deadline);
+  grpc::Status status = it->second->stub->GetIncoming(&context, request, &state);
+  if (!status.ok()) return PeerCallStatus(status, target_node, deadline);
+  if (state.open()) return std::optional<absl::Status>();
+  if (state.code() == 0) return std::optional<absl::Status>(absl::OkStatus());
+  // The peer's code is checked like any of its bytes.
+  const absl::StatusCode code = state.code() > 0 && state.code() <= 16
+                                    ? static_cast<absl::StatusCode>(state.code())
+                                    : absl::StatusCode::kUnknown;
+  absl::Status verdict(code, absl::StrCat("target node '", target_node,
+                                          "': ", state.message().substr(0, 256)));
+  const std::string& reason = state.reason();
+  const bool reason_ok =
+      !reason.empty() && reason.size() <= 64 &&
+      std::all_of(reason.begin(), reason.end(), [](char c) {
+        return (c >= 'A' && c <= 'Z') || c == '_' || (c >= '0' && c <= '9');
+      });
+  return std::optional<absl::Status>(
+      WithReason(std::move(verdict), reason_ok ? reason : "TARGET_FAILED"));
 }
 
 }  // namespace fuselink::peer

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ class PeerDirectory final : public transfer::PeerLink {
   bool Knows(absl::string_view node) const override;
   absl::StatusOr<transfer::Prepared> PrepareIncoming(
       const transfer::IncomingSpec& spec) override;
+  absl::StatusOr<std::optional<absl::Status>> QueryVerdict(absl::string_view target_node,
+                                                           absl::string_view transfer_id,
+                                                           absl::Time deadline) override;
   // The fabric lost the peer: its session is bootstrapped anew next time.
   void OnPeerLost(fabric::PeerId peer);
   // Re-opens the NICs of established sessions whose connections failed (a rail back
@@ -40,6 +44,9 @@ class PeerDirectory final : public transfer::PeerLink {
   // The fabric's id for `node`, connecting to it if needed: through its bootstrapped
   // session, or to the NICs it announced in its Hello.
   absl::StatusOr<fabric::PeerId> FabricPeer(absl::string_view node);
+  // The fabric's id for `node` if a session with it is up now; never blocks on the
+  // network (the fabric's own peer table is asked, not the peer).
+  std::optional<fabric::PeerId> ConnectedPeer(absl::string_view node) const;
 
  private:
   // FAILED_PRECONDITION (RAIL_MISMATCH) unless `node` has as many NICs as this node.
@@ -48,7 +55,11 @@ class PeerDirectory final : public transfer::PeerLink {
   struct Session {
     std::string name;
     std::unique_ptr<v1::Peer::Stub> stub;
-    absl::Mutex mu;  // serializes bootstrap
+    // Serializes bootstraps (a Hello and the fabric's connects, which may take
+    // seconds); held only by callers that need this session up.
+    absl::Mutex bootstrap_mu ABSL_ACQUIRED_BEFORE(mu);
+    // Guards the session's state; never held across a call to the network.
+    mutable absl::Mutex mu;
     bool connected ABSL_GUARDED_BY(mu) = false;
     fabric::PeerId peer ABSL_GUARDED_BY(mu) = 0;
     std::vector<fabric::Endpoint> remote ABSL_GUARDED_BY(mu);  // its NICs, from Hello

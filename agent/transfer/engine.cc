@@ -15,7 +15,7 @@ namespace fuselink::transfer {
 
 // One bound on NICs for the topology, the scheduler's table and the credit masks.
 static_assert(sched::kMaxNics == topo::kMaxNics);
-static_assert(kCreditMaskBits >= topo::kMaxNics);
+static_assert(kIdleMaskBits >= topo::kMaxNics);
 
 // The data-plane side of one transfer. Guarded by transfer->mu() once the prepare
 // thread has filled it in.
@@ -352,7 +352,7 @@ void Engine::PumpLocked(Job& job) {
       op.local_offset = f.relay.offset;
       op.after = f.relay.ready;
     }
-    op.remote_key = job.target.region_key;
+    op.remote_key = job.target.window;
     op.remote_offset = chunk.target_offset;
     op.bytes = chunk.bytes;
     op.imm = EncodeImm(SlotId::Unpack(job.target.slot), ImmOp::kData);
@@ -384,7 +384,6 @@ bool Engine::NicFailedLocked(Job& job, int nic, const absl::Status& why) {
 bool Engine::PostNoticeLocked(Job& job, ImmOp op, InFlight* tracked) {
   fabric::WriteOp notice;
   notice.imm = EncodeImm(SlotId::Unpack(job.target.slot), op);
-  notice.remote_key = job.target.region_key;
   notice.wr_id = reinterpret_cast<uint64_t>(tracked);
   for (int i = 0; i < fabric_->nic_count(); ++i) {
     const int nic = (job.direct_nic + i) % fabric_->nic_count();
@@ -443,7 +442,9 @@ std::vector<Engine::JobPtr> Engine::LiveJobsLocked() const {
   return jobs;
 }
 
-void Engine::OnCredit(fabric::PeerId peer, uint32_t idle_mask) {
+void Engine::OnVerdict(absl::string_view, uint32_t) {}
+
+void Engine::OnIdleNics(fabric::PeerId peer, uint32_t idle_mask) {
   std::vector<JobPtr> jobs;
   {
     absl::MutexLock lock(&mu_);

@@ -83,7 +83,11 @@ class Engine {
   // From the fabric.
   void OnCompletion(const fabric::Completion& completion);
   // The receiver `peer` says which of its NICs are idle (bit k: NIC k).
-  void OnCredit(fabric::PeerId peer, uint32_t idle_mask);
+  void OnIdleNics(fabric::PeerId peer, uint32_t idle_mask);
+  // A target's verdict notice (imm.h) from node `target_node`.
+  void OnVerdict(absl::string_view target_node, uint32_t imm);
+  // Resources may be free again (relay memory): pumps the jobs that wait.
+  void Kick() { KickWaiting(); }
 
   // Stops the transfers whose source is tensor `tensor_id` (TensorLease::id) with
   // `why`; they end once their chunks in flight are back.

@@ -1,29 +1,43 @@
 #include "agent/transfer/landing.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
+#include "agent/fabric/window_table.h"
 #include "agent/transfer/plan.h"
 
 namespace fuselink::transfer {
+namespace {
 
-Landing::Landing(memory::Registry* registry, int nic_count, WatchFn on_event,
-                 CreditFn on_credit)
+// Disjoint ranges a slot may hold before its source is judged to break the protocol:
+// a source's writes join into its blocks' runs as they land, so a live transfer holds
+// at most one range per run plus one per write in flight.
+constexpr size_t kMaxRangesOverRuns = 4096;
+
+}  // namespace
+
+Landing::Landing(memory::Registry* registry, fabric::Fabric* fabric, int nic_count,
+                 WatchFn on_event, NoticeFn on_notice, IdleFn on_idle,
+                 LandingOptions options)
     : registry_(registry),
+      fabric_(fabric),
       nic_count_(nic_count),
       on_event_(std::move(on_event)),
-      on_credit_(std::move(on_credit)) {
+      on_notice_(std::move(on_notice)),
+      on_idle_(std::move(on_idle)),
+      options_(options) {
   absl::MutexLock lock(&mu_);
   slots_.resize(kMaxIncoming);
-  for (uint32_t i = 0; i < kMaxIncoming; ++i) free_.push_back(kMaxIncoming - 1 - i);
+  for (uint32_t i = 0; i < kMaxIncoming; ++i) free_.push_back(i);
 }
+
+Landing::~Landing() { Shutdown(); }
 
 uint32_t Landing::IdleMaskLocked() const {
   uint32_t mask = 0;
-  for (size_t k = 0; k < owner_slots_.size(); ++k) {
+  for (int k = 0; k < nic_count_; ++k) {
     if (owner_slots_[k] == 0) mask |= 1u << k;
   }
   return mask;
@@ -34,16 +48,17 @@ uint32_t Landing::IdleMask() const {
   return IdleMaskLocked();
 }
 
-void Landing::TellCredit() {
+void Landing::TellIdle() {
   const uint32_t mask = IdleMask();
-  if (told_mask_.exchange(mask) != mask && on_credit_) on_credit_(mask);
+  if (told_mask_.exchange(mask) != mask && on_idle_) on_idle_(mask);
 }
 
 std::vector<std::string> Landing::ActiveSources() const {
   std::vector<std::string> out;
   absl::MutexLock lock(&mu_);
   for (const Slot& slot : slots_) {
-    if (slot.active && std::find(out.begin(), out.end(), slot.source_node) == out.end()) {
+    if (slot.state == SlotState::kOpen &&
+        std::find(out.begin(), out.end(), slot.source_node) == out.end()) {
       out.push_back(slot.source_node);
     }
   }
@@ -58,13 +73,18 @@ LandingNicStats Landing::Stats(int nic) const {
   return s;
 }
 
+size_t Landing::active() const {
+  absl::MutexLock lock(&mu_);
+  return open_;
+}
+
 absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     const v1::PrepareIncomingRequest& request) {
   FL_ASSIGN_OR_RETURN(memory::TensorLease tensor, registry_->Acquire(request.tensor()));
   const memory::Layout& layout = tensor.info().layout;
-  FL_RETURN_IF_ERROR(ValidateBlocks(
-      layout, {request.block_ids().data(), static_cast<size_t>(request.block_ids_size())},
-      "target", true));
+  const std::span<const uint32_t> ids(request.block_ids().data(),
+                                      static_cast<size_t>(request.block_ids_size()));
+  FL_RETURN_IF_ERROR(ValidateBlocks(layout, ids, "target", true));
   FL_RETURN_IF_ERROR(ValidateLayers(layout, request.layer_begin(), request.layer_end()));
   if (request.block_bytes() != layout.block_bytes) {
     return WithReason(absl::InvalidArgumentError(
@@ -86,162 +106,291 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
                                        " is not one of the ", nic_count_, " rails")),
                       "BAD_SOURCE_NIC");
   }
-  const int rail = static_cast<int>(request.source_nic());
-  v1::PrepareIncomingResponse response;
+  FL_ASSIGN_OR_RETURN(
+      std::vector<fabric::Extent> blocks,
+      BlockRanges(layout, ids, request.layer_begin(), request.layer_end()));
   {
     absl::MutexLock lock(&mu_);
+    if (shut_down_) {
+      return WithReason(absl::UnavailableError("the target agent is shutting down"),
+                        "SHUTTING_DOWN");
+    }
     if (free_.empty()) {
       return WithReason(
           absl::ResourceExhaustedError(absl::StrCat("the target already has ",
                                                     kMaxIncoming, " incoming transfers")),
           "TOO_MANY_INCOMING");
     }
-    const uint32_t index = free_.back();
-    free_.pop_back();
-    Slot& slot = slots_[index];
-    slot.generation = (slot.generation + 1) & ((1u << kImmGenerationBits) - 1);
-    slot.active = true;
-    slot.source_node = request.source_node();
-    slot.transfer_id = request.transfer_id();
-    slot.block_ids.assign(request.block_ids().begin(), request.block_ids().end());
-    slot.layer_begin = request.layer_begin();
-    slot.layer_end = request.layer_end();
-    slot.expected_bytes = expected;
-    slot.rail = rail;
-    ++owner_slots_[rail];
-    slot.landed_bytes = 0;
-    slot.last_activity = absl::Now();
-
-    response.set_region_key(tensor.region_key());
-    v1::Layout* out = response.mutable_layout();
-    out->set_layers(layout.layers);
-    out->set_blocks_per_layer(layout.blocks_per_layer);
-    out->set_block_bytes(layout.block_bytes);
-    out->set_block_stride_bytes(layout.block_stride_bytes);
-    out->set_layer_stride_bytes(layout.layer_stride_bytes);
-    response.set_slot(SlotId{index, slot.generation}.Pack());
-    response.set_idle_nic_mask(IdleMaskLocked());
-    slot.tensor = std::move(tensor);
   }
-  TellCredit();
+  // The window: these blocks, this source, nothing else.
+  absl::StatusOr<fabric::WindowKey> window =
+      fabric_->OpenWindow(tensor.region_key(), request.source_node(), blocks);
+  if (!window.ok()) {
+    return WithReason(
+        absl::UnavailableError(absl::StrCat("cannot open a window for the transfer: ",
+                                            window.status().message())),
+        "WINDOW_FAILED");
+  }
+  const int rail = static_cast<int>(request.source_nic());
+  v1::PrepareIncomingResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!shut_down_ && !free_.empty()) {
+      const uint32_t index = free_.front();
+      free_.pop_front();
+      Slot& slot = slots_[index];
+      if (!slot.transfer_id.empty()) {
+        auto it = by_transfer_.find(slot.transfer_id);
+        if (it != by_transfer_.end() && it->second == index) by_transfer_.erase(it);
+      }
+      slot.generation = (slot.generation + 1) & ((1u << kImmGenerationBits) - 1);
+      slot.state = SlotState::kOpen;
+      slot.source_node = request.source_node();
+      slot.transfer_id = request.transfer_id();
+      slot.tensor = std::move(tensor);
+      slot.block_ids.assign(ids.begin(), ids.end());
+      slot.layer_begin = request.layer_begin();
+      slot.layer_end = request.layer_end();
+      slot.rail = rail;
+      slot.window = *window;
+      slot.blocks = std::move(blocks);
+      slot.expected_bytes = expected;
+      slot.landed = LandedRanges();
+      slot.last_activity = absl::Now();
+      slot.commit_deadline = absl::InfiniteFuture();
+      slot.verdict = absl::OkStatus();
+      by_transfer_[slot.transfer_id] = index;
+      ++owner_slots_[rail];
+      ++open_;
+
+      response.set_window_key(*window);
+      v1::Layout* out = response.mutable_layout();
+      out->set_layers(layout.layers);
+      out->set_blocks_per_layer(layout.blocks_per_layer);
+      out->set_block_bytes(layout.block_bytes);
+      out->set_block_stride_bytes(layout.block_stride_bytes);
+      out->set_layer_stride_bytes(layout.layer_stride_bytes);
+      response.set_slot(SlotId{index, slot.generation}.Pack());
+      response.set_idle_nic_mask(IdleMaskLocked());
+      window = absl::StatusOr<fabric::WindowKey>(fabric::WindowKey{0});  // now the slot's
+    }
+  }
+  if (*window != 0) {  // lost the race for the last slot, or shut down meanwhile
+    fabric_->CloseWindow(*window, [] {});
+    return WithReason(absl::ResourceExhaustedError("the target has no free slot"),
+                      "TOO_MANY_INCOMING");
+  }
+  TellIdle();
   return response;
 }
 
-v1::WatchEvent Landing::CloseLocked(Slot& slot, const absl::Status& status) {
-  v1::WatchEvent event;
-  event.set_transfer_id(slot.transfer_id);
-  event.set_source_node(slot.source_node);
-  event.set_tensor(slot.tensor.info().name);
-  *event.mutable_block_ids() = {slot.block_ids.begin(), slot.block_ids.end()};
-  event.mutable_layers()->set_begin(slot.layer_begin);
-  event.mutable_layers()->set_end(slot.layer_end);
-  event.set_bytes(std::min(slot.landed_bytes, slot.expected_bytes));
-  event.set_code(static_cast<int>(status.code()));
-  event.set_message(std::string(status.message()));
-  slot.active = false;
+Landing::Ending Landing::BeginCloseLocked(uint32_t index, absl::Status verdict) {
+  Slot& slot = slots_[index];
+  slot.state = SlotState::kClosing;
+  slot.verdict = std::move(verdict);
+  slot.commit_deadline = absl::InfiniteFuture();
   --owner_slots_[slot.rail];
-  slot.tensor = memory::TensorLease();
-  slot.block_ids.clear();
-  free_.push_back(static_cast<uint32_t>(&slot - slots_.data()));
-  return event;
+  --open_;
+  return Ending{index, slot.generation, slot.window};
+}
+
+void Landing::Drain(const Ending& ending) {
+  fabric_->CloseWindow(ending.window,
+                       [this, index = ending.index, generation = ending.generation] {
+                         Finish(index, generation);
+                       });
+}
+
+void Landing::DrainAll(const std::vector<Ending>& endings) {
+  for (const Ending& e : endings) Drain(e);
+}
+
+void Landing::Finish(uint32_t index, uint32_t generation) {
+  v1::WatchEvent event;
+  std::string source;
+  uint32_t notice = 0;
+  memory::TensorLease released;  // let go of outside the lock
+  {
+    absl::MutexLock lock(&mu_);
+    Slot& slot = slots_[index];
+    if (slot.state != SlotState::kClosing || slot.generation != generation) return;
+    slot.state = SlotState::kClosed;
+    event.set_transfer_id(slot.transfer_id);
+    event.set_source_node(slot.source_node);
+    event.set_tensor(slot.tensor.info().name);
+    *event.mutable_block_ids() = {slot.block_ids.begin(), slot.block_ids.end()};
+    event.mutable_layers()->set_begin(slot.layer_begin);
+    event.mutable_layers()->set_end(slot.layer_end);
+    slot.landed_bytes = slot.landed.bytes();
+    event.set_bytes(slot.landed_bytes);
+    event.set_code(static_cast<int>(slot.verdict.code()));
+    event.set_message(std::string(slot.verdict.message()));
+    source = slot.source_node;
+    notice = EncodeVerdict(SlotId{index, generation},
+                           static_cast<uint8_t>(VerdictOf(slot.verdict)));
+    released = std::move(slot.tensor);
+    slot.block_ids = {};
+    slot.blocks = {};
+    slot.landed = LandedRanges();
+    free_.push_back(index);
+  }
+  on_event_(event);
+  if (on_notice_) on_notice_(source, notice);
+  TellIdle();
+}
+
+std::optional<Landing::Ending> Landing::OnDataLocked(const fabric::Arrival& arrival,
+                                                     Slot& slot) {
+  const uint32_t index = static_cast<uint32_t>(&slot - slots_.data());
+  if (arrival.window != slot.window ||
+      !fabric::InsideExtents(slot.blocks, arrival.offset, arrival.bytes)) {
+    // The window admitted it, so the bytes are inside one of this source's own
+    // windows; naming another of its slots in the immediate breaks the protocol.
+    stray_writes_.fetch_add(1);
+    return BeginCloseLocked(index, TargetStatus(Verdict::kProtocol));
+  }
+  slot.landed.Add(arrival.offset, arrival.bytes);
+  auto& counter = arrival.nic == slot.rail ? nic_bytes_[arrival.nic].own
+                                           : nic_bytes_[arrival.nic].borrowed;
+  counter.fetch_add(arrival.bytes, std::memory_order_relaxed);
+  if (slot.landed.ranges() > slot.blocks.size() + kMaxRangesOverRuns) {
+    return BeginCloseLocked(index, TargetStatus(Verdict::kProtocol));
+  }
+  if (slot.commit_deadline != absl::InfiniteFuture() &&
+      slot.landed.bytes() == slot.expected_bytes) {
+    return BeginCloseLocked(index, absl::OkStatus());  // the commit was waiting for us
+  }
+  return std::nullopt;
 }
 
 void Landing::OnArrival(const fabric::Arrival& arrival) {
   const SlotId id = ImmSlot(arrival.imm);
-  std::optional<v1::WatchEvent> event;
+  const ImmOp op = ImmOpOf(arrival.imm);
+  std::optional<Ending> ending;
+  std::optional<std::pair<std::string, uint32_t>> resend;
   {
     absl::MutexLock lock(&mu_);
-    Slot* slot = id.index < slots_.size() ? &slots_[id.index] : nullptr;
-    if (slot == nullptr || !slot->active || slot->generation != id.generation ||
-        (arrival.bytes > 0 && arrival.key != slot->tensor.region_key())) {
+    Slot& slot = slots_[id.index];  // the index has kImmSlotBits: always in the table
+    const bool from_source =
+        arrival.peer_name.empty() || arrival.peer_name == slot.source_node;
+    if (slot.generation != id.generation || !from_source ||
+        (op != ImmOp::kData && op != ImmOp::kCommit && op != ImmOp::kAbort) ||
+        (op == ImmOp::kData) != (arrival.bytes > 0)) {
       stray_writes_.fetch_add(1);
       return;
     }
-    slot->last_activity = absl::Now();
-    switch (ImmOpOf(arrival.imm)) {
-      case ImmOp::kData: {
-        // A chunk the source re-sent after a NIC failed may land twice: counted twice,
-        // written twice with the same bytes.
-        slot->landed_bytes += arrival.bytes;
-        auto& counter = arrival.nic == slot->rail ? nic_bytes_[arrival.nic].own
-                                                  : nic_bytes_[arrival.nic].borrowed;
-        counter.fetch_add(arrival.bytes, std::memory_order_relaxed);
-        break;
-      }
-      case ImmOp::kCommit:
-        event = CloseLocked(
-            *slot, slot->landed_bytes >= slot->expected_bytes
-                       ? absl::OkStatus()
-                       : WithReason(absl::DataLossError("the source committed before "
-                                                        "every byte landed"),
-                                    "INCOMPLETE_COMMIT"));
-        break;
-      case ImmOp::kAbort:
-        event = CloseLocked(*slot, WithReason(absl::AbortedError("the source stopped "
-                                                                 "the transfer"),
-                                              "SOURCE_ABORTED"));
-        break;
-      default:
+    if (slot.state != SlotState::kOpen) {
+      // A late or repeated write or notice for a slot that has ended: nothing more
+      // counts. A repeated commit means the source missed the verdict: say it again.
+      if (op != ImmOp::kData && slot.state == SlotState::kClosed) {
+        resend.emplace(slot.source_node,
+                       EncodeVerdict(id, static_cast<uint8_t>(VerdictOf(slot.verdict))));
+      } else if (op == ImmOp::kData) {
         stray_writes_.fetch_add(1);
+      }
+    } else {
+      slot.last_activity = absl::Now();
+      switch (op) {
+        case ImmOp::kData:
+          ending = OnDataLocked(arrival, slot);
+          break;
+        case ImmOp::kCommit:
+          if (slot.landed.bytes() == slot.expected_bytes) {
+            ending = BeginCloseLocked(id.index, absl::OkStatus());
+          } else if (slot.commit_deadline == absl::InfiniteFuture()) {
+            slot.commit_deadline = absl::Now() + options_.commit_grace;
+          }
+          break;
+        default:  // kAbort
+          ending = BeginCloseLocked(id.index, TargetStatus(Verdict::kSourceAborted));
+      }
     }
   }
-  if (event) {
-    on_event_(*event);
-    TellCredit();
-  }
+  if (resend && on_notice_) on_notice_(resend->first, resend->second);
+  if (ending) Drain(*ending);
 }
 
-void Landing::OnPeerLost(absl::string_view peer_name, const absl::Status& why) {
-  absl::InlinedVector<v1::WatchEvent, 4> events;
+void Landing::OnPeerLost(absl::string_view peer_name) {
+  std::vector<Ending> endings;
   {
     absl::MutexLock lock(&mu_);
-    for (Slot& slot : slots_) {
-      if (slot.active && slot.source_node == peer_name) {
-        events.push_back(CloseLocked(
-            slot,
-            WithReason(absl::UnavailableError(absl::StrCat(
-                           "lost the source node '", peer_name, "': ", why.message())),
-                       "PEER_LOST")));
+    for (uint32_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].state == SlotState::kOpen && slots_[i].source_node == peer_name) {
+        endings.push_back(BeginCloseLocked(i, TargetStatus(Verdict::kPeerLost)));
       }
     }
   }
-  for (const auto& e : events) on_event_(e);
-  if (!events.empty()) TellCredit();
+  DrainAll(endings);
 }
 
 void Landing::AbortTensor(uint64_t tensor_id, const absl::Status& why) {
-  absl::InlinedVector<v1::WatchEvent, 4> events;
+  std::vector<Ending> endings;
   {
     absl::MutexLock lock(&mu_);
-    for (Slot& slot : slots_) {
-      if (slot.active && slot.tensor.valid() && slot.tensor.id() == tensor_id) {
-        events.push_back(CloseLocked(slot, why));
+    for (uint32_t i = 0; i < slots_.size(); ++i) {
+      Slot& slot = slots_[i];
+      if (slot.state == SlotState::kOpen && slot.tensor.id() == tensor_id) {
+        endings.push_back(BeginCloseLocked(i, why));
       }
     }
   }
-  for (const auto& e : events) on_event_(e);
-  if (!events.empty()) TellCredit();
+  DrainAll(endings);
 }
 
 void Landing::Expire(absl::Time now) {
-  absl::InlinedVector<v1::WatchEvent, 4> events;
+  std::vector<Ending> endings;
   {
     absl::MutexLock lock(&mu_);
-    for (Slot& slot : slots_) {
-      if (slot.active && now - slot.last_activity > kIncomingIdleTimeout) {
-        events.push_back(CloseLocked(
-            slot, WithReason(absl::UnavailableError("no data from the source for 30 s"),
-                             "SOURCE_IDLE")));
+    for (uint32_t i = 0; i < slots_.size(); ++i) {
+      Slot& slot = slots_[i];
+      if (slot.state != SlotState::kOpen) continue;
+      if (now > slot.commit_deadline) {
+        endings.push_back(BeginCloseLocked(i, TargetStatus(Verdict::kIncompleteCommit)));
+      } else if (now - slot.last_activity > options_.idle_timeout) {
+        endings.push_back(BeginCloseLocked(i, TargetStatus(Verdict::kSourceIdle)));
       }
     }
   }
-  for (const auto& e : events) on_event_(e);
-  if (!events.empty()) TellCredit();
+  DrainAll(endings);
 }
 
-size_t Landing::active() const {
+void Landing::Shutdown() {
+  std::vector<Ending> endings;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    for (uint32_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].state == SlotState::kOpen) {
+        endings.push_back(BeginCloseLocked(i, TargetStatus(Verdict::kShuttingDown)));
+      }
+    }
+  }
+  DrainAll(endings);
+}
+
+absl::StatusOr<v1::IncomingState> Landing::Query(absl::string_view source_node,
+                                                 absl::string_view transfer_id) const {
   absl::MutexLock lock(&mu_);
-  return kMaxIncoming - free_.size();
+  auto it = by_transfer_.find(transfer_id);
+  if (it != by_transfer_.end()) {
+    const Slot& slot = slots_[it->second];
+    if (slot.source_node == source_node && slot.transfer_id == transfer_id) {
+      v1::IncomingState state;
+      state.set_landed_bytes(slot.state == SlotState::kClosed ? slot.landed_bytes
+                                                              : slot.landed.bytes());
+      if (slot.state != SlotState::kClosed) {
+        state.set_open(true);  // closing: the verdict is told once the window drains
+      } else {
+        state.set_code(static_cast<int>(slot.verdict.code()));
+        state.set_reason(ReasonOf(slot.verdict));
+        state.set_message(std::string(slot.verdict.message()));
+      }
+      return state;
+    }
+  }
+  return WithReason(absl::NotFoundError("no incoming transfer by that id from that node"),
+                    "UNKNOWN_TRANSFER");
 }
 
 }  // namespace fuselink::transfer

@@ -1,16 +1,30 @@
-// The target side of transfers: incoming slots reserved by PrepareIncoming, filled
-// by the fabric's arrivals, and the watchers that learn when blocks are ready.
+// The target side of transfers: the incoming slots PrepareIncoming reserves, the
+// windows they open, the bytes that land in them, and the verdict that ends each one.
 // Thread-safe.
+//
+// The rules it keeps (docs/design.md, "Completion and placement"):
+//  - Placement: a slot's window (fabric.h) holds exactly the slot's target blocks and
+//    only the slot's source may write through it; the fabric places nothing else.
+//  - Counting: a slot counts distinct bytes (a chunk landing twice counts once), and
+//    only those inside its blocks.
+//  - The target decides: a slot ends with one verdict (verdict.h) — completed only
+//    when a commit has come and every byte of every block has landed. A commit that
+//    comes before another NIC's data has been counted waits up to commit_grace for it.
+//  - A verdict is told (watchers, the source's verdict notice, GetIncoming) only once
+//    the window is closed and drained: no byte of the slot lands after anyone hears
+//    how it ended.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
-#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -18,20 +32,27 @@
 #include "agent/memory/registry.h"
 #include "agent/topo/topology.h"
 #include "agent/transfer/imm.h"
+#include "agent/transfer/landed_ranges.h"
+#include "agent/transfer/verdict.h"
 #include "fuselink/v1/agent.pb.h"
 #include "fuselink/v1/peer.pb.h"
 
 namespace fuselink::transfer {
 
-// A slot that sees no arrival for this long is failed and freed: its source is
-// gone without a word.
-inline constexpr absl::Duration kIncomingIdleTimeout = absl::Seconds(30);
+struct LandingOptions {
+  // A slot that sees nothing from its source for this long fails SOURCE_IDLE.
+  absl::Duration idle_timeout = absl::Seconds(30);
+  // How long a commit waits for bytes that landed but are not counted yet (verbs:
+  // another NIC's completions not yet polled) before it fails INCOMPLETE_COMMIT.
+  absl::Duration commit_grace = absl::Seconds(2);
+};
 
-// Receives the end of every incoming transfer. Called with no lock held, on the
-// fabric's threads or the caller of Expire.
+// Receives the end of every incoming transfer, with no lock held.
 using WatchFn = std::function<void(const v1::WatchEvent& event)>;
+// Sends `imm` (a verdict) to node `source` on the fabric. Must not block.
+using NoticeFn = std::function<void(const std::string& source, uint32_t imm)>;
 // Receives this node's idle-NIC mask whenever it changes, with no lock held.
-using CreditFn = std::function<void(uint32_t idle_mask)>;
+using IdleFn = std::function<void(uint32_t idle_mask)>;
 
 // Bytes that landed through one NIC: for its owner GPU's tensors, or for others'
 // (data that a source sent over a NIC it borrowed).
@@ -43,58 +64,94 @@ struct LandingNicStats {
 
 class Landing {
  public:
-  // `nic_count`: this node's NICs (rails).
-  Landing(memory::Registry* registry, int nic_count, WatchFn on_event,
-          CreditFn on_credit);
+  // `nic_count`: this node's NICs (rails). `fabric` opens and closes the windows.
+  Landing(memory::Registry* registry, fabric::Fabric* fabric, int nic_count,
+          WatchFn on_event, NoticeFn on_notice, IdleFn on_idle,
+          LandingOptions options = {});
+  ~Landing();
 
-  // Checks the target side of a transfer and reserves a slot for it.
+  // Checks the target side of a transfer, opens its window for the source and
+  // reserves a slot. Blocks while the fabric opens the window.
   absl::StatusOr<v1::PrepareIncomingResponse> Prepare(
       const v1::PrepareIncomingRequest& request);
 
+  // A write or notice from a source (not idle masks or verdicts: those are the
+  // engine's).
   void OnArrival(const fabric::Arrival& arrival);
-  // Fails every slot whose source is `peer_name`.
-  void OnPeerLost(absl::string_view peer_name, const absl::Status& why);
-  // Fails the incoming transfers into tensor `tensor_id` (TensorLease::id) with `why`.
+  // Ends every open slot whose source is `peer_name` (PEER_LOST).
+  void OnPeerLost(absl::string_view peer_name);
+  // Ends the open slots into tensor `tensor_id` (TensorLease::id) with `why`.
   void AbortTensor(uint64_t tensor_id, const absl::Status& why);
-  // Fails slots idle longer than kIncomingIdleTimeout.
+  // Ends slots idle past idle_timeout, and commits that waited past commit_grace.
   void Expire(absl::Time now);
+  // Ends every open slot SHUTTING_DOWN; no slot is prepared afterwards.
+  void Shutdown();
 
-  // Writes that named no live slot (stale generation, unknown slot, wrong region).
+  // How the slot of `transfer_id` from `source_node` stands: open, or its verdict.
+  // NOT_FOUND (UNKNOWN_TRANSFER) when no slot remembers it.
+  absl::StatusOr<v1::IncomingState> Query(absl::string_view source_node,
+                                          absl::string_view transfer_id) const;
+
+  // Arrivals that named no open slot of theirs (stale generation, unknown slot,
+  // another source's slot), or strayed outside their slot's blocks.
   uint64_t stray_writes() const { return stray_writes_.load(); }
   size_t active() const;
-  // Bit k set when no incoming transfer has rail k as its source's direct NIC: no
-  // owner traffic arrives on NIC k, and sources may borrow it. (With rails, GPU s on
-  // the source reaches any GPU here through NIC s; that is the NIC it loads.)
+  // Bit k set when no open slot has rail k as its source's direct NIC: no owner
+  // traffic arrives on NIC k, and sources may borrow it. (With rails, GPU s on the
+  // source reaches any GPU here through NIC s; that is the NIC it loads.)
   uint32_t IdleMask() const;
-  // Nodes with incoming transfers here: the ones to tell of credit changes.
+  // Nodes with open slots here: the ones to tell of idle-mask changes.
   std::vector<std::string> ActiveSources() const;
   LandingNicStats Stats(int nic) const;
 
  private:
+  enum class SlotState { kFree, kOpen, kClosing, kClosed };
   struct Slot {
     uint32_t generation = 0;
-    bool active = false;
+    SlotState state = SlotState::kFree;
     std::string source_node;
     std::string transfer_id;
     memory::TensorLease tensor;
     std::vector<uint32_t> block_ids;
     uint32_t layer_begin = 0, layer_end = 0;
     int rail = 0;  // the source's direct NIC: its own traffic arrives on this rail
+    fabric::WindowKey window = 0;
+    std::vector<fabric::Extent> blocks;  // the window's extents
     uint64_t expected_bytes = 0;
-    uint64_t landed_bytes = 0;
+    LandedRanges landed;
+    uint64_t landed_bytes = 0;  // distinct bytes, kept once the ranges are let go
     absl::Time last_activity;
+    absl::Time commit_deadline = absl::InfiniteFuture();  // a commit waits for bytes
+    absl::Status verdict;                                 // once closing
   };
-  // Frees the slot and returns the watch event describing its end.
-  v1::WatchEvent CloseLocked(Slot& slot, const absl::Status& status)
+  // Starts ending an open slot with `verdict`; the caller then calls Drain with the
+  // slot's index, generation and window after releasing mu_.
+  struct Ending {
+    uint32_t index;
+    uint32_t generation;
+    fabric::WindowKey window;
+  };
+  Ending BeginCloseLocked(uint32_t index, absl::Status verdict)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the window; the slot is told once it has drained.
+  void Drain(const Ending& ending);
+  void DrainAll(const std::vector<Ending>& endings);
+  // The window drained: the verdict is final and told.
+  void Finish(uint32_t index, uint32_t generation);
+  // Handles one data arrival under mu_; may begin ending the slot.
+  std::optional<Ending> OnDataLocked(const fabric::Arrival& arrival, Slot& slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t IdleMaskLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Calls on_credit_ if the mask moved since it was last told.
-  void TellCredit();
+  // Calls on_idle_ if the mask moved since it was last told.
+  void TellIdle();
 
   memory::Registry* const registry_;
+  fabric::Fabric* const fabric_;
   const int nic_count_;
   const WatchFn on_event_;
-  const CreditFn on_credit_;
+  const NoticeFn on_notice_;
+  const IdleFn on_idle_;
+  const LandingOptions options_;
   std::atomic<uint64_t> stray_writes_{0};
   struct alignas(64) NicBytes {
     std::atomic<uint64_t> own{0}, borrowed{0};
@@ -103,9 +160,15 @@ class Landing {
   std::atomic<uint32_t> told_mask_{UINT32_MAX};
 
   mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // kMaxIncoming, fixed
-  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
-  std::array<uint32_t, topo::kMaxNics> owner_slots_ ABSL_GUARDED_BY(mu_) = {};  // per NIC
+  // Free slots, oldest first: reuse in FIFO order spreads generations (imm.h).
+  std::deque<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+  // Slots that still remember their transfer (open, closing, or closed and not yet
+  // reused), by transfer id.
+  absl::flat_hash_map<std::string, uint32_t> by_transfer_ ABSL_GUARDED_BY(mu_);
+  std::array<uint32_t, topo::kMaxNics> owner_slots_ ABSL_GUARDED_BY(mu_) = {};
+  size_t open_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace fuselink::transfer

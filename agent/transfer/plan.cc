@@ -74,6 +74,46 @@ std::vector<Extent> PlanExtents(const memory::Layout& source,
   return extents;
 }
 
+absl::StatusOr<std::vector<fabric::Extent>> BlockRanges(const memory::Layout& layout,
+                                                        std::span<const uint32_t> ids,
+                                                        uint32_t begin, uint32_t end) {
+  const uint64_t pieces = uint64_t{ids.size()} * (end - begin);
+  if (pieces > kMaxBlockPieces) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          ids.size(), " blocks x ", end - begin, " layers is over ",
+                          kMaxBlockPieces, " block pieces; split the request")),
+                      "TOO_FRAGMENTED");
+  }
+  std::vector<fabric::Extent> ranges;
+  ranges.reserve(pieces);
+  for (uint32_t layer = begin; layer < end; ++layer) {
+    for (uint32_t id : ids) {
+      ranges.push_back({layout.BlockOffset(layer, id), layout.block_bytes});
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const fabric::Extent& a, const fabric::Extent& b) {
+              return a.offset < b.offset;
+            });
+  size_t out = 0;  // join touching ranges in place
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[out].offset + ranges[out].bytes == ranges[i].offset) {
+      ranges[out].bytes += ranges[i].bytes;
+    } else {
+      ranges[++out] = ranges[i];
+    }
+  }
+  ranges.resize(ranges.empty() ? 0 : out + 1);
+  if (ranges.size() > fabric::kMaxWindowExtents) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "the blocks fall in ", ranges.size(), " separate runs, over ",
+                          fabric::kMaxWindowExtents, "; split the request")),
+                      "TOO_FRAGMENTED");
+  }
+  ranges.shrink_to_fit();
+  return ranges;
+}
+
 bool ChunkCursor::Next(Chunk* chunk) {
   if (index_ >= extents_.size()) return false;
   const Extent& e = extents_[index_];

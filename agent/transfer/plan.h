@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "agent/fabric/fabric.h"
 #include "agent/memory/layout.h"
 
 namespace fuselink::transfer {
@@ -53,6 +55,18 @@ std::vector<Extent> PlanExtents(const memory::Layout& source,
                                 std::span<const uint32_t> source_ids,
                                 std::span<const uint32_t> target_ids,
                                 uint32_t layer_begin, uint32_t layer_end);
+
+// Block pieces (blocks x layers) one side of a request may name, before they are
+// joined into runs: bounds the memory a request can make a target spend.
+inline constexpr uint64_t kMaxBlockPieces = 1u << 21;
+
+// The byte ranges of a tensor that blocks `ids` fill in layers [begin, end): sorted,
+// disjoint, touching ranges joined; what a target opens its window over. The inputs
+// must have passed ValidateBlocks (unique) and ValidateLayers. INVALID_ARGUMENT
+// (TOO_FRAGMENTED) past kMaxBlockPieces pieces or fabric::kMaxWindowExtents runs.
+absl::StatusOr<std::vector<fabric::Extent>> BlockRanges(const memory::Layout& layout,
+                                                        std::span<const uint32_t> ids,
+                                                        uint32_t begin, uint32_t end);
 
 // Walks extents chunk by chunk, each at most `chunk_bytes`. Holds a reference to
 // the extents; allocates nothing.

@@ -119,6 +119,8 @@ TEST_F(DeviceStagingTest, GpuRegionsMoveInPiecesAndLandExactly) {
   };
   RegionKey source_key = *a_->RegisterDeviceRegion(address(source), kBytes, 0, nullptr);
   RegionKey target_key = *b_->RegisterDeviceRegion(address(target), kBytes, 1, nullptr);
+  const Extent all{0, kBytes};
+  const WindowKey target_window = *b_->OpenWindow(target_key, "a", {&all, 1});
   // Sizes around the piece: less, exactly one, one byte over, several and a tail.
   const uint32_t sizes[] = {1, kPiece - 1, kPiece, kPiece + 1, 5 * kPiece + 17, 65536};
   uint64_t at = 0, moved = 0;
@@ -129,7 +131,7 @@ TEST_F(DeviceStagingTest, GpuRegionsMoveInPiecesAndLandExactly) {
     ASSERT_TRUE(a_->PostWrite(b_on_a_, n % 2,
                               {.local_key = source_key,
                                .local_offset = from,
-                               .remote_key = target_key,
+                               .remote_key = target_window,
                                .remote_offset = at,
                                .bytes = bytes,
                                .imm = 0,
@@ -154,10 +156,12 @@ TEST_F(DeviceStagingTest, AWriteWaitsForItsFenceAndAFailedFenceFailsIt) {
   std::vector<uint8_t> source(kPiece, 1), target(kPiece, 0);
   RegionKey source_key = *a_->RegisterRegion(source.data(), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
+  const Extent all{0, target.size()};
+  const WindowKey target_window = *b_->OpenWindow(target_key, "a", {&all, 1});
   CountingFence passes(absl::OkStatus());
   WriteOp op{.local_key = source_key,
              .local_offset = 0,
-             .remote_key = target_key,
+             .remote_key = target_window,
              .remote_offset = 0,
              .bytes = kPiece,
              .imm = 0,

@@ -1,12 +1,15 @@
 // The TCP fabric against hostile and failing peers.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "agent/common/status_macros.h"
+#include "agent/fabric/socket.h"
 #include "agent/fabric/tcp_fabric.h"
 #include "agent/fabric/wire.h"
 #include "gtest/gtest.h"
@@ -58,15 +61,6 @@ const HostileCase kHostileCases[] = {
            frame[6] = 9;
            return frame;
          }},
-    {.name = "UnknownKey",
-     .frame = [](RegionKey key) { return WriteFrame(key + 7, 0, 16); }},
-    {.name = "OffsetPastEnd",
-     .frame = [](RegionKey key) { return WriteFrame(key, kRegionBytes - 15, 16); }},
-    {.name = "OffsetWraps",
-     .frame =
-         [](RegionKey key) {
-           return WriteFrame(key, std::numeric_limits<uint64_t>::max() - 7, 16);
-         }},
     {.name = "Oversize",
      .frame = [](RegionKey key) { return WriteFrame(key, 0, kMaxWriteBytes + 1); }},
     {.name = "WriteBeforeHello",
@@ -104,7 +98,7 @@ TEST_P(HostileFrameTest, ClosesCountsAndLeavesTheRegionAlone) {
   source_options.max_write_bytes = kMaxWriteBytes;
   std::unique_ptr<Fabric> source = *CreateTcpFabric(source_options, &source_events);
   PeerId peer = *source->Connect("target", target->endpoints());
-  ASSERT_TRUE(source->PostWrite(peer, 0, {.remote_key = key, .imm = 1, .wr_id = 1}).ok());
+  ASSERT_TRUE(source->PostWrite(peer, 0, {.imm = 1, .wr_id = 1}).ok());
   ASSERT_TRUE(source_events.WaitForCompletions(1));
   EXPECT_TRUE(source_events.completions()[0].status.ok());
 
@@ -118,6 +112,114 @@ TEST_P(HostileFrameTest, ClosesCountsAndLeavesTheRegionAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, HostileFrameTest, ::testing::ValuesIn(kHostileCases),
                          [](const ::testing::TestParamInfo<HostileCase>& info) {
+                           return info.param.name;
+                         });
+
+// A write that a window does not admit: what the raw client "raw" sends, given the
+// target region's key and the key of the window opened for it over
+// [0, kRegionBytes / 2).
+struct RefusedCase {
+  std::string name;
+  Refusal refusal;
+  absl::StatusCode code;
+  std::string reason;
+  std::string (*frame)(Fabric& target, RegionKey region, WindowKey window);
+};
+
+const RefusedCase kRefusedCases[] = {
+    {"RegionKeyIsNoWindow", Refusal::kNoWindow, absl::StatusCode::kNotFound,
+     "WINDOW_CLOSED",
+     [](Fabric&, RegionKey region, WindowKey) { return WriteFrame(region, 0, 16); }},
+    {"UnknownWindow", Refusal::kNoWindow, absl::StatusCode::kNotFound, "WINDOW_CLOSED",
+     [](Fabric&, RegionKey, WindowKey window) {
+       return WriteFrame(window ^ 0x5a5a5a5a, 0, 16);
+     }},
+    {"PastTheWindow", Refusal::kOutsideWindow, absl::StatusCode::kOutOfRange,
+     "OUTSIDE_WINDOW",
+     [](Fabric&, RegionKey, WindowKey window) {
+       return WriteFrame(window, kRegionBytes / 2 - 8, 16);
+     }},
+    {"PastTheRegion", Refusal::kOutsideWindow, absl::StatusCode::kOutOfRange,
+     "OUTSIDE_WINDOW",
+     [](Fabric&, RegionKey, WindowKey window) {
+       return WriteFrame(window, kRegionBytes - 15, 16);
+     }},
+    {"OffsetWraps", Refusal::kOutsideWindow, absl::StatusCode::kOutOfRange,
+     "OUTSIDE_WINDOW",
+     [](Fabric&, RegionKey, WindowKey window) {
+       return WriteFrame(window, std::numeric_limits<uint64_t>::max() - 7, 16);
+     }},
+    {"AnotherPeersWindow", Refusal::kNotYourWindow, absl::StatusCode::kPermissionDenied,
+     "WINDOW_NOT_YOURS",
+     [](Fabric& target, RegionKey region, WindowKey) {
+       const Extent all{0, kRegionBytes};
+       return WriteFrame(*target.OpenWindow(region, "other", {&all, 1}), 0, 16);
+     }},
+    {"LateWriteAfterClose", Refusal::kNoWindow, absl::StatusCode::kNotFound,
+     "WINDOW_CLOSED",
+     [](Fabric& target, RegionKey region, WindowKey) {
+       const Extent all{0, kRegionBytes};
+       const WindowKey closed = *target.OpenWindow(region, "raw", {&all, 1});
+       target.CloseWindow(closed, [] {});
+       return WriteFrame(closed, 0, 16);
+     }},
+};
+
+class RefusedWriteTest : public ::testing::TestWithParam<RefusedCase> {};
+
+// Nothing lands, the ACK says why, and the same connection goes on to place a write
+// that its window does admit.
+TEST_P(RefusedWriteTest, PlacesNothingAnswersWhyAndTheConnectionGoesOn) {
+  const RefusedCase& refused = GetParam();
+  RecordingHandler target_events;
+  TcpFabricOptions options = LoopbackOptions("target", 3);
+  options.max_write_bytes = kMaxWriteBytes;
+  std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &target_events);
+  std::vector<uint8_t> region(kRegionBytes, kUntouched);
+  const RegionKey key = *target->RegisterRegion(region.data(), region.size(), nullptr);
+  const Extent half{0, kRegionBytes / 2};
+  const WindowKey window = *target->OpenWindow(key, "raw", {&half, 1});
+
+  absl::StatusOr<UniqueFd> raw = RawConnect(9, target->endpoints()[0]);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  std::string bytes = *wire::EncodeHello(0, "raw") + refused.frame(*target, key, window);
+  std::string good =
+      AsString(wire::EncodeWrite({.key = window, .offset = 8, .bytes = 4, .wr_id = 2}));
+  good += "GOOD";
+  bytes += good;
+  ASSERT_TRUE(SendRaw(raw->get(), bytes.data(), bytes.size()).ok());
+
+  for (int i = 0; i < 2; ++i) {
+    wire::HeaderBytes header;
+    ASSERT_TRUE(RecvAll(raw->get(), header.data(), header.size()).ok());
+    absl::StatusOr<wire::Header> decoded = wire::DecodeHeader(header, kMaxWriteBytes);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    const auto* ack = std::get_if<wire::AckFrame>(&*decoded);
+    ASSERT_NE(ack, nullptr);
+    if (i == 0) {
+      EXPECT_EQ(ack->refusal, refused.refusal);
+      EXPECT_EQ(ack->code, refused.code);
+      const absl::Status status = RefusalStatus(ack->refusal);
+      EXPECT_EQ(status.code(), refused.code);
+      EXPECT_EQ(ReasonOf(status), refused.reason);
+    } else {
+      EXPECT_EQ(ack->wr_id, 2u);
+      EXPECT_EQ(ack->refusal, Refusal::kNone);
+      EXPECT_EQ(ack->code, absl::StatusCode::kOk);
+    }
+  }
+  std::vector<uint8_t> expected(kRegionBytes, kUntouched);
+  std::memcpy(&expected[8], "GOOD", 4);
+  EXPECT_TRUE(region == expected) << "bytes outside the admitted write changed";
+  EXPECT_EQ(target->counters(0).refused_writes, 1u);
+  EXPECT_EQ(target->counters(0).malformed_frames, 0u);
+  ASSERT_EQ(target_events.arrivals().size(), 1u);  // only the admitted write
+  EXPECT_EQ(target_events.arrivals()[0].window, window);
+  EXPECT_EQ(target_events.arrivals()[0].peer_name, "raw");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RefusedWriteTest, ::testing::ValuesIn(kRefusedCases),
+                         [](const ::testing::TestParamInfo<RefusedCase>& info) {
                            return info.param.name;
                          });
 
@@ -192,11 +294,13 @@ TEST(TcpFabricFailureTest, PeerDestroyedMidStream) {
   std::vector<uint8_t> target(kWriteBytes);
   RegionKey source_key = *a->RegisterRegion(source.data(), source.size(), nullptr);
   RegionKey target_key = *b->RegisterRegion(target.data(), target.size(), nullptr);
+  const Extent all{0, target.size()};
+  const WindowKey target_window = *b->OpenWindow(target_key, "a", {&all, 1});
   PeerId peer = *a->Connect("b", b->endpoints());
   for (uint64_t i = 0; i < kWrites; ++i) {
     ASSERT_TRUE(a->PostWrite(peer, i % 2,
                              {.local_key = source_key,
-                              .remote_key = target_key,
+                              .remote_key = target_window,
                               .bytes = kWriteBytes,
                               .wr_id = i})
                     .ok());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 
@@ -77,6 +78,8 @@ TEST_F(TcpFabricTest, WritesLandExactlyAndNowhereElse) {
   RegionKey source_key =
       *a_->RegisterRegion(const_cast<uint8_t*>(source.data()), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
+  const Extent all{0, target.size()};
+  const WindowKey target_window = *b_->OpenWindow(target_key, "a", {&all, 1});
 
   // One write per slot, at a random place inside it, so writes never overlap and
   // their order does not matter; gaps between them must stay untouched.
@@ -92,7 +95,7 @@ TEST_F(TcpFabricTest, WritesLandExactlyAndNowhereElse) {
     ASSERT_TRUE(a_->PostWrite(b_on_a_, nic,
                               {.local_key = source_key,
                                .local_offset = local_offset,
-                               .remote_key = target_key,
+                               .remote_key = target_window,
                                .remote_offset = remote_offset,
                                .bytes = bytes,
                                .imm = static_cast<uint32_t>(1000 + i),
@@ -135,9 +138,11 @@ TEST_F(TcpFabricTest, LargeWriteLands) {
   RegionKey source_key =
       *a_->RegisterRegion(const_cast<uint8_t*>(source.data()), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
+  const Extent inner{1, kBytes};
+  const WindowKey window = *b_->OpenWindow(target_key, "a", {&inner, 1});
   ASSERT_TRUE(a_->PostWrite(b_on_a_, 1,
                             {.local_key = source_key,
-                             .remote_key = target_key,
+                             .remote_key = window,
                              .remote_offset = 1,
                              .bytes = kBytes,
                              .wr_id = 7})
@@ -251,28 +256,59 @@ TEST_F(TcpFabricTest, DisconnectLosesThePeerOnBothSides) {
   EXPECT_TRUE(a_events_.completions()[1].status.ok());
 }
 
-TEST_F(TcpFabricTest, WriteToDeregisteredRegionIsRefused) {
+TEST_F(TcpFabricTest, WindowOutlivesItsRegionsDeregistration) {
   std::vector<uint8_t> source = RandomBytes(128, 4);
   std::vector<uint8_t> target(128, kUntouched);
   RegionKey source_key = *a_->RegisterRegion(source.data(), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
+  const Extent all{0, 128};
+  const WindowKey window = *b_->OpenWindow(target_key, "a", {&all, 1});
   ASSERT_TRUE(b_->DeregisterRegion(target_key).ok());
+  EXPECT_EQ(b_->OpenWindow(target_key, "a", {&all, 1}).status().code(),
+            absl::StatusCode::kNotFound);
   ASSERT_TRUE(
       a_->PostWrite(
             b_on_a_, 0,
-            {.local_key = source_key, .remote_key = target_key, .bytes = 128, .wr_id = 1})
+            {.local_key = source_key, .remote_key = window, .bytes = 128, .wr_id = 1})
           .ok());
   ASSERT_TRUE(a_events_.WaitForCompletions(1));
-  EXPECT_EQ(a_events_.completions()[0].status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(b_->counters(0).malformed_frames, 1u);
+  EXPECT_TRUE(a_events_.completions()[0].status.ok())
+      << a_events_.completions()[0].status;
+  EXPECT_TRUE(target == source);
+}
+
+TEST_F(TcpFabricTest, ClosedWindowRefusesAndDrainsOnce) {
+  std::vector<uint8_t> source = RandomBytes(128, 5);
+  std::vector<uint8_t> target(128, kUntouched);
+  RegionKey source_key = *a_->RegisterRegion(source.data(), source.size(), nullptr);
+  RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
+  const Extent all{0, 128};
+  const WindowKey window = *b_->OpenWindow(target_key, "a", {&all, 1});
+  int drained = 0;
+  b_->CloseWindow(window, [&drained] { ++drained; });
+  EXPECT_EQ(drained, 1);  // nothing was placing
+  ASSERT_TRUE(
+      a_->PostWrite(
+            b_on_a_, 0,
+            {.local_key = source_key, .remote_key = window, .bytes = 128, .wr_id = 1})
+          .ok());
+  ASSERT_TRUE(a_events_.WaitForCompletions(1));
+  const Completion refused = a_events_.completions()[0];
+  EXPECT_EQ(refused.refusal, Refusal::kNoWindow);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReasonOf(refused.status), "WINDOW_CLOSED");
   EXPECT_TRUE(std::all_of(target.begin(), target.end(),
                           [](uint8_t byte) { return byte == kUntouched; }));
   EXPECT_TRUE(b_events_.arrivals().empty());
-  // Other connections to b still carry writes.
+  b_->CloseWindow(window, [&drained] { ++drained; });  // unknown now: at once
+  EXPECT_EQ(drained, 2);
+  // The connection goes on: the next write on it lands.
   ASSERT_TRUE(a_->PostWrite(b_on_a_, 0, {.wr_id = 2}).ok());
   ASSERT_TRUE(a_events_.WaitForCompletions(2));
   EXPECT_TRUE(a_events_.completions()[1].status.ok());
   EXPECT_TRUE(a_events_.peers_lost().empty());
+  EXPECT_EQ(b_->counters(0).malformed_frames, 0u);
+  EXPECT_EQ(b_->counters(0).refused_writes, 1u);
 }
 
 }  // namespace

@@ -17,7 +17,9 @@ void RecordingHandler::OnCompletion(const Completion& completion) {
 
 void RecordingHandler::OnArrival(const Arrival& arrival) {
   absl::MutexLock lock(&mu_);
+  arrival_names_.emplace_back(arrival.peer_name);
   arrivals_.push_back(arrival);
+  arrivals_.back().peer_name = arrival_names_.back();
   ++arrival_count_;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -45,6 +46,8 @@ class RecordingHandler : public Handler {
   mutable absl::Mutex mu_;
   std::vector<Completion> completions_ ABSL_GUARDED_BY(mu_);
   std::vector<Arrival> arrivals_ ABSL_GUARDED_BY(mu_);
+  // Owns what each recorded arrival's peer_name views; a deque never moves them.
+  std::deque<std::string> arrival_names_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<PeerId, absl::Status>> peers_lost_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> peer_lost_names_ ABSL_GUARDED_BY(mu_);
   size_t completion_count_ ABSL_GUARDED_BY(mu_) = 0;

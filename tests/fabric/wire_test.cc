@@ -61,14 +61,27 @@ TEST(WireTest, NotificationWriteHasNoBytes) {
 }
 
 TEST(WireTest, AckRoundTrips) {
-  for (absl::StatusCode code : {absl::StatusCode::kOk, absl::StatusCode::kOutOfRange,
-                                absl::StatusCode::kUnauthenticated}) {
-    absl::StatusOr<Header> decoded =
-        DecodeHeader(EncodeAck({.wr_id = 42, .code = code}), kMaxWrite);
+  for (Refusal refusal : {Refusal::kNone, Refusal::kNoWindow, Refusal::kNotYourWindow,
+                          Refusal::kOutsideWindow}) {
+    const absl::StatusCode code = RefusalStatus(refusal).code();
+    absl::StatusOr<Header> decoded = DecodeHeader(
+        EncodeAck({.wr_id = 42, .code = code, .refusal = refusal}), kMaxWrite);
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     EXPECT_EQ(std::get<AckFrame>(*decoded).wr_id, 42u);
     EXPECT_EQ(std::get<AckFrame>(*decoded).code, code);
+    EXPECT_EQ(std::get<AckFrame>(*decoded).refusal, refusal);
   }
+}
+
+TEST(WireTest, RejectsAckWhoseRefusalAndCodeDisagree) {
+  EXPECT_EQ(DecodeCode(EncodeAck({.wr_id = 1, .code = absl::StatusCode::kOutOfRange})),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeCode(EncodeAck({.wr_id = 1, .refusal = Refusal::kNoWindow})),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeCode(EncodeAck({.wr_id = 1,
+                                  .code = absl::StatusCode::kNotFound,
+                                  .refusal = static_cast<Refusal>(kMaxRefusal + 1)})),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(WireTest, RejectsBadMagic) {

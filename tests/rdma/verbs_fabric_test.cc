@@ -247,7 +247,7 @@ TEST_P(VerbsWriteTest, RandomWritesLandExactly) {
       notified = arrival.imm == 0xC0FFEE;
       continue;
     }
-    EXPECT_EQ(arrival.key, *target_key);
+    EXPECT_EQ(arrival.window, *target_key);
     EXPECT_EQ(ops[arrival.imm].remote_offset, arrival.offset);
   }
   EXPECT_TRUE(notified);

@@ -198,10 +198,17 @@ int main(int argc, char** argv) {
 
   int signal = 0;
   sigwait(&stop_signals, &signal);
+  // Within 2 s: running transfers fail SHUTTING_DOWN and their streams, and every
+  // watcher, get their last events; new calls are refused (UNAVAILABLE); then the
+  // data plane goes, the metrics stop reading it first.
   std::printf("fuselink-agent node=%s stopping\n", options.node.c_str());
+  std::fflush(stdout);
+  (*node)->engine().Shutdown();
+  (*node)->landing().Shutdown();
   (*node)->watch_hub().Close();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   handles->reset();
+  (*metrics)->Detach();
   node->reset();
   return 0;
 }

@@ -3,20 +3,34 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 
 namespace fuselink::services {
 
-// Reads the node's live counters at scrape time.
+// Reads the node's live counters at scrape time. A scrape and Detach exclude each
+// other, so the node can go while the HTTP server still serves.
 class Metrics::NodeCollector final : public prometheus::Collectable {
  public:
   explicit NodeCollector(Node* node) : node_(node) {}
 
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    node_ = nullptr;
+  }
+
   std::vector<prometheus::MetricFamily> Collect() const override {
+    absl::ReaderMutexLock lock(&mu_);
+    if (node_ == nullptr) return {};
+    return CollectFrom(*node_);
+  }
+
+ private:
+  static std::vector<prometheus::MetricFamily> CollectFrom(Node& node) {
     using prometheus::MetricType;
     std::vector<prometheus::MetricFamily> out;
-    const v1::Topology& topology = node_->topology();
+    const v1::Topology& topology = node.topology();
     // Own traffic: chunks of the NIC's owner GPU; borrowed: chunks other GPUs sent
     // (or received) through it.
     auto split = [&](const char* name, const char* help, auto own, auto borrowed) {
@@ -38,8 +52,8 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
     std::vector<sched::NicStats> sent;
     std::vector<transfer::LandingNicStats> landed;
     for (int k = 0; k < topology.nics_size(); ++k) {
-      sent.push_back(node_->scheduler().Stats(k));
-      landed.push_back(node_->landing().Stats(k));
+      sent.push_back(node.scheduler().Stats(k));
+      landed.push_back(node.landing().Stats(k));
     }
     split(
         "fuselink_nic_transmitted_bytes_total",
@@ -83,7 +97,13 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
     per_nic_value("fuselink_fabric_malformed_frames_total",
                   "Frames from peers that were refused and closed their connection.",
                   MetricType::Counter,
-                  [&](int k) { return node_->fabric().counters(k).malformed_frames; });
+                  [&](int k) { return node.fabric().counters(k).malformed_frames; });
+    per_nic_value("fuselink_fabric_refused_writes_total",
+                  "Writes that arrived on the NIC and were refused before a byte "
+                  "landed: no open window under their key, another peer's window, or "
+                  "outside it.",
+                  MetricType::Counter,
+                  [&](int k) { return node.fabric().counters(k).refused_writes; });
     auto gauge = [&](const char* name, const char* help, double value) {
       prometheus::MetricFamily f{name, help, MetricType::Gauge, {}};
       prometheus::ClientMetric m;
@@ -92,16 +112,16 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
       out.push_back(std::move(f));
     };
     gauge("fuselink_transfers_active", "Outgoing transfers preparing or running.",
-          static_cast<double>(node_->engine().active()));
+          static_cast<double>(node.engine().active()));
     gauge("fuselink_incoming_transfers_active",
           "Incoming transfers with a slot reserved on this node.",
-          static_cast<double>(node_->landing().active()));
+          static_cast<double>(node.landing().active()));
     gauge("fuselink_tensors_registered", "Tensors registered on this node.",
-          static_cast<double>(node_->registry().size()));
+          static_cast<double>(node.registry().size()));
     gauge("fuselink_relay_memory_bytes", "Host memory held for relay slots, all NICs.",
-          static_cast<double>(node_->relay().held_bytes()));
-    if (const relay::GpuRelayPool* pool = node_->gpu_relay(); pool != nullptr) {
-      const int gpus = node_->gpu()->count();
+          static_cast<double>(node.relay().held_bytes()));
+    if (const relay::GpuRelayPool* pool = node.gpu_relay(); pool != nullptr) {
+      const int gpus = node.gpu()->count();
       auto per_gpu = [&](const char* name, const char* help, auto value) {
         prometheus::MetricFamily f{name, help, MetricType::Gauge, {}};
         for (int g = 0; g < gpus; ++g) {
@@ -126,10 +146,10 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
       gauge("fuselink_stage_device_bytes",
             "Device memory of the fabric's GPU staging: landing buffers for bytes that "
             "arrive on one GPU's NIC for another GPU.",
-            static_cast<double>(node_->stager()->device_bytes()));
+            static_cast<double>(node.stager()->device_bytes()));
       gauge("fuselink_stage_pinned_host_bytes",
             "Pinned host buffers the fabric moves GPU bytes through.",
-            static_cast<double>(node_->stager()->pinned_host_bytes()));
+            static_cast<double>(node.stager()->pinned_host_bytes()));
       prometheus::MetricFamily remaps{
           "fuselink_relay_remaps_total",
           "Relay slot mappings made and unmapped (the pool growing and shrinking).",
@@ -152,19 +172,27 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
       }
       out.push_back(std::move(staged));
     }
-    prometheus::MetricFamily stray{"fuselink_stray_writes_total",
-                                   "Writes that named no live incoming transfer.",
-                                   MetricType::Counter,
-                                   {}};
-    prometheus::ClientMetric m;
-    m.counter.value = static_cast<double>(node_->landing().stray_writes());
-    stray.metric.push_back(std::move(m));
-    out.push_back(std::move(stray));
+    auto counter = [&](const char* name, const char* help, double value) {
+      prometheus::MetricFamily f{name, help, MetricType::Counter, {}};
+      prometheus::ClientMetric m;
+      m.counter.value = value;
+      f.metric.push_back(std::move(m));
+      out.push_back(std::move(f));
+    };
+    counter("fuselink_stray_writes_total",
+            "Writes and notices that named no open incoming transfer of their source "
+            "(late, stale or misdirected); none of their bytes counted.",
+            static_cast<double>(node.landing().stray_writes()));
+    counter("fuselink_notices_dropped_total",
+            "Verdict and idle-NIC notices to other agents that were dropped (queue "
+            "full, or the node unreachable); a source then asks for its verdict over "
+            "gRPC.",
+            static_cast<double>(node.notices_dropped()));
     return out;
   }
 
- private:
-  Node* const node_;
+  mutable absl::Mutex mu_;
+  Node* node_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen) {
@@ -199,6 +227,10 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer)
                                "leaving its NIC.")
                            .Register(*registry_);
   exposer_->RegisterCollectable(registry_);
+}
+
+void Metrics::Detach() {
+  if (collector_) collector_->Detach();
 }
 
 Metrics::~Metrics() {

@@ -23,6 +23,9 @@ class Metrics final : public transfer::EngineObserver {
 
   // Exposes the node's own counters. Call once, before scrapes matter.
   void Attach(Node* node);
+  // Stops reading the node: a scrape in progress finishes first, later scrapes see
+  // only the transfer outcomes. Call before the node goes.
+  void Detach();
   int port() const;
 
   void OnTransferFinished(transfer::State state, absl::Duration elapsed,

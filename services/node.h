@@ -62,6 +62,7 @@ class Node final : public fabric::Handler {
   peer::PeerDirectory& peers() { return *peers_; }
   const sched::Scheduler& scheduler() const { return *scheduler_; }
   const relay::RelayPool& relay() const { return *relay_; }
+  uint64_t notices_dropped() const { return notifier_->dropped(); }
   // Null without GPUs; then gpu_status() says why.
   const gpu::Runtime* gpu() const { return gpu_.get(); }
   const std::string& gpu_status() const { return gpu_status_; }

@@ -28,7 +28,6 @@ void WatchHub::Add(WatchSink* sink, std::string tensor, Watcher** handle) {
     Watcher* w = watchers_.back().get();
     w->sink = sink;
     w->tensor = std::move(tensor);
-    w->cancelled = closed_;
     *handle = w;
     Advance(w, &actions);
   }
@@ -83,10 +82,7 @@ void WatchHub::Close() {
   {
     absl::MutexLock lock(&mu_);
     closed_ = true;
-    for (auto& w : watchers_) {
-      w->cancelled = true;
-      Advance(w.get(), &actions);
-    }
+    for (auto& w : watchers_) Advance(w.get(), &actions);
   }
   Run(actions);
 }
@@ -108,7 +104,17 @@ void WatchHub::Advance(Watcher* w, Actions* actions) {
     actions->push_back(Action{w->sink, nullptr, std::move(why)});
     return;
   }
-  if (w->queue.empty()) return;
+  if (w->queue.empty()) {
+    // The agent is stopping: every event published so far has been written.
+    if (closed_) {
+      w->finished = true;
+      actions->push_back(
+          Action{w->sink, nullptr,
+                 WithReason(absl::UnavailableError("the agent is shutting down"),
+                            "SHUTTING_DOWN")});
+    }
+    return;
+  }
   w->writing_event = std::move(w->queue.front());
   w->queue.pop_front();
   w->writing = true;

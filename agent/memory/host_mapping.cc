@@ -1,5 +1,6 @@
 #include "agent/memory/host_mapping.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,6 +32,19 @@ absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
                           "host memory: offset_bytes ", offset_bytes,
                           " is not a multiple of the page size ", page_bytes)),
                       "BAD_MEMORY");
+  }
+  // A lender that could shrink the file under the mapping would turn every later
+  // access into SIGBUS, killing every transfer on the node: the file must be sealed
+  // against shrinking, by the lender or here (a memfd made with MFD_ALLOW_SEALING).
+  // Sealed first, measured after, so the size checked is the size that stays.
+  const int seals = fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 ||
+      (!(seals & F_SEAL_SHRINK) && fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0)) {
+    return WithReason(
+        absl::FailedPreconditionError(
+            "host memory: the file cannot be sealed against shrinking (F_SEAL_SHRINK); "
+            "lend a memfd made with MFD_ALLOW_SEALING, or seal it first"),
+        "UNSEALED_MEMORY");
   }
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat(memfd)", errno);

@@ -1,3 +1,4 @@
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -58,7 +59,7 @@ TEST(FdTokens, TokenIsSpentOnce) {
 }
 
 TEST(HostMapping, ChecksTheFile) {
-  UniqueFd fd(memfd_create("t", MFD_CLOEXEC));
+  UniqueFd fd(memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_EQ(ftruncate(fd.get(), 8192), 0);
   auto past_end = HostMapping::Map(UniqueFd(dup(fd.get())), 4096, 8192);
   EXPECT_EQ(ReasonOf(past_end.status()), "BAD_MEMORY");
@@ -67,6 +68,40 @@ TEST(HostMapping, ChecksTheFile) {
   auto ok = HostMapping::Map(std::move(fd), 4096, 4096);
   ASSERT_TRUE(ok.ok()) << ok.status();
   static_cast<uint8_t*>((*ok)->data())[4095] = 7;  // writable to its last byte
+}
+
+TEST(HostMapping, SealsTheFileAgainstShrinking) {
+  UniqueFd fd(memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(ftruncate(fd.get(), 8192), 0);
+  auto mapped = HostMapping::Map(UniqueFd(dup(fd.get())), 0, 8192);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  // The lender can no longer pull the pages out from under the agent.
+  EXPECT_NE(ftruncate(fd.get(), 4096), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_TRUE(fcntl(fd.get(), F_GET_SEALS) & F_SEAL_SHRINK);
+  EXPECT_EQ(ftruncate(fd.get(), 16384), 0);  // growing is harmless, and allowed
+  static_cast<uint8_t*>((*mapped)->data())[8191] = 1;
+}
+
+TEST(HostMapping, RefusesWhatCannotBeSealed) {
+  UniqueFd unsealable(memfd_create("t", MFD_CLOEXEC));
+  ASSERT_EQ(ftruncate(unsealable.get(), 4096), 0);
+  auto refused = HostMapping::Map(std::move(unsealable), 0, 4096);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(refused.status()), "UNSEALED_MEMORY");
+
+  char path[] = "/tmp/fuselink-memory-test-XXXXXX";
+  UniqueFd file(mkstemp(path));
+  ASSERT_TRUE(file.valid());
+  unlink(path);
+  ASSERT_EQ(ftruncate(file.get(), 4096), 0);
+  auto not_memfd = HostMapping::Map(std::move(file), 0, 4096);
+  EXPECT_EQ(ReasonOf(not_memfd.status()), "UNSEALED_MEMORY");
+
+  UniqueFd sealed(memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(ftruncate(sealed.get(), 4096), 0);
+  ASSERT_EQ(fcntl(sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL), 0);
+  EXPECT_TRUE(HostMapping::Map(std::move(sealed), 0, 4096).ok());  // sealed by the lender
 }
 
 }  // namespace

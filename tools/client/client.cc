@@ -13,7 +13,7 @@ namespace fuselink::client {
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Create(const std::string& name,
                                                                uint64_t bytes) {
-  UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC));
+  UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return ErrnoStatus("memfd_create", errno);
   if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
     return ErrnoStatus("ftruncate(memfd)", errno);

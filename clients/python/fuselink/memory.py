@@ -67,7 +67,7 @@ class HostBuffer:
         if size_bytes <= 0:
             raise ValueError(f"size_bytes must be positive, not {size_bytes}")
         self.size_bytes = size_bytes
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, size_bytes)
             self.data = mmap.mmap(self.fd, size_bytes)  # MAP_SHARED, read-write

@@ -1,0 +1,389 @@
+// The target's rules, one at a time, against a fake fabric whose windows the test
+// opens, drains and inspects: placement through per-slot windows, distinct-byte
+// counting, the verdict and when it is told, generations, expiry and the fallback
+// query.
+#include "agent/transfer/landing.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <map>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "agent/common/status_macros.h"
+#include "agent/transfer/imm.h"
+#include "agent/transfer/verdict.h"
+#include "gtest/gtest.h"
+
+namespace fuselink::transfer {
+namespace {
+
+// Windows as records; a close drains at once unless `hold_drains`, when the test
+// runs the drain itself (a write still placing).
+class FakeFabric final : public fabric::Fabric {
+ public:
+  struct Window {
+    fabric::RegionKey region;
+    std::string peer;
+    std::vector<fabric::Extent> extents;
+    bool open = true;
+  };
+
+  absl::string_view transport() const override { return "fake"; }
+  int nic_count() const override { return 4; }
+  std::vector<fabric::Endpoint> endpoints() const override { return {}; }
+  absl::StatusOr<fabric::RegionKey> RegisterRegion(void*, uint64_t,
+                                                   std::shared_ptr<const void>) override {
+    return next_region_++;
+  }
+  absl::Status DeregisterRegion(fabric::RegionKey) override { return absl::OkStatus(); }
+  absl::StatusOr<fabric::WindowKey> OpenWindow(
+      fabric::RegionKey region, absl::string_view peer,
+      std::span<const fabric::Extent> extents) override {
+    if (fail_open) return absl::ResourceExhaustedError("no windows left");
+    const fabric::WindowKey key = next_window_++;
+    windows[key] = Window{region, std::string(peer), {extents.begin(), extents.end()}};
+    return key;
+  }
+  void CloseWindow(fabric::WindowKey key,
+                   absl::AnyInvocable<void() &&> drained) override {
+    windows[key].open = false;
+    if (hold_drains) {
+      held.push_back(std::move(drained));
+    } else {
+      std::move(drained)();
+    }
+  }
+  absl::StatusOr<fabric::PeerId> Connect(absl::string_view,
+                                         const std::vector<fabric::Endpoint>&) override {
+    return 1;
+  }
+  void Disconnect(fabric::PeerId) override {}
+  std::string PeerName(fabric::PeerId) const override { return "node-a"; }
+  std::optional<fabric::PeerId> FindPeer(absl::string_view) const override {
+    return std::nullopt;
+  }
+  absl::Status PostWrite(fabric::PeerId, int, const fabric::WriteOp&) override {
+    return absl::OkStatus();
+  }
+  fabric::NicCounters counters(int) const override { return {}; }
+
+  void RunHeldDrains() {
+    auto drains = std::move(held);
+    held.clear();
+    for (auto& d : drains) std::move(d)();
+  }
+
+  std::map<fabric::WindowKey, Window> windows;
+  bool hold_drains = false;
+  bool fail_open = false;
+  std::vector<absl::AnyInvocable<void() &&>> held;
+
+ private:
+  fabric::RegionKey next_region_ = 1;
+  fabric::WindowKey next_window_ = 100;
+};
+
+constexpr uint32_t kLayers = 2;
+constexpr uint32_t kBlocks = 8;
+constexpr uint64_t kBlockBytes = 4096;
+
+class LandingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    UniqueFd fd(memfd_create("kv", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    ASSERT_EQ(ftruncate(fd.get(), kLayers * kBlocks * kBlockBytes), 0);
+    memory::TensorInfo want;
+    want.name = "kv";
+    want.layout = memory::Layout{kLayers, kBlocks, kBlockBytes, 0, 0};
+    ASSERT_TRUE(registry_
+                    .RegisterHost(std::move(want), std::move(fd), 0,
+                                  kLayers * kBlocks * kBlockBytes)
+                    .ok());
+    LandingOptions options;
+    options.idle_timeout = absl::Seconds(30);
+    options.commit_grace = absl::Seconds(2);
+    landing_ = std::make_unique<Landing>(
+        &registry_, &fabric_, 4,
+        [this](const v1::WatchEvent& e) { events_.push_back(e); },
+        [this](const std::string& node, uint32_t imm) {
+          notices_.emplace_back(node, imm);
+        },
+        [this](uint32_t mask) { idle_.push_back(mask); }, options);
+  }
+
+  // Blocks {1, 2} (contiguous) and 5 of both layers, from node-a on rail 0.
+  v1::PrepareIncomingRequest Request(const std::string& transfer_id = "t1") const {
+    v1::PrepareIncomingRequest r;
+    r.set_source_node("node-a");
+    r.set_transfer_id(transfer_id);
+    r.set_tensor("kv");
+    for (uint32_t b : {5u, 1u, 2u}) r.add_block_ids(b);
+    r.set_layer_begin(0);
+    r.set_layer_end(kLayers);
+    r.set_block_bytes(kBlockBytes);
+    r.set_total_bytes(3 * kLayers * kBlockBytes);
+    r.set_source_nic(0);
+    return r;
+  }
+
+  struct Prepared {
+    SlotId slot;
+    fabric::WindowKey window;
+  };
+  Prepared Prepare(const std::string& transfer_id = "t1") {
+    absl::StatusOr<v1::PrepareIncomingResponse> r =
+        landing_->Prepare(Request(transfer_id));
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    return Prepared{SlotId::Unpack(r->slot()), r->window_key()};
+  }
+
+  static uint64_t Offset(uint32_t layer, uint32_t block) {
+    return (uint64_t{layer} * kBlocks + block) * kBlockBytes;
+  }
+  void Data(const Prepared& p, uint64_t offset, uint32_t bytes, int nic = 0,
+            const char* peer = "node-a") {
+    landing_->OnArrival(fabric::Arrival{.peer = 1,
+                                        .peer_name = peer,
+                                        .nic = nic,
+                                        .window = p.window,
+                                        .offset = offset,
+                                        .bytes = bytes,
+                                        .imm = EncodeImm(p.slot, ImmOp::kData)});
+  }
+  void Notice(const Prepared& p, ImmOp op) {
+    landing_->OnArrival(
+        fabric::Arrival{.peer = 1, .peer_name = "node-a", .imm = EncodeImm(p.slot, op)});
+  }
+  // Every byte of the transfer, block by block.
+  void AllData(const Prepared& p) {
+    for (uint32_t layer = 0; layer < kLayers; ++layer) {
+      Data(p, Offset(layer, 1), 2 * kBlockBytes);
+      Data(p, Offset(layer, 5), kBlockBytes);
+    }
+  }
+  uint8_t VerdictTold() const {
+    EXPECT_FALSE(notices_.empty());
+    if (notices_.empty()) return 0xee;
+    EXPECT_EQ(notices_.back().first, "node-a");
+    return DecodeVerdict(notices_.back().second).verdict;
+  }
+
+  FakeFabric fabric_;
+  memory::Registry registry_{&fabric_};
+  std::vector<v1::WatchEvent> events_;
+  std::vector<std::pair<std::string, uint32_t>> notices_;
+  std::vector<uint32_t> idle_;
+  std::unique_ptr<Landing> landing_;  // last: it tells the others as it goes
+};
+
+TEST_F(LandingTest, OpensAWindowOverExactlyTheBlocksForTheSource) {
+  Prepared p = Prepare();
+  ASSERT_TRUE(fabric_.windows.contains(p.window));
+  const FakeFabric::Window& w = fabric_.windows[p.window];
+  EXPECT_EQ(w.peer, "node-a");
+  const std::vector<fabric::Extent> want = {{Offset(0, 1), 2 * kBlockBytes},
+                                            {Offset(0, 5), kBlockBytes},
+                                            {Offset(1, 1), 2 * kBlockBytes},
+                                            {Offset(1, 5), kBlockBytes}};
+  ASSERT_EQ(w.extents.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(w.extents[i].offset, want[i].offset) << i;
+    EXPECT_EQ(w.extents[i].bytes, want[i].bytes) << i;
+  }
+  EXPECT_EQ(landing_->active(), 1u);
+  EXPECT_EQ(landing_->IdleMask(), 0b1110u);  // rail 0 carries the source's own traffic
+}
+
+TEST_F(LandingTest, CompletesOnlyWithACommitAndEveryByte) {
+  Prepared p = Prepare();
+  AllData(p);
+  EXPECT_TRUE(events_.empty());  // every byte, but no commit yet
+  Notice(p, ImmOp::kCommit);
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_EQ(events_[0].code(), 0);
+  EXPECT_EQ(events_[0].bytes(), 3 * kLayers * kBlockBytes);
+  EXPECT_EQ(VerdictTold(), static_cast<uint8_t>(Verdict::kCompleted));
+  EXPECT_TRUE(VerdictNames(DecodeVerdict(notices_.back().second), p.slot));
+  EXPECT_FALSE(fabric_.windows[p.window].open);
+  EXPECT_EQ(landing_->active(), 0u);
+}
+
+TEST_F(LandingTest, ADuplicateChunkCountsOnce) {
+  Prepared p = Prepare();
+  for (uint32_t layer = 0; layer < kLayers; ++layer) {
+    Data(p, Offset(layer, 1), 2 * kBlockBytes);
+    Data(p, Offset(layer, 1), 2 * kBlockBytes);    // resent after a NIC failed
+    Data(p, Offset(layer, 1) + 100, kBlockBytes);  // overlapping, hostile
+  }
+  Data(p, Offset(0, 5), kBlockBytes);  // layer 1's block 5 never comes
+  Notice(p, ImmOp::kCommit);
+  EXPECT_TRUE(events_.empty());  // waits for the missing bytes, within the grace
+  landing_->Expire(absl::Now() + absl::Seconds(3));
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_EQ(events_[0].code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(events_[0].bytes(), (2 * kLayers + 1) * kBlockBytes);
+  EXPECT_EQ(VerdictTold(), static_cast<uint8_t>(Verdict::kIncompleteCommit));
+}
+
+TEST_F(LandingTest, ACommitWaitsForDataAnotherNicHasNotCountedYet) {
+  Prepared p = Prepare();
+  Data(p, Offset(0, 1), 2 * kBlockBytes, 0);
+  Data(p, Offset(0, 5), kBlockBytes, 1);
+  Data(p, Offset(1, 1), 2 * kBlockBytes, 2);
+  Notice(p, ImmOp::kCommit);  // NIC 3's poller is behind
+  EXPECT_TRUE(events_.empty());
+  Data(p, Offset(1, 5), kBlockBytes, 3);
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_EQ(events_[0].code(), 0);
+  EXPECT_EQ(landing_->Stats(0).own_bytes, 2 * kBlockBytes);
+  EXPECT_EQ(landing_->Stats(3).borrowed_bytes, kBlockBytes);
+}
+
+TEST_F(LandingTest, NothingIsToldUntilTheWindowHasDrained) {
+  Prepared p = Prepare();
+  AllData(p);
+  fabric_.hold_drains = true;  // a write is still placing when the commit comes
+  Notice(p, ImmOp::kCommit);
+  EXPECT_FALSE(fabric_.windows[p.window].open);
+  EXPECT_TRUE(events_.empty());
+  EXPECT_TRUE(notices_.empty());
+  absl::StatusOr<v1::IncomingState> state = landing_->Query("node-a", "t1");
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_TRUE(state->open());
+  fabric_.RunHeldDrains();
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_EQ(events_[0].code(), 0);
+  state = landing_->Query("node-a", "t1");
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_FALSE(state->open());
+  EXPECT_EQ(state->code(), 0);
+  EXPECT_EQ(state->landed_bytes(), 3 * kLayers * kBlockBytes);
+}
+
+TEST_F(LandingTest, LateStaleAndMisdirectedArrivalsCountNothing) {
+  Prepared p = Prepare();
+  Data(p, Offset(0, 1), kBlockBytes, 0, "node-c");  // another node names the slot
+  Prepared wrong_generation = p;
+  wrong_generation.slot.generation ^= 1;
+  Data(wrong_generation, Offset(0, 1), kBlockBytes);
+  EXPECT_EQ(landing_->stray_writes(), 2u);
+  AllData(p);
+  Notice(p, ImmOp::kCommit);
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_EQ(events_[0].bytes(), 3 * kLayers * kBlockBytes);
+  Data(p, Offset(0, 1), kBlockBytes);  // late: the slot has ended
+  EXPECT_EQ(landing_->stray_writes(), 3u);
+  EXPECT_EQ(events_.size(), 1u);
+}
+
+TEST_F(LandingTest, BytesOutsideTheSlotsBlocksEndItAsAProtocolBreach) {
+  Prepared p = Prepare();
+  Data(p, Offset(0, 3), kBlockBytes);  // block 3 was not prepared
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_EQ(events_[0].code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(VerdictTold(), static_cast<uint8_t>(Verdict::kProtocol));
+}
+
+TEST_F(LandingTest, ARepeatedCommitHearsTheVerdictAgain) {
+  Prepared p = Prepare();
+  AllData(p);
+  Notice(p, ImmOp::kCommit);
+  ASSERT_EQ(notices_.size(), 1u);
+  Notice(p, ImmOp::kCommit);  // the source missed the first verdict
+  ASSERT_EQ(notices_.size(), 2u);
+  EXPECT_EQ(notices_[0].second, notices_[1].second);
+  EXPECT_EQ(events_.size(), 1u);  // watchers hear it once
+}
+
+TEST_F(LandingTest, TheSourcesAbortAndExpiryAndATensorsLossEachEndTheirSlot) {
+  Prepared aborted = Prepare("t1");
+  Prepare("t2");
+  Prepare("t3");
+  Notice(aborted, ImmOp::kAbort);
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_EQ(events_[0].code(), static_cast<int>(absl::StatusCode::kAborted));
+  landing_->Expire(absl::Now() + absl::Seconds(31));
+  ASSERT_EQ(events_.size(), 3u);  // both others were idle
+  EXPECT_EQ(VerdictTold(), static_cast<uint8_t>(Verdict::kSourceIdle));
+  Prepared owned = Prepare("t4");
+  absl::StatusOr<memory::TensorLease> lease = registry_.Acquire("kv");
+  ASSERT_TRUE(lease.ok());
+  landing_->AbortTensor(lease->id(), TargetStatus(Verdict::kOwnerExited));
+  ASSERT_EQ(events_.size(), 4u);
+  EXPECT_EQ(events_.back().transfer_id(), "t4");
+  EXPECT_EQ(events_.back().code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(VerdictTold(), static_cast<uint8_t>(Verdict::kOwnerExited));
+  Data(owned, Offset(0, 1), kBlockBytes);  // late
+  EXPECT_EQ(events_.size(), 4u);
+}
+
+TEST_F(LandingTest, PeerLossAndShutdownEndOpenSlots) {
+  Prepare("t1");
+  landing_->OnPeerLost("node-c");
+  EXPECT_TRUE(events_.empty());
+  landing_->OnPeerLost("node-a");
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_EQ(VerdictTold(), static_cast<uint8_t>(Verdict::kPeerLost));
+  Prepare("t2");
+  landing_->Shutdown();
+  ASSERT_EQ(events_.size(), 2u);
+  EXPECT_EQ(VerdictTold(), static_cast<uint8_t>(Verdict::kShuttingDown));
+  absl::StatusOr<v1::PrepareIncomingResponse> after = landing_->Prepare(Request("t3"));
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ReasonOf(after.status()), "SHUTTING_DOWN");
+}
+
+TEST_F(LandingTest, SlotsAreReusedOldestFirstWithANewGeneration) {
+  Prepared first = Prepare("t1");
+  Notice(first, ImmOp::kAbort);
+  Prepared second = Prepare("t2");
+  EXPECT_NE(second.slot.index, first.slot.index);  // FIFO: the freed slot goes last
+  // Reuse every slot once: the first slot comes back with its generation bumped.
+  Prepared again{};
+  for (uint32_t i = 0; i < kMaxIncoming; ++i) {
+    Prepared p = Prepare(absl::StrCat("u", i));
+    if (p.slot.index == first.slot.index) {
+      again = p;
+      break;
+    }
+    Notice(p, ImmOp::kAbort);
+  }
+  EXPECT_EQ(again.slot.index, first.slot.index);
+  EXPECT_EQ(again.slot.generation, (first.slot.generation + 1) & 0xffff);
+  const uint64_t stray = landing_->stray_writes();
+  Data(first, Offset(0, 1), kBlockBytes);  // the old generation's late write
+  EXPECT_EQ(landing_->stray_writes(), stray + 1);
+  Notice(first, ImmOp::kAbort);       // nor can it end the new one
+  EXPECT_EQ(landing_->active(), 2u);  // t2 and the slot's new transfer
+}
+
+TEST_F(LandingTest, QueryAnswersOnlyTheTransfersOwnSource) {
+  Prepare("t1");
+  EXPECT_EQ(landing_->Query("node-c", "t1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReasonOf(landing_->Query("node-a", "nope").status()), "UNKNOWN_TRANSFER");
+}
+
+TEST_F(LandingTest, RefusesWhatItCannotPrepare) {
+  v1::PrepareIncomingRequest bad_total = Request();
+  bad_total.set_total_bytes(1);
+  EXPECT_EQ(ReasonOf(landing_->Prepare(bad_total).status()), "BAD_TOTAL");
+  v1::PrepareIncomingRequest bad_nic = Request();
+  bad_nic.set_source_nic(4);
+  EXPECT_EQ(ReasonOf(landing_->Prepare(bad_nic).status()), "BAD_SOURCE_NIC");
+  v1::PrepareIncomingRequest duplicate = Request();
+  duplicate.add_block_ids(5);
+  duplicate.set_total_bytes(4 * kLayers * kBlockBytes);
+  EXPECT_EQ(ReasonOf(landing_->Prepare(duplicate).status()), "DUPLICATE_TARGET_BLOCK");
+  fabric_.fail_open = true;
+  absl::StatusOr<v1::PrepareIncomingResponse> no_window = landing_->Prepare(Request());
+  EXPECT_EQ(no_window.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ReasonOf(no_window.status()), "WINDOW_FAILED");
+  EXPECT_EQ(landing_->active(), 0u);
+}
+
+}  // namespace
+}  // namespace fuselink::transfer

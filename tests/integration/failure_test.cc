@@ -7,12 +7,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/fabric/wire.h"
 #include "gtest/gtest.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
@@ -348,6 +351,73 @@ TEST_F(FailureTest, MalformedFrameOnANicPortClosesOnlyThatConnection) {
   EXPECT_EQ(*after, 1);
   EXPECT_TRUE(Serves(*b_));
   EXPECT_TRUE(MovesSmallTransfer("after-garbage"));
+}
+
+// Someone on the network who knows a NIC port and a node name, but holds no window:
+// every write is refused before a byte lands, the connection is answered and stays,
+// and the agent goes on moving real transfers. Region keys (small integers) are tried
+// first: they no longer reach anything from outside the node.
+TEST_F(FailureTest, ForgedWritesLandNowhere) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes());
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout, &small_));
+  const std::vector<uint8_t> before(small_.target.buffer->span().begin(),
+                                    small_.target.buffer->span().end());
+  v1::Topology topology;
+  ASSERT_TRUE(GetTopology(*b_, &topology).ok());
+  const v1::Nic& rail0 = topology.nics(0);
+  absl::StatusOr<UniqueFd> socket =
+      TcpConnect(rail0.address(), static_cast<uint16_t>(rail0.port()));
+  ASSERT_TRUE(socket.ok()) << socket.status();
+  constexpr uint32_t kForged = 64;
+  std::string frames = *fabric::wire::EncodeHello(0, kNodeA);  // posing as the peer
+  for (uint32_t i = 0; i < kForged; ++i) {
+    const fabric::WindowKey key = i < 32 ? i + 1 : 0x9e3779b9u * i;
+    const fabric::wire::HeaderBytes header = fabric::wire::EncodeWrite(
+        {.key = key, .offset = (i % 4) * 4096, .bytes = 64, .imm = i, .wr_id = i});
+    frames.append(reinterpret_cast<const char*>(header.data()), header.size());
+    frames.append(64, static_cast<char>(0xEE));
+  }
+  ASSERT_EQ(send(socket->get(), frames.data(), frames.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(frames.size()));
+  for (uint32_t i = 0; i < kForged; ++i) {
+    fabric::wire::HeaderBytes ack;
+    ASSERT_EQ(recv(socket->get(), ack.data(), ack.size(), MSG_WAITALL),
+              static_cast<ssize_t>(ack.size()))
+        << "ACK " << i;
+    absl::StatusOr<fabric::wire::Header> decoded =
+        fabric::wire::DecodeHeader(ack, 1 << 20);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    const auto* answer = std::get_if<fabric::wire::AckFrame>(&*decoded);
+    ASSERT_NE(answer, nullptr);
+    EXPECT_EQ(answer->wr_id, i);
+    EXPECT_EQ(answer->refusal, fabric::Refusal::kNoWindow) << "write " << i;
+  }
+  EXPECT_TRUE(
+      std::equal(before.begin(), before.end(), small_.target.buffer->span().begin()))
+      << "a forged write changed the target tensor";
+  absl::StatusOr<std::string> metrics = client::HttpGet(b_->metrics_url(), kWaitTimeout);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(*client::MetricValue(*metrics, "fuselink_fabric_refused_writes_total",
+                                 {{"nic", "rail0"}}),
+            kForged);
+  EXPECT_EQ(*client::MetricValue(*metrics, "fuselink_fabric_malformed_frames_total",
+                                 {{"nic", "rail0"}}),
+            0);
+  EXPECT_TRUE(Serves(*b_));
+  EXPECT_TRUE(MovesSmallTransfer("after-forgery"));
+}
+
+// A lender that shrinks a memfd it lent could crash the agent (SIGBUS on the next
+// access); the agent sealed it, so the shrink fails and transfers go on.
+TEST_F(FailureTest, LenderCannotShrinkWhatItLent) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes());
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout, &small_));
+  EXPECT_NE(ftruncate(small_.source.buffer->fd(), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(ftruncate(small_.target.buffer->fd(), 4096), 0);
+  EXPECT_TRUE(MovesSmallTransfer("after-shrink"));
+  EXPECT_TRUE(Serves(*a_));
+  EXPECT_TRUE(Serves(*b_));
 }
 
 TEST_F(FailureTest, AgentsStopCleanlyOnSigterm) {

@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -63,6 +64,11 @@ ABSL_FLAG(int, relay_idle_ms, 2000, "Relay slots idle this long are freed.");
 ABSL_FLAG(std::string, ready_file, "",
           "Write the bound addresses here as JSON once serving.");
 
+// The release the binary belongs to; the image and the Helm chart carry the same.
+#ifndef FUSELINK_VERSION
+#define FUSELINK_VERSION "0.1.0"
+#endif
+
 namespace {
 
 int Fail(const absl::Status& status) {
@@ -74,6 +80,9 @@ int Fail(const absl::Status& status) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("fuselink-agent --node=NAME [--peer=name=host:port,...]");
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] { return std::string("fuselink-agent " FUSELINK_VERSION "\n"); };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
 #ifdef NDEBUG
   // abseil's lock-cycle detection costs about half of an idle agent's CPU; debug

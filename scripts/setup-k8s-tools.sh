@@ -17,6 +17,7 @@
 # Needs root (apt-get) and the Debian and npm registries.
 set -euo pipefail
 
+. "$(dirname "$0")/lib/debian-mirror.sh"
 cache=${FUSELINK_CACHE:-/var/cache/fuselink}
 tools=$cache/k8s-tools
 mkdir -p "$tools"
@@ -87,7 +88,7 @@ part_apiserver() {
     [ ! -x "$bin/kube-controller-manager" ]; then
     local apt_dir=$cache/apt
     mkdir -p "$apt_dir/lists/partial" "$src"
-    echo "deb-src http://deb.debian.org/debian bookworm main" >"$apt_dir/sources.list"
+    echo "deb-src $(debian_mirror) bookworm main" >"$apt_dir/sources.list"
     local opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o "Dir::Etc::SourceParts=-"
       -o "Dir::State::Lists=$apt_dir/lists" -o "APT::Sandbox::User=root")
     if [ -z "$(find "$src" -maxdepth 1 -name 'kubernetes-*' -type d)" ]; then

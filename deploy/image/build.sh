@@ -27,10 +27,8 @@ for b in "$agent" "$ctl"; do
 done
 tag=${IMAGE_TAG:-$("$agent" --version | awk '{print $2}')}
 
-# The mirror this machine's apt uses (deb822 or one-line sources).
-mirror=$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | grep -v security | head -1)
-[ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-[ -n "$mirror" ] || { echo "build: no Debian mirror in this machine's apt sources" >&2; exit 1; }
+. "$repo/scripts/lib/debian-mirror.sh"
+mirror=$(debian_mirror)
 
 packages=$(grep -v '^#' "$here/runtime-packages.txt" | xargs | tr ' ' ',')
 rootfs=$out/rootfs
@@ -38,8 +36,8 @@ rm -rf "$rootfs" "$out/oci" "$out/bundle"
 echo "image: assembling the root file system from Debian bookworm"
 # Essential packages plus the runtime ones; no documentation, manuals or locales.
 mmdebstrap --quiet --variant=essential --include="$packages" \
-  --dpkg-opt='path-exclude=/usr/share/man/*' --dpkg-opt='path-exclude=/usr/share/doc/*' \
-  --dpkg-opt='path-exclude=/usr/share/locale/*' --dpkg-opt='path-exclude=/usr/share/info/*' \
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
   --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
   bookworm "$rootfs" "deb $mirror bookworm main"
 install -m 0755 "$agent" "$ctl" "$here/fuselink-health" "$rootfs/usr/bin/"

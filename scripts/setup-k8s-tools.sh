@@ -11,6 +11,7 @@
 #   apiserver  kube-apiserver, -controller-manager and -scheduler 1.20 built from
 #              Debian 12's own `kubernetes` source package (~5 min once), plus etcd
 #   image      mmdebstrap and umoci for deploy/image/build.sh
+#   terminal   tmux, to drive fuselinkctl top in tests
 #   all        every part
 # env.sh sets HELM3, HELM4, KUBECTL (kubectl 1.32, the newest that still talks to a
 # 1.20 server without complaint), K8S_BIN, TSC_DIR and puts etcd on PATH.
@@ -22,8 +23,8 @@ cache=${FUSELINK_CACHE:-/var/cache/fuselink}
 tools=$cache/k8s-tools
 mkdir -p "$tools"
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || { sed -n '5,16p' "$0" >&2; exit 2; }
-[ "${parts[*]}" = all ] && parts=(helm typecheck apiserver image)
+[ ${#parts[@]} -gt 0 ] || { sed -n '5,17p' "$0" >&2; exit 2; }
+[ "${parts[*]}" = all ] && parts=(helm typecheck apiserver image terminal)
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -119,9 +120,13 @@ part_image() {
   apt_install mmdebstrap umoci
 }
 
+part_terminal() {
+  apt_install tmux
+}
+
 for p in "${parts[@]}"; do
   case "$p" in
-    helm | typecheck | apiserver | image) "part_$p" ;;
+    helm | typecheck | apiserver | image | terminal) "part_$p" ;;
     *) echo "setup-k8s-tools: unknown part '$p'" >&2; exit 2 ;;
   esac
 done

@@ -21,6 +21,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "services/agent_service.h"
 #include "services/handle_socket.h"
+#include "services/k8s_discovery.h"
 #include "services/metrics.h"
 #include "services/peer_service.h"
 
@@ -61,6 +62,18 @@ ABSL_FLAG(uint64_t, relay_min_free_mib, 2048,
           "Below this much free memory on a GPU, its relay slots are given back and its "
           "NICs lend nothing (MiB).");
 ABSL_FLAG(int, relay_idle_ms, 2000, "Relay slots idle this long are freed.");
+ABSL_FLAG(std::string, peer_discovery, "static",
+          "static (the --peer list only) or kubernetes (also the endpoints of "
+          "--k8s_service, watched on the API server).");
+ABSL_FLAG(std::string, k8s_service, "", "kubernetes discovery: the agents' headless Service.");
+ABSL_FLAG(std::string, k8s_namespace, "",
+          "kubernetes discovery: its namespace; default: this pod's.");
+ABSL_FLAG(std::string, k8s_api_server, "",
+          "kubernetes discovery: https://host:port; default: the in-cluster address.");
+ABSL_FLAG(std::string, k8s_token_file, "/var/run/secrets/kubernetes.io/serviceaccount/token",
+          "kubernetes discovery: the service-account token.");
+ABSL_FLAG(std::string, k8s_ca_file, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+          "kubernetes discovery: the API server's CA.");
 ABSL_FLAG(std::string, ready_file, "",
           "Write the bound addresses here as JSON once serving.");
 
@@ -196,6 +209,41 @@ int main(int argc, char** argv) {
       (*node)->gpu_status().c_str());
   if ((*node)->gpu() != nullptr) std::printf("%s", (*node)->gpu()->Describe().c_str());
   std::fflush(stdout);
+  std::unique_ptr<services::K8sDiscovery> discovery;
+  if (absl::GetFlag(FLAGS_peer_discovery) == "kubernetes") {
+    services::K8sDiscoveryOptions k8s;
+    k8s.api_server = absl::GetFlag(FLAGS_k8s_api_server);
+    k8s.token_file = absl::GetFlag(FLAGS_k8s_token_file);
+    k8s.ca_file = absl::GetFlag(FLAGS_k8s_ca_file);
+    k8s.service = absl::GetFlag(FLAGS_k8s_service);
+    k8s.namespace_name = absl::GetFlag(FLAGS_k8s_namespace);
+    if (k8s.namespace_name.empty()) {
+      std::ifstream ns("/var/run/secrets/kubernetes.io/serviceaccount/namespace");
+      std::getline(ns, k8s.namespace_name);
+    }
+    k8s.self = options.node;
+    // Peers named by --peer stay; discovered ones come and go with their endpoints.
+    auto on_change = [peers = &(*node)->peers(),
+                      fixed = options.peers](const services::PeerSet& found) {
+      for (const auto& [name, address] : peers->Peers()) {
+        if (!found.contains(name) && !fixed.contains(name) && peers->RemovePeer(name)) {
+          std::printf("fuselink-agent: peer %s left\n", name.c_str());
+        }
+      }
+      for (const auto& [name, address] : found) {
+        if (peers->SetPeer(name, address)) {
+          std::printf("fuselink-agent: peer %s at %s\n", name.c_str(), address.c_str());
+        }
+      }
+      std::fflush(stdout);
+    };
+    absl::StatusOr<std::unique_ptr<services::K8sDiscovery>> d =
+        services::K8sDiscovery::Start(k8s, on_change);
+    if (!d.ok()) return Fail(d.status());
+    discovery = *std::move(d);
+  } else if (absl::GetFlag(FLAGS_peer_discovery) != "static") {
+    return Fail(absl::InvalidArgumentError("--peer_discovery must be static or kubernetes"));
+  }
   if (std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
     std::ofstream out(ready + ".tmp");
     out << "{\"node\":\"" << options.node << "\",\"grpc\":\"" << grpc_address
@@ -208,6 +256,7 @@ int main(int argc, char** argv) {
   int signal = 0;
   sigwait(&stop_signals, &signal);
   std::printf("fuselink-agent node=%s stopping\n", options.node.c_str());
+  discovery.reset();  // its callback uses the node's peers
   (*node)->watch_hub().Close();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   handles->reset();

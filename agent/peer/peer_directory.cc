@@ -61,18 +61,52 @@ absl::Status PeerDirectory::CheckRails(
 PeerDirectory::PeerDirectory(v1::Topology local, fabric::Fabric* fabric,
                              const std::map<std::string, std::string>& peers)
     : local_(std::move(local)), fabric_(fabric) {
-  for (const auto& [name, address] : peers) {
-    auto session = std::make_unique<Session>();
-    session->name = name;
-    session->stub = v1::Peer::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    sessions_.emplace(name, std::move(session));
-  }
+  for (const auto& [name, address] : peers) SetPeer(name, address);
 }
 
-bool PeerDirectory::Knows(absl::string_view node) const {
-  return sessions_.contains(node);
+bool PeerDirectory::SetPeer(const std::string& node, const std::string& address) {
+  absl::MutexLock lock(&sessions_mu_);
+  if (auto it = sessions_.find(node); it != sessions_.end() && it->second->address == address) {
+    return false;
+  }
+  auto session = std::make_shared<Session>();
+  session->name = node;
+  session->address = address;
+  session->stub =
+      v1::Peer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  sessions_[node] = std::move(session);
+  return true;
 }
+
+bool PeerDirectory::RemovePeer(absl::string_view node) {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(node);
+  if (it == sessions_.end()) return false;
+  sessions_.erase(it);
+  return true;
+}
+
+std::map<std::string, std::string> PeerDirectory::Peers() const {
+  absl::MutexLock lock(&sessions_mu_);
+  std::map<std::string, std::string> out;
+  for (const auto& [name, session] : sessions_) out[name] = session->address;
+  return out;
+}
+
+std::shared_ptr<PeerDirectory::Session> PeerDirectory::Find(absl::string_view node) const {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(node);
+  return it == sessions_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<PeerDirectory::Session>> PeerDirectory::All() const {
+  absl::MutexLock lock(&sessions_mu_);
+  std::vector<std::shared_ptr<Session>> out;
+  for (const auto& [name, session] : sessions_) out.push_back(session);
+  return out;
+}
+
+bool PeerDirectory::Knows(absl::string_view node) const { return Find(node) != nullptr; }
 
 absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
                                                       absl::Time deadline) {
@@ -108,21 +142,21 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
 }
 
 void PeerDirectory::OnPeerLost(fabric::PeerId peer) {
-  for (auto& [name, session] : sessions_) {
+  for (const std::shared_ptr<Session>& session : All()) {
     absl::MutexLock lock(&session->mu);
     if (session->connected && session->peer == peer) session->connected = false;
   }
 }
 
 void PeerDirectory::RepairSessions() {
-  for (auto& [name, session] : sessions_) {
+  for (const std::shared_ptr<Session>& session : All()) {
     std::vector<fabric::Endpoint> remote;
     {
       absl::MutexLock lock(&session->mu);
       if (!session->connected) continue;
       remote = session->remote;
     }
-    fabric_->Connect(name, remote).IgnoreError();  // returns at once when nothing failed
+    fabric_->Connect(session->name, remote).IgnoreError();  // returns at once when nothing failed
   }
 }
 
@@ -132,8 +166,8 @@ void PeerDirectory::Remember(const v1::Topology& caller) {
 }
 
 absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node) {
-  if (auto it = sessions_.find(node); it != sessions_.end()) {
-    return Connect(*it->second, absl::InfiniteFuture());
+  if (std::shared_ptr<Session> session = Find(node)) {
+    return Connect(*session, absl::InfiniteFuture());
   }
   std::vector<fabric::Endpoint> remote;
   {
@@ -151,13 +185,13 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node)
 
 absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
     const transfer::IncomingSpec& spec) {
-  auto it = sessions_.find(spec.target_node);
-  if (it == sessions_.end()) {
+  std::shared_ptr<Session> found = Find(spec.target_node);
+  if (found == nullptr) {
     return WithReason(
         absl::NotFoundError(absl::StrCat("unknown node '", spec.target_node, "'")),
         "UNKNOWN_NODE");
   }
-  Session& session = *it->second;
+  Session& session = *found;
   FL_ASSIGN_OR_RETURN(fabric::PeerId peer, Connect(session, spec.deadline));
 
   v1::PrepareIncomingRequest request;

@@ -12,10 +12,13 @@
 #  - after the CRDs are applied, helm upgrade makes the ServiceMonitor and the
 #    PrometheusRule; a third GPU node raises the DaemonSet's count to three;
 #  - helm uninstall leaves no object of the release behind.
-# Then two agents run outside the cluster with exactly the arguments of the DaemonSet
-# the server stored ($(NODE_NAME) and $(POD_IP) filled in as the kubelet would; the
-# handle socket and emulated NIC addresses made distinct because both share this
-# host), pass the exec probe's fuselink-health, and move a tensor.
+# Then agents run outside the cluster with exactly the arguments of the DaemonSet the
+# server stored ($(NODE_NAME), $(POD_IP), $(POD_NAMESPACE) filled in as the kubelet
+# would; the handle socket and emulated NIC addresses made distinct because all share
+# this host), each with its own token bound to its pod, while the test reports their
+# pods running at their addresses as a kubelet would: they pass the exec probe, find
+# each other through the EndpointSlices and move a tensor; a third node's agent joins
+# and is found; when its pod goes, the others drop it.
 # Usage: apiserver_test.sh AGENT FUSELINKCTL
 set -euo pipefail
 agent=$1
@@ -235,28 +238,77 @@ lifecycle() { # HELM RELEASE
 lifecycle "$HELM3" fl3
 lifecycle "$HELM4" fl4
 
-echo "== two agents with the DaemonSet's own arguments"
+echo "== agents with the DaemonSet's own arguments discover each other through the API server"
+rel=fld
+ds=$rel-fuselink
+"$HELM3" install "$rel" "$chart" -n gpu-system --set topology.source=emulated \
+  >"$run/$rel-install.log" 2>&1 || fail "helm install $rel: $(cat "$run/$rel-install.log")"
+wait_for 60 "$rel: agent pods are not bound to both GPU nodes" \
+  test "$(scheduled_nodes "$rel")" = "gpu-node-1 gpu-node-2"
+k get daemonset "$ds" -n gpu-system -o json >"$run/$rel-daemonset.json"
+pod_on() { # NODE: the release's pod bound to NODE
+  k -n gpu-system get pods -l "app.kubernetes.io/instance=$rel" \
+    -o jsonpath="{range .items[?(@.spec.nodeName=='$1')]}{.metadata.name}{end}"
+}
+# What the kubelet would report once the agent runs: the node's address, Ready.
+pod_running() { # NODE IP
+  k -n gpu-system patch pod "$(pod_on "$1")" --subresource=status --type=merge -p "{\"status\": {
+    \"phase\": \"Running\", \"hostIP\": \"$2\", \"podIP\": \"$2\", \"podIPs\": [{\"ip\": \"$2\"}],
+    \"conditions\": [{\"type\": \"Ready\", \"status\": \"True\"}, {\"type\": \"ContainersReady\", \"status\": \"True\"}]}}" >/dev/null
+}
 # args_for NODE POD_IP: the stored container args as a kubelet would expand them.
 args_for() {
-  jq -r '.spec.template.spec.containers[0].args[]' "$run/fl3-daemonset.json" |
-    sed "s/\$(NODE_NAME)/$1/g; s/\$(POD_IP)/$2/g; s|^--handle_socket=.*|--handle_socket=$run/$1.sock|"
+  jq -r '.spec.template.spec.containers[0].args[]' "$run/$rel-daemonset.json" |
+    sed "s/\$(NODE_NAME)/$1/g; s/\$(POD_IP)/$2/g; s/\$(POD_NAMESPACE)/gpu-system/g; s|^--handle_socket=.*|--handle_socket=$run/$1.sock|"
 }
-start_agent_as() { # NODE POD_IP LOOPBACK_NET
+# start_agent_as NODE POD_IP LOOPBACK_NET: outside the cluster, with a token of its
+# own bound to its pod (what the kubelet mounts), and the API server's address and CA
+# (what a pod finds in its environment and service-account volume).
+start_agent_as() {
+  k -n gpu-system create token "$ds" --bound-object-kind=Pod --bound-object-name="$(pod_on "$1")" \
+    >"$run/$1.token" || fail "no token for $1's pod"
   mapfile -t args < <(args_for "$1" "$2")
-  FUSELINK_GRPC_PORT=17350 POD_IP=$2 "$agent" "${args[@]}" --loopback_net="$3" \
-    --ready_file="$run/$1.json" >"$run/$1-agent.log" 2>&1 &
+  POD_IP=$2 "$agent" "${args[@]}" --loopback_net="$3" --ready_file="$run/$1.json" \
+    --k8s_api_server="https://127.0.0.1:$api_port" --k8s_token_file="$run/$1.token" \
+    --k8s_ca_file="$run/certs/apiserver.crt" >"$run/$1-agent.log" 2>&1 &
   pids+=($!)
   wait_for 10 "agent $1 did not start with the DaemonSet's arguments" test -s "$run/$1.json"
   POD_IP=$2 FUSELINK_GRPC_PORT=17350 "$here/deploy/image/fuselink-health" >"$run/$1-health.out" ||
     fail "the exec probe (fuselink-health) fails on $1: $(cat "$run/$1-health.out")"
 }
+knows() { grep -q "peer $2 at $3" "$run/$1-agent.log"; } # NODE PEER ADDRESS
+demo() { # FROM_NODE FROM_IP TO_NODE TO_IP
+  "$ctl" --agent="$2:17350" --target_agent="$4:17350" --source_socket="$run/$1.sock" \
+    --target_socket="$run/$3.sock" --demo_layers=2 --demo_blocks=8 --demo_block_bytes=65536 \
+    demo >"$run/demo-$1-$3.out" 2>&1 && grep -q "bytes match" "$run/demo-$1-$3.out"
+}
+pod_running gpu-node-1 127.0.81.1
+pod_running gpu-node-2 127.0.82.1
 start_agent_as gpu-node-1 127.0.81.1 81
 start_agent_as gpu-node-2 127.0.82.1 82
 echo "ok: both agents serve and pass the exec probe: $(args_for gpu-node-1 127.0.81.1 | xargs)"
-"$ctl" --agent=127.0.81.1:17350 --target_agent=127.0.82.1:17350 \
-  --source_socket="$run/gpu-node-1.sock" --target_socket="$run/gpu-node-2.sock" \
-  --demo_layers=2 --demo_blocks=8 --demo_block_bytes=65536 demo >"$run/demo.out" 2>&1 ||
-  fail "the agents did not move a tensor: $(cat "$run/demo.out")"
-grep -q "bytes match" "$run/demo.out" || fail "bytes differ at the target"
-echo "ok: they moved a tensor; bytes match"
-echo "PASS: the chart installs, upgrades, scales and uninstalls on Kubernetes 1.20 with helm 3 and 4"
+wait_for 30 "gpu-node-1 did not discover gpu-node-2" knows gpu-node-1 gpu-node-2 127.0.82.1:17350
+wait_for 30 "gpu-node-2 did not discover gpu-node-1" knows gpu-node-2 gpu-node-1 127.0.81.1:17350
+demo gpu-node-1 127.0.81.1 gpu-node-2 127.0.82.1 || fail "gpu-node-1 -> gpu-node-2: $(tail -3 "$run/demo-gpu-node-1-gpu-node-2.out")"
+echo "ok: each found the other through the API server; they moved a tensor, bytes match"
+
+add_node gpu-node-3 true
+wait_for 60 "no agent pod on gpu-node-3" test -n "$(pod_on gpu-node-3)"
+pod_running gpu-node-3 127.0.83.1
+start_agent_as gpu-node-3 127.0.83.1 83
+wait_for 30 "gpu-node-1 did not discover gpu-node-3" knows gpu-node-1 gpu-node-3 127.0.83.1:17350
+wait_for 30 "gpu-node-3 did not discover gpu-node-1" knows gpu-node-3 gpu-node-1 127.0.81.1:17350
+demo gpu-node-1 127.0.81.1 gpu-node-3 127.0.83.1 || fail "gpu-node-1 -> gpu-node-3: $(tail -3 "$run/demo-gpu-node-1-gpu-node-3.out")"
+demo gpu-node-3 127.0.83.1 gpu-node-2 127.0.82.1 || fail "gpu-node-3 -> gpu-node-2: $(tail -3 "$run/demo-gpu-node-3-gpu-node-2.out")"
+echo "ok: a third node's agent joined, was found by the others and found them; tensors moved"
+
+# gpu-node-3's pod goes away (its replacement has no address yet): the others drop it.
+k -n gpu-system delete pod "$(pod_on gpu-node-3)" --grace-period=0 --force >/dev/null 2>&1
+wait_for 30 "gpu-node-1 did not drop gpu-node-3" grep -q "peer gpu-node-3 left" "$run/gpu-node-1-agent.log"
+if demo gpu-node-1 127.0.81.1 gpu-node-3 127.0.83.1; then
+  fail "gpu-node-1 still sends to the departed gpu-node-3"
+fi
+grep -q "UNKNOWN_NODE\|unknown node" "$run/demo-gpu-node-1-gpu-node-3.out" ||
+  fail "a transfer to the departed node failed otherwise: $(tail -2 "$run/demo-gpu-node-1-gpu-node-3.out")"
+echo "ok: when gpu-node-3's pod left, gpu-node-1 dropped it (transfers to it: UNKNOWN_NODE)"
+echo "PASS: the chart installs, upgrades, scales and uninstalls on Kubernetes 1.20 with helm 3 and 4; its agents discover each other there"

@@ -89,7 +89,9 @@ case_ok defaults "" \
   "'--node=\$(NODE_NAME)' in args and '--listen=\$(POD_IP):17350' in args" \
   "'--metrics_listen=\$(POD_IP):17351' in args and '--handle_socket=/run/fuselink/agent.sock' in args" \
   "'--topology=/etc/fuselink/host/topology.json' in args" \
-  "not any(a.startswith(('--tls', '--peer')) for a in args)" \
+  "not any(a.startswith(('--tls', '--peer=')) for a in args)" \
+  "'--peer_discovery=kubernetes' in args and '--k8s_service=fl-fuselink' in args and '--k8s_namespace=\$(POD_NAMESPACE)' in args" \
+  "pod['automountServiceAccountToken'] is True and pod['serviceAccountName'] == 'fl-fuselink'" \
   "[e for e in agent['env'] if e['name'] == 'NODE_NAME'][0]['valueFrom']['fieldRef']['fieldPath'] == 'spec.nodeName'" \
   "ds['spec']['updateStrategy'] == {'type': 'RollingUpdate', 'rollingUpdate': {'maxUnavailable': 1}}" \
   "of('Service')[0]['spec']['clusterIP'] == 'None' and all(p['protocol'] == 'TCP' for p in of('Service')[0]['spec']['ports'])" \
@@ -140,8 +142,9 @@ case_ok topology-per-node "--set topology.source=perNode --set-json topology.nod
   "'checksum/topology' in ds['spec']['template']['metadata']['annotations']"
 case_ok topology-emulated "--set topology.source=emulated --set topology.emulatedNics=2" \
   "'--nics=2' in args and not any(v['name'] == 'topology' for v in pod['volumes'])"
-case_ok static-peers "--set-json peers.static=[{\"name\":\"gpu-2\",\"address\":\"10.0.0.2:17350\"},{\"name\":\"gpu-3\",\"address\":\"10.0.0.3:17350\"}]" \
-  "'--peer=gpu-2=10.0.0.2:17350,gpu-3=10.0.0.3:17350' in args"
+case_ok static-peers "--set peers.discovery=static --set-json peers.static=[{\"name\":\"gpu-2\",\"address\":\"10.0.0.2:17350\"},{\"name\":\"gpu-3\",\"address\":\"10.0.0.3:17350\"}]" \
+  "'--peer=gpu-2=10.0.0.2:17350,gpu-3=10.0.0.3:17350' in args" \
+  "not any(a.startswith('--peer_discovery') for a in args) and pod['automountServiceAccountToken'] is False"
 case_ok operator-choices "--set priorityClassName=system-node-critical --set updateStrategy.maxUnavailable=25% --set gpu.runtimeClassName= --set dashboards.enabled=false --set test.enabled=false --set rbac.create=false --set agent.policy=static" \
   "pod['priorityClassName'] == 'system-node-critical' and 'runtimeClassName' not in pod" \
   "ds['spec']['updateStrategy']['rollingUpdate']['maxUnavailable'] == '25%'" \
@@ -169,7 +172,7 @@ fi
 
 echo "== the template's own refusals"
 case_refused same-ports "must differ" "--set ports.metrics=17350"
-case_refused discovery-kubernetes "no Kubernetes peer discovery" "--set peers.discovery=kubernetes"
+case_refused discovery-without-account "as a service account" "--set serviceAccount.create=false"
 case_refused tls-without-secret "tls.secretName must name" "--set tls.enabled=true"
 case_refused cert-manager-without-issuer "issuerRef.name" "${CERT[*]} --set tls.enabled=true"
 

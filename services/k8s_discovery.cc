@@ -47,9 +47,11 @@ absl::StatusOr<Struct> ParseJson(absl::string_view json) {
   Struct out;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = true;
-  auto status = google::protobuf::util::JsonStringToMessage(std::string(json), &out, options);
+  auto status =
+      google::protobuf::util::JsonStringToMessage(std::string(json), &out, options);
   if (!status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("API server JSON: ", status.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("API server JSON: ", status.ToString()));
   }
   return out;
 }
@@ -57,7 +59,8 @@ absl::StatusOr<Struct> ParseJson(absl::string_view json) {
 absl::StatusOr<PeerSet> PeersOf(const Struct& slice, absl::string_view port_name,
                                 absl::string_view self) {
   int port = 0;
-  if (const Value* ports = Field(slice, "ports"); ports != nullptr && ports->has_list_value()) {
+  if (const Value* ports = Field(slice, "ports");
+      ports != nullptr && ports->has_list_value()) {
     for (const Value& p : ports->list_value().values()) {
       if (p.has_struct_value() && String(&p.struct_value(), "name") == port_name) {
         if (const Value* n = Field(p.struct_value(), "port"); n != nullptr) {
@@ -76,10 +79,11 @@ absl::StatusOr<PeerSet> PeersOf(const Struct& slice, absl::string_view port_name
     const Struct& endpoint = e.struct_value();
     // discovery.k8s.io/v1 names the node; v1beta1 (Kubernetes 1.20) in its topology.
     std::string node = String(&endpoint, "nodeName");
-    if (node.empty()) node = String(Object(endpoint, "topology"), "kubernetes.io/hostname");
+    if (node.empty())
+      node = String(Object(endpoint, "topology"), "kubernetes.io/hostname");
     const Value* addresses = Field(endpoint, "addresses");
-    if (node.empty() || node == self || addresses == nullptr || !addresses->has_list_value() ||
-        addresses->list_value().values_size() == 0) {
+    if (node.empty() || node == self || addresses == nullptr ||
+        !addresses->has_list_value() || addresses->list_value().values_size() == 0) {
       continue;
     }
     const std::string& address = addresses->list_value().values(0).string_value();
@@ -163,7 +167,8 @@ struct K8sDiscovery::Slices {
   std::string version;  // resourceVersion to watch from
 };
 
-absl::StatusOr<PeerSet> PeersOfSlice(absl::string_view slice_json, absl::string_view port_name,
+absl::StatusOr<PeerSet> PeersOfSlice(absl::string_view slice_json,
+                                     absl::string_view port_name,
                                      absl::string_view self) {
   absl::StatusOr<Struct> slice = ParseJson(slice_json);
   if (!slice.ok()) return slice.status();
@@ -188,9 +193,11 @@ absl::StatusOr<std::unique_ptr<K8sDiscovery>> K8sDiscovery::Start(
     options.api_server = absl::StrCat("https://", host, ":", port);
   }
   if (options.service.empty() || options.namespace_name.empty()) {
-    return absl::InvalidArgumentError("Kubernetes discovery needs a service and a namespace");
+    return absl::InvalidArgumentError(
+        "Kubernetes discovery needs a service and a namespace");
   }
-  std::unique_ptr<K8sDiscovery> d(new K8sDiscovery(std::move(options), std::move(on_change)));
+  std::unique_ptr<K8sDiscovery> d(
+      new K8sDiscovery(std::move(options), std::move(on_change)));
   d->api_version_ = "discovery.k8s.io/v1";
   absl::StatusOr<std::string> version = d->List();
   if (absl::IsNotFound(version.status())) {  // before Kubernetes 1.21
@@ -224,11 +231,13 @@ absl::StatusOr<std::string> K8sDiscovery::List() {
   absl::StatusOr<Struct> list = ParseJson(body);
   if (!list.ok()) return list.status();
   slices_->by_name.clear();
-  if (const Value* items = Field(*list, "items"); items != nullptr && items->has_list_value()) {
+  if (const Value* items = Field(*list, "items");
+      items != nullptr && items->has_list_value()) {
     for (const Value& item : items->list_value().values()) {
       if (!item.has_struct_value()) continue;
       const std::string name = String(Object(item.struct_value(), "metadata"), "name");
-      absl::StatusOr<PeerSet> peers = PeersOf(item.struct_value(), options_.port_name, options_.self);
+      absl::StatusOr<PeerSet> peers =
+          PeersOf(item.struct_value(), options_.port_name, options_.self);
       if (peers.ok()) slices_->by_name[name] = *std::move(peers);
     }
   }
@@ -246,7 +255,8 @@ absl::Status K8sDiscovery::Watch(const std::string& version) {
     const Struct* object = Object(*event, "object");
     if (object == nullptr) return true;
     if (type == "ERROR") {  // a Status: 410 means the version is gone
-      event_error = absl::AbortedError(absl::StrCat("watch: ", String(object, "message")));
+      event_error =
+          absl::AbortedError(absl::StrCat("watch: ", String(object, "message")));
       return false;
     }
     const Struct* meta = Object(*object, "metadata");
@@ -263,29 +273,30 @@ absl::Status K8sDiscovery::Watch(const std::string& version) {
     Publish();
     return true;
   };
-  Request r{&options_,
-            absl::StrCat("/apis/", api_version_, "/namespaces/", options_.namespace_name,
-                         "/endpointslices?watch=1&allowWatchBookmarks=true",
-                         "&labelSelector=kubernetes.io%2Fservice-name%3D", options_.service,
-                         "&resourceVersion=", version, "&timeoutSeconds=",
-                         absl::ToInt64Seconds(options_.watch_timeout)),
-            options_.watch_timeout + absl::Seconds(30),
-            [&](absl::string_view data) {
-              for (char c : data) {
-                if (c != '\n') {
-                  line.push_back(c);
-                  if (line.size() > kMaxLineBytes) {
-                    event_error = absl::OutOfRangeError("watch event too large");
-                    return false;
-                  }
-                  continue;
-                }
-                if (!line.empty() && !apply(line)) return false;
-                line.clear();
-              }
-              return true;
-            },
-            &stopping_};
+  Request r{
+      &options_,
+      absl::StrCat("/apis/", api_version_, "/namespaces/", options_.namespace_name,
+                   "/endpointslices?watch=1&allowWatchBookmarks=true",
+                   "&labelSelector=kubernetes.io%2Fservice-name%3D", options_.service,
+                   "&resourceVersion=", version,
+                   "&timeoutSeconds=", absl::ToInt64Seconds(options_.watch_timeout)),
+      options_.watch_timeout + absl::Seconds(30),
+      [&](absl::string_view data) {
+        for (char c : data) {
+          if (c != '\n') {
+            line.push_back(c);
+            if (line.size() > kMaxLineBytes) {
+              event_error = absl::OutOfRangeError("watch event too large");
+              return false;
+            }
+            continue;
+          }
+          if (!line.empty() && !apply(line)) return false;
+          line.clear();
+        }
+        return true;
+      },
+      &stopping_};
   absl::Status s = Get(r);
   return event_error.ok() ? s : event_error;
 }
@@ -319,7 +330,8 @@ void K8sDiscovery::Run(std::string version) {
 
 void K8sDiscovery::Publish() {
   PeerSet all;
-  for (const auto& [name, peers] : slices_->by_name) all.insert(peers.begin(), peers.end());
+  for (const auto& [name, peers] : slices_->by_name)
+    all.insert(peers.begin(), peers.end());
   if (all == published_) return;
   published_ = all;
   on_change_(all);

@@ -29,7 +29,7 @@ struct K8sDiscoveryOptions {
   std::string namespace_name;  // the Service's namespace
   std::string service;         // the headless Service over the agents
   std::string port_name = "grpc";
-  std::string self;                          // this node: never a peer
+  std::string self;                                 // this node: never a peer
   absl::Duration watch_timeout = absl::Minutes(5);  // then the watch is renewed
 };
 
@@ -38,13 +38,14 @@ using PeerSet = std::map<std::string, std::string>;  // node name -> host:port
 // One endpoint of an EndpointSlice, and the peers a set of slices gives. Pure
 // functions, for tests. An endpoint without a node name, address or the named port
 // gives no peer; `self` gives none.
-absl::StatusOr<PeerSet> PeersOfSlice(absl::string_view slice_json, absl::string_view port_name,
-                                     absl::string_view self);
+absl::StatusOr<PeerSet> PeersOfSlice(absl::string_view slice_json,
+                                     absl::string_view port_name, absl::string_view self);
 
 class K8sDiscovery {
  public:
-  // Starts the watch thread. `on_change` gets every peer set that differs from the
-  // last one, from that thread. The first list must succeed (a wrong namespace or a
+  // Lists the slices, hands the first peer set to `on_change` before returning, and
+  // starts the watch thread, which calls `on_change` with every later set that
+  // differs from the last. The first list must succeed (a wrong namespace or a
   // missing permission is a configuration error); later failures are retried with
   // backoff and the last peer set stays in force meanwhile.
   static absl::StatusOr<std::unique_ptr<K8sDiscovery>> Start(
@@ -56,7 +57,8 @@ class K8sDiscovery {
 
  private:
   struct Slices;
-  K8sDiscovery(K8sDiscoveryOptions options, std::function<void(const PeerSet&)> on_change);
+  K8sDiscovery(K8sDiscoveryOptions options,
+               std::function<void(const PeerSet&)> on_change);
   // Lists the slices; fills `slices_` and returns the list's resourceVersion.
   absl::StatusOr<std::string> List();
   // Watches from `version` until the server ends the watch or an error; applies events.

@@ -65,14 +65,17 @@ ABSL_FLAG(int, relay_idle_ms, 2000, "Relay slots idle this long are freed.");
 ABSL_FLAG(std::string, peer_discovery, "static",
           "static (the --peer list only) or kubernetes (also the endpoints of "
           "--k8s_service, watched on the API server).");
-ABSL_FLAG(std::string, k8s_service, "", "kubernetes discovery: the agents' headless Service.");
+ABSL_FLAG(std::string, k8s_service, "",
+          "kubernetes discovery: the agents' headless Service.");
 ABSL_FLAG(std::string, k8s_namespace, "",
           "kubernetes discovery: its namespace; default: this pod's.");
 ABSL_FLAG(std::string, k8s_api_server, "",
           "kubernetes discovery: https://host:port; default: the in-cluster address.");
-ABSL_FLAG(std::string, k8s_token_file, "/var/run/secrets/kubernetes.io/serviceaccount/token",
+ABSL_FLAG(std::string, k8s_token_file,
+          "/var/run/secrets/kubernetes.io/serviceaccount/token",
           "kubernetes discovery: the service-account token.");
-ABSL_FLAG(std::string, k8s_ca_file, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+ABSL_FLAG(std::string, k8s_ca_file,
+          "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
           "kubernetes discovery: the API server's CA.");
 ABSL_FLAG(std::string, ready_file, "",
           "Write the bound addresses here as JSON once serving.");
@@ -94,7 +97,9 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("fuselink-agent --node=NAME [--peer=name=host:port,...]");
   absl::FlagsUsageConfig usage;
-  usage.version_string = [] { return std::string("fuselink-agent " FUSELINK_VERSION "\n"); };
+  usage.version_string = [] {
+    return std::string("fuselink-agent " FUSELINK_VERSION "\n");
+  };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
 #ifdef NDEBUG
@@ -242,7 +247,8 @@ int main(int argc, char** argv) {
     if (!d.ok()) return Fail(d.status());
     discovery = *std::move(d);
   } else if (absl::GetFlag(FLAGS_peer_discovery) != "static") {
-    return Fail(absl::InvalidArgumentError("--peer_discovery must be static or kubernetes"));
+    return Fail(
+        absl::InvalidArgumentError("--peer_discovery must be static or kubernetes"));
   }
   if (std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
     std::ofstream out(ready + ".tmp");

@@ -66,7 +66,8 @@ PeerDirectory::PeerDirectory(v1::Topology local, fabric::Fabric* fabric,
 
 bool PeerDirectory::SetPeer(const std::string& node, const std::string& address) {
   absl::MutexLock lock(&sessions_mu_);
-  if (auto it = sessions_.find(node); it != sessions_.end() && it->second->address == address) {
+  if (auto it = sessions_.find(node);
+      it != sessions_.end() && it->second->address == address) {
     return false;
   }
   auto session = std::make_shared<Session>();
@@ -93,7 +94,8 @@ std::map<std::string, std::string> PeerDirectory::Peers() const {
   return out;
 }
 
-std::shared_ptr<PeerDirectory::Session> PeerDirectory::Find(absl::string_view node) const {
+std::shared_ptr<PeerDirectory::Session> PeerDirectory::Find(
+    absl::string_view node) const {
   absl::MutexLock lock(&sessions_mu_);
   auto it = sessions_.find(node);
   return it == sessions_.end() ? nullptr : it->second;
@@ -156,7 +158,8 @@ void PeerDirectory::RepairSessions() {
       if (!session->connected) continue;
       remote = session->remote;
     }
-    fabric_->Connect(session->name, remote).IgnoreError();  // returns at once when nothing failed
+    // Returns at once when nothing failed.
+    fabric_->Connect(session->name, remote).IgnoreError();
   }
 }
 

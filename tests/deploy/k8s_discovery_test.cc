@@ -35,10 +35,11 @@ TEST(PeersOfSlice, V1beta1NamesNodesInTopology) {
 }
 
 TEST(PeersOfSlice, NoPeerWithoutPortAddressOrNode) {
-  EXPECT_TRUE(PeersOfSlice(R"({"endpoints": [{"addresses": ["10.0.0.1"], "nodeName": "a"}],
+  EXPECT_TRUE(
+      PeersOfSlice(R"({"endpoints": [{"addresses": ["10.0.0.1"], "nodeName": "a"}],
                                "ports": [{"name": "metrics", "port": 1}]})",
-                           "grpc", "")
-                  ->empty());
+                   "grpc", "")
+          ->empty());
   EXPECT_TRUE(PeersOfSlice(R"({"endpoints": [{"addresses": [], "nodeName": "a"},
                                              {"addresses": ["10.0.0.2"]}],
                                "ports": [{"name": "grpc", "port": 17350}]})",

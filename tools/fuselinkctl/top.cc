@@ -44,7 +44,7 @@ struct Sample {
   std::vector<NicSample> nics;  // topology order
   double relay_host_bytes = 0;
   std::map<std::string, double> relay_gpu_bytes, relay_gpu_paused;  // by gpu label
-  double relay_cap_bytes = -1;  // -1: no GPU relay
+  double relay_cap_bytes = -1;                                      // -1: no GPU relay
   double active_out = 0, active_in = 0, tensors = 0;
   std::map<std::string, double> outcomes;  // transfers_total by outcome
 };
@@ -61,20 +61,24 @@ Sample Reduce(const std::string& body, const v1::Topology& topology, absl::Time 
   for (const v1::Nic& nic : topology.nics()) {
     const std::string& n = nic.name();
     NicSample x;
-    x.tx_own = Value(body, "fuselink_nic_transmitted_bytes_total", {{"nic", n}, {"traffic", "own"}});
-    x.tx_borrowed =
-        Value(body, "fuselink_nic_transmitted_bytes_total", {{"nic", n}, {"traffic", "borrowed"}});
-    x.rx_own = Value(body, "fuselink_nic_received_bytes_total", {{"nic", n}, {"traffic", "own"}});
-    x.rx_borrowed =
-        Value(body, "fuselink_nic_received_bytes_total", {{"nic", n}, {"traffic", "borrowed"}});
+    x.tx_own = Value(body, "fuselink_nic_transmitted_bytes_total",
+                     {{"nic", n}, {"traffic", "own"}});
+    x.tx_borrowed = Value(body, "fuselink_nic_transmitted_bytes_total",
+                          {{"nic", n}, {"traffic", "borrowed"}});
+    x.rx_own = Value(body, "fuselink_nic_received_bytes_total",
+                     {{"nic", n}, {"traffic", "own"}});
+    x.rx_borrowed = Value(body, "fuselink_nic_received_bytes_total",
+                          {{"nic", n}, {"traffic", "borrowed"}});
     x.owner_busy = Value(body, "fuselink_nic_owner_busy", {{"nic", n}});
     x.receive_owner_busy = Value(body, "fuselink_nic_receive_owner_busy", {{"nic", n}});
-    x.borrowed_in_flight = Value(body, "fuselink_nic_borrowed_chunks_in_flight", {{"nic", n}});
+    x.borrowed_in_flight =
+        Value(body, "fuselink_nic_borrowed_chunks_in_flight", {{"nic", n}});
     x.failed_writes = Value(body, "fuselink_nic_failed_writes_total", {{"nic", n}});
     s.nics.push_back(x);
   }
   s.relay_host_bytes = Value(body, "fuselink_relay_memory_bytes");
-  if (absl::StatusOr<double> cap = client::MetricValue(body, "fuselink_relay_device_cap_bytes");
+  if (absl::StatusOr<double> cap =
+          client::MetricValue(body, "fuselink_relay_device_cap_bytes");
       cap.ok()) {
     s.relay_cap_bytes = *cap;
     for (int g = 0; g < topology.gpus_size(); ++g) {
@@ -111,9 +115,9 @@ std::string Render(const v1::Topology& t, const Sample& prev, const Sample& cur)
       t.node(), t.transport(), t.nics_size(), t.gpus_size(),
       absl::GetFlag(FLAGS_interval_ms) / 1000.0,
       absl::FormatTime("%H:%M:%S", cur.at, absl::LocalTimeZone()));
-  absl::StrAppendFormat(&out, "%-8s %-4s %13s %13s %13s %13s %5s %5s %9s %7s\n", "NIC", "GPU",
-                        "TX OWN", "TX BORROWED", "RX OWN", "RX BORROWED", "UTIL", "BUSY",
-                        "BORROWED", "FAILED");
+  absl::StrAppendFormat(&out, "%-8s %-4s %13s %13s %13s %13s %5s %5s %9s %7s\n", "NIC",
+                        "GPU", "TX OWN", "TX BORROWED", "RX OWN", "RX BORROWED", "UTIL",
+                        "BUSY", "BORROWED", "FAILED");
   for (int k = 0; k < t.nics_size() && k < static_cast<int>(cur.nics.size()); ++k) {
     const NicSample &a = prev.nics[k], &b = cur.nics[k];
     const v1::Nic& nic = t.nics(k);
@@ -135,7 +139,8 @@ std::string Render(const v1::Topology& t, const Sample& prev, const Sample& cur)
   absl::StrAppendFormat(&out, "\nrelay   host %s", MiB(cur.relay_host_bytes));
   if (cur.relay_cap_bytes >= 0) {
     for (const auto& [gpu, bytes] : cur.relay_gpu_bytes) {
-      absl::StrAppendFormat(&out, "  gpu%s %s of %s%s", gpu, MiB(bytes), MiB(cur.relay_cap_bytes),
+      absl::StrAppendFormat(&out, "  gpu%s %s of %s%s", gpu, MiB(bytes),
+                            MiB(cur.relay_cap_bytes),
                             cur.relay_gpu_paused.at(gpu) > 0 ? " PAUSED" : "");
     }
   } else {
@@ -176,7 +181,8 @@ int Top(Context& ctx) {
   }
   const std::string url = MetricsUrl(ctx.agent_address);
   const int frames = absl::GetFlag(FLAGS_frames);
-  const absl::Duration interval = absl::Milliseconds(std::max(100, absl::GetFlag(FLAGS_interval_ms)));
+  const absl::Duration interval =
+      absl::Milliseconds(std::max(100, absl::GetFlag(FLAGS_interval_ms)));
   std::signal(SIGINT, [](int) { stop_requested = 1; });
   std::signal(SIGTERM, [](int) { stop_requested = 1; });
   const bool tty = isatty(STDOUT_FILENO);
@@ -192,7 +198,8 @@ int Top(Context& ctx) {
     Sample cur = Reduce(*body, topology, now);
     if (have_prev) {
       // Home and clear on a terminal; frames one after another otherwise.
-      std::printf("%s%s", tty ? "\x1b[H\x1b[2J" : "\n", Render(topology, prev, cur).c_str());
+      std::printf("%s%s", tty ? "\x1b[H\x1b[2J" : "\n",
+                  Render(topology, prev, cur).c_str());
       std::fflush(stdout);
       ++frame;
     }

@@ -227,7 +227,8 @@ int main(int argc, char** argv) {
       std::getline(ns, k8s.namespace_name);
     }
     k8s.self = options.node;
-    // Peers named by --peer stay; discovered ones come and go with their endpoints.
+    // Peers named by --peer stay as given; discovered ones come and go with their
+    // endpoints.
     auto on_change = [peers = &(*node)->peers(),
                       fixed = options.peers](const services::PeerSet& found) {
       for (const auto& [name, address] : peers->Peers()) {
@@ -236,7 +237,7 @@ int main(int argc, char** argv) {
         }
       }
       for (const auto& [name, address] : found) {
-        if (peers->SetPeer(name, address)) {
+        if (!fixed.contains(name) && peers->SetPeer(name, address)) {
           std::printf("fuselink-agent: peer %s at %s\n", name.c_str(), address.c_str());
         }
       }

@@ -2,7 +2,8 @@
 # docs/metrics.md against a live agent's /metrics, both ways (metrics_catalogue.py),
 # after a small transfer so that every family has moved; the scrape also passes
 # promtool check metrics. Then the checker itself is shown to catch drift: a catalogue
-# with a row removed, one with a label renamed and one with an extra row all fail.
+# with a row removed, one with a label renamed, one with an extra row, and a scrape
+# with a GPU family in a CPU-only shape all fail.
 # Usage: metrics_catalogue_test.sh AGENT_BINARY FUSELINKCTL_BINARY
 set -euo pipefail
 agent=$1
@@ -31,10 +32,17 @@ grep -v '^| `fuselink_tensors_registered`' "$doc" >"$run/missing.md"
 sed 's/^| `fuselink_transfers_total` | counter | outcome |/| `fuselink_transfers_total` | counter | result |/' "$doc" >"$run/relabel.md"
 { cat "$doc"; echo '| `fuselink_imaginary_total` | counter | | things | all | Not exported. |'; } >"$run/extra.md"
 sed 's/^| `fuselink_relay_paused` | gauge | gpu | 0 or 1 | GPU |/| `fuselink_relay_paused` | gauge | gpu | 0 or 1 | all |/' "$doc" >"$run/gpu.md"
-for drift in missing relabel extra gpu; do
-  if "$cat_py" "$run/$drift.md" "$run/scrape.txt" "$src" >"$run/$drift.out"; then
+# A GPU agent's scrape missing its other GPU families (and with a wrong label).
+{ cat "$run/scrape.txt"; printf '# TYPE fuselink_relay_paused gauge
+fuselink_relay_paused{device="0"} 0
+'; } >"$run/gpu-scrape.txt"
+cp "$doc" "$run/gpu-scrape.md"
+for drift in missing relabel extra gpu gpu-scrape; do
+  scrape=$run/scrape.txt
+  [ "$drift" = gpu-scrape ] && scrape=$run/gpu-scrape.txt
+  if "$cat_py" "$run/$drift.md" "$scrape" "$src" >"$run/$drift.out"; then
     fail "the checker passed a catalogue with drift '$drift'"
   fi
   grep -q "difference" "$run/$drift.out" || fail "no report for drift '$drift'"
 done
-echo "PASS: docs/metrics.md matches the live agent both ways; removed, relabelled, extra and mis-placed rows are caught"
+echo "PASS: docs/metrics.md matches the live agent both ways; removed, relabelled, extra and mis-placed rows and a partial GPU scrape are caught"

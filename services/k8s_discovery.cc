@@ -28,6 +28,8 @@ constexpr absl::Duration kBackoffFirst = absl::Seconds(1);
 constexpr absl::Duration kBackoffMax = absl::Seconds(30);
 // A watch line is one EndpointSlice; the API server caps objects far below this.
 constexpr size_t kMaxLineBytes = 4 << 20;
+// A list of the Service's slices: one per ~100 agents; far below this.
+constexpr size_t kMaxListBytes = 64 * kMaxLineBytes;
 
 const Value* Field(const Struct& s, absl::string_view name) {
   auto it = s.fields().find(std::string(name));
@@ -224,7 +226,7 @@ absl::StatusOr<std::string> K8sDiscovery::List() {
             kListTimeout,
             [&](absl::string_view data) {
               body.append(data.data(), data.size());
-              return body.size() <= 64 * kMaxLineBytes;
+              return body.size() <= kMaxListBytes;
             },
             &stopping_};
   if (absl::Status s = Get(r); !s.ok()) return s;

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ pkg-config clang-format
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev prometheus-cpp-dev libibverbs-dev
+  libabsl-dev prometheus-cpp-dev libibverbs-dev libcurl4-openssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus iperf3 iproute2 gnuplot-nox curl jq procps
   python3-grpcio python3-protobuf

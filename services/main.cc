@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -20,6 +21,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "services/agent_service.h"
 #include "services/handle_socket.h"
+#include "services/k8s_discovery.h"
 #include "services/metrics.h"
 #include "services/peer_service.h"
 
@@ -60,8 +62,28 @@ ABSL_FLAG(uint64_t, relay_min_free_mib, 2048,
           "Below this much free memory on a GPU, its relay slots are given back and its "
           "NICs lend nothing (MiB).");
 ABSL_FLAG(int, relay_idle_ms, 2000, "Relay slots idle this long are freed.");
+ABSL_FLAG(std::string, peer_discovery, "static",
+          "static (the --peer list only) or kubernetes (also the endpoints of "
+          "--k8s_service, watched on the API server).");
+ABSL_FLAG(std::string, k8s_service, "",
+          "kubernetes discovery: the agents' headless Service.");
+ABSL_FLAG(std::string, k8s_namespace, "",
+          "kubernetes discovery: its namespace; default: this pod's.");
+ABSL_FLAG(std::string, k8s_api_server, "",
+          "kubernetes discovery: https://host:port; default: the in-cluster address.");
+ABSL_FLAG(std::string, k8s_token_file,
+          "/var/run/secrets/kubernetes.io/serviceaccount/token",
+          "kubernetes discovery: the service-account token.");
+ABSL_FLAG(std::string, k8s_ca_file,
+          "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+          "kubernetes discovery: the API server's CA.");
 ABSL_FLAG(std::string, ready_file, "",
           "Write the bound addresses here as JSON once serving.");
+
+// The release the binary belongs to; the image and the Helm chart carry the same.
+#ifndef FUSELINK_VERSION
+#define FUSELINK_VERSION "0.1.0"
+#endif
 
 namespace {
 
@@ -74,6 +96,11 @@ int Fail(const absl::Status& status) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("fuselink-agent --node=NAME [--peer=name=host:port,...]");
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] {
+    return std::string("fuselink-agent " FUSELINK_VERSION "\n");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
 #ifdef NDEBUG
   // abseil's lock-cycle detection costs about half of an idle agent's CPU; debug
@@ -187,6 +214,43 @@ int main(int argc, char** argv) {
       (*node)->gpu_status().c_str());
   if ((*node)->gpu() != nullptr) std::printf("%s", (*node)->gpu()->Describe().c_str());
   std::fflush(stdout);
+  std::unique_ptr<services::K8sDiscovery> discovery;
+  if (absl::GetFlag(FLAGS_peer_discovery) == "kubernetes") {
+    services::K8sDiscoveryOptions k8s;
+    k8s.api_server = absl::GetFlag(FLAGS_k8s_api_server);
+    k8s.token_file = absl::GetFlag(FLAGS_k8s_token_file);
+    k8s.ca_file = absl::GetFlag(FLAGS_k8s_ca_file);
+    k8s.service = absl::GetFlag(FLAGS_k8s_service);
+    k8s.namespace_name = absl::GetFlag(FLAGS_k8s_namespace);
+    if (k8s.namespace_name.empty()) {
+      std::ifstream ns("/var/run/secrets/kubernetes.io/serviceaccount/namespace");
+      std::getline(ns, k8s.namespace_name);
+    }
+    k8s.self = options.node;
+    // Peers named by --peer stay as given; discovered ones come and go with their
+    // endpoints.
+    auto on_change = [peers = &(*node)->peers(),
+                      fixed = options.peers](const services::PeerSet& found) {
+      for (const auto& [name, address] : peers->Peers()) {
+        if (!found.contains(name) && !fixed.contains(name) && peers->RemovePeer(name)) {
+          std::printf("fuselink-agent: peer %s left\n", name.c_str());
+        }
+      }
+      for (const auto& [name, address] : found) {
+        if (!fixed.contains(name) && peers->SetPeer(name, address)) {
+          std::printf("fuselink-agent: peer %s at %s\n", name.c_str(), address.c_str());
+        }
+      }
+      std::fflush(stdout);
+    };
+    absl::StatusOr<std::unique_ptr<services::K8sDiscovery>> d =
+        services::K8sDiscovery::Start(k8s, on_change);
+    if (!d.ok()) return Fail(d.status());
+    discovery = *std::move(d);
+  } else if (absl::GetFlag(FLAGS_peer_discovery) != "static") {
+    return Fail(
+        absl::InvalidArgumentError("--peer_discovery must be static or kubernetes"));
+  }
   if (std::string ready = absl::GetFlag(FLAGS_ready_file); !ready.empty()) {
     std::ofstream out(ready + ".tmp");
     out << "{\"node\":\"" << options.node << "\",\"grpc\":\"" << grpc_address
@@ -203,6 +267,7 @@ int main(int argc, char** argv) {
   // data plane goes, the metrics stop reading it first.
   std::printf("fuselink-agent node=%s stopping\n", options.node.c_str());
   std::fflush(stdout);
+  discovery.reset();  // its callback uses the node's peers
   (*node)->engine().Shutdown();
   (*node)->landing().Shutdown();
   (*node)->watch_hub().Close();

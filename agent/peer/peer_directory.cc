@@ -63,18 +63,54 @@ absl::Status PeerDirectory::CheckRails(
 PeerDirectory::PeerDirectory(v1::Topology local, fabric::Fabric* fabric,
                              const std::map<std::string, std::string>& peers)
     : local_(std::move(local)), fabric_(fabric) {
-  for (const auto& [name, address] : peers) {
-    auto session = std::make_unique<Session>();
-    session->name = name;
-    session->stub = v1::Peer::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    sessions_.emplace(name, std::move(session));
-  }
+  for (const auto& [name, address] : peers) SetPeer(name, address);
 }
 
-bool PeerDirectory::Knows(absl::string_view node) const {
-  return sessions_.contains(node);
+bool PeerDirectory::SetPeer(const std::string& node, const std::string& address) {
+  absl::MutexLock lock(&sessions_mu_);
+  if (auto it = sessions_.find(node);
+      it != sessions_.end() && it->second->address == address) {
+    return false;
+  }
+  auto session = std::make_shared<Session>();
+  session->name = node;
+  session->address = address;
+  session->stub =
+      v1::Peer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  sessions_[node] = std::move(session);
+  return true;
 }
+
+bool PeerDirectory::RemovePeer(absl::string_view node) {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(node);
+  if (it == sessions_.end()) return false;
+  sessions_.erase(it);
+  return true;
+}
+
+std::map<std::string, std::string> PeerDirectory::Peers() const {
+  absl::MutexLock lock(&sessions_mu_);
+  std::map<std::string, std::string> out;
+  for (const auto& [name, session] : sessions_) out[name] = session->address;
+  return out;
+}
+
+std::shared_ptr<PeerDirectory::Session> PeerDirectory::Find(
+    absl::string_view node) const {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(node);
+  return it == sessions_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<PeerDirectory::Session>> PeerDirectory::All() const {
+  absl::MutexLock lock(&sessions_mu_);
+  std::vector<std::shared_ptr<Session>> out;
+  for (const auto& [name, session] : sessions_) out.push_back(session);
+  return out;
+}
+
+bool PeerDirectory::Knows(absl::string_view node) const { return Find(node) != nullptr; }
 
 absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
                                                       absl::Time deadline) {
@@ -118,29 +154,30 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
 }
 
 std::optional<fabric::PeerId> PeerDirectory::ConnectedPeer(absl::string_view node) const {
-  if (auto it = sessions_.find(node); it != sessions_.end()) {
-    absl::MutexLock lock(&it->second->mu);
-    if (it->second->connected) return it->second->peer;
+  if (std::shared_ptr<Session> session = Find(node)) {
+    absl::MutexLock lock(&session->mu);
+    if (session->connected) return session->peer;
   }
   return fabric_->FindPeer(node);
 }
 
 void PeerDirectory::OnPeerLost(fabric::PeerId peer) {
-  for (auto& [name, session] : sessions_) {
+  for (const std::shared_ptr<Session>& session : All()) {
     absl::MutexLock lock(&session->mu);
     if (session->connected && session->peer == peer) session->connected = false;
   }
 }
 
 void PeerDirectory::RepairSessions() {
-  for (auto& [name, session] : sessions_) {
+  for (const std::shared_ptr<Session>& session : All()) {
     std::vector<fabric::Endpoint> remote;
     {
       absl::MutexLock lock(&session->mu);
       if (!session->connected) continue;
       remote = session->remote;
     }
-    fabric_->Connect(name, remote).IgnoreError();  // returns at once when nothing failed
+    // Returns at once when nothing failed.
+    fabric_->Connect(session->name, remote).IgnoreError();
   }
 }
 
@@ -150,8 +187,8 @@ void PeerDirectory::Remember(const v1::Topology& caller) {
 }
 
 absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node) {
-  if (auto it = sessions_.find(node); it != sessions_.end()) {
-    return Connect(*it->second, absl::InfiniteFuture());
+  if (std::shared_ptr<Session> session = Find(node)) {
+    return Connect(*session, absl::InfiniteFuture());
   }
   std::vector<fabric::Endpoint> remote;
   {
@@ -169,13 +206,13 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node)
 
 absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
     const transfer::IncomingSpec& spec) {
-  auto it = sessions_.find(spec.target_node);
-  if (it == sessions_.end()) {
+  std::shared_ptr<Session> found = Find(spec.target_node);
+  if (found == nullptr) {
     return WithReason(
         absl::NotFoundError(absl::StrCat("unknown node '", spec.target_node, "'")),
         "UNKNOWN_NODE");
   }
-  Session& session = *it->second;
+  Session& session = *found;
   FL_ASSIGN_OR_RETURN(fabric::PeerId peer, Connect(session, spec.deadline));
 
   v1::PrepareIncomingRequest request;
@@ -210,8 +247,8 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
 
 absl::StatusOr<std::optional<absl::Status>> PeerDirectory::QueryVerdict(
     absl::string_view target_node, absl::string_view transfer_id, absl::Time deadline) {
-  auto it = sessions_.find(target_node);
-  if (it == sessions_.end()) {
+  std::shared_ptr<Session> session = Find(target_node);
+  if (session == nullptr) {
     return WithReason(
         absl::NotFoundError(absl::StrCat("unknown node '", target_node, "'")),
         "UNKNOWN_NODE");
@@ -222,7 +259,7 @@ absl::StatusOr<std::optional<absl::Status>> PeerDirectory::QueryVerdict(
   v1::IncomingState state;
   grpc::ClientContext context;
   SetDeadline(context, deadline);
-  grpc::Status status = it->second->stub->GetIncoming(&context, request, &state);
+  grpc::Status status = session->stub->GetIncoming(&context, request, &state);
   if (!status.ok()) return PeerCallStatus(status, target_node, deadline);
   if (state.open()) return std::optional<absl::Status>();
   if (state.code() == 0) return std::optional<absl::Status>(absl::OkStatus());

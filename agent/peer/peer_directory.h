@@ -1,6 +1,7 @@
 // The other agents this one knows, by node name, and the sessions with them:
 // bootstrap over gRPC (Hello: NIC endpoints), then the fabric connects NIC by NIC.
-// A session lost on the fabric is bootstrapped again on next use. Thread-safe.
+// A session lost on the fabric is bootstrapped again on next use. Peers may be added
+// and removed while it runs (Kubernetes discovery). Thread-safe.
 #pragma once
 
 #include <map>
@@ -28,6 +29,14 @@ class PeerDirectory final : public transfer::PeerLink {
                 const std::map<std::string, std::string>& peers);
 
   bool Knows(absl::string_view node) const override;
+  // Adds `node` at gRPC `address`, or moves it there (a new session, bootstrapped on
+  // next use). False when it was known at that address already.
+  bool SetPeer(const std::string& node, const std::string& address);
+  // Forgets `node`: new transfers to it are NOT_FOUND / UNKNOWN_NODE; calls already
+  // holding its session finish or fail on their own. False when it was not known.
+  bool RemovePeer(absl::string_view node);
+  // node name -> gRPC address, of every peer known now.
+  std::map<std::string, std::string> Peers() const;
   absl::StatusOr<transfer::Prepared> PrepareIncoming(
       const transfer::IncomingSpec& spec) override;
   absl::StatusOr<std::optional<absl::Status>> QueryVerdict(absl::string_view target_node,
@@ -54,6 +63,7 @@ class PeerDirectory final : public transfer::PeerLink {
                           const std::vector<fabric::Endpoint>& remote) const;
   struct Session {
     std::string name;
+    std::string address;
     std::unique_ptr<v1::Peer::Stub> stub;
     // Serializes bootstraps (a Hello and the fabric's connects, which may take
     // seconds); held only by callers that need this session up.
@@ -65,11 +75,16 @@ class PeerDirectory final : public transfer::PeerLink {
     std::vector<fabric::Endpoint> remote ABSL_GUARDED_BY(mu);  // its NICs, from Hello
   };
   absl::StatusOr<fabric::PeerId> Connect(Session& session, absl::Time deadline);
+  // The session for `node`, or null. Callers keep it alive while they use it.
+  std::shared_ptr<Session> Find(absl::string_view node) const;
+  std::vector<std::shared_ptr<Session>> All() const;
 
   const v1::Topology local_;
   fabric::Fabric* const fabric_;
-  // Fixed after construction; each Session guards itself.
-  std::map<std::string, std::unique_ptr<Session>, std::less<>> sessions_;
+  // Each Session guards itself; the map only who is known.
+  mutable absl::Mutex sessions_mu_;
+  std::map<std::string, std::shared_ptr<Session>, std::less<>> sessions_
+      ABSL_GUARDED_BY(sessions_mu_);
   absl::Mutex remembered_mu_;
   std::map<std::string, std::vector<fabric::Endpoint>, std::less<>> remembered_
       ABSL_GUARDED_BY(remembered_mu_);

@@ -22,5 +22,7 @@ int Status(Context& ctx, const std::vector<std::string>& args);
 int Cancel(Context& ctx, const std::vector<std::string>& args);
 int Watch(Context& ctx);
 int Demo(Context& ctx);
+// top.cc
+int Top(Context& ctx);
 
 }  // namespace fuselink::ctl

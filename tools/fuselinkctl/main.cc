@@ -23,6 +23,8 @@ Commands:
                                 [--request_id=..] [--timeout_s=..]
   status ID | cancel ID         a transfer, by transfer id or request id
   watch [--tensor=NAME]         transfers landing on this node, as they finish
+  top [--metrics=host:port]     live view of the node's NICs and transfers, every
+                                --interval_ms (1000); --frames=N to stop after N
   demo                          register synthetic KV caches on --agent (source) and
                                 --target_agent, move them, verify the bytes)";
 
@@ -51,6 +53,7 @@ int main(int argc, char** argv) {
   if (command == "cancel") return Cancel(ctx, args);
   if (command == "watch") return Watch(ctx);
   if (command == "demo") return Demo(ctx);
+  if (command == "top") return Top(ctx);
   std::fprintf(stderr, "unknown command '%s'\n%s\n", command.c_str(), kUsage);
   return 2;
 }

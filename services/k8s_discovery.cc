@@ -1,0 +1,342 @@
+#include "services/k8s_discovery.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace fuselink::services {
+namespace {
+
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+constexpr absl::Duration kConnectTimeout = absl::Seconds(5);
+constexpr absl::Duration kListTimeout = absl::Seconds(15);
+constexpr absl::Duration kBackoffFirst = absl::Seconds(1);
+constexpr absl::Duration kBackoffMax = absl::Seconds(30);
+// A watch line is one EndpointSlice; the API server caps objects far below this.
+constexpr size_t kMaxLineBytes = 4 << 20;
+// A list of the Service's slices: one per ~100 agents; far below this.
+constexpr size_t kMaxListBytes = 64 * kMaxLineBytes;
+
+const Value* Field(const Struct& s, absl::string_view name) {
+  auto it = s.fields().find(std::string(name));
+  return it == s.fields().end() ? nullptr : &it->second;
+}
+const Struct* Object(const Struct& s, absl::string_view name) {
+  const Value* v = Field(s, name);
+  return v != nullptr && v->has_struct_value() ? &v->struct_value() : nullptr;
+}
+std::string String(const Struct* s, absl::string_view name) {
+  if (s == nullptr) return "";
+  const Value* v = Field(*s, name);
+  return v != nullptr && v->kind_case() == Value::kStringValue ? v->string_value() : "";
+}
+
+absl::StatusOr<Struct> ParseJson(absl::string_view json) {
+  Struct out;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  auto status =
+      google::protobuf::util::JsonStringToMessage(std::string(json), &out, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("API server JSON: ", status.ToString()));
+  }
+  return out;
+}
+
+absl::StatusOr<PeerSet> PeersOf(const Struct& slice, absl::string_view port_name,
+                                absl::string_view self) {
+  int port = 0;
+  if (const Value* ports = Field(slice, "ports");
+      ports != nullptr && ports->has_list_value()) {
+    for (const Value& p : ports->list_value().values()) {
+      if (p.has_struct_value() && String(&p.struct_value(), "name") == port_name) {
+        if (const Value* n = Field(p.struct_value(), "port"); n != nullptr) {
+          port = static_cast<int>(n->number_value());
+        }
+      }
+    }
+  }
+  PeerSet peers;
+  const Value* endpoints = Field(slice, "endpoints");
+  if (port <= 0 || port > 65535 || endpoints == nullptr || !endpoints->has_list_value()) {
+    return peers;  // no agents yet, or not our port
+  }
+  for (const Value& e : endpoints->list_value().values()) {
+    if (!e.has_struct_value()) continue;
+    const Struct& endpoint = e.struct_value();
+    // discovery.k8s.io/v1 names the node; v1beta1 (Kubernetes 1.20) in its topology.
+    std::string node = String(&endpoint, "nodeName");
+    if (node.empty())
+      node = String(Object(endpoint, "topology"), "kubernetes.io/hostname");
+    const Value* addresses = Field(endpoint, "addresses");
+    if (node.empty() || node == self || addresses == nullptr ||
+        !addresses->has_list_value() || addresses->list_value().values_size() == 0) {
+      continue;
+    }
+    const std::string& address = addresses->list_value().values(0).string_value();
+    if (address.empty()) continue;
+    peers[node] = absl::StrCat(address, ":", port);
+  }
+  return peers;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return std::string(absl::StripAsciiWhitespace(s.str()));
+}
+
+// One GET, body handed to `on_data` as it arrives (return false to stop). The HTTP
+// status: NOT_FOUND for 404, UNAVAILABLE for a transport error or 5xx,
+// PERMISSION_DENIED for 401/403, FAILED_PRECONDITION for other codes.
+struct Request {
+  const K8sDiscoveryOptions* options;
+  std::string path;
+  absl::Duration timeout;
+  std::function<bool(absl::string_view)> on_data;
+  const std::atomic<bool>* stopping;
+};
+
+absl::Status Get(Request& r) {
+  static std::once_flag init;
+  std::call_once(init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  CURL* curl = curl_easy_init();
+  if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
+  absl::Cleanup free_curl = [curl] { curl_easy_cleanup(curl); };
+  const std::string url = absl::StrCat(r.options->api_server, r.path);
+  const std::string auth =
+      absl::StrCat("Authorization: Bearer ", ReadFile(r.options->token_file));
+  curl_slist* headers = curl_slist_append(nullptr, auth.c_str());
+  headers = curl_slist_append(headers, "Accept: application/json");
+  absl::Cleanup free_headers = [headers] { curl_slist_free_all(headers); };
+  std::string error_body;
+  long http = 0;
+  auto write = +[](char* data, size_t size, size_t n, void* user) -> size_t {
+    auto* req = static_cast<Request*>(user);
+    return req->on_data(absl::string_view(data, size * n)) ? size * n : 0;
+  };
+  auto progress = +[](void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
+    return static_cast<Request*>(user)->stopping->load() ? 1 : 0;
+  };
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(curl, CURLOPT_CAINFO, r.options->ca_file.c_str());
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(absl::ToInt64Milliseconds(kConnectTimeout)));
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
+                   static_cast<long>(absl::ToInt64Milliseconds(r.timeout)));
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &r);
+  curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, progress);
+  curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &r);
+  curl_easy_setopt(curl, CURLOPT_FAILONERROR, 1L);
+  const CURLcode code = curl_easy_perform(curl);
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http);
+  if (code == CURLE_OK) return absl::OkStatus();
+  const std::string what = absl::StrCat("GET ", url, ": ", curl_easy_strerror(code),
+                                        http ? absl::StrCat(" (HTTP ", http, ")") : "");
+  if (code == CURLE_HTTP_RETURNED_ERROR) {
+    if (http == 404) return absl::NotFoundError(what);
+    if (http == 401 || http == 403) return absl::PermissionDeniedError(what);
+    if (http == 410) return absl::AbortedError(what);  // resourceVersion too old: relist
+    if (http < 500) return absl::FailedPreconditionError(what);
+  }
+  return absl::UnavailableError(what);
+}
+
+}  // namespace
+
+struct K8sDiscovery::Slices {
+  std::map<std::string, PeerSet> by_name;
+  std::string version;  // resourceVersion to watch from
+};
+
+absl::StatusOr<PeerSet> PeersOfSlice(absl::string_view slice_json,
+                                     absl::string_view port_name,
+                                     absl::string_view self) {
+  absl::StatusOr<Struct> slice = ParseJson(slice_json);
+  if (!slice.ok()) return slice.status();
+  return PeersOf(*slice, port_name, self);
+}
+
+K8sDiscovery::K8sDiscovery(K8sDiscoveryOptions options,
+                           std::function<void(const PeerSet&)> on_change)
+    : options_(std::move(options)),
+      on_change_(std::move(on_change)),
+      slices_(std::make_unique<Slices>()) {}
+
+absl::StatusOr<std::unique_ptr<K8sDiscovery>> K8sDiscovery::Start(
+    K8sDiscoveryOptions options, std::function<void(const PeerSet&)> on_change) {
+  if (options.api_server.empty()) {
+    const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
+    const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
+    if (host == nullptr || port == nullptr) {
+      return absl::FailedPreconditionError(
+          "Kubernetes discovery: no API server (--k8s_api_server, or run in a pod)");
+    }
+    options.api_server = absl::StrCat("https://", host, ":", port);
+  }
+  if (options.service.empty() || options.namespace_name.empty()) {
+    return absl::InvalidArgumentError(
+        "Kubernetes discovery needs a service and a namespace");
+  }
+  std::unique_ptr<K8sDiscovery> d(
+      new K8sDiscovery(std::move(options), std::move(on_change)));
+  d->api_version_ = "discovery.k8s.io/v1";
+  absl::StatusOr<std::string> version = d->List();
+  if (absl::IsNotFound(version.status())) {  // before Kubernetes 1.21
+    d->api_version_ = "discovery.k8s.io/v1beta1";
+    version = d->List();
+  }
+  if (!version.ok()) return version.status();
+  d->Publish();
+  d->thread_ = std::thread([raw = d.get(), v = *version] { raw->Run(v); });
+  return d;
+}
+
+K8sDiscovery::~K8sDiscovery() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<std::string> K8sDiscovery::List() {
+  std::string body;
+  Request r{&options_,
+            absl::StrCat("/apis/", api_version_, "/namespaces/", options_.namespace_name,
+                         "/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3D",
+                         options_.service),
+            kListTimeout,
+            [&](absl::string_view data) {
+              body.append(data.data(), data.size());
+              return body.size() <= kMaxListBytes;
+            },
+            &stopping_};
+  if (absl::Status s = Get(r); !s.ok()) return s;
+  absl::StatusOr<Struct> list = ParseJson(body);
+  if (!list.ok()) return list.status();
+  slices_->by_name.clear();
+  if (const Value* items = Field(*list, "items");
+      items != nullptr && items->has_list_value()) {
+    for (const Value& item : items->list_value().values()) {
+      if (!item.has_struct_value()) continue;
+      const std::string name = String(Object(item.struct_value(), "metadata"), "name");
+      absl::StatusOr<PeerSet> peers =
+          PeersOf(item.struct_value(), options_.port_name, options_.self);
+      if (peers.ok()) slices_->by_name[name] = *std::move(peers);
+    }
+  }
+  slices_->version = String(Object(*list, "metadata"), "resourceVersion");
+  return slices_->version;
+}
+
+absl::Status K8sDiscovery::Watch(const std::string& version) {
+  std::string line;
+  absl::Status event_error;
+  auto apply = [&](absl::string_view json) {
+    absl::StatusOr<Struct> event = ParseJson(json);
+    if (!event.ok()) return event_error = event.status(), false;
+    const std::string type = String(&*event, "type");
+    const Struct* object = Object(*event, "object");
+    if (object == nullptr) return true;
+    if (type == "ERROR") {  // a Status: 410 means the version is gone
+      event_error =
+          absl::AbortedError(absl::StrCat("watch: ", String(object, "message")));
+      return false;
+    }
+    const Struct* meta = Object(*object, "metadata");
+    if (std::string v = String(meta, "resourceVersion"); !v.empty()) slices_->version = v;
+    const std::string name = String(meta, "name");
+    if (type == "DELETED") {
+      slices_->by_name.erase(name);
+    } else if (type == "ADDED" || type == "MODIFIED") {
+      absl::StatusOr<PeerSet> peers = PeersOf(*object, options_.port_name, options_.self);
+      if (peers.ok()) slices_->by_name[name] = *std::move(peers);
+    } else {
+      return true;  // BOOKMARK: only the version moves
+    }
+    Publish();
+    return true;
+  };
+  Request r{
+      &options_,
+      absl::StrCat("/apis/", api_version_, "/namespaces/", options_.namespace_name,
+                   "/endpointslices?watch=1&allowWatchBookmarks=true",
+                   "&labelSelector=kubernetes.io%2Fservice-name%3D", options_.service,
+                   "&resourceVersion=", version,
+                   "&timeoutSeconds=", absl::ToInt64Seconds(options_.watch_timeout)),
+      options_.watch_timeout + absl::Seconds(30),
+      [&](absl::string_view data) {
+        for (char c : data) {
+          if (c != '\n') {
+            line.push_back(c);
+            if (line.size() > kMaxLineBytes) {
+              event_error = absl::OutOfRangeError("watch event too large");
+              return false;
+            }
+            continue;
+          }
+          if (!line.empty() && !apply(line)) return false;
+          line.clear();
+        }
+        return true;
+      },
+      &stopping_};
+  absl::Status s = Get(r);
+  return event_error.ok() ? s : event_error;
+}
+
+void K8sDiscovery::Run(std::string version) {
+  absl::Duration backoff = kBackoffFirst;
+  auto pause = [&](absl::Duration d) {
+    for (absl::Time end = absl::Now() + d; !stopping_ && absl::Now() < end;) {
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  };
+  while (!stopping_) {
+    absl::Status s = Watch(version);
+    if (stopping_) break;
+    if (s.ok()) {  // the server ended the watch: go on from the last version seen
+      version = slices_->version;
+      backoff = kBackoffFirst;
+      continue;
+    }
+    std::fprintf(stderr, "fuselink-agent: Kubernetes discovery: %s; again in %s\n",
+                 s.ToString().c_str(), absl::FormatDuration(backoff).c_str());
+    pause(backoff);
+    backoff = std::min(backoff * 2, kBackoffMax);
+    absl::StatusOr<std::string> listed = List();
+    if (listed.ok()) {
+      version = *listed;
+      Publish();
+    }
+  }
+}
+
+void K8sDiscovery::Publish() {
+  PeerSet all;
+  for (const auto& [name, peers] : slices_->by_name)
+    all.insert(peers.begin(), peers.end());
+  if (all == published_) return;
+  published_ = all;
+  on_change_(all);
+}
+
+}  // namespace fuselink::services

@@ -1,0 +1,93 @@
+#!/usr/bin/python3
+"""Compares docs/metrics.md with what a live (CPU-only) agent exports, both ways.
+
+Usage: metrics_catalogue.py CATALOGUE.md SCRAPE.txt METRICS_SOURCE.cc
+For every family in the scrape: listed, same type, same label names (le aside).
+For every family listed for all nodes: in the scrape. GPU-only families: when the
+scrape has any (an agent with GPUs), every one must be there like the others; when it
+has none (a CPU agent), each must be named in the source. Prints each difference;
+exits 1 if there is any.
+"""
+import re
+import sys
+
+ROW = re.compile(r"^\|\s*`([a-z_:][a-z0-9_:]*)`\s*\|\s*(\w+)\s*\|([^|]*)\|[^|]*\|\s*(all|GPU)\s*\|")
+SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count", "")}
+
+
+def catalogue(path):
+    rows = {}
+    with open(path) as f:
+        for line in f:
+            m = ROW.match(line)
+            if m:
+                name, kind, labels, nodes = m.groups()
+                if name in rows:
+                    raise SystemExit("catalogue lists %s twice" % name)
+                rows[name] = (kind, {l.strip() for l in labels.split(",") if l.strip()}, nodes)
+    return rows
+
+
+def scrape(path):
+    families, labels = {}, {}
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        m = re.match(r"^# TYPE (\S+) (\S+)$", line)
+        if m:
+            families[m.group(1)] = m.group(2)
+            labels[m.group(1)] = set()
+    for line in lines:
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s", line)
+        if not m:
+            continue
+        sample = m.group(1)
+        family = next((f for f in families if sample == f or
+                       any(sample == f + s for s in SUFFIXES.get(families[f], ()) if s)), None)
+        if family is None:
+            labels.setdefault("?" + sample, set())
+            continue
+        for pair in re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="', m.group(3) or ""):
+            if pair != "le":
+                labels[family].add(pair)
+    return families, labels
+
+
+def main() -> int:
+    rows = catalogue(sys.argv[1])
+    families, labels = scrape(sys.argv[2])
+    with open(sys.argv[3]) as f:
+        source = f.read()
+    problems = []
+    gpu_agent = any(rows.get(name, ("", set(), ""))[2] == "GPU" for name in families)
+    for name in sorted(labels):
+        if name.startswith("?"):
+            problems.append("sample %s belongs to no # TYPE family" % name[1:])
+    for name, kind in sorted(families.items()):
+        if name not in rows:
+            problems.append("exported but not in the catalogue: %s (%s, labels %s)"
+                            % (name, kind, ", ".join(sorted(labels[name])) or "none"))
+            continue
+        want_kind, want_labels, nodes = rows[name]
+        if kind != want_kind:
+            problems.append("%s: exported as %s, catalogued as %s" % (name, kind, want_kind))
+        if labels[name] != want_labels:
+            problems.append("%s: exported labels {%s}, catalogued {%s}" % (
+                name, ", ".join(sorted(labels[name])), ", ".join(sorted(want_labels))))
+    for name, (kind, _, nodes) in sorted(rows.items()):
+        if (nodes == "all" or gpu_agent) and name not in families:
+            problems.append("catalogued but not exported: %s" % name)
+        if nodes == "GPU" and not gpu_agent and '"%s"' % name not in source:
+            problems.append("catalogued GPU-only, but %s is not named in %s" % (name, sys.argv[3]))
+    for p in problems:
+        print("  " + p)
+    gpu = sum(1 for r in rows.values() if r[2] == "GPU")
+    print("catalogue: %d families (%d GPU-only), %s agent exports %d; %d difference(s)"
+          % (len(rows), gpu, "a GPU" if gpu_agent else "a CPU", len(families), len(problems)))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

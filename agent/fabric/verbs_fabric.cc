@@ -113,6 +113,7 @@ VerbsFabric::~VerbsFabric() {
     reaper_stop_ = true;
   }
   if (reaper_.joinable()) reaper_.join();
+  closer_.Stop();
   worker_.Stop();
   std::unordered_map<WindowKey, std::shared_ptr<VerbsWindow>> windows;
   {

@@ -139,7 +139,7 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
     return reaper_stop_ || !finished_.empty();
   }
   bool NoLinks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return links_.empty(); }
-  // On the worker, once no arrival through the window is being delivered:
+  // On the closer thread, once no arrival through the window is being delivered:
   // deregisters its registrations, runs `drained`, tells the peer.
   void FinishClose(WindowKey key, absl::AnyInvocable<void() &&> drained);
   // Releases `count` window registrations of every NIC.
@@ -181,7 +181,10 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
 
   std::thread reaper_;
   std::unique_ptr<Acceptor> acceptor_;
-  verbs::Worker worker_;  // stopped explicitly in the destructor
+  // Stopped explicitly in the destructor. Two, so that a slow deregistration (rxe took
+  // 1 s for a window with writes in flight) never holds up a QP renewal or a QUERY.
+  verbs::Worker closer_;  // window closes
+  verbs::Worker worker_;  // QP renewals, QUERY sends
 };
 
 }  // namespace fuselink::fabric::verbs_internal

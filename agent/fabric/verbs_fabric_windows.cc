@@ -143,9 +143,9 @@ absl::StatusOr<WindowKey> VerbsFabric::OpenWindow(RegionKey region_key,
 
 void VerbsFabric::CloseWindow(WindowKey key, absl::AnyInvocable<void() &&> drained) {
   // From now on no arrival through the window is delivered; once those being delivered
-  // are done, the worker deregisters the window and only then runs `drained`.
+  // are done, the closer thread deregisters the window and only then runs `drained`.
   window_table_.Close(key, [this, key, drained = std::move(drained)]() mutable {
-    worker_.Run([this, key, drained = std::move(drained)]() mutable {
+    closer_.Run([this, key, drained = std::move(drained)]() mutable {
       FinishClose(key, std::move(drained));
     });
   });

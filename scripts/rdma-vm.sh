@@ -200,6 +200,9 @@ started=\$(cut -d' ' -f1 /proc/uptime)
 /mnt/build/$test_bin_rel --gtest_color=no $gtest_filter
 rc=\$?
 fabric_rc=\$rc
+# rxe's own warnings (the console is quiet): timeouts, QP errors.
+dmesg | grep -i -E 'rxe|rdma' | grep -v -E 'loaded|set active|added' | tail -20 |
+  sed 's/^/guest-dmesg: /'
 echo "guest: rdma test took \$(echo "\$(cut -d' ' -f1 /proc/uptime) \$started" | awk '{print \$1-\$2}') s"
 # The reference: ib_write_bw on rail 0 (rails are back up: the test restores them).
 gid_index() {

@@ -585,6 +585,71 @@ TEST_P(VerbsLateWriteTest, MeetsTheNicAndTheQpIsRenewed) {
 
 INSTANTIATE_TEST_SUITE_P(Qps, VerbsLateWriteTest, ::testing::Values(1, 2));
 
+// The target goes away while the source renews the QP a late write broke: every write
+// still completes exactly once — the late one refused (or UNAVAILABLE if the QP died
+// first), the ones held behind it OK or UNAVAILABLE, nothing else — and a loses b.
+TEST_F(VerbsFabricTest, ARenewalCutOffByThePeersGoingFailsItsWritesOnce) {
+  FL_MAKE(1, 1, [](VerbsFabricOptions& b) { b.push_window_closes = false; });
+  constexpr uint32_t kWrite = 64 << 10;
+  std::vector<uint8_t> source = RandomBytes(kWrite, 13);
+  std::vector<uint8_t> target(2 * kWrite, kUntouched);
+  const RegionKey source_key = Region(*a_, source);
+  const RegionKey target_key = Region(*b_, target);
+  const WindowKey old_window = Window(target_key, "a", {{0, kWrite}});
+  const WindowKey window = Window(target_key, "a", {{kWrite, kWrite}});
+  DrainCounter drained;
+  b_->CloseWindow(old_window, drained.Callback());
+  ASSERT_EQ(drained.WaitFor(1), 1);
+  constexpr int kBehind = 32;
+  ASSERT_TRUE(Post(0, {.local_key = source_key,
+                       .remote_key = old_window,
+                       .bytes = kWrite,
+                       .wr_id = 0})
+                  .ok());
+  for (int i = 1; i <= kBehind; ++i) {
+    ASSERT_TRUE(Post(0, {.local_key = source_key,
+                         .remote_key = window,
+                         .remote_offset = kWrite,
+                         .bytes = kWrite,
+                         .wr_id = uint64_t(i)})
+                    .ok());
+  }
+  b_.reset();  // while the refusal and the renewal are under way
+  ASSERT_TRUE(a_events_.WaitForCompletions(kBehind + 1));
+  ASSERT_TRUE(a_events_.WaitForPeersLost(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // no late duplicates
+  std::map<uint64_t, int> seen;
+  int ok = 0, unavailable = 0;
+  for (const Completion& c : a_events_.completions()) {
+    ++seen[c.wr_id];
+    if (c.wr_id == 0) {
+      EXPECT_TRUE(c.refusal == Refusal::kNoWindow ||
+                  c.status.code() == absl::StatusCode::kUnavailable)
+          << c.status;
+      continue;
+    }
+    if (c.status.ok()) {
+      ++ok;
+    } else {
+      EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
+      ++unavailable;
+    }
+  }
+  EXPECT_EQ(seen.size(), size_t{kBehind + 1});
+  for (const auto& [id, count] : seen) EXPECT_EQ(count, 1) << "wr_id " << id;
+  std::printf("cut-off renewal: late write: %s; behind it %d OK, %d UNAVAILABLE\n",
+              a_events_.completions().empty()
+                  ? "-"
+                  : [&] {
+                      for (const Completion& c : a_events_.completions()) {
+                        if (c.wr_id == 0) return c.status.ToString();
+                      }
+                      return std::string("?");
+                    }()
+                          .c_str(),
+              ok, unavailable);
+}
+
 // A window closed while writes into it are on the wire: each completes OK (all of it
 // landed) or NOT_FOUND WINDOW_CLOSED, never UNAVAILABLE; once `drained` has run,
 // nothing in b's memory changes any more, and every OK write is in it.

@@ -48,6 +48,8 @@ absl::StatusOr<std::vector<VerbsPort>> DescribeDevice(ibv_device* device) {
                   .max_cqe = attr.max_cqe,
                   .max_sge = attr.max_sge,
                   .max_mr_size = attr.max_mr_size,
+                  .max_mr = attr.max_mr,
+                  .max_pd = attr.max_pd,
                   .gids = {}};
     for (size_t i = 0; i < gid_count; ++i) {
       if (raw[i].port_num != port) continue;

@@ -48,6 +48,8 @@ struct VerbsPort {
   int max_cqe = 0;
   int max_sge = 0;
   uint64_t max_mr_size = 0;
+  int max_mr = 0;              // registrations: regions, receive arenas, window extents
+  int max_pd = 0;              // the NIC's own and one per peer
   std::vector<GidEntry> gids;  // this port's entries
 };
 

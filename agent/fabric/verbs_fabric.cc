@@ -1,48 +1,27 @@
 #include "agent/fabric/verbs_fabric.h"
 
-#include <deque>
-#include <functional>
-#include <map>
 #include <optional>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/common/status_macros.h"
-#include "agent/fabric/acceptor.h"
 #include "agent/fabric/checks.h"
-#include "agent/fabric/peer_table.h"
 #include "agent/fabric/region_table.h"
-#include "agent/fabric/socket.h"
 #include "agent/fabric/verbs_device.h"
-#include "agent/fabric/verbs_link.h"
-#include "agent/fabric/verbs_nic.h"
-#include "agent/fabric/window_table.h"
+#include "agent/fabric/verbs_fabric_impl.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
+namespace verbs_internal {
 namespace {
-
-using verbs::ControlLink;
-using verbs::Nic;
-using verbs::VerbsQp;
-using LinkPtr = std::shared_ptr<ControlLink>;
 
 // How long Connect waits for one control connection's TCP handshake.
 constexpr int kControlConnectTimeoutMs = 10'000;
 
-// A registered region: its memory and one MR per NIC. Destroyed (MRs deregistered)
-// when the table and every write reading from it have let go.
-struct VerbsRegion {
-  uint8_t* base = nullptr;
-  uint64_t bytes = 0;
-  std::shared_ptr<const void> keepalive;
-  std::vector<verbs::MemoryRegion> mrs;  // [nic]
-};
+}  // namespace
 
 absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler) {
   if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
@@ -72,120 +51,19 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
       in(o.max_qps_per_nic, o.qps_per_peer_nic, verbs::kMaxQpsPerNic, "max_qps_per_nic"));
   FL_RETURN_IF_ERROR(
       in(o.max_write_bytes, 1, wire::kMaxWriteBytesLimit, "max_write_bytes"));
+  FL_RETURN_IF_ERROR(in(o.max_window_registrations_per_nic, 1,
+                        kMaxWindowRegistrationsPerNic,
+                        "max_window_registrations_per_nic"));
   return absl::OkStatus();
 }
 
-class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::LinkHost {
- public:
-  VerbsFabric(const VerbsFabricOptions& options, Handler& handler,
-              std::vector<SocketAddress> local, std::vector<Endpoint> endpoints)
-      : options_(options),
-        handler_(handler),
-        local_(std::move(local)),
-        endpoints_(std::move(endpoints)) {}
-  ~VerbsFabric() override;
-
-  // Opens NIC i; called for every NIC before Start.
-  absl::Status OpenNic(int index, verbs::NicBinding binding);
-  absl::Status Start(std::vector<UniqueFd> listeners);
-
-  // Fabric.
-  absl::string_view transport() const override { return "verbs"; }
-  int nic_count() const override { return static_cast<int>(endpoints_.size()); }
-  std::vector<Endpoint> endpoints() const override { return endpoints_; }
-  absl::StatusOr<RegionKey> RegisterRegion(
-      void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) override;
-  absl::Status DeregisterRegion(RegionKey key) override;
-  // Interim, until memory windows land here: the window is the whole region, open to
-  // every connected peer (what verbs placed before windows existed).
-  absl::StatusOr<WindowKey> OpenWindow(RegionKey region, absl::string_view,
-                                       std::span<const Extent> extents) override {
-    absl::ReaderMutexLock lock(&regions_mu_);
-    auto it = regions_.find(region);
-    if (it == regions_.end()) return absl::NotFoundError("no such region");
-    FL_RETURN_IF_ERROR(CheckWindowExtents(extents, it->second->bytes));
-    return region;
-  }
-  void CloseWindow(WindowKey, absl::AnyInvocable<void() &&> drained) override {
-    std::move(drained)();
-  }
-  absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
-                                 const std::vector<Endpoint>& remote) override;
-  void Disconnect(PeerId peer) override;
-  std::string PeerName(PeerId peer) const override;
-  std::optional<PeerId> FindPeer(absl::string_view name) const override {
-    absl::ReaderMutexLock lock(&mu_);
-    return peers_.Find(name);
-  }
-  absl::Status PostWrite(PeerId peer, int nic, const WriteOp& op) override;
-  NicCounters counters(int nic) const override;
-
-  // NicHost.
-  Handler& handler() override { return handler_; }
-  bool RegionHolds(RegionKey key, uint64_t offset, uint32_t bytes) const override;
-  void OnQpCreated(uint64_t link) override;
-  void OnQpClosed(uint64_t link, VerbsQp* qp, const absl::Status& why) override;
-
-  // LinkHost.
-  absl::StatusOr<PeerId> AttachInbound(uint64_t link, absl::string_view name) override;
-  std::vector<verbs::wire::RegionAdd> StartPushing(uint64_t link) override;
-  void OnLinkFinished(uint64_t link) override;
-
- private:
-  using Peer = PeerTable<LinkPtr>::Peer;
-  struct LinkEntry {
-    LinkPtr link;
-    PeerId peer = 0;
-    int live_qps = 0;
-    bool finished = false;  // its thread is done, or it will never have one
-    bool pushing = false;   // inbound: receives REGION_ADDs
-    bool reaping = false;
-  };
-
-  LinkPtr NewLink(int nic, ControlLink::Role role, UniqueFd fd)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  PeerId LivePeer(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AttachLocked(LinkEntry& entry, PeerId peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeReap(uint64_t id, LinkEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether any link of `peer` still has a QP that is not drained.
-  bool HasLiveQps(const Peer& peer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return std::any_of(peer.links.begin(), peer.links.end(), [&](const LinkPtr& link) {
-      auto entry = links_.find(link->id());
-      return entry != links_.end() && entry->second.live_qps > 0;
-    });
-  }
-  void OnAccepted(int nic, UniqueFd socket);
-  void Reap();
-  bool ReaperHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return reaper_stop_ || !finished_.empty();
-  }
-  bool NoLinks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return links_.empty(); }
-
-  const VerbsFabricOptions options_;
-  Handler& handler_;
-  const std::vector<SocketAddress> local_;
-  const std::vector<Endpoint> endpoints_;
-  // Declared first so that it dies last: regions' MRs and links' QPs live on its PDs.
-  std::vector<std::unique_ptr<Nic>> nics_;
-
-  mutable absl::Mutex regions_mu_;  // taken after mu_ where both are held
-  std::unordered_map<RegionKey, std::shared_ptr<const VerbsRegion>> regions_
-      ABSL_GUARDED_BY(regions_mu_);
-  RegionKey next_region_key_ ABSL_GUARDED_BY(regions_mu_) = 1;
-
-  absl::Mutex connect_mu_;  // one Connect at a time; taken before mu_
-  mutable absl::Mutex mu_;
-  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_link_id_ ABSL_GUARDED_BY(mu_) = 1;
-  // A peer is lost when the last QP of its links is drained.
-  PeerTable<LinkPtr> peers_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, LinkEntry> links_ ABSL_GUARDED_BY(mu_);
-  std::deque<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
-
-  std::thread reaper_;
-  std::unique_ptr<Acceptor> acceptor_;
-};
+VerbsFabric::VerbsFabric(const VerbsFabricOptions& options, Handler& handler,
+                         std::vector<SocketAddress> local,
+                         std::vector<Endpoint> endpoints)
+    : options_(options),
+      handler_(handler),
+      local_(std::move(local)),
+      endpoints_(std::move(endpoints)) {}
 
 absl::Status VerbsFabric::OpenNic(int index, verbs::NicBinding binding) {
   verbs::NicSizing sizing{
@@ -193,7 +71,8 @@ absl::Status VerbsFabric::OpenNic(int index, verbs::NicBinding binding) {
       .send_depth_per_qp = options_.wr_depth_per_qp,
       .recv_depth_per_qp = options_.recv_depth_per_qp,
       .queue_depth = static_cast<uint32_t>(options_.queue_depth_per_nic),
-      .max_write_bytes = options_.max_write_bytes};
+      .max_write_bytes = options_.max_write_bytes,
+      .max_window_registrations = options_.max_window_registrations_per_nic};
   FL_ASSIGN_OR_RETURN(std::unique_ptr<Nic> nic,
                       Nic::Open(index, std::move(binding), sizing, options_.rc, *this));
   nics_.push_back(std::move(nic));
@@ -222,7 +101,8 @@ VerbsFabric::~VerbsFabric() {
     }
   }
   // Two-phase: every QP is in ERR now; the pollers complete the flushed writes, destroy
-  // the QPs and report lost peers. Then the links go, then the regions, then the NICs.
+  // the QPs and report lost peers. Then the links go, the worker finishes what it was
+  // given (window closes run their `drained`), then the windows, the regions, the NICs.
   for (auto& nic : nics_) {
     nic->CloseAll(absl::CancelledError("fabric shutting down"));
     nic->WaitUntilNoQps();
@@ -233,6 +113,15 @@ VerbsFabric::~VerbsFabric() {
     reaper_stop_ = true;
   }
   if (reaper_.joinable()) reaper_.join();
+  closer_.Stop();
+  worker_.Stop();
+  std::unordered_map<WindowKey, std::shared_ptr<VerbsWindow>> windows;
+  {
+    absl::MutexLock lock(&mu_);
+    windows.swap(open_windows_);
+  }
+  for (const auto& [key, window] : windows) window_table_.Close(key, nullptr);
+  windows.clear();  // registrations, then peer domains
   {
     absl::MutexLock lock(&regions_mu_);
     regions_.clear();
@@ -254,10 +143,21 @@ PeerId VerbsFabric::LivePeer(absl::string_view name) {
 
 void VerbsFabric::AttachLocked(LinkEntry& entry, PeerId peer_id) {
   entry.peer = peer_id;
-  peers_.Get(peer_id)->links.push_back(entry.link);
+  Peer* peer = peers_.Get(peer_id);
+  peer->links.push_back(entry.link);
   for (VerbsQp* qp : entry.link->qps()) {
-    if (qp != nullptr) entry.link->nic().Activate(qp, peer_id);
+    if (qp != nullptr) entry.link->nic().Activate(qp, peer_id, peer->name);
   }
+}
+
+std::optional<std::string> VerbsFabric::LoseIfDone(PeerId peer_id) {
+  const Peer* peer = peers_.Get(peer_id);
+  if (peer == nullptr) return std::nullopt;
+  for (const LinkPtr& link : peer->links) {
+    auto entry = links_.find(link->id());
+    if (entry != links_.end() && entry->second.alive()) return std::nullopt;
+  }
+  return peers_.Forget(peer_id);
 }
 
 absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
@@ -387,16 +287,15 @@ absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
       continue;
     VerbsQp* qp = link->NextQp();
     if (qp == nullptr) continue;
-    verbs::WriteTarget target;
+    verbs::RemoteTarget target;
     if (op.bytes > 0) {
-      std::optional<verbs::RemoteRegion> remote = link->FindRemote(op.remote_key);
-      if (!remote.has_value()) {
-        return absl::NotFoundError(absl::StrCat("peer '", to->name, "' has no region ",
-                                                op.remote_key, " on NIC ", nic));
-      }
-      target = {.address = remote->address, .rkey = remote->rkey};
+      std::optional<verbs::RemoteTarget> extent =
+          link->Resolve(op.remote_key, op.remote_offset, op.bytes);
+      // No registration of ours holds it: the target says why it refuses it.
+      if (!extent.has_value()) return link->AskTarget(op);
+      target = *extent;
     }
-    return link->nic().Post(qp, op, std::move(source), target);
+    return link->nic().Post(qp, op, std::move(source), target.address, target.rkey);
   }
   return absl::UnavailableError(
       absl::StrCat("peer '", to->name, "' is not connected on NIC ", nic));
@@ -406,80 +305,8 @@ NicCounters VerbsFabric::counters(int nic) const {
   if (nic < 0 || nic >= nic_count()) return {};
   return NicCounters{.transmitted_bytes = nics_[nic]->transmitted_bytes(),
                      .received_bytes = nics_[nic]->received_bytes(),
-                     .malformed_frames = nics_[nic]->malformed()};
-}
-
-absl::StatusOr<RegionKey> VerbsFabric::RegisterRegion(
-    void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) {
-  if (base == nullptr || bytes == 0) {
-    return absl::InvalidArgumentError("a region needs memory and a size");
-  }
-  auto region = std::make_shared<VerbsRegion>();
-  region->base = static_cast<uint8_t*>(base);
-  region->bytes = bytes;
-  region->keepalive = std::move(keepalive);
-  for (const auto& nic : nics_) {
-    absl::StatusOr<verbs::MemoryRegion> mr = verbs::RegisterMr(
-        nic->pd(), base, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    if (!mr.ok()) {  // the MRs made so far go with `region`
-      return WithContext(mr.status(),
-                         absl::StrCat("register ", bytes, " bytes on NIC ", nic->index(),
-                                      " (", nic->binding().port.device, ")"));
-    }
-    region->mrs.push_back(*std::move(mr));
-  }
-  RegionKey key = 0;
-  std::vector<std::pair<LinkPtr, verbs::wire::RegionAdd>> pushes;
-  {
-    absl::MutexLock lock(&mu_);
-    {
-      absl::MutexLock regions_lock(&regions_mu_);
-      if (regions_.size() >= kMaxRegions || next_region_key_ == 0) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("already ", regions_.size(), " regions registered"));
-      }
-      key = next_region_key_++;
-      regions_.emplace(key, region);
-    }
-    for (auto& [id, entry] : links_) {
-      if (!entry.pushing) continue;
-      const int nic = entry.link->nic().index();
-      pushes.push_back({entry.link,
-                        {.key = key,
-                         .rkey = region->mrs[nic]->rkey,
-                         .address = reinterpret_cast<uint64_t>(base),
-                         .bytes = bytes}});
-    }
-  }
-  // Every connected source knows the region before its key can be handed out.
-  for (auto& [link, add] : pushes) {
-    if (absl::Status pushed = link->PushAdd(add); !pushed.ok()) link->Close(pushed);
-  }
-  return key;
-}
-
-absl::Status VerbsFabric::DeregisterRegion(RegionKey key) {
-  std::vector<LinkPtr> pushes;
-  {
-    absl::MutexLock lock(&mu_);
-    {
-      absl::MutexLock regions_lock(&regions_mu_);
-      if (regions_.erase(key) == 0) {
-        return absl::NotFoundError(absl::StrCat("no region ", key));
-      }
-    }
-    for (auto& [id, entry] : links_) {
-      if (entry.pushing) pushes.push_back(entry.link);
-    }
-  }
-  for (const LinkPtr& link : pushes) link->PushRemove(key);
-  return absl::OkStatus();
-}
-
-bool VerbsFabric::RegionHolds(RegionKey key, uint64_t offset, uint32_t bytes) const {
-  absl::ReaderMutexLock lock(&regions_mu_);
-  auto it = regions_.find(key);
-  return it != regions_.end() && ExtentFits(offset, bytes, it->second->bytes);
+                     .malformed_frames = nics_[nic]->malformed(),
+                     .refused_writes = nics_[nic]->refused()};
 }
 
 void VerbsFabric::OnQpCreated(uint64_t link) {
@@ -498,14 +325,29 @@ void VerbsFabric::OnQpClosed(uint64_t link_id, VerbsQp* qp, const absl::Status& 
     if (it == links_.end()) return;
     LinkEntry& entry = it->second;
     entry.link->Forget(qp);
-    if (--entry.live_qps == 0) entry.link->Close(why);
-    peer_id = entry.peer;
-    if (const Peer* peer = peers_.Get(peer_id); peer != nullptr && !HasLiveQps(*peer)) {
-      lost = peers_.Forget(peer_id);
+    // A source with no QP left on a link gives it up; a target keeps its end while the
+    // connection lasts (the source may renew the QP after a refusal).
+    if (--entry.live_qps == 0 && entry.link->role() == ControlLink::Role::kOutbound) {
+      entry.link->Close(why);
     }
+    peer_id = entry.peer;
+    lost = LoseIfDone(peer_id);
     MaybeReap(link_id, entry);
   }
   if (lost.has_value()) handler_.OnPeerLost(peer_id, *lost, PeerLostStatus(why));
+}
+
+void VerbsFabric::OnQpRefused(uint64_t link_id, std::shared_ptr<VerbsQp> qp) {
+  LinkPtr link;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = links_.find(link_id);
+    if (it != links_.end()) link = it->second.link;
+  }
+  if (link == nullptr) return;  // the link is going: its QPs close with it
+  worker_.Run([link = std::move(link), qp = std::move(qp)]() mutable {
+    link->Renew(std::move(qp));
+  });
 }
 
 absl::StatusOr<PeerId> VerbsFabric::AttachInbound(uint64_t link, absl::string_view name) {
@@ -518,30 +360,22 @@ absl::StatusOr<PeerId> VerbsFabric::AttachInbound(uint64_t link, absl::string_vi
   return id;
 }
 
-std::vector<verbs::wire::RegionAdd> VerbsFabric::StartPushing(uint64_t link) {
-  absl::MutexLock lock(&mu_);
-  auto it = links_.find(link);
-  if (it == links_.end()) return {};
-  it->second.pushing = true;
-  const int nic = it->second.link->nic().index();
-  std::vector<verbs::wire::RegionAdd> table;
-  absl::ReaderMutexLock regions_lock(&regions_mu_);
-  for (const auto& [key, region] : regions_) {
-    table.push_back({.key = key,
-                     .rkey = region->mrs[nic]->rkey,
-                     .address = reinterpret_cast<uint64_t>(region->base),
-                     .bytes = region->bytes});
-  }
-  return table;
-}
-
 void VerbsFabric::OnLinkFinished(uint64_t link) {
-  absl::MutexLock lock(&mu_);
-  auto it = links_.find(link);
-  if (it == links_.end()) return;
-  it->second.finished = true;
-  it->second.pushing = false;
-  MaybeReap(link, it->second);
+  PeerId peer_id = 0;
+  std::optional<std::string> lost;
+  absl::Status why;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(link);
+    if (it == links_.end()) return;
+    it->second.finished = true;
+    it->second.pushing = false;
+    peer_id = it->second.peer;
+    why = it->second.link->close_reason();
+    lost = LoseIfDone(peer_id);
+    MaybeReap(link, it->second);
+  }
+  if (lost.has_value()) handler_.OnPeerLost(peer_id, *lost, PeerLostStatus(why));
 }
 
 void VerbsFabric::MaybeReap(uint64_t id, LinkEntry& entry) {
@@ -576,11 +410,11 @@ void VerbsFabric::Reap() {
   }
 }
 
-}  // namespace
+}  // namespace verbs_internal
 
 absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(
     const VerbsFabricOptions& options, Handler* handler) {
-  FL_RETURN_IF_ERROR(ValidateOptions(options, handler));
+  FL_RETURN_IF_ERROR(verbs_internal::ValidateOptions(options, handler));
   std::vector<UniqueFd> listeners;
   std::vector<SocketAddress> local;
   std::vector<Endpoint> endpoints;
@@ -601,8 +435,8 @@ absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(
     local.push_back(outbound);
     listeners.push_back(*std::move(listener));
   }
-  auto fabric = std::make_unique<VerbsFabric>(options, *handler, std::move(local),
-                                              std::move(endpoints));
+  auto fabric = std::make_unique<verbs_internal::VerbsFabric>(
+      options, *handler, std::move(local), std::move(endpoints));
   for (size_t i = 0; i < bindings.size(); ++i) {
     FL_RETURN_IF_ERROR(fabric->OpenNic(static_cast<int>(i), std::move(bindings[i])));
   }

@@ -9,14 +9,26 @@
 // posts on its QPs; the accepting side only receives on them (to write back, it
 // Connect()s too, as with TCP).
 //
-// Differences a caller sees against TCP:
-//  - PostWrite answers NOT_FOUND synchronously for a remote key the target has not
-//    pushed (never, for a key it registered before handing it out: RegisterRegion
-//    waits for every connected source's ACK).
-//  - A write outside the target region is refused by the target's NIC (the MR bounds):
-//    it completes OUT_OF_RANGE ("remote access error"), and that QP — only that one —
-//    goes to error, so its other writes in flight complete UNAVAILABLE. TCP closes
-//    the connection in the same case.
+// Windows (verbs_window.h, verbs_link.h): OpenWindow registers every extent of the
+// window separately on every NIC, in the named peer's protection domain there, and
+// pushes the rkeys to that peer alone; CloseWindow deregisters them (on the fabric's
+// worker thread) before `drained` runs, so a late write fails at the target's NIC. A
+// region's own registration is local only (lkeys for reads; no remote access).
+//
+// What a caller sees against TCP:
+//  - Refusals carry the same codes: a write the source cannot map to one of the
+//    window's registrations is not sent; the target's answer to a QUERY on the control
+//    link says why (NOT_FOUND WINDOW_CLOSED, PERMISSION_DENIED WINDOW_NOT_YOURS,
+//    OUT_OF_RANGE OUTSIDE_WINDOW). A write that meets a closed window at the target's
+//    NIC (it was posted before the source heard of the close) completes NOT_FOUND
+//    WINDOW_CLOSED, Refusal::kNoWindow.
+//  - That NIC refusal puts the RC QP into error at both ends; the fabric renews the QP
+//    and posts the writes that were flushed behind the refused one again, so they
+//    complete as if nothing happened (later, by the renewal's time). If the renewal
+//    fails (kRenewTimeout, or the peer cannot make a new QP), they complete
+//    UNAVAILABLE and that QP is gone; the NIC's other QPs are untouched.
+//  - The arrival for a write whose bytes landed before CloseWindow but whose
+//    descriptor is seen after it is not delivered (counted in refused_writes).
 //  - A port going down (IBV_EVENT_PORT_ERR) closes every QP on that NIC at once; a QP
 //    whose peer stops answering fails after the RC retries (timeout, retry_cnt).
 #pragma once
@@ -37,6 +49,9 @@ namespace fuselink::fabric {
 inline constexpr int kMaxVerbsQueueDepthPerNic = 1 << 16;
 // Control connections one fabric holds at once.
 inline constexpr size_t kMaxVerbsLinks = 4096;
+// The most window registrations (one per extent) max_window_registrations_per_nic may
+// allow.
+inline constexpr uint32_t kMaxWindowRegistrationsPerNic = 1 << 20;
 
 struct VerbsFabricOptions {
   // Introduces this node in the QP handshake; 1..255 printable ASCII characters.
@@ -55,6 +70,13 @@ struct VerbsFabricOptions {
   uint32_t max_qps_per_nic = 64;
   // The largest write; both sides must agree.
   uint32_t max_write_bytes = 64 << 20;
+  // Registrations one NIC holds for open windows, one per extent of each: OpenWindow
+  // answers RESOURCE_EXHAUSTED beyond. At most the device's max_mr.
+  uint32_t max_window_registrations_per_nic = 1 << 16;
+  // Tell a window's peer when the window closes (WINDOW_REMOVE), so that it refuses
+  // later writes itself rather than sending them into the target's NIC. false only in
+  // tests: every late write then meets the NIC (and a QP renewal).
+  bool push_window_closes = true;
   // RC timeout, retry_cnt, rnr_retry and the rest, explicit.
   verbs::RcParams rc;
 };

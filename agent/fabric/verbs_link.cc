@@ -1,6 +1,7 @@
 #include "agent/fabric/verbs_link.h"
 
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include <algorithm>
 #include <cstring>
@@ -8,11 +9,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
-#include "agent/fabric/region_table.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric::verbs {
+namespace {
+
+// Bounds how long one blocking send waits for room in the socket.
+absl::Status SetSendTimeout(int fd, int timeout_ms) {
+  timeval tv{.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+    return ErrnoStatus("setsockopt(SO_SNDTIMEO)", errno);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 ControlLink::ControlLink(LinkHost& host, Nic& nic, uint64_t id, Role role, UniqueFd fd)
     : host_(host), nic_(nic), id_(id), role_(role), fd_(std::move(fd)) {}
@@ -30,6 +42,13 @@ void ControlLink::Start() {
       absl::MutexLock lock(&ack_mu_);
       ack_dead_ = true;
     }
+    FailQueries(absl::UnavailableError(
+        absl::StrCat("control connection on NIC ", nic_.index(),
+                     " closed before the target answered: ", close_reason().message())));
+    {
+      absl::MutexLock lock(&renew_mu_);
+      renewing_.clear();  // their QPs are closing with the link
+    }
     host_.OnLinkFinished(id_);
   });
 }
@@ -38,6 +57,16 @@ void ControlLink::Join() {
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
     thread_.join();
   }
+}
+
+absl::Status ControlLink::close_reason() const {
+  absl::MutexLock lock(&close_mu_);
+  return close_reason_;
+}
+
+std::string ControlLink::peer_name() const {
+  absl::MutexLock lock(&close_mu_);
+  return peer_name_;
 }
 
 void ControlLink::Close(const absl::Status& why) {
@@ -58,23 +87,20 @@ void ControlLink::Forget(VerbsQp* qp) {
 
 VerbsQp* ControlLink::NextQp() {
   const size_t count = qps_.size();
+  VerbsQp* later = nullptr;  // one being renewed: only when no other takes writes now
   for (size_t tried = 0; tried < count; ++tried) {
     VerbsQp* qp = qps_[next_qp_.fetch_add(1, std::memory_order_relaxed) % count];
-    if (qp != nullptr && nic_.active(qp)) return qp;
+    if (qp == nullptr) continue;
+    const Nic::Takes takes = nic_.takes_writes(qp);
+    if (takes == Nic::Takes::kNow) return qp;
+    if (takes == Nic::Takes::kLater && later == nullptr) later = qp;
   }
-  return nullptr;
-}
-
-std::optional<RemoteRegion> ControlLink::FindRemote(RegionKey key) const {
-  absl::ReaderMutexLock lock(&remote_mu_);
-  auto it = remote_.find(key);
-  if (it == remote_.end()) return std::nullopt;
-  return it->second;
+  return later;
 }
 
 absl::Status ControlLink::CreateQps(uint32_t count) {
   for (uint32_t i = 0; i < count; ++i) {
-    FL_ASSIGN_OR_RETURN(VerbsQp * qp, nic_.CreateQp(id_));
+    FL_ASSIGN_OR_RETURN(VerbsQp * qp, nic_.CreateQp(id_, domain_));
     absl::MutexLock lock(&close_mu_);
     qps_.push_back(qp);
     if (closed_) {
@@ -126,6 +152,7 @@ absl::StatusOr<wire::Decoded> ControlLink::ReadFrame() {
 
 absl::Status ControlLink::Handshake(absl::string_view node_name, uint32_t qp_count) {
   FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHandshakeTimeoutMs));
+  FL_RETURN_IF_ERROR(SetSendTimeout(fd_.get(), kControlSendTimeoutMs));
   FL_RETURN_IF_ERROR(CreateQps(qp_count));
   FL_ASSIGN_OR_RETURN(std::string hello,
                       wire::EncodeHello(LocalHello(std::string(node_name))));
@@ -149,44 +176,61 @@ absl::Status ControlLink::Handshake(absl::string_view node_name, uint32_t qp_cou
   while (true) {
     FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame());
     if (std::holds_alternative<wire::Ready>(frame)) break;
-    FL_RETURN_IF_ERROR(ApplyRegionFrame(frame));
+    const auto* add = std::get_if<wire::WindowAdd>(&frame);
+    if (add == nullptr) return absl::InvalidArgumentError("expected WINDOW_ADD or READY");
+    FL_RETURN_IF_ERROR(ApplyWindowAdd(*add));
   }
   return SetReceiveTimeout(fd_.get(), 0);
 }
 
-absl::Status ControlLink::ApplyRegionFrame(const wire::Decoded& frame) {
-  absl::MutexLock lock(&remote_mu_);
-  if (const auto* add = std::get_if<wire::RegionAdd>(&frame)) {
-    if (remote_.size() >= kMaxRegions && !remote_.contains(add->key)) {
-      return absl::ResourceExhaustedError("peer pushed more than kMaxRegions regions");
-    }
-    remote_[add->key] = {.address = add->address, .rkey = add->rkey};
-    return absl::OkStatus();
-  }
-  if (const auto* remove = std::get_if<wire::RegionRemove>(&frame)) {
-    remote_.erase(remove->key);
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError("expected a region frame");
+absl::Status ControlLink::ApplyWindowAdd(const wire::WindowAdd& add) {
+  std::vector<uint8_t> bytes(size_t{add.extent_count} * wire::kWindowRecordBytes);
+  FL_RETURN_IF_ERROR(RecvAll(fd_.get(), bytes.data(), bytes.size()));
+  FL_ASSIGN_OR_RETURN(std::vector<wire::WindowRecord> records,
+                      wire::DecodeWindowRecords(bytes));
+  FL_ASSIGN_OR_RETURN(RemoteWindow window,
+                      RemoteWindow::FromRecords(add.iova_base, records));
+  return remote_windows_.Add(add.key, std::move(window));
 }
 
 absl::Status ControlLink::ServeOutbound() {
   while (true) {
     FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame());
-    FL_RETURN_IF_ERROR(ApplyRegionFrame(frame));
-    uint64_t seq = 0;
-    if (const auto* add = std::get_if<wire::RegionAdd>(&frame)) seq = add->seq;
-    if (const auto* remove = std::get_if<wire::RegionRemove>(&frame)) seq = remove->seq;
+    uint64_t ack = 0;
+    if (const auto* add = std::get_if<wire::WindowAdd>(&frame)) {
+      FL_RETURN_IF_ERROR(ApplyWindowAdd(*add));
+      ack = add->seq;
+    } else if (const auto* remove = std::get_if<wire::WindowRemove>(&frame)) {
+      remote_windows_.Remove(remove->key);
+      ack = remove->seq;
+    } else if (const auto* verdict = std::get_if<wire::Verdict>(&frame)) {
+      FL_RETURN_IF_ERROR(ApplyVerdict(*verdict));
+      continue;
+    } else if (const auto* renewed = std::get_if<wire::QpRenewed>(&frame)) {
+      std::shared_ptr<VerbsQp> qp;
+      {
+        absl::MutexLock lock(&renew_mu_);
+        if (renewed->index < renewing_.size()) qp = std::move(renewing_[renewed->index]);
+      }
+      if (qp == nullptr) return absl::InvalidArgumentError("QP_RENEWED not asked for");
+      // On failure ResumeQp closes the QP; its held writes complete UNAVAILABLE.
+      (void)nic_.ResumeQp(*qp, renewed->qpn, renewed->psn);
+      continue;
+    } else {
+      return absl::InvalidArgumentError("unexpected frame from the target");
+    }
     absl::MutexLock lock(&send_mu_);
-    FL_RETURN_IF_ERROR(SendFrame(wire::EncodeAck({.seq = seq})));
+    FL_RETURN_IF_ERROR(SendFrame(wire::EncodeAck({.seq = ack})));
   }
 }
 
 absl::Status ControlLink::AcceptHandshake() {
   FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHandshakeTimeoutMs));
+  FL_RETURN_IF_ERROR(SetSendTimeout(fd_.get(), kControlSendTimeoutMs));
   FL_ASSIGN_OR_RETURN(wire::Decoded first, ReadFrame());
   const auto* header = std::get_if<wire::HelloHeader>(&first);
   if (header == nullptr) return absl::InvalidArgumentError("expected a HELLO");
+  remote_hello_ = *header;
   std::string name(header->name_bytes, '\0');
   FL_RETURN_IF_ERROR(RecvAll(fd_.get(), name.data(), name.size()));
   std::vector<uint8_t> records(size_t{header->qp_count} * wire::kQpInfoBytes);
@@ -196,9 +240,23 @@ absl::Status ControlLink::AcceptHandshake() {
     ready = absl::InvalidArgumentError(
         absl::StrCat("HELLO for NIC ", header->nic, " on NIC ", nic_.index()));
   }
+  if (ready.ok()) {
+    // The peer's QPs live in its own protection domain: it reaches its windows only.
+    absl::StatusOr<std::shared_ptr<PeerDomain>> domain = nic_.Domain(name);
+    if (domain.ok()) domain_ = *std::move(domain);
+    ready = domain.status();
+  }
   if (ready.ok()) ready = CreateQps(header->qp_count);
   if (ready.ok()) ready = ConnectQps(*header, wire::DecodeQpInfos(records));
-  if (ready.ok()) ready = host_.AttachInbound(id_, name).status();
+  if (ready.ok()) {
+    absl::StatusOr<PeerId> peer = host_.AttachInbound(id_, name);
+    ready = peer.status();
+    if (peer.ok()) {
+      peer_ = *peer;
+      absl::MutexLock lock(&close_mu_);
+      peer_name_ = name;
+    }
+  }
   absl::MutexLock lock(&send_mu_);
   if (!ready.ok()) {
     (void)SendFrame(wire::EncodeRefuse({.code = ready.code()}));
@@ -207,8 +265,12 @@ absl::Status ControlLink::AcceptHandshake() {
   FL_ASSIGN_OR_RETURN(std::string hello, wire::EncodeHello(LocalHello("")));
   iovec iov[1] = {{hello.data(), hello.size()}};
   FL_RETURN_IF_ERROR(SendAll(fd_.get(), iov));
-  for (const wire::RegionAdd& add : host_.StartPushing(id_)) {
-    FL_RETURN_IF_ERROR(SendFrame(wire::EncodeRegionAdd(add)));
+  for (const WindowPush& push : host_.StartPushing(id_)) {
+    // Sequence 0: read before READY, inside the source's handshake; not ACKed.
+    FL_ASSIGN_OR_RETURN(std::string add,
+                        wire::EncodeWindowAdd(push.key, push.iova_base, 0, push.records));
+    iovec add_iov[1] = {{add.data(), add.size()}};
+    FL_RETURN_IF_ERROR(SendAll(fd_.get(), add_iov));
   }
   FL_RETURN_IF_ERROR(SendFrame(wire::EncodeReady()));
   return SetReceiveTimeout(fd_.get(), 0);
@@ -216,43 +278,213 @@ absl::Status ControlLink::AcceptHandshake() {
 
 absl::Status ControlLink::ServeInbound() {
   FL_RETURN_IF_ERROR(AcceptHandshake());
+  const std::string name = peer_name();
   while (true) {
     FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame());
-    const auto* ack = std::get_if<wire::Ack>(&frame);
-    if (ack == nullptr) return absl::InvalidArgumentError("expected an ACK");
-    absl::MutexLock lock(&ack_mu_);
-    acked_seq_ = std::max(acked_seq_, ack->seq);
+    if (const auto* ack = std::get_if<wire::Ack>(&frame)) {
+      absl::MutexLock lock(&ack_mu_);
+      acked_seq_ = std::max(acked_seq_, ack->seq);
+    } else if (const auto* query = std::get_if<wire::Query>(&frame)) {
+      const Refusal refusal = host_.Judge(query->key, name, query->offset, query->bytes);
+      if (refusal != Refusal::kNone) nic_.CountRefused();
+      absl::MutexLock lock(&send_mu_);
+      FL_RETURN_IF_ERROR(
+          SendFrame(wire::EncodeVerdict({.refusal = refusal, .seq = query->seq})));
+    } else if (const auto* renew = std::get_if<wire::QpRenew>(&frame)) {
+      FL_RETURN_IF_ERROR(RenewInbound(*renew));
+    } else {
+      return absl::InvalidArgumentError("unexpected frame from the source");
+    }
   }
 }
 
-absl::Status ControlLink::PushAdd(wire::RegionAdd add) {
+absl::Status ControlLink::RenewInbound(const wire::QpRenew& renew) {
+  VerbsQp* old = nullptr;
+  {
+    absl::MutexLock lock(&close_mu_);
+    if (renew.index >= qps_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("QP_RENEW for QP ", renew.index, " of ", qps_.size()));
+    }
+    old = qps_[renew.index];
+    // The QP the refusal broke: in error at the NIC already, torn down the usual way.
+    if (old != nullptr) nic_.CloseQp(old, absl::UnavailableError("renewed by the peer"));
+  }
+  FL_ASSIGN_OR_RETURN(VerbsQp * qp, nic_.CreateQp(id_, domain_));
+  RemoteQp remote{
+      .qpn = renew.qpn, .psn = renew.psn, .mtu = static_cast<ibv_mtu>(remote_hello_.mtu)};
+  std::memcpy(remote.gid.raw, remote_hello_.gid.data(), wire::kGidBytes);
+  absl::Status connected = nic_.ConnectQp(qp, remote);
+  if (!connected.ok()) {
+    nic_.CloseQp(qp, connected);
+    return connected;
+  }
+  nic_.Activate(qp, peer_, peer_name());
+  {
+    absl::MutexLock lock(&close_mu_);
+    if (closed_) {
+      nic_.CloseQp(qp, close_reason_);
+      return close_reason_;
+    }
+    qps_[renew.index] = qp;
+  }
+  absl::MutexLock lock(&send_mu_);
+  return SendFrame(wire::EncodeQpRenewed({.index = renew.index,
+                                          .qpn = nic_.qpn(qp),
+                                          .psn = nic_.psn(qp),
+                                          .seq = renew.seq}));
+}
+
+void ControlLink::Renew(std::shared_ptr<VerbsQp> qp) {
+  uint32_t index = 0;
+  {
+    absl::MutexLock lock(&close_mu_);
+    auto it = std::find(qps_.begin(), qps_.end(), qp.get());
+    if (closed_ || it == qps_.end()) return;  // closing: its writes complete UNAVAILABLE
+    index = static_cast<uint32_t>(it - qps_.begin());
+  }
+  absl::StatusOr<uint32_t> psn = nic_.RestartQp(*qp);
+  if (!psn.ok()) return;  // closed by RestartQp
+  const uint32_t qpn = nic_.qpn(qp.get());
+  {
+    absl::MutexLock lock(&renew_mu_);
+    if (renewing_.size() < qps_.size()) renewing_.resize(qps_.size());
+    renewing_[index] = std::move(qp);
+  }
+  absl::Status sent;
   {
     absl::MutexLock lock(&send_mu_);
-    add.seq = next_seq_++;
-    FL_RETURN_IF_ERROR(SendFrame(wire::EncodeRegionAdd(add)));
+    sent = SendFrame(wire::EncodeQpRenew(
+        {.index = index, .qpn = qpn, .psn = *psn, .seq = next_seq_++}));
+  }
+  if (!sent.ok()) Close(sent);
+}
+
+absl::Status ControlLink::AskTarget(const WriteOp& op) {
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&queries_mu_);
+    if (queries_closed_) {
+      return absl::UnavailableError(
+          absl::StrCat("control connection on NIC ", nic_.index(), " is closed"));
+    }
+    auto free = std::find_if(queries_.begin(), queries_.end(),
+                             [](const PendingQuery& q) { return !q.used; });
+    if (free == queries_.end()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("NIC ", nic_.index(), " already has ", kMaxPendingQueries,
+                       " refused writes waiting for the target's reason"));
+    }
+    seq = next_query_seq_++;
+    *free = PendingQuery{.used = true,
+                         .sent = false,
+                         .seq = seq,
+                         .key = op.remote_key,
+                         .offset = op.remote_offset,
+                         .wr_id = op.wr_id,
+                         .bytes = op.bytes};
+  }
+  host_.RunOnWorker([self = shared_from_this(), seq] { self->SendQuery(seq); });
+  return absl::OkStatus();
+}
+
+void ControlLink::SendQuery(uint64_t seq) {
+  wire::Query query{.seq = seq};
+  {
+    absl::MutexLock lock(&queries_mu_);
+    auto it = std::find_if(queries_.begin(), queries_.end(),
+                           [&](const PendingQuery& q) { return q.used && q.seq == seq; });
+    if (it == queries_.end()) return;  // failed meanwhile
+    it->sent = true;
+    query.key = it->key;
+    query.offset = it->offset;
+    query.bytes = it->bytes;
+  }
+  absl::Status sent;
+  {
+    absl::MutexLock lock(&send_mu_);
+    sent = SendFrame(wire::EncodeQuery(query));
+  }
+  if (!sent.ok()) Close(sent);  // the link's thread then fails the query
+}
+
+absl::Status ControlLink::ApplyVerdict(const wire::Verdict& verdict) {
+  Completion done;
+  done.nic = nic_.index();
+  {
+    absl::MutexLock lock(&queries_mu_);
+    auto it = std::find_if(queries_.begin(), queries_.end(), [&](const PendingQuery& q) {
+      return q.used && q.sent && q.seq == verdict.seq;
+    });
+    if (it == queries_.end()) return absl::InvalidArgumentError("VERDICT not asked for");
+    done.wr_id = it->wr_id;
+    done.bytes = it->bytes;
+    it->used = false;
+  }
+  if (verdict.refusal == Refusal::kNone) {
+    // The target would place it, but this NIC holds no registration for it: the window
+    // reached the target's other NICs only, or its push is still under way.
+    done.status = absl::UnavailableError(absl::StrCat(
+        "NIC ", nic_.index(), " has no registration for the write; the target has"));
+  } else {
+    done.status = RefusalStatus(verdict.refusal);
+    done.refusal = verdict.refusal;
+  }
+  host_.handler().OnCompletion(done);
+  return absl::OkStatus();
+}
+
+void ControlLink::FailQueries(const absl::Status& why) {
+  std::vector<Completion> failed;
+  {
+    absl::MutexLock lock(&queries_mu_);
+    queries_closed_ = true;
+    for (PendingQuery& q : queries_) {
+      if (!q.used) continue;
+      failed.push_back(
+          {.wr_id = q.wr_id, .nic = nic_.index(), .bytes = q.bytes, .status = why});
+      q.used = false;
+    }
+  }
+  for (const Completion& c : failed) host_.handler().OnCompletion(c);
+}
+
+absl::Status ControlLink::PushWindow(const WindowPush& push) {
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&send_mu_);
+    seq = next_seq_++;
+    FL_ASSIGN_OR_RETURN(std::string add, wire::EncodeWindowAdd(push.key, push.iova_base,
+                                                               seq, push.records));
+    iovec iov[1] = {{add.data(), add.size()}};
+    FL_RETURN_IF_ERROR(SendAll(fd_.get(), iov));
   }
   absl::MutexLock lock(&ack_mu_);
   struct Args {
     const uint64_t* acked;
     const bool* dead;
     uint64_t seq;
-  } args{&acked_seq_, &ack_dead_, add.seq};
+  } args{&acked_seq_, &ack_dead_, seq};
   if (!ack_mu_.AwaitWithTimeout(
           absl::Condition(
               +[](Args* a) { return *a->acked >= a->seq || *a->dead; }, &args),
-          kRegionAckTimeout)) {
+          kWindowAckTimeout)) {
     return absl::DeadlineExceededError(
-        absl::StrCat("no ACK for region ", add.key, " on NIC ", nic_.index()));
+        absl::StrCat("no ACK for window ", push.key, " on NIC ", nic_.index()));
   }
-  if (acked_seq_ < add.seq) {
+  if (acked_seq_ < seq) {
     return absl::UnavailableError("control connection closed before the ACK");
   }
   return absl::OkStatus();
 }
 
-void ControlLink::PushRemove(RegionKey key) {
-  absl::MutexLock lock(&send_mu_);
-  (void)SendFrame(wire::EncodeRegionRemove({.key = key, .seq = next_seq_++}));
+void ControlLink::PushWindowRemove(WindowKey key) {
+  absl::Status sent;
+  {
+    absl::MutexLock lock(&send_mu_);
+    sent = SendFrame(wire::EncodeWindowRemove({.key = key, .seq = next_seq_++}));
+  }
+  if (!sent.ok()) Close(sent);
 }
 
 }  // namespace fuselink::fabric::verbs

@@ -14,52 +14,10 @@
 #include "agent/fabric/socket.h"
 
 namespace fuselink::fabric::verbs {
-namespace {
-
 uint32_t RandomPsn() {
   static thread_local std::mt19937 random(std::random_device{}());
   return random() & 0xFFFFFF;
 }
-
-}  // namespace
-
-// One RC QP and its send ring. Owned by its Nic's table; the fabric refers to it by
-// pointer while it is in the table (until OnQpClosed).
-class VerbsQp {
- public:
-  enum class State { kInit, kActive, kClosing };
-  struct SendSlot {
-    uint64_t user_wr_id = 0;
-    uint32_t bytes = 0;
-    bool reported = false;
-    std::shared_ptr<const void> hold;  // the source region, until the write completes
-  };
-
-  VerbsQp(uint32_t index, uint32_t generation, uint64_t link, QueuePair qp,
-          uint32_t send_depth)
-      : index(index), generation(generation), link(link), qp(std::move(qp)) {
-    ring.resize(send_depth);
-  }
-
-  const uint32_t index;
-  const uint32_t generation;
-  const uint64_t link;
-  QueuePair qp;
-  const uint32_t local_psn = RandomPsn();
-
-  absl::Mutex mu;
-  State state ABSL_GUARDED_BY(mu) = State::kInit;
-  PeerId peer ABSL_GUARDED_BY(mu) = 0;
-  absl::Status close_reason ABSL_GUARDED_BY(mu);
-  // The provider cannot flush (ToError failed): the poller fails what is left.
-  bool force_drain ABSL_GUARDED_BY(mu) = false;
-  bool finalized ABSL_GUARDED_BY(mu) = false;
-  // [head, tail) are posted and not yet completed; slot = index % ring.size().
-  std::vector<SendSlot> ring ABSL_GUARDED_BY(mu);
-  uint64_t head ABSL_GUARDED_BY(mu) = 0;
-  uint64_t tail ABSL_GUARDED_BY(mu) = 0;
-  uint32_t posted_recvs ABSL_GUARDED_BY(mu) = 0;
-};
 
 namespace {
 
@@ -73,9 +31,9 @@ absl::Status WcStatus(const ibv_wc& wc, const absl::Status& close_reason) {
       return absl::UnavailableError(absl::StrCat(
           "flushed, QP closed: ", close_reason.ok() ? what : close_reason.message()));
     case IBV_WC_REM_ACCESS_ERR:
-      // The target's NIC refused the rkey or the extent: outside the region, or the
-      // region was deregistered.
-      return absl::OutOfRangeError(absl::StrCat("remote access error: ", what));
+      // The target's NIC refused the rkey: the window's registration is gone (the
+      // source posts only writes that one registered extent holds).
+      return RefusalStatus(Refusal::kNoWindow);
     case IBV_WC_LOC_LEN_ERR:
     case IBV_WC_LOC_PROT_ERR:
       return absl::InternalError(absl::StrCat("local error: ", what));
@@ -112,6 +70,11 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(int index, NicBinding binding,
       sizing.recv_depth_per_qp > static_cast<uint32_t>(binding.port.max_qp_wr)) {
     return fail(absl::InvalidArgumentError(
         absl::StrCat("QP depths exceed max_qp_wr ", binding.port.max_qp_wr)));
+  }
+  if (sizing.max_window_registrations > static_cast<uint32_t>(binding.port.max_mr)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("max_window_registrations_per_nic ", sizing.max_window_registrations,
+                     " exceeds the device's max_mr ", binding.port.max_mr)));
   }
   std::unique_ptr<Nic> nic(new Nic(index, std::move(binding), sizing, rc, host));
   absl::StatusOr<DeviceList> list = DeviceList::Get();
@@ -153,10 +116,37 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(int index, NicBinding binding,
 Nic::~Nic() {
   stop_.store(true);
   if (poller_.joinable()) poller_.join();
-  // The table is empty (WaitUntilNoQps); the MR, CQ, PD and context go in member order.
+  // The table is empty (WaitUntilNoQps) and no domain is left (the fabric dropped its
+  // windows); the MR, CQ, PD and context go in member order.
 }
 
-absl::StatusOr<VerbsQp*> Nic::CreateQp(uint64_t link) {
+absl::StatusOr<std::shared_ptr<PeerDomain>> Nic::Domain(absl::string_view peer) {
+  absl::MutexLock lock(&domains_mu_);
+  auto it = domains_.find(std::string(peer));
+  if (it != domains_.end()) {
+    if (std::shared_ptr<PeerDomain> live = it->second.lock()) return live;
+  }
+  if (domains_.size() >= kMaxPeerDomainsPerNic) {
+    std::erase_if(domains_, [](const auto& entry) { return entry.second.expired(); });
+    if (domains_.size() >= kMaxPeerDomainsPerNic) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "NIC ", index_, " already holds ", kMaxPeerDomainsPerNic, " peer domains"));
+    }
+  }
+  const std::string context = absl::StrCat("NIC ", index_, ": domain of '", peer, "'");
+  absl::StatusOr<ProtectionDomain> pd = AllocPd(context_.get());
+  if (!pd.ok()) return WithContext(pd.status(), context);
+  auto domain = std::make_shared<PeerDomain>(std::string(peer), *std::move(pd));
+  absl::StatusOr<MemoryRegion> arena = RegisterMr(
+      domain->pd(), recv_arena_.data(), recv_arena_.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (!arena.ok()) return WithContext(arena.status(), context);
+  domain->arena_ = *std::move(arena);
+  domains_.insert_or_assign(std::string(peer), domain);
+  return domain;
+}
+
+absl::StatusOr<VerbsQp*> Nic::CreateQp(uint64_t link,
+                                       std::shared_ptr<PeerDomain> domain) {
   VerbsQp* raw = nullptr;
   {
     absl::MutexLock lock(&table_mu_);
@@ -166,14 +156,16 @@ absl::StatusOr<VerbsQp*> Nic::CreateQp(uint64_t link) {
       return absl::ResourceExhaustedError(
           absl::StrCat("NIC ", index_, " already has ", sizing_.max_qps, " QPs"));
     }
-    FL_ASSIGN_OR_RETURN(QueuePair qp,
-                        QueuePair::Create(pd_.get(), cq_.get(),
-                                          {.send_wrs = 2 * sizing_.send_depth_per_qp,
-                                           .recv_wrs = sizing_.recv_depth_per_qp,
-                                           .inline_bytes = sizeof(Descriptor)}));
+    FL_ASSIGN_OR_RETURN(
+        QueuePair qp,
+        QueuePair::Create(domain != nullptr ? domain->pd() : pd_.get(), cq_.get(),
+                          {.send_wrs = 2 * sizing_.send_depth_per_qp,
+                           .recv_wrs = sizing_.recv_depth_per_qp,
+                           .inline_bytes = sizeof(Descriptor)}));
     FL_RETURN_IF_ERROR(qp.ToInit(rc_));
-    auto owned = std::make_unique<VerbsQp>(index, generations_[index], link,
-                                           std::move(qp), sizing_.send_depth_per_qp);
+    auto owned =
+        std::make_shared<VerbsQp>(index, generations_[index], link, std::move(domain),
+                                  std::move(qp), sizing_.send_depth_per_qp);
     raw = owned.get();
     // Published before the first receive is posted, so every CQE finds its QP.
     owned_[index] = std::move(owned);
@@ -184,9 +176,7 @@ absl::StatusOr<VerbsQp*> Nic::CreateQp(uint64_t link) {
   absl::Status posted;
   {
     absl::MutexLock qp_lock(&raw->mu);
-    for (uint32_t slot = 0; slot < sizing_.recv_depth_per_qp && posted.ok(); ++slot) {
-      posted = PostRecvSlot(*raw, slot);
-    }
+    posted = PostRecvs(*raw);
   }
   if (!posted.ok()) {
     CloseQp(raw, posted);  // the ordinary teardown: ERR, flush, destroy
@@ -196,18 +186,29 @@ absl::StatusOr<VerbsQp*> Nic::CreateQp(uint64_t link) {
 }
 
 uint32_t Nic::qpn(const VerbsQp* qp) const { return qp->qp.qpn(); }
-uint32_t Nic::psn(const VerbsQp* qp) const { return qp->local_psn; }
+uint32_t Nic::psn(const VerbsQp* qp) const {
+  absl::MutexLock lock(&qp->mu);
+  return qp->local_psn;
+}
 
-void Nic::Activate(VerbsQp* qp, PeerId peer) {
+void Nic::Activate(VerbsQp* qp, PeerId peer, absl::string_view name) {
   absl::MutexLock lock(&qp->mu);
   if (qp->state != VerbsQp::State::kInit) return;
   qp->state = VerbsQp::State::kActive;
   qp->peer = peer;
+  qp->peer_name = std::string(name);
 }
 
-bool Nic::active(VerbsQp* qp) const {
+Nic::Takes Nic::takes_writes(VerbsQp* qp) const {
   absl::MutexLock lock(&qp->mu);
-  return qp->state == VerbsQp::State::kActive;
+  switch (qp->state) {
+    case VerbsQp::State::kActive:
+      return Takes::kNow;
+    case VerbsQp::State::kRenewing:
+      return Takes::kLater;
+    default:
+      return Takes::kNo;
+  }
 }
 
 absl::Status Nic::PostRecvSlot(VerbsQp& qp, uint32_t slot) {
@@ -215,7 +216,7 @@ absl::Status Nic::PostRecvSlot(VerbsQp& qp, uint32_t slot) {
   sge.addr = reinterpret_cast<uintptr_t>(recv_arena_.data()) +
              (size_t{qp.index} * sizing_.recv_depth_per_qp + slot) * sizeof(Descriptor);
   sge.length = sizeof(Descriptor);
-  sge.lkey = recv_mr_->lkey;
+  sge.lkey = qp.domain != nullptr ? qp.domain->arena_lkey() : recv_mr_->lkey;
   ibv_recv_wr wr{};
   wr.wr_id = wr_id::Encode(
       {.slot = slot, .qp = qp.index, .generation = qp.generation, .recv = true});
@@ -226,22 +227,40 @@ absl::Status Nic::PostRecvSlot(VerbsQp& qp, uint32_t slot) {
   return absl::OkStatus();
 }
 
+absl::Status Nic::PostRecvs(VerbsQp& qp) {
+  for (uint32_t slot = 0; slot < sizing_.recv_depth_per_qp; ++slot) {
+    FL_RETURN_IF_ERROR(PostRecvSlot(qp, slot));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Nic::ConnectQp(VerbsQp* qp, const RemoteQp& remote) {
   RemoteQp path = remote;
   path.mtu = std::min(remote.mtu, mtu());
   RcParams rc = rc_;
   rc.gid_index = static_cast<uint8_t>(binding_.gid_index);
   rc.port = binding_.port.port;
+  uint32_t local_psn = 0;
+  {
+    absl::MutexLock lock(&qp->mu);
+    qp->remote = path;
+    local_psn = qp->local_psn;
+  }
   FL_RETURN_IF_ERROR(qp->qp.ToRtr(rc, path));
-  return qp->qp.ToRts(rc, qp->local_psn);
+  return qp->qp.ToRts(rc, local_psn);
 }
 
 void Nic::CloseQp(VerbsQp* qp, const absl::Status& why) {
   absl::MutexLock lock(&qp->mu);
   if (qp->state == VerbsQp::State::kClosing) return;
+  if (qp->state == VerbsQp::State::kRenewing) renewing_.fetch_sub(1);
   qp->state = VerbsQp::State::kClosing;
   qp->close_reason = why;
-  if (absl::Status error = qp->qp.ToError(); !error.ok()) qp->force_drain = true;
+  if (qp->busy) {
+    qp->error_deferred = true;  // the renewal step moves it to ERR when it is done
+  } else if (absl::Status error = qp->qp.ToError(); !error.ok()) {
+    qp->force_drain = true;
+  }
   closing_.fetch_add(1);
 }
 
@@ -261,12 +280,49 @@ void Nic::WaitUntilNoQps() {
   table_mu_.Await(absl::Condition(this, &Nic::NoQps));
 }
 
+absl::Status Nic::PostSlot(VerbsQp& qp, uint64_t position) {
+  const uint32_t slot = static_cast<uint32_t>(position % qp.ring.size());
+  const VerbsQp::SendSlot& s = qp.ring[slot];
+  ibv_sge descriptor_sge{};
+  descriptor_sge.addr = reinterpret_cast<uintptr_t>(&s.descriptor);
+  descriptor_sge.length = sizeof(s.descriptor);
+  ibv_send_wr send{};
+  send.wr_id = wr_id::Encode({.slot = slot, .qp = qp.index, .generation = qp.generation});
+  send.opcode = IBV_WR_SEND_WITH_IMM;
+  send.imm_data = htonl(s.imm);
+  send.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  send.sg_list = &descriptor_sge;
+  send.num_sge = 1;
+  ibv_sge payload_sge{};
+  ibv_send_wr write{};
+  ibv_send_wr* first = &send;
+  if (s.bytes > 0) {
+    payload_sge.addr = s.source_address;
+    payload_sge.length = s.bytes;
+    payload_sge.lkey = s.lkey;
+    write.wr_id = wr_id::Encode(
+        {.slot = slot, .qp = qp.index, .generation = qp.generation, .payload = true});
+    write.opcode = IBV_WR_RDMA_WRITE;
+    write.sg_list = &payload_sge;
+    write.num_sge = 1;
+    write.wr.rdma.remote_addr = s.remote_address;
+    write.wr.rdma.rkey = s.rkey;
+    write.next = &send;
+    first = &write;
+  }
+  if (absl::Status posted = PostSend(qp.qp.get(), first); !posted.ok()) {
+    return WithContext(posted, absl::StrCat("NIC ", index_, " QP ", qp.qp.qpn()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Nic::Post(VerbsQp* qp, const WriteOp& op, WriteSource source,
-                       WriteTarget target) {
+                       uint64_t remote_address, uint32_t rkey) {
   FL_RETURN_IF_ERROR(TakeWriteSlot(send_quota_used_, sizing_.queue_depth, index_));
   absl::MutexLock lock(&qp->mu);
   absl::Status refused;
-  if (qp->state != VerbsQp::State::kActive) {
+  const bool renewing = qp->state == VerbsQp::State::kRenewing;
+  if (qp->state != VerbsQp::State::kActive && !renewing) {
     refused = absl::UnavailableError(
         absl::StrCat("QP ", qp->qp.qpn(), " on NIC ", index_, " is closed"));
   } else if (qp->tail - qp->head >= qp->ring.size()) {
@@ -277,43 +333,31 @@ absl::Status Nic::Post(VerbsQp* qp, const WriteOp& op, WriteSource source,
     send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
     return refused;
   }
-  const uint32_t slot = static_cast<uint32_t>(qp->tail % qp->ring.size());
-  qp->ring[slot] = VerbsQp::SendSlot{
-      .user_wr_id = op.wr_id, .bytes = op.bytes, .hold = std::move(source.hold)};
-  const Descriptor descriptor{
-      .key = op.remote_key, .bytes = op.bytes, .offset = op.remote_offset};
-  ibv_sge descriptor_sge{};
-  descriptor_sge.addr = reinterpret_cast<uintptr_t>(&descriptor);
-  descriptor_sge.length = sizeof(descriptor);
-  ibv_send_wr send{};
-  send.wr_id =
-      wr_id::Encode({.slot = slot, .qp = qp->index, .generation = qp->generation});
-  send.opcode = IBV_WR_SEND_WITH_IMM;
-  send.imm_data = htonl(op.imm);
-  send.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-  send.sg_list = &descriptor_sge;
-  send.num_sge = 1;
-  ibv_sge payload_sge{};
-  ibv_send_wr write{};
-  ibv_send_wr* first = &send;
-  if (op.bytes > 0) {
-    payload_sge.addr = source.address;
-    payload_sge.length = op.bytes;
-    payload_sge.lkey = source.lkey;
-    write.wr_id = wr_id::Encode(
-        {.slot = slot, .qp = qp->index, .generation = qp->generation, .payload = true});
-    write.opcode = IBV_WR_RDMA_WRITE;
-    write.sg_list = &payload_sge;
-    write.num_sge = 1;
-    write.wr.rdma.remote_addr = target.address + op.remote_offset;
-    write.wr.rdma.rkey = target.rkey;
-    write.next = &send;
-    first = &write;
+  const uint64_t position = qp->tail;
+  qp->ring[position % qp->ring.size()] =
+      VerbsQp::SendSlot{.user_wr_id = op.wr_id,
+                        .bytes = op.bytes,
+                        .imm = op.imm,
+                        .source_address = source.address,
+                        .lkey = source.lkey,
+                        .rkey = rkey,
+                        .remote_address = remote_address,
+                        .descriptor = {.key = op.bytes > 0 ? op.remote_key : 0,
+                                       .bytes = op.bytes,
+                                       .offset = op.bytes > 0 ? op.remote_offset : 0},
+                        .reported = false,
+                        .held = renewing,
+                        .hold = std::move(source.hold)};
+  if (renewing) {
+    // Queued behind the writes held for the renewal, posted with them in order.
+    ++qp->held;
+    ++qp->tail;
+    return absl::OkStatus();
   }
-  if (absl::Status posted = PostSend(qp->qp.get(), first); !posted.ok()) {
-    qp->ring[slot].hold.reset();
+  if (absl::Status posted = PostSlot(*qp, position); !posted.ok()) {
+    qp->ring[position % qp->ring.size()].hold.reset();
     send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
-    return WithContext(posted, absl::StrCat("NIC ", index_, " QP ", qp->qp.qpn()));
+    return posted;
   }
   ++qp->tail;
   return absl::OkStatus();
@@ -323,11 +367,16 @@ void Nic::Poll() {
   ibv_wc completions[kPollBatch];
   int idle = 0;
   int sleep_us = 1;
+  uint32_t loops = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     absl::StatusOr<int> polled = PollCq(cq_.get(), completions);
     const int count = polled.ok() ? *polled : 0;
     for (int i = 0; i < count; ++i) Handle(completions[i]);
     if (closing_.load(std::memory_order_acquire) > 0) FinalizeDrained();
+    // A renewal waits on the peer; check its deadline now and then, busy or not.
+    if (renewing_.load(std::memory_order_relaxed) > 0 && (++loops % 1024 == 0)) {
+      ExpireRenewals();
+    }
     if (count > 0) {
       idle = 0;
       sleep_us = 1;
@@ -355,23 +404,51 @@ void Nic::Handle(const ibv_wc& wc) {
 void Nic::HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
   std::optional<Completion> done;
   std::shared_ptr<const void> released;  // dropped outside the lock
+  bool failed = false;                   // an error that closes the QP
+  bool renew = false;
   {
     absl::MutexLock lock(&qp.mu);
     VerbsQp::SendSlot& slot = qp.ring[id.slot % qp.ring.size()];
-    if (!slot.reported) {
-      slot.reported = true;
-      done = Completion{.wr_id = slot.user_wr_id,
-                        .nic = index_,
-                        .bytes = slot.bytes,
-                        .status = WcStatus(wc, qp.close_reason)};
+    if (qp.holding && !slot.reported) {
+      // Flushed behind a refusal, never executed at the target: it stays in the ring
+      // and is posted again once the QP is renewed. Counted once, at its SEND.
+      if (!id.payload && !slot.held) {
+        slot.held = true;
+        ++qp.held;
+      }
+    } else {
+      if (!slot.reported) {
+        slot.reported = true;
+        const bool refused = wc.status == IBV_WC_REM_ACCESS_ERR;
+        done = Completion{.wr_id = slot.user_wr_id,
+                          .nic = index_,
+                          .bytes = slot.bytes,
+                          .status = WcStatus(wc, qp.close_reason),
+                          .refusal = refused ? Refusal::kNoWindow : Refusal::kNone};
+        if (refused) {
+          refused_.fetch_add(1, std::memory_order_relaxed);
+          if (qp.state == VerbsQp::State::kActive) {
+            qp.state = VerbsQp::State::kRenewing;
+            qp.holding = true;
+            qp.refused_window = slot.descriptor.key;
+            qp.renew_deadline = absl::Now() + kRenewTimeout;
+            renewing_.fetch_add(1);
+          } else {
+            failed = true;
+          }
+        } else if (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_WR_FLUSH_ERR) {
+          failed = true;
+        }
+      }
+      if (!id.payload) {  // the SEND: the write's last CQE, in ring order
+        released = std::move(slot.hold);
+        ++qp.head;
+        send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
+      }
     }
-    if (!id.payload) {  // the SEND: the write's last CQE, in ring order
-      released = std::move(slot.hold);
-      ++qp.head;
-      send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
-    }
+    renew = ReadyToRenew(qp);
   }
-  if (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_WR_FLUSH_ERR) {
+  if (failed) {
     CloseQp(&qp, absl::UnavailableError(absl::StrCat(
                      "QP failed: ", ibv_wc_status_str(wc.status), " on NIC ", index_)));
   }
@@ -379,19 +456,34 @@ void Nic::HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
     if (done->status.ok()) transmitted_bytes_.fetch_add(done->bytes);
     host_.handler().OnCompletion(*done);
   }
+  if (renew) host_.OnQpRefused(qp.link, qp.shared_from_this());
 }
 
 void Nic::HandleRecv(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
   PeerId peer = 0;
+  absl::string_view peer_name;
+  bool renew = false;
+  bool errored_by_nic = false;
   {
     absl::MutexLock lock(&qp.mu);
     --qp.posted_recvs;
     peer = qp.peer;
+    peer_name = qp.peer_name;  // fixed since Activate
+    renew = ReadyToRenew(qp);
+    // A QP that only receives learns that its NIC put it into error (a write it
+    // refused, or a broken path) from its flushed receives alone.
+    errored_by_nic = wc.status == IBV_WC_WR_FLUSH_ERR && !qp.sends() &&
+                     qp.state == VerbsQp::State::kActive;
   }
+  if (renew) host_.OnQpRefused(qp.link, qp.shared_from_this());
   if (wc.status != IBV_WC_SUCCESS) {
     if (wc.status != IBV_WC_WR_FLUSH_ERR) {
       CloseQp(&qp, absl::UnavailableError(
                        absl::StrCat("receive failed: ", ibv_wc_status_str(wc.status))));
+    } else if (errored_by_nic) {
+      CloseQp(&qp, absl::UnavailableError(absl::StrCat(
+                       "QP ", qp.qp.qpn(), " on NIC ", index_,
+                       " went into error (a refused write, or a broken path)")));
     }
     return;
   }
@@ -401,29 +493,44 @@ void Nic::HandleRecv(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
       recv_arena_.data() +
           (size_t{qp.index} * sizing_.recv_depth_per_qp + id.slot) * sizeof(Descriptor),
       sizeof(descriptor));
-  // The NIC has bounds-checked the payload against the MR; this checks the
-  // descriptor's claim, as the TCP fabric checks a WRITE header: a bad one closes.
-  const bool well_formed =
+  // The NIC has placed the payload inside one of this peer's registrations; this
+  // checks the descriptor's claim against the peer's open windows, as the TCP fabric
+  // checks a WRITE header: a descriptor that disagrees closes the QP.
+  bool well_formed =
       wc.opcode == IBV_WC_RECV && (wc.wc_flags & IBV_WC_WITH_IMM) != 0 &&
       wc.byte_len == sizeof(Descriptor) && peer != 0 &&
       descriptor.bytes <= sizing_.max_write_bytes &&
-      (descriptor.bytes == 0 ||
-       host_.RegionHolds(descriptor.key, descriptor.offset, descriptor.bytes));
+      (descriptor.bytes > 0 || (descriptor.key == 0 && descriptor.offset == 0));
+  std::variant<WindowTable::Placement, Refusal> admitted = WindowTable::Placement();
+  if (well_formed && descriptor.bytes > 0) {
+    admitted =
+        host_.Admit(descriptor.key, peer_name, descriptor.offset, descriptor.bytes);
+    if (const Refusal* why = std::get_if<Refusal>(&admitted)) {
+      // kNoWindow: its bytes landed before the window closed and its descriptor came
+      // after: not delivered (the transfer is over). Anything else is a lie.
+      well_formed = *why == Refusal::kNoWindow;
+    }
+  }
   if (!well_formed) {
     malformed_.fetch_add(1);
     CloseQp(&qp, absl::InvalidArgumentError(absl::StrCat(
-                     "malformed arrival on NIC ", index_, ": key ", descriptor.key,
+                     "malformed arrival on NIC ", index_, ": window ", descriptor.key,
                      " offset ", descriptor.offset, " bytes ", descriptor.bytes)));
     return;
   }
-  received_bytes_.fetch_add(descriptor.bytes);
-  host_.handler().OnArrival(Arrival{.peer = peer,
-                                    .peer_name = {},  // interim: filled with windows
-                                    .nic = index_,
-                                    .window = descriptor.bytes > 0 ? descriptor.key : 0,
-                                    .offset = descriptor.offset,
-                                    .bytes = descriptor.bytes,
-                                    .imm = ntohl(wc.imm_data)});
+  if (std::holds_alternative<Refusal>(admitted)) {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    received_bytes_.fetch_add(descriptor.bytes);
+    host_.handler().OnArrival(Arrival{.peer = peer,
+                                      .peer_name = peer_name,
+                                      .nic = index_,
+                                      .window = descriptor.key,
+                                      .offset = descriptor.offset,
+                                      .bytes = descriptor.bytes,
+                                      .imm = ntohl(wc.imm_data)});
+  }
+  admitted = Refusal::kNone;  // lets go of the placement: the handler has seen it
   absl::Status reposted;
   {
     absl::MutexLock lock(&qp.mu);
@@ -438,16 +545,19 @@ void Nic::FinalizeDrained() {
     VerbsQp* qp = slots_[index].load(std::memory_order_acquire);
     if (qp == nullptr) continue;
     std::vector<Completion> forced;
+    std::vector<std::shared_ptr<const void>> released;
     absl::Status why;
     {
       absl::MutexLock lock(&qp->mu);
-      if (qp->state != VerbsQp::State::kClosing || qp->finalized) continue;
-      const bool drained = qp->head == qp->tail && qp->posted_recvs == 0;
+      if (qp->state != VerbsQp::State::kClosing || qp->finalized || qp->busy) continue;
+      // Every posted WR is back: held writes have nothing left on the wire.
+      const bool drained = qp->tail - qp->head == qp->held && qp->posted_recvs == 0;
       if (!drained && !qp->force_drain) continue;
-      for (; qp->head != qp->tail; ++qp->head) {  // only when the provider cannot flush
+      // Held writes, and everything when the provider cannot flush.
+      for (; qp->head != qp->tail; ++qp->head) {
         VerbsQp::SendSlot& slot = qp->ring[qp->head % qp->ring.size()];
         send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
-        slot.hold.reset();
+        released.push_back(std::move(slot.hold));
         if (slot.reported) continue;
         forced.push_back({.wr_id = slot.user_wr_id,
                           .nic = index_,
@@ -455,16 +565,19 @@ void Nic::FinalizeDrained() {
                           .status = absl::UnavailableError(
                               absl::StrCat("QP closed: ", qp->close_reason.message()))});
       }
+      qp->held = 0;
       qp->finalized = true;
       why = qp->close_reason;
     }
+    released.clear();
     for (const Completion& completion : forced) host_.handler().OnCompletion(completion);
     (void)qp->qp.Reset();  // destroy; nothing of it is left in the CQ
     host_.OnQpClosed(qp->link, qp, why);
+    std::shared_ptr<VerbsQp> last;  // a renewal may still hold the object
     absl::MutexLock lock(&table_mu_);
     slots_[index].store(nullptr, std::memory_order_release);
     generations_[index] = (generations_[index] + 1) & wr_id::kGenerationMask;
-    owned_[index].reset();
+    last = std::move(owned_[index]);
     --live_qps_;
     closing_.fetch_sub(1);
   }

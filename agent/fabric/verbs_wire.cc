@@ -16,6 +16,7 @@ constexpr size_t kGidAt = 48;
 // ibv_mtu runs IBV_MTU_256 = 1 .. IBV_MTU_4096 = 5.
 constexpr uint32_t kMinMtu = 1;
 constexpr uint32_t kMaxMtu = 5;
+constexpr uint32_t kMaxPsn = (1u << 24) - 1;
 
 Frame Empty(FrameType type) {
   Frame frame{};
@@ -72,18 +73,33 @@ Frame EncodeRefuse(const Refuse& refuse) {
   return frame;
 }
 
-Frame EncodeRegionAdd(const RegionAdd& add) {
-  Frame frame = Empty(FrameType::kRegionAdd);
-  PutLe<uint32_t>(frame, kWordAt[0], add.key);
-  PutLe<uint32_t>(frame, kWordAt[1], add.rkey);
-  PutLe<uint64_t>(frame, kDwordAt[0], add.address);
-  PutLe<uint64_t>(frame, kDwordAt[1], add.bytes);
-  PutLe<uint64_t>(frame, kDwordAt[2], add.seq);
-  return frame;
+absl::StatusOr<std::string> EncodeWindowAdd(WindowKey key, uint64_t iova_base,
+                                            uint64_t seq,
+                                            std::span<const WindowRecord> records) {
+  if (key == 0) return absl::InvalidArgumentError("a WINDOW_ADD for key 0");
+  if (records.empty() || records.size() > kMaxWindowExtents) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a WINDOW_ADD carries 1..", kMaxWindowExtents, " extents"));
+  }
+  Frame frame = Empty(FrameType::kWindowAdd);
+  PutLe<uint32_t>(frame, kWordAt[0], key);
+  PutLe<uint32_t>(frame, kWordAt[1], static_cast<uint32_t>(records.size()));
+  PutLe<uint64_t>(frame, kDwordAt[0], iova_base);
+  PutLe<uint64_t>(frame, kDwordAt[2], seq);
+  std::string out(frame.begin(), frame.end());
+  out.reserve(kFrameBytes + records.size() * kWindowRecordBytes);
+  for (const WindowRecord& record : records) {
+    std::array<uint8_t, kWindowRecordBytes> bytes{};
+    PutLe<uint64_t>(bytes, 0, record.offset);
+    PutLe<uint64_t>(bytes, 8, record.bytes);
+    PutLe<uint32_t>(bytes, 16, record.rkey);
+    out.append(bytes.begin(), bytes.end());
+  }
+  return out;
 }
 
-Frame EncodeRegionRemove(const RegionRemove& remove) {
-  Frame frame = Empty(FrameType::kRegionRemove);
+Frame EncodeWindowRemove(const WindowRemove& remove) {
+  Frame frame = Empty(FrameType::kWindowRemove);
   PutLe<uint32_t>(frame, kWordAt[0], remove.key);
   PutLe<uint64_t>(frame, kDwordAt[2], remove.seq);
   return frame;
@@ -95,6 +111,43 @@ Frame EncodeAck(const Ack& ack) {
   Frame frame = Empty(FrameType::kAck);
   PutLe<uint64_t>(frame, kDwordAt[2], ack.seq);
   return frame;
+}
+
+Frame EncodeQuery(const Query& query) {
+  Frame frame = Empty(FrameType::kQuery);
+  PutLe<uint32_t>(frame, kWordAt[0], query.key);
+  PutLe<uint32_t>(frame, kWordAt[1], query.bytes);
+  PutLe<uint64_t>(frame, kDwordAt[0], query.offset);
+  PutLe<uint64_t>(frame, kDwordAt[2], query.seq);
+  return frame;
+}
+
+Frame EncodeVerdict(const Verdict& verdict) {
+  Frame frame = Empty(FrameType::kVerdict);
+  PutLe<uint32_t>(frame, kWordAt[0], static_cast<uint32_t>(verdict.refusal));
+  PutLe<uint64_t>(frame, kDwordAt[2], verdict.seq);
+  return frame;
+}
+
+namespace {
+Frame EncodeRenewal(FrameType type, uint32_t index, uint32_t qpn, uint32_t psn,
+                    uint64_t seq) {
+  Frame frame = Empty(type);
+  PutLe<uint32_t>(frame, kWordAt[0], index);
+  PutLe<uint32_t>(frame, kWordAt[1], qpn);
+  PutLe<uint32_t>(frame, kWordAt[2], psn);
+  PutLe<uint64_t>(frame, kDwordAt[2], seq);
+  return frame;
+}
+}  // namespace
+
+Frame EncodeQpRenew(const QpRenew& renew) {
+  return EncodeRenewal(FrameType::kQpRenew, renew.index, renew.qpn, renew.psn, renew.seq);
+}
+
+Frame EncodeQpRenewed(const QpRenewed& renewed) {
+  return EncodeRenewal(FrameType::kQpRenewed, renewed.index, renewed.qpn, renewed.psn,
+                       renewed.seq);
 }
 
 absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
@@ -129,25 +182,64 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
       }
       return Refuse{.code = static_cast<absl::StatusCode>(word0)};
     }
-    case FrameType::kRegionAdd: {
-      if (word0 == 0) return Bad("REGION_ADD for key 0");
-      if (!ZeroBetween(in, kWordAt[2], kDwordAt[0]) ||
-          !ZeroBetween(in, kGidAt, kFrameBytes)) {
-        return Bad("REGION_ADD with unused fields set");
+    case FrameType::kWindowAdd: {
+      const uint32_t count = GetLe<uint32_t>(in, kWordAt[1]);
+      if (word0 == 0) return Bad("WINDOW_ADD for key 0");
+      if (count < 1 || count > kMaxWindowExtents) {
+        return Bad(absl::StrCat("WINDOW_ADD with ", count, " extents"));
       }
-      return RegionAdd{.key = word0,
-                       .rkey = GetLe<uint32_t>(in, kWordAt[1]),
-                       .address = GetLe<uint64_t>(in, kDwordAt[0]),
-                       .bytes = GetLe<uint64_t>(in, kDwordAt[1]),
+      if (!ZeroBetween(in, kWordAt[2], kDwordAt[0]) ||
+          !ZeroBetween(in, kDwordAt[1], kDwordAt[2]) ||
+          !ZeroBetween(in, kGidAt, kFrameBytes)) {
+        return Bad("WINDOW_ADD with unused fields set");
+      }
+      return WindowAdd{.key = word0,
+                       .extent_count = count,
+                       .iova_base = GetLe<uint64_t>(in, kDwordAt[0]),
                        .seq = GetLe<uint64_t>(in, kDwordAt[2])};
     }
-    case FrameType::kRegionRemove: {
-      if (word0 == 0) return Bad("REGION_REMOVE for key 0");
+    case FrameType::kWindowRemove: {
+      if (word0 == 0) return Bad("WINDOW_REMOVE for key 0");
       if (!ZeroBetween(in, kWordAt[1], kDwordAt[2]) ||
           !ZeroBetween(in, kGidAt, kFrameBytes)) {
-        return Bad("REGION_REMOVE with unused fields set");
+        return Bad("WINDOW_REMOVE with unused fields set");
       }
-      return RegionRemove{.key = word0, .seq = GetLe<uint64_t>(in, kDwordAt[2])};
+      return WindowRemove{.key = word0, .seq = GetLe<uint64_t>(in, kDwordAt[2])};
+    }
+    case FrameType::kQuery: {
+      if (!ZeroBetween(in, kWordAt[2], kDwordAt[0]) ||
+          !ZeroBetween(in, kDwordAt[1], kDwordAt[2]) ||
+          !ZeroBetween(in, kGidAt, kFrameBytes)) {
+        return Bad("QUERY with unused fields set");
+      }
+      return Query{.key = word0,
+                   .bytes = GetLe<uint32_t>(in, kWordAt[1]),
+                   .offset = GetLe<uint64_t>(in, kDwordAt[0]),
+                   .seq = GetLe<uint64_t>(in, kDwordAt[2])};
+    }
+    case FrameType::kVerdict: {
+      if (word0 > kMaxRefusal) return Bad(absl::StrCat("VERDICT with refusal ", word0));
+      if (!ZeroBetween(in, kWordAt[1], kDwordAt[2]) ||
+          !ZeroBetween(in, kGidAt, kFrameBytes)) {
+        return Bad("VERDICT with unused fields set");
+      }
+      return Verdict{.refusal = static_cast<Refusal>(word0),
+                     .seq = GetLe<uint64_t>(in, kDwordAt[2])};
+    }
+    case FrameType::kQpRenew:
+    case FrameType::kQpRenewed: {
+      const uint32_t qpn = GetLe<uint32_t>(in, kWordAt[1]);
+      const uint32_t psn = GetLe<uint32_t>(in, kWordAt[2]);
+      const uint64_t seq = GetLe<uint64_t>(in, kDwordAt[2]);
+      if (psn > kMaxPsn) return Bad(absl::StrCat("QP renewal with PSN ", psn));
+      if (!ZeroBetween(in, kWordAt[3], kDwordAt[2]) ||
+          !ZeroBetween(in, kGidAt, kFrameBytes)) {
+        return Bad("QP renewal with unused fields set");
+      }
+      if (static_cast<FrameType>(GetLe<uint16_t>(in, kTypeAt)) == FrameType::kQpRenew) {
+        return QpRenew{.index = word0, .qpn = qpn, .psn = psn, .seq = seq};
+      }
+      return QpRenewed{.index = word0, .qpn = qpn, .psn = psn, .seq = seq};
     }
     case FrameType::kReady:
       if (!ZeroBetween(in, kWordAt[0], kFrameBytes)) return Bad("READY with fields set");
@@ -160,6 +252,20 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
       return Ack{.seq = GetLe<uint64_t>(in, kDwordAt[2])};
   }
   return Bad(absl::StrCat("unknown type ", GetLe<uint16_t>(in, kTypeAt)));
+}
+
+absl::StatusOr<std::vector<WindowRecord>> DecodeWindowRecords(
+    std::span<const uint8_t> bytes) {
+  if (bytes.size() % kWindowRecordBytes != 0) return Bad("torn window records");
+  std::vector<WindowRecord> out;
+  out.reserve(bytes.size() / kWindowRecordBytes);
+  for (size_t at = 0; at < bytes.size(); at += kWindowRecordBytes) {
+    if (GetLe<uint32_t>(bytes, at + 20) != 0) return Bad("window record padding set");
+    out.push_back({.offset = GetLe<uint64_t>(bytes, at),
+                   .bytes = GetLe<uint64_t>(bytes, at + 8),
+                   .rkey = GetLe<uint32_t>(bytes, at + 16)});
+  }
+  return out;
 }
 
 std::vector<QpInfo> DecodeQpInfos(std::span<const uint8_t> bytes) {

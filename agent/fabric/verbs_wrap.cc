@@ -89,6 +89,16 @@ absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes,
   return MemoryRegion(mr);
 }
 
+absl::StatusOr<MemoryRegion> RegisterMrAt(ibv_pd* pd, void* base, size_t bytes,
+                                          uint64_t iova, int access) {
+  ibv_mr* mr = ibv_reg_mr_iova(pd, base, bytes, iova, access);
+  if (mr == nullptr) {
+    return VerbsStatus(
+        absl::StrCat("ibv_reg_mr_iova(", bytes, " bytes at iova ", iova, ")"), errno);
+  }
+  return MemoryRegion(mr);
+}
+
 absl::StatusOr<QueuePair> QueuePair::Create(ibv_pd* pd, ibv_cq* cq, const Caps& caps) {
   ibv_qp_init_attr init{};
   init.send_cq = cq;
@@ -168,6 +178,15 @@ absl::Status QueuePair::ToError() {
     return VerbsStatus(absl::StrCat("ibv_modify_qp(QP ", qpn(), " ->ERR)"), err);
   }
   return absl::OkStatus();
+}
+
+absl::Status QueuePair::ToInitAgain(const RcParams& params) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RESET;
+  if (int err = ibv_modify_qp(qp_.get(), &attr, IBV_QP_STATE); err != 0) {
+    return VerbsStatus(absl::StrCat("ibv_modify_qp(QP ", qpn(), " ->RESET)"), err);
+  }
+  return ToInit(params);
 }
 
 absl::Status PostSend(ibv_qp* qp, ibv_send_wr* wr) {

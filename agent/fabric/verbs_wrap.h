@@ -99,6 +99,10 @@ absl::StatusOr<ProtectionDomain> AllocPd(ibv_context* context);
 absl::StatusOr<CompletionQueue> CreateCq(ibv_context* context, int entries);
 // Host memory; the caller adds which NIC and region to the error.
 absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes, int access);
+// The same, addressed by the peer as [iova, iova + bytes) (ibv_reg_mr_iova): a window's
+// extent registered at its offset in the region, so no local address leaves the node.
+absl::StatusOr<MemoryRegion> RegisterMrAt(ibv_pd* pd, void* base, size_t bytes,
+                                          uint64_t iova, int access);
 
 // The QP attributes RC needs that do not come from the peer; all explicit.
 struct RcParams {
@@ -138,6 +142,9 @@ class QueuePair {
   absl::Status ToRts(const RcParams& params, uint32_t local_psn);
   // Moves to ERR: every posted WR completes with IBV_WC_WR_FLUSH_ERR.
   absl::Status ToError();
+  // ERR -> RESET -> INIT, ready to be connected again (ToRtr, ToRts) with the same
+  // QPN. Every WR must have completed (been flushed) first.
+  absl::Status ToInitAgain(const RcParams& params);
   absl::Status Reset() { return qp_.Reset(); }
 
  private:

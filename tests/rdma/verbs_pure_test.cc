@@ -1,9 +1,16 @@
-// The verbs fabric's pure parts: control frames, wr_id encoding, GID choice. No device.
+// The verbs fabric's pure parts: control frames, wr_id encoding, GID choice, the
+// source's window tables, the worker. No device.
+#include <atomic>
 #include <cstring>
+#include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "agent/fabric/little_endian.h"
 #include "agent/fabric/verbs_device.h"
 #include "agent/fabric/verbs_nic.h"
+#include "agent/fabric/verbs_window.h"
 #include "agent/fabric/verbs_wire.h"
+#include "agent/fabric/verbs_worker.h"
 #include "gtest/gtest.h"
 
 namespace fuselink::fabric::verbs {
@@ -33,20 +40,194 @@ TEST(VerbsWire, HelloRoundTrips) {
   EXPECT_EQ(qps[0].psn, 0xABCDEFu);
 }
 
-TEST(VerbsWire, RegionFramesRoundTrip) {
-  wire::Frame frame = wire::EncodeRegionAdd(
-      {.key = 3, .rkey = 0x1234, .address = 0xDEADBEEF000, .bytes = 1 << 20, .seq = 9});
-  absl::StatusOr<wire::Decoded> decoded = wire::DecodeFrame(frame);
+absl::StatusOr<wire::Decoded> Decode(absl::string_view bytes) {
+  return wire::DecodeFrame(std::span<const uint8_t, wire::kFrameBytes>(
+      reinterpret_cast<const uint8_t*>(bytes.data()), wire::kFrameBytes));
+}
+
+TEST(VerbsWire, WindowFramesRoundTrip) {
+  const std::vector<wire::WindowRecord> records = {
+      {.offset = 0, .bytes = 4096, .rkey = 0x1234},
+      {.offset = 1ull << 40, .bytes = 1 << 20, .rkey = 0xFFFFFFFF}};
+  absl::StatusOr<std::string> bytes =
+      wire::EncodeWindowAdd(0xABCDEF01, 0x123, 9, records);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ASSERT_EQ(bytes->size(), wire::kFrameBytes + 2 * wire::kWindowRecordBytes);
+  absl::StatusOr<wire::Decoded> decoded = Decode(*bytes);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  const auto& add = std::get<wire::RegionAdd>(*decoded);
-  EXPECT_EQ(add.key, 3u);
-  EXPECT_EQ(add.rkey, 0x1234u);
-  EXPECT_EQ(add.address, 0xDEADBEEF000u);
-  EXPECT_EQ(add.bytes, 1u << 20);
+  const auto& add = std::get<wire::WindowAdd>(*decoded);
+  EXPECT_EQ(add.key, 0xABCDEF01u);
+  EXPECT_EQ(add.extent_count, 2u);
   EXPECT_EQ(add.seq, 9u);
+  EXPECT_EQ(add.iova_base, 0x123u);
+  absl::StatusOr<std::vector<wire::WindowRecord>> back =
+      wire::DecodeWindowRecords(std::span<const uint8_t>(
+          reinterpret_cast<const uint8_t*>(bytes->data()) + wire::kFrameBytes,
+          2 * wire::kWindowRecordBytes));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), 2u);
+  EXPECT_EQ((*back)[1].offset, 1ull << 40);
+  EXPECT_EQ((*back)[1].bytes, 1u << 20);
+  EXPECT_EQ((*back)[1].rkey, 0xFFFFFFFFu);
+
+  decoded = wire::DecodeFrame(wire::EncodeWindowRemove({.key = 5, .seq = 10}));
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(std::get<wire::WindowRemove>(*decoded).key, 5u);
   decoded = wire::DecodeFrame(wire::EncodeAck({.seq = 4}));
   ASSERT_TRUE(decoded.ok());
   EXPECT_EQ(std::get<wire::Ack>(*decoded).seq, 4u);
+  decoded = wire::DecodeFrame(
+      wire::EncodeQuery({.key = 7, .bytes = 100, .offset = 1ull << 33, .seq = 3}));
+  ASSERT_TRUE(decoded.ok());
+  const auto& query = std::get<wire::Query>(*decoded);
+  EXPECT_EQ(query.key, 7u);
+  EXPECT_EQ(query.bytes, 100u);
+  EXPECT_EQ(query.offset, 1ull << 33);
+  EXPECT_EQ(query.seq, 3u);
+  for (Refusal r : {Refusal::kNone, Refusal::kNoWindow, Refusal::kNotYourWindow,
+                    Refusal::kOutsideWindow}) {
+    decoded = wire::DecodeFrame(wire::EncodeVerdict({.refusal = r, .seq = 8}));
+    ASSERT_TRUE(decoded.ok());
+    EXPECT_EQ(std::get<wire::Verdict>(*decoded).refusal, r);
+  }
+  decoded = wire::DecodeFrame(
+      wire::EncodeQpRenew({.index = 2, .qpn = 0x11, .psn = 0xFFFFFF, .seq = 6}));
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(std::get<wire::QpRenew>(*decoded).psn, 0xFFFFFFu);
+  decoded = wire::DecodeFrame(
+      wire::EncodeQpRenewed({.index = 3, .qpn = 0x12, .psn = 1, .seq = 6}));
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(std::get<wire::QpRenewed>(*decoded).index, 3u);
+  EXPECT_EQ(std::get<wire::QpRenewed>(*decoded).qpn, 0x12u);
+}
+
+TEST(VerbsWire, RejectsBadWindowFrames) {
+  const wire::WindowRecord one{.offset = 0, .bytes = 1, .rkey = 1};
+  EXPECT_FALSE(wire::EncodeWindowAdd(0, 0, 1, {&one, 1}).ok()) << "key 0";
+  EXPECT_FALSE(wire::EncodeWindowAdd(1, 0, 1, {}).ok()) << "no extents";
+  absl::StatusOr<std::string> bytes = wire::EncodeWindowAdd(1, 0, 1, {&one, 1});
+  ASSERT_TRUE(bytes.ok());
+  std::string frame = *bytes;
+  frame[12] = 0;  // extent count 0
+  EXPECT_FALSE(Decode(frame).ok());
+  frame = *bytes;
+  PutLe<uint32_t>(std::span<uint8_t>(reinterpret_cast<uint8_t*>(frame.data()), 64), 12,
+                  kMaxWindowExtents + 1);
+  EXPECT_FALSE(Decode(frame).ok()) << "too many extents";
+  frame = *bytes;
+  frame[36] = 1;  // dword1: unused
+  EXPECT_FALSE(Decode(frame).ok());
+  std::vector<uint8_t> record(wire::kWindowRecordBytes, 0);
+  record[20] = 1;  // padding
+  EXPECT_FALSE(wire::DecodeWindowRecords(record).ok());
+  record.pop_back();
+  EXPECT_FALSE(wire::DecodeWindowRecords(record).ok()) << "torn record";
+  wire::Frame verdict = wire::EncodeVerdict({.refusal = Refusal::kNoWindow});
+  verdict[8] = kMaxRefusal + 1;
+  EXPECT_FALSE(wire::DecodeFrame(verdict).ok());
+  wire::Frame renew = wire::EncodeQpRenew({.psn = 1});
+  renew[19] = 1;  // PSN past 24 bits
+  EXPECT_FALSE(wire::DecodeFrame(renew).ok());
+  EXPECT_FALSE(wire::DecodeFrame(wire::EncodeWindowRemove({.key = 0})).ok());
+}
+
+std::vector<wire::WindowRecord> Records(
+    std::vector<std::pair<uint64_t, uint64_t>> extents) {
+  std::vector<wire::WindowRecord> out;
+  uint32_t rkey = 100;
+  for (auto [offset, bytes] : extents) {
+    out.push_back({.offset = offset, .bytes = bytes, .rkey = rkey++});
+  }
+  return out;
+}
+
+TEST(VerbsWindow, ResolvesTheOneExtentThatHoldsAWrite) {
+  absl::StatusOr<RemoteWindow> window =
+      RemoteWindow::FromRecords(0x10, Records({{0, 100}, {100, 50}, {1000, 24}}));
+  ASSERT_TRUE(window.ok()) << window.status();
+  auto at = [](uint64_t address, uint32_t rkey) {
+    return RemoteTarget{.address = address, .rkey = rkey};
+  };
+  EXPECT_EQ(window->Resolve(0, 100), at(0x10, 100));
+  EXPECT_EQ(window->Resolve(10, 1), at(0x1A, 100));
+  EXPECT_EQ(window->Resolve(100, 50), at(0x74, 101));
+  EXPECT_EQ(window->Resolve(1000, 24), at(1016, 102));
+  EXPECT_EQ(window->Resolve(1023, 1), at(1039, 102));
+  // Across two touching extents: separate registrations, so no single rkey holds it.
+  EXPECT_EQ(window->Resolve(90, 20), std::nullopt);
+  EXPECT_EQ(window->Resolve(150, 1), std::nullopt);   // the gap
+  EXPECT_EQ(window->Resolve(1024, 1), std::nullopt);  // past the end
+  EXPECT_EQ(window->Resolve(1000, 25), std::nullopt);
+  EXPECT_EQ(window->Resolve(1000, UINT64_MAX), std::nullopt);  // no overflow
+  EXPECT_EQ(window->Resolve(UINT64_MAX, 1), std::nullopt);
+}
+
+TEST(VerbsWindow, RefusesBadRecords) {
+  EXPECT_FALSE(RemoteWindow::FromRecords(0, {}).ok());
+  EXPECT_FALSE(RemoteWindow::FromRecords(0, Records({{0, 0}})).ok()) << "empty";
+  EXPECT_FALSE(RemoteWindow::FromRecords(0, Records({{10, 5}, {0, 5}})).ok())
+      << "unsorted";
+  EXPECT_FALSE(RemoteWindow::FromRecords(0, Records({{0, 10}, {5, 10}})).ok())
+      << "overlap";
+  EXPECT_FALSE(RemoteWindow::FromRecords(0, Records({{UINT64_MAX - 1, 5}})).ok())
+      << "wraps";
+  EXPECT_FALSE(RemoteWindow::FromRecords(10, Records({{UINT64_MAX - 10, 5}})).ok())
+      << "wraps with the iova base";
+  std::vector<wire::WindowRecord> many(kMaxWindowExtents + 1);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = {.offset = i, .bytes = 1};
+  EXPECT_FALSE(RemoteWindow::FromRecords(0, many).ok()) << "too many";
+  many.pop_back();
+  EXPECT_TRUE(RemoteWindow::FromRecords(0, many).ok());
+}
+
+TEST(VerbsWindow, TableAddsRemovesAndIsBounded) {
+  RemoteWindowTable table;
+  ASSERT_TRUE(table.Add(7, *RemoteWindow::FromRecords(0, Records({{0, 10}}))).ok());
+  EXPECT_EQ(table.Resolve(7, 0, 10), (RemoteTarget{.address = 0, .rkey = 100}));
+  EXPECT_EQ(table.Resolve(8, 0, 10), std::nullopt);
+  // Replacing a key is not growth.
+  ASSERT_TRUE(table.Add(7, *RemoteWindow::FromRecords(0, Records({{20, 10}}))).ok());
+  EXPECT_EQ(table.Resolve(7, 0, 10), std::nullopt);
+  EXPECT_EQ(table.Resolve(7, 20, 10), (RemoteTarget{.address = 20, .rkey = 100}));
+  table.Remove(7);
+  table.Remove(7);
+  EXPECT_EQ(table.Resolve(7, 20, 10), std::nullopt);
+  for (WindowKey key = 1; key <= kMaxRemoteWindowsPerLink; ++key) {
+    ASSERT_TRUE(table.Add(key, *RemoteWindow::FromRecords(0, Records({{0, 1}}))).ok());
+  }
+  EXPECT_EQ(
+      table.Add(0xFFFFFFF0, *RemoteWindow::FromRecords(0, Records({{0, 1}}))).code(),
+      absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(table.Add(1, *RemoteWindow::FromRecords(0, Records({{0, 1}}))).ok());
+  EXPECT_EQ(table.size(), kMaxRemoteWindowsPerLink);
+}
+
+TEST(VerbsWorker, RunsInOrderAndFinishesOnStop) {
+  Worker worker;
+  std::vector<int> order;
+  absl::Notification gate;
+  worker.Run([&] { gate.WaitForNotification(); });
+  for (int i = 0; i < 100; ++i) worker.Run([&order, i] { order.push_back(i); });
+  gate.Notify();
+  worker.Stop();  // runs all 100 first
+  ASSERT_EQ(order.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
+  bool inline_ran = false;
+  worker.Run([&] { inline_ran = true; });  // after Stop: on this thread
+  EXPECT_TRUE(inline_ran);
+  worker.Stop();
+}
+
+TEST(VerbsWorker, TasksMayQueueTasks) {
+  std::atomic<int> ran{0};
+  {
+    Worker worker;
+    worker.Run([&] {
+      ++ran;
+      worker.Run([&] { ++ran; });
+    });
+  }  // the destructor stops: both ran
+  EXPECT_EQ(ran.load(), 2);
 }
 
 TEST(VerbsWire, RejectsBadFrames) {
@@ -55,8 +236,6 @@ TEST(VerbsWire, RejectsBadFrames) {
   EXPECT_EQ(wire::DecodeFrame(frame).status().code(), absl::StatusCode::kInvalidArgument);
   frame = wire::EncodeReady();
   frame[20] = 1;  // an unused field
-  EXPECT_EQ(wire::DecodeFrame(frame).status().code(), absl::StatusCode::kInvalidArgument);
-  frame = wire::EncodeRegionAdd({.key = 0});
   EXPECT_EQ(wire::DecodeFrame(frame).status().code(), absl::StatusCode::kInvalidArgument);
   wire::Hello hello{.nic = 0, .mtu = IBV_MTU_1024, .name = "a", .qps = {}};
   EXPECT_FALSE(wire::EncodeHello(hello).ok()) << "no QPs";

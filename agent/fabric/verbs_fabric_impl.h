@@ -1,0 +1,194 @@
+// The verbs fabric's class, shared by its two files: verbs_fabric.cc (peers, links,
+// writes, teardown) and verbs_fabric_windows.cc (regions and windows). Internal to
+// fuselink_fabric_verbs; callers use verbs_fabric.h.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/fabric/acceptor.h"
+#include "agent/fabric/peer_table.h"
+#include "agent/fabric/socket.h"
+#include "agent/fabric/verbs_fabric.h"
+#include "agent/fabric/verbs_link.h"
+#include "agent/fabric/verbs_nic.h"
+#include "agent/fabric/verbs_worker.h"
+#include "agent/fabric/window_table.h"
+
+namespace fuselink::fabric::verbs_internal {
+
+using verbs::ControlLink;
+using verbs::Nic;
+using verbs::VerbsQp;
+using LinkPtr = std::shared_ptr<ControlLink>;
+
+// A registered region: its memory and one MR per NIC, local access only (the lkeys of
+// writes that read from it). Destroyed (MRs deregistered) when the table, every open
+// window on it and every write reading from it have let go.
+struct VerbsRegion {
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  // Where byte 0 is in the iova space of its windows' registrations: its offset in its
+  // page (the kernel wants iova and address to agree there), so the peer learns
+  // nothing of the address.
+  uint64_t iova_base = 0;
+  std::shared_ptr<const void> keepalive;
+  std::vector<verbs::MemoryRegion> mrs;  // [nic]
+};
+
+// An open window's registrations: on every NIC, each extent on its own, in the peer's
+// protection domain. Member order is teardown order: registrations, then the domain,
+// then the region they lie in.
+struct VerbsWindow {
+  struct OnNic {
+    std::shared_ptr<verbs::PeerDomain> domain;
+    std::vector<verbs::MemoryRegion> mrs;  // [extent]
+  };
+  std::string peer;
+  std::vector<Extent> extents;
+  std::shared_ptr<const VerbsRegion> region;
+  std::vector<OnNic> nics;  // [nic]
+
+  // What WINDOW_ADD carries for NIC `nic`.
+  verbs::WindowPush Push(WindowKey key, int nic) const;
+};
+
+class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::LinkHost {
+ public:
+  VerbsFabric(const VerbsFabricOptions& options, Handler& handler,
+              std::vector<SocketAddress> local, std::vector<Endpoint> endpoints);
+  ~VerbsFabric() override;
+
+  // Opens NIC i; called for every NIC before Start.
+  absl::Status OpenNic(int index, verbs::NicBinding binding);
+  absl::Status Start(std::vector<UniqueFd> listeners);
+
+  // Fabric.
+  absl::string_view transport() const override { return "verbs"; }
+  int nic_count() const override { return static_cast<int>(endpoints_.size()); }
+  std::vector<Endpoint> endpoints() const override { return endpoints_; }
+  absl::StatusOr<RegionKey> RegisterRegion(
+      void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) override;
+  absl::Status DeregisterRegion(RegionKey key) override;
+  absl::StatusOr<WindowKey> OpenWindow(RegionKey region, absl::string_view peer_name,
+                                       std::span<const Extent> extents) override;
+  void CloseWindow(WindowKey window, absl::AnyInvocable<void() &&> drained) override;
+  absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
+                                 const std::vector<Endpoint>& remote) override;
+  void Disconnect(PeerId peer) override;
+  std::string PeerName(PeerId peer) const override;
+  std::optional<PeerId> FindPeer(absl::string_view name) const override {
+    absl::ReaderMutexLock lock(&mu_);
+    return peers_.Find(name);
+  }
+  absl::Status PostWrite(PeerId peer, int nic, const WriteOp& op) override;
+  NicCounters counters(int nic) const override;
+
+  // NicHost and LinkHost.
+  Handler& handler() override { return handler_; }
+  std::variant<WindowTable::Placement, Refusal> Admit(WindowKey key,
+                                                      absl::string_view peer,
+                                                      uint64_t offset,
+                                                      uint64_t bytes) const override {
+    return window_table_.Admit(key, peer, offset, bytes);
+  }
+  void OnQpCreated(uint64_t link) override;
+  void OnQpClosed(uint64_t link, VerbsQp* qp, const absl::Status& why) override;
+  void OnQpRefused(uint64_t link, std::shared_ptr<VerbsQp> qp) override;
+
+  // LinkHost.
+  absl::StatusOr<PeerId> AttachInbound(uint64_t link, absl::string_view name) override;
+  std::vector<verbs::WindowPush> StartPushing(uint64_t link) override;
+  Refusal Judge(WindowKey key, absl::string_view peer, uint64_t offset,
+                uint64_t bytes) override;
+  void RunOnWorker(absl::AnyInvocable<void() &&> task) override {
+    worker_.Run(std::move(task));
+  }
+  void OnLinkFinished(uint64_t link) override;
+
+ private:
+  using Peer = PeerTable<LinkPtr>::Peer;
+  struct LinkEntry {
+    LinkPtr link;
+    PeerId peer = 0;
+    int live_qps = 0;
+    bool finished = false;  // its thread is done, or it will never have one
+    bool pushing = false;   // inbound: receives WINDOW_ADDs of its peer
+    bool reaping = false;
+    // Holds its peer up: QPs left to drain, or a thread still running (which may
+    // complete queried writes, or renew QPs).
+    bool alive() const { return live_qps > 0 || !finished; }
+  };
+
+  LinkPtr NewLink(int nic, ControlLink::Role role, UniqueFd fd)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PeerId LivePeer(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AttachLocked(LinkEntry& entry, PeerId peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeReap(uint64_t id, LinkEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The peer's name once none of its links holds it up any more (then it is
+  // forgotten), else nothing.
+  std::optional<std::string> LoseIfDone(PeerId peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnAccepted(int nic, UniqueFd socket);
+  void Reap();
+  bool ReaperHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return reaper_stop_ || !finished_.empty();
+  }
+  bool NoLinks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return links_.empty(); }
+  // On the closer thread, once no arrival through the window is being delivered:
+  // deregisters its registrations, runs `drained`, tells the peer.
+  void FinishClose(WindowKey key, absl::AnyInvocable<void() &&> drained);
+  // Releases `count` window registrations of every NIC.
+  void ReleaseRegistrations(size_t count);
+  // The first teardown failure that had nobody to go to, kept (and printed once).
+  void KeepTeardownError(const absl::Status& status);
+
+  const VerbsFabricOptions options_;
+  Handler& handler_;
+  const std::vector<SocketAddress> local_;
+  const std::vector<Endpoint> endpoints_;
+  // Declared first so that it dies last: regions' MRs and links' QPs live on its PDs.
+  std::vector<std::unique_ptr<Nic>> nics_;
+  // Window registrations each NIC holds (all NICs hold the same number).
+  std::atomic<uint64_t> window_registrations_{0};
+
+  mutable absl::Mutex regions_mu_;  // taken after mu_ where both are held
+  std::unordered_map<RegionKey, std::shared_ptr<const VerbsRegion>> regions_
+      ABSL_GUARDED_BY(regions_mu_);
+  RegionKey next_region_key_ ABSL_GUARDED_BY(regions_mu_) = 1;
+  // The software half of every window: who may write where, arrivals being delivered.
+  WindowTable window_table_;
+
+  absl::Mutex connect_mu_;  // one Connect at a time; taken before mu_
+  mutable absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_link_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // A peer is lost when none of its links is alive().
+  PeerTable<LinkPtr> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, LinkEntry> links_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+  // The registrations of every open window, by key (the same keys as window_table_).
+  std::unordered_map<WindowKey, std::shared_ptr<VerbsWindow>> open_windows_
+      ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex teardown_error_mu_;
+  absl::Status teardown_error_ ABSL_GUARDED_BY(teardown_error_mu_);
+
+  std::thread reaper_;
+  std::unique_ptr<Acceptor> acceptor_;
+  // Stopped explicitly in the destructor. Two, so that a slow deregistration (rxe took
+  // 1 s for a window with writes in flight) never holds up a QP renewal or a QUERY.
+  verbs::Worker closer_;  // window closes
+  verbs::Worker worker_;  // QP renewals, QUERY sends
+};
+
+}  // namespace fuselink::fabric::verbs_internal

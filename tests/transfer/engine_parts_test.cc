@@ -1,6 +1,7 @@
 // The source engine's small parts, each on its own: failover classification and
 // notices, the wait list's wakeups, the timer queue, the worker pool, the verdict
-// wait's questions, and the preparer's checks of a target's answer.
+// wait's questions, the registry's request ids and forgetting, and the preparer's
+// checks of a target's answer.
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "agent/transfer/imm.h"
 #include "agent/transfer/preparer.h"
 #include "agent/transfer/timer_queue.h"
+#include "agent/transfer/transfer_registry.h"
 #include "agent/transfer/verdict_wait.h"
 #include "agent/transfer/wait_list.h"
 #include "agent/transfer/worker_pool.h"
@@ -270,6 +272,100 @@ TEST(VerdictWait, RefusalTheTargetHasNotDecidedEndsWithTheRefusal) {
   EXPECT_TRUE(a.done);
   EXPECT_FALSE(a.from_target);
   EXPECT_EQ(a.status, refusal);
+}
+
+// --- transfer_registry.h ---
+
+class RegistryTest : public ::testing::Test {
+ protected:
+  RegistryTest()
+      : fabric_(2), registry_(&fabric_), scheduler_(sched::Policy::kStatic, 2, {}) {
+    ctx_.fabric = &fabric_;
+    ctx_.scheduler = &scheduler_;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(testing::RegisterHostTensor(registry_, "s", {1, 1, 4096, 0, 0}).ok());
+  }
+  absl::StatusOr<std::shared_ptr<Job>> Admit(TransferRegistry& r, const std::string& rid,
+                                             const std::string& fp, bool* fresh) {
+    return r.Admit(
+        rid, fp,
+        [&](uint32_t serial, uint64_t number) {
+          v1::TransferRequest request = testing::MakeRequest(rid, "s", {0}, "d", {0});
+          auto t = std::make_shared<Transfer>(absl::StrCat("t", number), request, fp,
+                                              std::vector<std::string>{},
+                                              absl::InfiniteFuture());
+          return std::make_shared<Job>(serial, t, *registry_.Acquire("s"), 0, &ctx_);
+        },
+        fresh);
+  }
+  FakeFabric fabric_;
+  memory::Registry registry_;
+  sched::Scheduler scheduler_;
+  JobContext ctx_;
+};
+
+TEST_F(RegistryTest, RequestIdsNameOneTransferUntilFreed) {
+  TransferRegistry r(RegistryOptions{.max_active = 2});
+  bool fresh = false;
+  auto a = Admit(r, "r", "fp", &fresh);
+  ASSERT_TRUE(a.ok() && fresh);
+  auto same = Admit(r, "r", "fp", &fresh);
+  ASSERT_TRUE(same.ok());
+  EXPECT_FALSE(fresh);
+  EXPECT_EQ(*same, *a);
+  EXPECT_EQ(ReasonOf(Admit(r, "r", "other", &fresh).status()), "REQUEST_ID_REUSED");
+  ASSERT_TRUE(Admit(r, "q", "fp", &fresh).ok());
+  EXPECT_EQ(ReasonOf(Admit(r, "p", "fp", &fresh).status()), "TOO_MANY_TRANSFERS");
+  r.Finished(*a, /*free_request_id=*/true, kT0);
+  EXPECT_EQ(r.active(), 1u);
+  auto again = Admit(r, "r", "other", &fresh);  // a new attempt, any content
+  ASSERT_TRUE(again.ok() && fresh);
+  EXPECT_NE((*again)->serial(), (*a)->serial());
+  EXPECT_EQ(*r.Find((*a)->transfer()->id(), ""), *a);  // still there by its id
+  EXPECT_EQ(*r.Find("", "r"), *again);
+  EXPECT_TRUE(r.Close());
+  EXPECT_FALSE(r.Close());
+  EXPECT_EQ(ReasonOf(Admit(r, "z", "fp", &fresh).status()), "SHUTTING_DOWN");
+}
+
+TEST_F(RegistryTest, ForgetsOldestFirstPastTheCapAndTheKeepingTime) {
+  TransferRegistry r(RegistryOptions{
+      .max_active = 10, .max_finished_kept = 2, .finished_kept_for = absl::Minutes(1)});
+  std::vector<std::shared_ptr<Job>> jobs;
+  bool fresh;
+  for (int i = 0; i < 3; ++i) {
+    jobs.push_back(*Admit(r, absl::StrCat("r", i), "fp", &fresh));
+    r.Finished(jobs.back(), false, kT0 + absl::Seconds(i));
+  }
+  r.Collect(kT0 + absl::Seconds(3));
+  EXPECT_EQ(r.kept(), 2u);
+  EXPECT_FALSE(r.Find(jobs[0]->transfer()->id(), "").ok());
+  EXPECT_TRUE(r.Find("", "r1").ok());
+  r.Collect(kT0 + absl::Seconds(61));
+  EXPECT_EQ(r.kept(), 1u);
+  r.Collect(kT0 + absl::Seconds(62));
+  EXPECT_EQ(r.kept(), 0u);
+}
+
+TEST_F(RegistryTest, VerdictsFindTheLiveJobOfTheirSlot) {
+  TransferRegistry r(RegistryOptions{});
+  bool fresh;
+  auto a = *Admit(r, "a", "fp", &fresh);
+  auto b = *Admit(r, "b", "fp", &fresh);
+  r.Accepted(a, "node-b", SlotId{5, 0x1234}.Pack());
+  r.Accepted(b, "node-b", SlotId{5, 0x1235}.Pack());  // the slot reused meanwhile
+  EXPECT_EQ(r.FindByVerdict("node-b", DecodeVerdict(EncodeVerdict(SlotId{5, 0x1234}, 0))),
+            a);
+  EXPECT_EQ(r.FindByVerdict("node-b", DecodeVerdict(EncodeVerdict(SlotId{5, 0x1235}, 0))),
+            b);
+  EXPECT_EQ(r.FindByVerdict("node-c", DecodeVerdict(EncodeVerdict(SlotId{5, 0x1234}, 0))),
+            nullptr);
+  r.Finished(a, false, kT0);
+  EXPECT_EQ(r.FindByVerdict("node-b", DecodeVerdict(EncodeVerdict(SlotId{5, 0x1234}, 0))),
+            nullptr);
+  EXPECT_EQ(r.FindLive(a->serial()), nullptr);
+  EXPECT_EQ(r.FindLive(b->serial()), b);
 }
 
 // --- admission.h, preparer.h ---

@@ -87,22 +87,20 @@ absl::StatusOr<std::shared_ptr<Transfer>> Engine::Submit(
   if (deadline <= now()) return DeadlineStatus();
   FL_ASSIGN_OR_RETURN(memory::TensorLease lease, PinSource(request, *registry_));
   const int direct_nic = topo::DirectNic(topology_, lease.info().home_gpu);
+  auto make = [&](uint32_t serial, uint64_t number) {
+    auto transfer =
+        std::make_shared<Transfer>(absl::StrCat(id_prefix_, number), request,
+                                   std::move(fingerprint), nic_names_, deadline);
+    return std::make_shared<Job>(serial, std::move(transfer), std::move(lease),
+                                 direct_nic, &ctx_);
+  };
   bool fresh = false;
-  FL_ASSIGN_OR_RETURN(JobPtr job, transfers_.Admit(
-                                      rid, fingerprint,
-                                      [&](uint32_t serial, uint64_t number) {
-                                        auto transfer = std::make_shared<Transfer>(
-                                            absl::StrCat(id_prefix_, number), request,
-                                            std::move(fingerprint), nic_names_, deadline);
-                                        return std::make_shared<Job>(
-                                            serial, std::move(transfer), std::move(lease),
-                                            direct_nic, &ctx_);
-                                      },
-                                      &fresh));
+  FL_ASSIGN_OR_RETURN(JobPtr job, transfers_.Admit(rid, fingerprint, make, &fresh));
   if (!fresh) return job->transfer();  // raced an identical request
-  Run(job, [](Job& j, JobEffects* fx) ABSL_NO_THREAD_SAFETY_ANALYSIS { j.Refresh(fx); });
+  Run(job, [](Job& j, JobEffects* fx)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { j.Refresh(fx); });
   if (!preparers_.Post([this, job] { PrepareJob(job); })) {
-    Run(job, [](Job& j, JobEffects* fx) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Run(job, [](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
       j.Stop(ShuttingDownStatus(), /*force=*/true, fx).IgnoreError();  // ends it
     });
   }
@@ -112,7 +110,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> Engine::Submit(
 void Engine::PrepareJob(const JobPtr& job) {
   std::optional<IncomingSpec> spec;
   Run(job, [&](Job& j, JobEffects* fx)
-               ABSL_NO_THREAD_SAFETY_ANALYSIS { spec = j.BeginPrepare(fx); });
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { spec = j.BeginPrepare(fx); });
   if (!spec) return;  // ended while it queued
   absl::StatusOr<Prepared> prepared = peers_->PrepareIncoming(*spec);
   absl::StatusOr<std::vector<Extent>> plan = absl::UnknownError("not prepared");
@@ -121,7 +119,7 @@ void Engine::PrepareJob(const JobPtr& job) {
     plan = PlanTransfer(job->transfer()->request(), job->source_layout(), *prepared);
     transfers_.Accepted(job, job->target_node(), prepared->slot);
   }
-  Run(job, [&](Job& j, JobEffects* fx) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Run(job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
     j.OnPrepared(std::move(prepared), std::move(plan), fx);
   });
 }
@@ -172,10 +170,10 @@ void Engine::AskVerdict(const JobPtr& job, absl::Time deadline) {
     const absl::StatusOr<std::optional<absl::Status>> reply =
         peers_->QueryVerdict(job->target_node(), job->transfer()->id(), deadline);
     Run(job, [&](Job& j, JobEffects* fx)
-                 ABSL_NO_THREAD_SAFETY_ANALYSIS { j.OnVerdictReply(reply, fx); });
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { j.OnVerdictReply(reply, fx); });
   });
   if (!posted) {  // shutting down: the job is being stopped anyway
-    Run(job, [](Job& j, JobEffects* fx) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Run(job, [](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
       j.OnVerdictReply(ShuttingDownStatus(), fx);
     });
   }
@@ -209,7 +207,8 @@ void Engine::GrowRelay(int nic) {
 
 void Engine::KickWaiting() {
   for (const JobPtr& job : waiting_.Kick()) {
-    Run(job, [](Job& j, JobEffects* fx) ABSL_NO_THREAD_SAFETY_ANALYSIS { j.Resume(fx); });
+    Run(job, [](Job& j, JobEffects* fx)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { j.Resume(fx); });
   }
 }
 
@@ -218,7 +217,7 @@ void Engine::OnCompletion(const fabric::Completion& completion) {
     const WrId w = DecodeWrId(completion.wr_id);
     bool known = false;
     if (JobPtr job = transfers_.FindLive(w.job); job != nullptr) {
-      Run(job, [&](Job& j, JobEffects* fx) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      Run(job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
         known = j.OnCompletion(w.entry, w.seq, completion, fx);
       });
     }
@@ -235,8 +234,9 @@ void Engine::OnVerdict(absl::string_view target_node, uint32_t imm) {
     stray_verdicts_.fetch_add(1);
     return;
   }
-  Run(job, [&](Job& j, JobEffects* fx)
-               ABSL_NO_THREAD_SAFETY_ANALYSIS { j.OnVerdict(notice.verdict, fx); });
+  Run(job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
+    j.OnVerdict(notice.verdict, fx);
+  });
 }
 
 void Engine::OnIdleNics(fabric::PeerId peer, uint32_t idle_mask) {
@@ -257,7 +257,7 @@ absl::Status Engine::Cancel(const std::shared_ptr<Transfer>& transfer) {
   absl::StatusOr<JobPtr> job = transfers_.Find(transfer->id(), "");
   if (!job.ok()) return job.status();
   absl::Status result;
-  Run(*job, [&](Job& j, JobEffects* fx) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Run(*job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
     result = j.Stop(
         WithReason(absl::CancelledError("cancelled by CancelTransfer"), "CANCELLED"),
         /*force=*/false, fx);
@@ -267,7 +267,7 @@ absl::Status Engine::Cancel(const std::shared_ptr<Transfer>& transfer) {
 
 void Engine::AbortTensor(uint64_t tensor_id, const absl::Status& why) {
   for (const JobPtr& job : transfers_.Live()) {
-    Run(job, [&](Job& j, JobEffects* fx) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Run(job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
       // A committed transfer is the target's to end; it reads nothing more from the
       // tensor, so it need not stop.
       if (j.UsesTensor(tensor_id)) j.Stop(why, /*force=*/false, fx).IgnoreError();
@@ -279,7 +279,7 @@ void Engine::Shutdown() {
   if (!transfers_.Close()) return;  // admits nothing from here on
   auto stop_all = [this] {
     for (const JobPtr& job : transfers_.Live()) {
-      Run(job, [](Job& j, JobEffects* fx) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      Run(job, [](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
         j.Stop(ShuttingDownStatus(), /*force=*/true, fx).IgnoreError();  // ended: fine
       });
     }
@@ -299,7 +299,7 @@ void Engine::Tick(absl::Time now) {
   if (transfers_.active() > 0) last_active_ = now;
   if (now - last_active_ <= kLookAfterLast) scheduler_->Refresh();
   for (const JobPtr& job : timers_.TakeDue(now)) {
-    Run(job, [](Job& j, JobEffects* fx) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Run(job, [](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
       j.scheduled_timer = absl::InfiniteFuture();  // the queue let go of it
       j.OnTimer(fx);
     });

@@ -19,6 +19,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -134,6 +135,8 @@ class Engine {
   // transfer: counted, and otherwise ignored.
   uint64_t stray_completions() const { return stray_completions_.load(); }
   uint64_t stray_verdicts() const { return stray_verdicts_.load(); }
+  // Relay copies that failed on their GPU, seen when a slot was let go of.
+  uint64_t fence_errors() const { return fence_errors_.load(); }
 
  private:
   using JobPtr = std::shared_ptr<Job>;

@@ -51,8 +51,10 @@ class TransferRegistry {
   absl::StatusOr<JobPtr> Existing(const std::string& request_id,
                                   absl::string_view fingerprint) const;
   // As Existing, and when the id names none, admits the job `make` builds (under the
-  // registry's lock: `make` locks nothing). `*fresh` says which. RESOURCE_EXHAUSTED
-  // (TOO_MANY_TRANSFERS) past max_active; UNAVAILABLE (SHUTTING_DOWN) once closed.
+  // registry's lock: `make` locks nothing). `fingerprint` is not read once `make` has
+  // been called (make may take the string it views). `*fresh` says which.
+  // RESOURCE_EXHAUSTED (TOO_MANY_TRANSFERS) past max_active; UNAVAILABLE
+  // (SHUTTING_DOWN) once closed.
   absl::StatusOr<JobPtr> Admit(const std::string& request_id,
                                absl::string_view fingerprint, MakeJob make, bool* fresh);
 

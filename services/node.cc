@@ -36,15 +36,12 @@ absl::Status Node::Start() {
   registry_ = std::make_unique<memory::Registry>(fabric_.get());
   scheduler_ =
       std::make_unique<sched::Scheduler>(policy, topology_.nics_size(), options_.limits);
-  // One relay slot per chunk a NIC may carry for other GPUs: borrow_depth, or for
-  // stripe one transfer's window. At least one, so that a failover away from a dead
-  // direct NIC (a chunk on another GPU's NIC under any policy) always has a slot.
-  const uint32_t relay_slots = std::max<uint32_t>(1, policy == sched::Policy::kStripe
-                                                         ? options_.engine.window_chunks
-                                                         : options_.limits.borrow_depth);
+  // Host tensors need no relay slots: every NIC reads host memory, so the engine
+  // sends a borrowed NIC's chunks straight from the tensor. The pool stays, empty,
+  // for the metric that reports its memory.
   FL_ASSIGN_OR_RETURN(
-      relay_, relay::RelayPool::Create(fabric_.get(), topology_.nics_size(), relay_slots,
-                                       options_.engine.chunk_bytes));
+      relay_, relay::RelayPool::Create(fabric_.get(), topology_.nics_size(),
+                                       /*slots_per_nic=*/0, options_.engine.chunk_bytes));
   if (gpu_ != nullptr) {
     absl::StatusOr<std::unique_ptr<relay::GpuRelayPool>> pool =
         relay::GpuRelayPool::Create(fabric_.get(), gpu_.get(), NicGpus(),

@@ -76,41 +76,71 @@ absl::StatusOr<std::unique_ptr<GpuRelayPool>> GpuRelayPool::Create(
   return pool;
 }
 
-Slot GpuRelayPool::Acquire(int nic) {
-  absl::MutexLock lock(&mu_);
-  PerNic& n = nics_[nic];
+bool GpuRelayPool::Grow(int nic) {
   const int g = nic_gpu_[nic];
-  PerGpu& per_gpu = gpus_[g];
-  if (per_gpu.paused) return Slot{};
-  if (n.free.empty()) {
-    // Grow: a new slot of whole granules, mapped for every GPU.
-    if (per_gpu.held_bytes + slot_alloc_bytes_ > options_.cap_bytes_per_gpu)
-      return Slot{};
-    absl::StatusOr<gpu::VmmBuffer> buffer =
-        gpu::VmmBuffer::Create(runtime_->context(g), slot_alloc_bytes_, all_gpus_);
-    if (!buffer.ok()) return Slot{};  // out of device memory: no borrowing here now
-    auto memory = std::make_shared<SlotMemory>(std::move(*buffer), runtime_->count());
+  {
+    absl::MutexLock lock(&mu_);
+    PerGpu& per_gpu = gpus_[g];
+    if (per_gpu.paused) return false;
+    if (!nics_[nic].free.empty()) return true;  // one is free already
+    if (per_gpu.held_bytes + slot_alloc_bytes_ > options_.cap_bytes_per_gpu) return false;
+    per_gpu.held_bytes += slot_alloc_bytes_;  // reserved against the cap
+  }
+  // The allocation and mapping run with no lock held: TryAcquire never waits for them.
+  // A new slot of whole granules, mapped for every GPU.
+  std::shared_ptr<SlotMemory> memory;
+  absl::StatusOr<gpu::VmmBuffer> buffer =
+      gpu::VmmBuffer::Create(runtime_->context(g), slot_alloc_bytes_, all_gpus_);
+  if (buffer.ok()) {  // else out of device memory: no borrowing here now
+    memory = std::make_shared<SlotMemory>(std::move(*buffer), runtime_->count());
     absl::StatusOr<fabric::RegionKey> key =
         fabric_->RegisterDeviceRegion(memory->buffer.ptr(), slot_alloc_bytes_, g, memory);
-    if (!key.ok()) return Slot{};
-    memory->key = *key;
-    remaps_.fetch_add(1, std::memory_order_relaxed);
-    per_gpu.held_bytes += slot_alloc_bytes_;
-    auto hole = std::find(n.slots.begin(), n.slots.end(), nullptr);
-    const uint32_t index = static_cast<uint32_t>(hole - n.slots.begin());
-    if (hole == n.slots.end()) {
-      n.slots.push_back(std::move(memory));
+    if (key.ok()) {
+      memory->key = *key;
     } else {
-      *hole = std::move(memory);
+      memory.reset();
     }
-    n.free.push_back(index);
   }
+  absl::MutexLock lock(&mu_);
+  if (memory == nullptr) {
+    gpus_[g].held_bytes -= slot_alloc_bytes_;
+    return false;
+  }
+  remaps_.fetch_add(1, std::memory_order_relaxed);
+  PerNic& n = nics_[nic];
+  auto hole = std::find(n.slots.begin(), n.slots.end(), nullptr);
+  const uint32_t index = static_cast<uint32_t>(hole - n.slots.begin());
+  if (hole == n.slots.end()) {
+    n.slots.push_back(std::move(memory));
+  } else {
+    *hole = std::move(memory);
+  }
+  n.free.push_back(index);
+  return true;
+}
+
+Slot GpuRelayPool::TakeFreeLocked(int nic) {
+  PerNic& n = nics_[nic];
+  PerGpu& per_gpu = gpus_[nic_gpu_[nic]];
+  if (per_gpu.paused || n.free.empty()) return Slot{};
   const uint32_t index = n.free.back();
   n.free.pop_back();
   SlotMemory& memory = *n.slots[index];
   ++per_gpu.in_use;
   return Slot{nic,        index, reinterpret_cast<uint8_t*>(memory.buffer.ptr()),
               memory.key, 0,     &memory};
+}
+
+Slot GpuRelayPool::Acquire(int nic) {
+  for (;;) {  // grows until a slot is had or the pool may not grow
+    if (Slot slot = TryAcquire(nic); slot.valid()) return slot;
+    if (!Grow(nic)) return Slot{};
+  }
+}
+
+Slot GpuRelayPool::TryAcquire(int nic) {
+  absl::MutexLock lock(&mu_);
+  return TakeFreeLocked(nic);
 }
 
 void GpuRelayPool::Release(const Slot& slot) {
@@ -121,14 +151,16 @@ void GpuRelayPool::Release(const Slot& slot) {
   memory.idle_since = absl::Now();
   --per_gpu.in_use;
   n.free.push_back(slot.index);
-  if (per_gpu.paused) FreeSlotLocked(slot.nic, slot.index);
 }
 
-void GpuRelayPool::FreeSlotLocked(int nic, uint32_t index) {
+void GpuRelayPool::FreeSlotLocked(int nic, uint32_t index,
+                                  std::vector<std::shared_ptr<SlotMemory>>* freed) {
   PerNic& n = nics_[nic];
   std::shared_ptr<SlotMemory>& memory = n.slots[index];
   fabric_->DeregisterRegion(memory->key).IgnoreError();
-  memory.reset();  // the fabric lets go of its reference once no write uses it
+  // Unmapped once the caller drops it with no lock held, and the fabric lets go of its
+  // reference once no write uses it.
+  freed->push_back(std::move(memory));
   n.free.erase(std::find(n.free.begin(), n.free.end(), index));
   gpus_[nic_gpu_[nic]].held_bytes -= slot_alloc_bytes_;
   remaps_.fetch_add(1, std::memory_order_relaxed);
@@ -167,6 +199,7 @@ void GpuRelayPool::Maintain(absl::Time now) {
     absl::StatusOr<gpu::MemoryInfo> info = gpu::DeviceMemoryInfo(runtime_->context(g));
     if (info.ok()) free_bytes[g] = info->free_bytes;
   }
+  std::vector<std::shared_ptr<SlotMemory>> freed;  // unmapped after the lock
   absl::MutexLock lock(&mu_);
   for (int g = 0; g < runtime_->count(); ++g) {
     PerGpu& per_gpu = gpus_[g];
@@ -185,7 +218,7 @@ void GpuRelayPool::Maintain(absl::Time now) {
         idle.push_back(index);
       }
     }
-    for (uint32_t index : idle) FreeSlotLocked(static_cast<int>(k), index);
+    for (uint32_t index : idle) FreeSlotLocked(static_cast<int>(k), index, &freed);
   }
   UpdateBorrowableLocked();
 }

@@ -68,6 +68,11 @@ class GpuRelayPool final : public Pool {
                                                               GpuRelayOptions options);
 
   Slot Acquire(int nic) override;
+  Slot TryAcquire(int nic) override;
+  // Allocates and maps the slot with mu_ released: TryAcquire never waits for it.
+  bool Grow(int nic) override;
+  // Under memory pressure the slot is freed at the next Maintain, not here: freeing
+  // unmaps device memory, which the engine's data path must not wait for.
   void Release(const Slot& slot) override;
   // `source` must be device memory of a runtime GPU.
   absl::Status Stage(const Slot& slot, Source source, uint32_t bytes) override;
@@ -109,8 +114,13 @@ class GpuRelayPool final : public Pool {
 
   GpuRelayPool(fabric::Fabric* fabric, const gpu::Runtime* runtime,
                std::vector<int> nic_gpu, GpuRelayOptions options);
-  // Frees slot `index` of `nic` (free, not in use). Caller holds mu_.
-  void FreeSlotLocked(int nic, uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees slot `index` of `nic` (free, not in use) into `freed`, which the caller
+  // drops with mu_ released (the unmap). Caller holds mu_.
+  void FreeSlotLocked(int nic, uint32_t index,
+                      std::vector<std::shared_ptr<SlotMemory>>* freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a free slot of `nic`, or an invalid one.
+  Slot TakeFreeLocked(int nic) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateBorrowableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   fabric::Fabric* const fabric_;

@@ -40,8 +40,17 @@ struct Source {
 class Pool {
  public:
   virtual ~Pool() = default;
-  // A free slot on `nic`, or an invalid one when none can be had now.
+  // A free slot on `nic`, or an invalid one when none can be had now. May grow the
+  // pool (GpuRelayPool: a VMM allocation), so it may block.
   virtual Slot Acquire(int nic) = 0;
+  // A free slot on `nic` without growing the pool: never blocks, allocates nothing.
+  // What the engine calls on its data path (under a transfer's lock, on fabric
+  // threads).
+  virtual Slot TryAcquire(int nic) { return Acquire(nic); }
+  // Adds a slot on `nic` if the pool may grow there; false when it may not (at its
+  // cap, under memory pressure, a failed allocation). Blocks: call it off the data
+  // path.
+  virtual bool Grow(int nic) { return false; }
   // The slot's bytes must be done with: a slot whose write never waited on slot.ready
   // (it failed first) waits on it before it is released.
   virtual void Release(const Slot& slot) = 0;

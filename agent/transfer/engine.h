@@ -1,32 +1,45 @@
-// The source side of transfers: admission, the target's acceptance, and the pipeline
-// that cuts extents into chunks and keeps a bounded window of them in flight on the
-// NICs the scheduler picks. Memory per transfer is bounded by its extents and window,
-// never by the bytes it moves.
+// The source side of transfers. The engine wires the parts and owns their threads;
+// each part keeps one job (docs/design-engine.md, "The source engine"):
+//  - admission.h: what a request must be, checked on its own;
+//  - transfer_registry.h: admission against the bound, idempotency on request id,
+//    the live jobs and the finished ones kept for GetTransfer;
+//  - preparer.h: what the target is asked to prepare, and the plan from its answer;
+//  - job.h: one transfer's state machine, from admission to the target's verdict;
+//  - window.h: one transfer's chunks on the fabric, its failover and back-pressure;
+//  - verdict_wait.h: when a source that heard no verdict asks for it;
+//  - wait_list.h, timer_queue.h, worker_pool.h: waking jobs that wait for room, the
+//    jobs' timers, and the threads for calls that block.
+// Threads: the fabric's (completions, arrivals), `prepare_threads` for the blocking
+// peer calls (PrepareIncoming, QueryVerdict), one relay worker (GPU fences, relay
+// pool growth) and one housekeeping thread (timers, the scheduler's look, the
+// forgetting of finished transfers). Nothing blocks on a fabric thread or under a
+// transfer's lock.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/registry.h"
 #include "agent/relay/relay_pool.h"
 #include "agent/sched/scheduler.h"
 #include "agent/topo/topology.h"
-#include "agent/transfer/imm.h"
+#include "agent/transfer/job.h"
 #include "agent/transfer/peer_link.h"
-#include "agent/transfer/plan.h"
+#include "agent/transfer/timer_queue.h"
 #include "agent/transfer/transfer.h"
+#include "agent/transfer/transfer_registry.h"
+#include "agent/transfer/verdict_wait.h"
+#include "agent/transfer/wait_list.h"
+#include "agent/transfer/worker_pool.h"
 
 namespace fuselink::transfer {
 
@@ -34,7 +47,7 @@ struct EngineOptions {
   std::string node;
   // Bytes per fabric write.
   uint32_t chunk_bytes = 4u << 20;
-  // Chunks one transfer keeps in flight, over all NICs.
+  // Chunks one transfer keeps in flight, over all NICs; 1 to kMaxWindowChunks.
   uint32_t window_chunks = 16;
   // Transfers preparing or running at once; past it Submit is RESOURCE_EXHAUSTED.
   size_t max_active_transfers = 64;
@@ -43,8 +56,18 @@ struct EngineOptions {
   absl::Duration finished_kept_for = absl::Minutes(10);
   // Progress events at most this often per transfer.
   absl::Duration progress_interval = absl::Milliseconds(50);
-  // Threads that ask targets to accept (each blocks on one peer call).
+  // Threads that call targets (each blocks on one peer call at a time).
   int prepare_threads = 2;
+  // Waiting for, and asking for, the target's verdict.
+  VerdictWaitOptions verdict;
+  // A job waiting for room with nothing in flight tries again this often.
+  absl::Duration wait_backstop = absl::Milliseconds(20);
+  // How long an abort notice may wait for room in full queues.
+  absl::Duration abort_patience = absl::Seconds(2);
+  // Off in tests that drive time themselves through Tick.
+  bool housekeeping_thread = true;
+  // The engine's clock, for tests.
+  std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 
 // What the engine reports as it happens (to metrics). Called off the engine's locks.
@@ -59,9 +82,10 @@ class EngineObserver {
 
 class Engine {
  public:
-  // `scheduler` picks each chunk's NIC; `relay` stages host tensors' chunks for
-  // borrowed NICs, `gpu_relay` (null on nodes without GPUs) GPU tensors'. They, and
-  // `observer` (may be null), outlive the engine.
+  // `scheduler` picks each chunk's NIC; `gpu_relay` (null on nodes without GPUs)
+  // stages GPU tensors' chunks for borrowed NICs. `relay` is not used: host tensors
+  // are sent straight from the tensor on any NIC, borrowed or not (every NIC reads
+  // host memory). They, and `observer` (may be null), outlive the engine.
   Engine(EngineOptions options, const topo::Topology& topology,
          memory::Registry* registry, fabric::Fabric* fabric, PeerLink* peers,
          sched::Scheduler* scheduler, relay::Pool* relay, relay::Pool* gpu_relay,
@@ -71,104 +95,91 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Checks the request and starts it, or returns the transfer an identical earlier
-  // request started. `call_deadline` bounds the transfer along with the request's.
+  // request started. `call_deadline` bounds the transfer along with the request's;
+  // a deadline already reached is DEADLINE_EXCEEDED (DEADLINE).
   absl::StatusOr<std::shared_ptr<Transfer>> Submit(const v1::TransferRequest& request,
                                                    absl::Time call_deadline);
   // By transfer id, else by request id. NOT_FOUND (UNKNOWN_TRANSFER).
   absl::StatusOr<std::shared_ptr<Transfer>> Find(absl::string_view transfer_id,
                                                  absl::string_view request_id) const;
-  // FAILED_PRECONDITION (TRANSFER_FINISHED) once it has ended.
+  // FAILED_PRECONDITION (TRANSFER_FINISHED) once it has ended, or once it is the
+  // target's to end (committed, or refused).
   absl::Status Cancel(const std::shared_ptr<Transfer>& transfer);
 
-  // From the fabric.
+  // From the fabric; safe during and after Shutdown (the fabric's last flush).
   void OnCompletion(const fabric::Completion& completion);
   // The receiver `peer` says which of its NICs are idle (bit k: NIC k).
   void OnIdleNics(fabric::PeerId peer, uint32_t idle_mask);
   // A target's verdict notice (imm.h) from node `target_node`.
   void OnVerdict(absl::string_view target_node, uint32_t imm);
-  // Resources may be free again (relay memory): pumps the jobs that wait.
+  // Resources may be free again (relay memory): the jobs that wait try again.
   void Kick() { KickWaiting(); }
 
   // Stops the transfers whose source is tensor `tensor_id` (TensorLease::id) with
-  // `why`; they end once their chunks in flight are back.
+  // `why`; they end once their chunks in flight are back. Transfers already committed
+  // end with the target's verdict.
   void AbortTensor(uint64_t tensor_id, const absl::Status& why);
 
-  // Stops posting and fails what runs, UNAVAILABLE. Call before the fabric goes.
+  // Admits nothing more (UNAVAILABLE, SHUTTING_DOWN), fails what runs with that,
+  // and joins the engine's threads; posts nothing afterwards. Transfers with writes
+  // in flight end as the fabric flushes them. Call before the fabric goes.
   void Shutdown();
 
-  size_t active() const;
+  // Runs the timers due at `now`, the scheduler's look and the forgetting of finished
+  // transfers. The housekeeping thread calls it; with housekeeping_thread off, the
+  // caller does. One caller at a time.
+  void Tick(absl::Time now);
+
+  size_t active() const { return transfers_.active(); }
+  // Completions that named no write in flight, and verdicts that named no live
+  // transfer: counted, and otherwise ignored.
+  uint64_t stray_completions() const { return stray_completions_.load(); }
+  uint64_t stray_verdicts() const { return stray_verdicts_.load(); }
+  // Relay copies that failed on their GPU, seen when a slot was let go of.
+  uint64_t fence_errors() const { return fence_errors_.load(); }
 
  private:
-  struct Job;
-  struct InFlight {
-    Job* job = nullptr;
-    Chunk chunk;
-    sched::Choice choice;
-    relay::Slot relay;            // valid when the chunk was staged for a borrowed NIC
-    relay::Pool* pool = nullptr;  // the relay slot's
-  };
   using JobPtr = std::shared_ptr<Job>;
+  using Event = absl::FunctionRef<void(Job& job, JobEffects* fx)>;
 
-  void PrepareLoop();
-  void HousekeepingLoop();
-  void Prepare(const JobPtr& job);
-  // Posts chunks while the window and the NICs have room.
-  void PumpLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
-  // NIC `nic` no longer reaches the job's target. False when it was the last: the
-  // job is then stopped.
-  bool NicFailedLocked(Job& job, int nic, const absl::Status& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
-  // Posts a zero-byte notice with `op` on a usable NIC, tracked by `tracked` (null:
-  // untracked). False when no NIC took it.
-  bool PostNoticeLocked(Job& job, ImmOp op, InFlight* tracked)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
-  // Stops a running job with `why`; it ends once its chunks drain.
-  void StopLocked(Job& job, absl::Status why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
-  // Ends a stopped or finished job whose chunks have drained. Returns true if it
-  // reached a final state now.
-  bool MaybeFinishLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
-  void Finished(Job& job);
-  // Lists a job no NIC could take a chunk of; it is pumped after a completion.
-  void Wait(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.transfer->mu());
-  // Pumps the jobs that waited for a NIC; called after any completion.
+  // Runs `event` on `job` under its lock, then what the job asked for; lists the job
+  // if it must wait, or runs it again at once if a kick came while it tried.
+  void Run(const JobPtr& job, Event event);
+  void Apply(const JobPtr& job, JobEffects& fx);
+  void PrepareJob(const JobPtr& job);
+  void AskVerdict(const JobPtr& job, absl::Time deadline);
+  void ReleaseAfterFence(const relay::Slot& slot);
+  void GrowRelay(int nic);
   void KickWaiting();
-  // Gives the chunk's relay slot back; `sent`: its write completed.
-  void ReleaseRelay(InFlight& f, bool sent);
-  // The jobs that have not finished.
-  std::vector<JobPtr> LiveJobsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stops a preparing or running job with `why`. FAILED_PRECONDITION
-  // (TRANSFER_FINISHED) when it is already ending.
-  absl::Status StopJob(const JobPtr& job, absl::Status why);
-  absl::StatusOr<JobPtr> Admit(const v1::TransferRequest& request,
-                               absl::Time call_deadline);
+  void HousekeepingLoop();
+  absl::Time now() const { return options_.clock(); }
 
   const EngineOptions options_;
   const topo::Topology topology_;
   memory::Registry* const registry_;
-  fabric::Fabric* const fabric_;
   PeerLink* const peers_;
   sched::Scheduler* const scheduler_;
-  relay::Pool* const relay_;
   relay::Pool* const gpu_relay_;
   EngineObserver* const observer_;
   const std::vector<std::string> nic_names_;
   const std::string id_prefix_;
-  std::atomic<int> waiting_count_{0};
-  // Jobs no NIC could take a chunk of. A leaf lock: taken under a transfer's.
-  absl::Mutex waiting_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::vector<JobPtr> waiting_ ABSL_GUARDED_BY(waiting_mu_);
 
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, JobPtr> by_id_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, JobPtr> by_request_ ABSL_GUARDED_BY(mu_);
-  std::deque<JobPtr> to_prepare_ ABSL_GUARDED_BY(mu_);
+  JobContext ctx_;
+  TransferRegistry transfers_;
+  WaitList<Job> waiting_;
+  TimerQueue<Job> timers_;
+  std::atomic<uint64_t> stray_completions_{0};
+  std::atomic<uint64_t> stray_verdicts_{0};
+  std::atomic<uint64_t> fence_errors_{0};
+  std::array<std::atomic<bool>, topo::kMaxNics> growing_{};  // a growth is queued
+  // Tick's own state: one caller at a time.
+  absl::Time next_collect_;
+  absl::Time last_active_;
 
-  size_t active_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-
-  std::vector<std::thread> threads_;
+  // Threads last: they stop before the state they use goes.
+  WorkerPool preparers_;
+  WorkerPool relay_worker_;
+  std::thread housekeeping_;
 };
 
 }  // namespace fuselink::transfer

@@ -234,6 +234,9 @@ void Landing::Finish(uint32_t index, uint32_t generation) {
     slot.landed = LandedRanges();
     free_.push_back(index);
   }
+  // The target tensor is free before anyone hears the transfer ended: a watcher that
+  // unregisters it on the event never finds it still pinned.
+  released = memory::TensorLease();
   on_event_(event);
   if (on_notice_) on_notice_(source, notice);
   TellIdle();

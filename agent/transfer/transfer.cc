@@ -40,26 +40,35 @@ void Transfer::Accept(uint64_t total_bytes, uint64_t chunks, uint32_t layer_begi
                       absl::string_view policy) {
   {
     absl::MutexLock lock(&mu_);
-    total_bytes_ = total_bytes;
-    chunks_ = chunks;
-    layer_begin_ = layer_begin;
-    layer_left_bytes_.assign(layer_count, total_bytes / layer_count);
-    layers_done_.reserve(layer_count);
-    transport_ = std::string(transport);
-    policy_ = std::string(policy);
-    accepted_ = true;
-    started_ = absl::Now();
-    if (state_ == State::kPreparing) state_ = State::kRunning;
+    AcceptLocked(total_bytes, chunks, layer_begin, layer_count, transport, policy);
   }
   Notify(false, absl::ZeroDuration());
 }
 
-void Transfer::AddDone(int nic, uint32_t layer, uint64_t bytes) {
+void Transfer::AcceptLocked(uint64_t total_bytes, uint64_t chunks, uint32_t layer_begin,
+                            uint32_t layer_count, absl::string_view transport,
+                            absl::string_view policy) {
+  total_bytes_ = total_bytes;
+  chunks_ = chunks;
+  layer_begin_ = layer_begin;
+  layer_left_bytes_.assign(layer_count, total_bytes / layer_count);
+  layers_done_.reserve(layer_count);
+  transport_ = std::string(transport);
+  policy_ = std::string(policy);
+  accepted_ = true;
+  started_ = absl::Now();
+  if (state_ == State::kPreparing) state_ = State::kRunning;
+}
+
+bool Transfer::AddDone(int nic, uint32_t layer, uint64_t bytes) {
   bytes_done_ += bytes;
   nic_bytes_[nic] += bytes;
   uint64_t& left = layer_left_bytes_[layer - layer_begin_];
+  if (left == 0) return false;  // a layer is done once
   left -= std::min(left, bytes);
-  if (left == 0) layers_done_.push_back(layer);
+  if (left != 0) return false;
+  layers_done_.push_back(layer);
+  return true;
 }
 
 void Transfer::SetState(State state, absl::Status status) {

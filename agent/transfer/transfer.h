@@ -69,11 +69,17 @@ class Transfer {
 
   // --- Called by the engine. ---
   absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  // The target accepted: the transfer runs. Accept tells the streams; AcceptLocked
+  // leaves that to a Notify once the lock is released.
   void Accept(uint64_t total_bytes, uint64_t chunks, uint32_t layers_begin,
               uint32_t layer_count, absl::string_view transport,
               absl::string_view policy);
-  // Records a landed chunk. Returns true when the transfer's last byte landed.
-  void AddDone(int nic, uint32_t layer, uint64_t bytes)
+  void AcceptLocked(uint64_t total_bytes, uint64_t chunks, uint32_t layers_begin,
+                    uint32_t layer_count, absl::string_view transport,
+                    absl::string_view policy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a landed chunk; the engine calls it once per chunk, however often the
+  // chunk was sent. Returns true when this finished the chunk's layer.
+  bool AddDone(int nic, uint32_t layer, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves to `state`; for failures `status` says why.
   void SetState(State state, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,0 +1,104 @@
+#include "agent/transfer/admission.h"
+
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+#include "agent/transfer/bounded_echo.h"
+#include "agent/transfer/plan.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
+namespace fuselink::transfer {
+namespace {
+
+std::span<const uint32_t> Ids(const google::protobuf::RepeatedField<uint32_t>& ids) {
+  return {ids.data(), static_cast<size_t>(ids.size())};
+}
+
+}  // namespace
+
+absl::Status CheckRequestId(absl::string_view request_id) {
+  if (request_id.empty() || request_id.size() > kMaxRequestIdBytes) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "request_id must be 1 to ", kMaxRequestIdBytes, " bytes")),
+                      "BAD_REQUEST_ID");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNodes(const v1::TransferRequest& request, absl::string_view local_node,
+                        const PeerLink& peers) {
+  const v1::BlockSet& src = request.source();
+  const v1::BlockSet& dst = request.target();
+  if (src.node() != local_node) {
+    if (src.node().empty() || !peers.Knows(src.node())) {
+      return WithReason(absl::NotFoundError(
+                            absl::StrCat("unknown source node '", Echo(src.node()), "'")),
+                        "UNKNOWN_NODE");
+    }
+    return WithReason(absl::FailedPreconditionError(
+                          absl::StrCat("source node is '", Echo(src.node()),
+                                       "'; send the request to that node's agent")),
+                      "SOURCE_NOT_LOCAL");
+  }
+  if (dst.node() == local_node) {
+    return WithReason(absl::UnimplementedError("source and target are the same node"),
+                      "LOCAL_TARGET");
+  }
+  if (!peers.Knows(dst.node())) {
+    return WithReason(
+        absl::NotFoundError(absl::StrCat("unknown target node '", Echo(dst.node()), "'")),
+        "UNKNOWN_NODE");
+  }
+  if (src.block_ids_size() != dst.block_ids_size()) {
+    return WithReason(absl::InvalidArgumentError(
+                          absl::StrCat("source lists ", src.block_ids_size(),
+                                       " blocks, target ", dst.block_ids_size())),
+                      "BLOCK_COUNT_MISMATCH");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<memory::TensorLease> PinSource(const v1::TransferRequest& request,
+                                              memory::Registry& registry) {
+  FL_ASSIGN_OR_RETURN(memory::TensorLease lease,
+                      registry.Acquire(request.source().tensor()));
+  const memory::Layout& layout = lease.info().layout;
+  FL_RETURN_IF_ERROR(
+      ValidateBlocks(layout, Ids(request.source().block_ids()), "source", false));
+  const uint32_t begin = request.has_layers() ? request.layers().begin() : 0;
+  const uint32_t end = request.has_layers() ? request.layers().end() : layout.layers;
+  FL_RETURN_IF_ERROR(ValidateLayers(layout, begin, end));
+  return lease;
+}
+
+std::string Fingerprint(const v1::TransferRequest& request) {
+  v1::TransferRequest copy = request;
+  copy.clear_deadline();
+  std::string out;
+  google::protobuf::io::StringOutputStream stream(&out);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  copy.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return out;
+}
+
+absl::Time RequestDeadline(const v1::TransferRequest& request) {
+  if (!request.has_deadline()) return absl::InfiniteFuture();
+  return absl::FromUnixSeconds(request.deadline().seconds()) +
+         absl::Nanoseconds(request.deadline().nanos());
+}
+
+absl::Status DeadlineStatus() {
+  return WithReason(absl::DeadlineExceededError("the transfer's deadline passed"),
+                    "DEADLINE");
+}
+
+absl::Status ShuttingDownStatus() {
+  return WithReason(absl::UnavailableError("the agent is shutting down"),
+                    "SHUTTING_DOWN");
+}
+
+}  // namespace fuselink::transfer

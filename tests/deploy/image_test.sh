@@ -45,6 +45,17 @@ got=$(in_image /usr/bin/fuselink-agent --version)
 [ "$got" = "fuselink-agent $version" ] || fail "--version in the image says '$got'"
 echo "ok: the image's fuselink-agent --version says '$got'"
 
+# Kubernetes discovery loads libcurl at run time (ldd does not show it): in the image
+# it loads, and the agent gets as far as dialling the API server.
+if in_image /usr/bin/fuselink-agent --node=img-k --nics=1 --loopback_net=63 --gpu=off \
+  --handle_socket=/tmp/img-k.sock --peer_discovery=kubernetes --k8s_service=fl \
+  --k8s_namespace=gpu --k8s_api_server=https://127.0.0.1:1 >"$run/k8s.log" 2>&1; then
+  fail "discovery against no API server did not fail"
+fi
+grep -q "GET https://127.0.0.1:1/apis/discovery.k8s.io" "$run/k8s.log" ||
+  fail "discovery in the image did not reach its request: $(cat "$run/k8s.log")"
+echo "ok: the image's agent loads libcurl for Kubernetes discovery"
+
 # Two agents from the image, on loopback NICs 127.0.61.x and 127.0.62.x.
 start() { # NAME NET [PEER]
   rm -f "$root/tmp/$1.json"

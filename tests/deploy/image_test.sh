@@ -83,10 +83,21 @@ echo "ok: two agents of the image moved a 1 MiB tensor; bytes match"
 in_image /usr/bin/fuselink-health --address="$(grpc img-a)" >"$run/health.out" ||
   { cat "$run/health.out"; fail "fuselink-health on a serving agent"; }
 grep -q SERVING "$run/health.out" || fail "fuselink-health did not say SERVING"
+# The helm test's form: every address a name resolves to (here one: localhost, from
+# the /etc/hosts a container runtime puts in every container).
+echo "127.0.0.1 localhost" >"$root/etc/hosts"
+port=$(grpc img-a | sed 's/.*://')
+in_image /usr/bin/fuselink-health --all=localhost --port="$port" >"$run/health-all.out" ||
+  { cat "$run/health-all.out"; fail "fuselink-health --all"; }
+grep -q "1 of 1 agents SERVING" "$run/health-all.out" || fail "fuselink-health --all: $(cat "$run/health-all.out")"
 kill "${pids[0]}"
 wait "${pids[0]}" 2>/dev/null || true
+if in_image /usr/bin/fuselink-health --all=localhost --port="$(grpc img-b | sed 's/.*://')" \
+  --timeout_s=1 >"$run/health-all.out"; then
+  fail "fuselink-health --all passed with the only agent stopped"
+fi
 if in_image /usr/bin/fuselink-health --address="$(grpc img-b)" --timeout_s=1 >"$run/health.out"; then
   fail "fuselink-health passed an agent that was stopped"
 fi
-echo "ok: fuselink-health says SERVING for a live agent and fails for a stopped one"
+echo "ok: fuselink-health (--address and the helm test's --all) says SERVING for a live agent and fails for a stopped one"
 echo "PASS: image $(du -h "$archive" | cut -f1), runs and moves a tensor"

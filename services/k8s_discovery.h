@@ -2,8 +2,9 @@
 // endpoints of its headless Service. K8sDiscovery lists that Service's EndpointSlices,
 // then watches them, and reports the whole peer set (node name -> gRPC address) each
 // time it changes. It needs only get/list/watch on EndpointSlices in one namespace
-// (the chart's Role). libcurl carries the requests: TLS against the cluster's CA, the
-// service-account token as bearer, and a watch that streams one JSON event a line.
+// (the chart's Role). libcurl (loaded at run time: only agents that discover need it)
+// carries the requests: TLS against the cluster's CA, the service-account token as
+// bearer, and a watch that streams one JSON event a line.
 #pragma once
 
 #include <atomic>

@@ -10,7 +10,9 @@
 #  - the agents' service-account token may read EndpointSlices in the release's
 #    namespace and nothing else (kubectl auth can-i, and a real request with the token);
 #  - after the CRDs are applied, helm upgrade makes the ServiceMonitor and the
-#    PrometheusRule; a third GPU node raises the DaemonSet's count to three;
+#    PrometheusRule; with tls.enabled, the upgrade is refused until cert-manager's
+#    Certificate CRD exists, then makes the Certificate and mounts its secret; a third
+#    GPU node raises the DaemonSet's count to three;
 #  - helm uninstall leaves no object of the release behind.
 # Then agents run outside the cluster with exactly the arguments of the DaemonSet the
 # server stored ($(NODE_NAME), $(POD_IP), $(POD_NAMESPACE) filled in as the kubelet
@@ -208,6 +210,35 @@ lifecycle() { # HELM RELEASE
     fail "$rel: the PrometheusRule lacks the rules"
   echo "ok: with the CRDs, helm upgrade made the ServiceMonitor and the PrometheusRule"
 
+  # TLS from cert-manager once its CRD is there: the Certificate, and the DaemonSet
+  # mounting the secret it names (cert-manager itself does not run here).
+  "$helm" upgrade "$rel" "$chart" -n gpu-system --reuse-values --set tls.enabled=true \
+    >"$run/$rel-tls0.log" 2>&1 && fail "$rel: tls.enabled without cert-manager or a secret was accepted"
+  grep -q "tls.secretName must name" "$run/$rel-tls0.log" || fail "$rel: tls refused otherwise: $(cat "$run/$rel-tls0.log")"
+  k apply -f - >/dev/null <<YAML
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: certificates.cert-manager.io}
+spec:
+  group: cert-manager.io
+  scope: Namespaced
+  names: {kind: Certificate, plural: certificates, singular: certificate, listKind: CertificateList}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+YAML
+  wait_for 30 "the Certificate CRD is not served" k get --raw /apis/cert-manager.io/v1
+  "$helm" upgrade "$rel" "$chart" -n gpu-system --reuse-values --set tls.enabled=true \
+    --set tls.certManager.issuerRef.name=fleet-ca >"$run/$rel-tls.log" 2>&1 ||
+    fail "helm upgrade $rel with TLS: $(cat "$run/$rel-tls.log")"
+  [ "$(k -n gpu-system get certificate "$ds" -o jsonpath='{.spec.secretName}')" = "$ds-tls" ] ||
+    fail "$rel: no Certificate for the agents' secret"
+  [ "$(ds_field "$ds" '.spec.template.spec.volumes[?(@.name=="tls")].secret.secretName')" = "$ds-tls" ] ||
+    fail "$rel: the DaemonSet does not mount the certificate's secret"
+  echo "ok: with cert-manager's CRD, helm upgrade made the Certificate and the DaemonSet mounts its secret"
+
   add_node "gpu-node-3-$rel" true
   wait_for 60 "$rel: a third GPU node did not raise the count" \
     test "$(ds_field "$ds" .status.desiredNumberScheduled)" = 3
@@ -217,7 +248,7 @@ lifecycle() { # HELM RELEASE
   "$helm" uninstall "$rel" -n gpu-system --wait >"$run/$rel-uninstall.log" 2>&1 ||
     fail "helm uninstall $rel: $(cat "$run/$rel-uninstall.log")"
   left() {
-    k -n gpu-system get daemonsets,pods,services,configmaps,serviceaccounts,roles,rolebindings,secrets,servicemonitors,prometheusrules,endpointslices \
+    k -n gpu-system get daemonsets,pods,services,configmaps,serviceaccounts,roles,rolebindings,secrets,servicemonitors,prometheusrules,certificates,endpointslices \
       -l "app.kubernetes.io/instance=$rel" -o name
     k -n gpu-system get serviceaccounts,secrets,endpointslices -o name | grep -- "$ds" || true
   }
@@ -233,6 +264,11 @@ lifecycle() { # HELM RELEASE
   wait_for 60 "$rel: helm uninstall left $(left | xargs)" test -z "$(left)"
   echo "ok: helm uninstall left nothing of $rel"
   k delete node "gpu-node-3-$rel" >/dev/null
+  # The next helm starts again from a cluster without the optional CRDs.
+  k delete crd servicemonitors.monitoring.coreos.com podmonitors.monitoring.coreos.com \
+    prometheusrules.monitoring.coreos.com certificates.cert-manager.io >/dev/null
+  wait_for 60 "the CRDs are still served" sh -c "! \"$KUBECTL\" get --raw /apis/monitoring.coreos.com/v1 >/dev/null 2>&1"
+  crds_applied=""
 }
 
 lifecycle "$HELM3" fl3

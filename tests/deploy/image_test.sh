@@ -45,6 +45,17 @@ got=$(in_image /usr/bin/fuselink-agent --version)
 [ "$got" = "fuselink-agent $version" ] || fail "--version in the image says '$got'"
 echo "ok: the image's fuselink-agent --version says '$got'"
 
+# Kubernetes discovery loads libcurl at run time (ldd does not show it): in the image
+# it loads, and the agent gets as far as dialling the API server.
+if in_image /usr/bin/fuselink-agent --node=img-k --nics=1 --loopback_net=63 --gpu=off \
+  --handle_socket=/tmp/img-k.sock --peer_discovery=kubernetes --k8s_service=fl \
+  --k8s_namespace=gpu --k8s_api_server=https://127.0.0.1:1 >"$run/k8s.log" 2>&1; then
+  fail "discovery against no API server did not fail"
+fi
+grep -q "GET https://127.0.0.1:1/apis/discovery.k8s.io" "$run/k8s.log" ||
+  fail "discovery in the image did not reach its request: $(cat "$run/k8s.log")"
+echo "ok: the image's agent loads libcurl for Kubernetes discovery"
+
 # Two agents from the image, on loopback NICs 127.0.61.x and 127.0.62.x.
 start() { # NAME NET [PEER]
   rm -f "$root/tmp/$1.json"
@@ -72,10 +83,21 @@ echo "ok: two agents of the image moved a 1 MiB tensor; bytes match"
 in_image /usr/bin/fuselink-health --address="$(grpc img-a)" >"$run/health.out" ||
   { cat "$run/health.out"; fail "fuselink-health on a serving agent"; }
 grep -q SERVING "$run/health.out" || fail "fuselink-health did not say SERVING"
+# The helm test's form: every address a name resolves to (here one: localhost, from
+# the /etc/hosts a container runtime puts in every container).
+echo "127.0.0.1 localhost" >"$root/etc/hosts"
+port=$(grpc img-a | sed 's/.*://')
+in_image /usr/bin/fuselink-health --all=localhost --port="$port" >"$run/health-all.out" ||
+  { cat "$run/health-all.out"; fail "fuselink-health --all"; }
+grep -q "1 of 1 agents SERVING" "$run/health-all.out" || fail "fuselink-health --all: $(cat "$run/health-all.out")"
 kill "${pids[0]}"
 wait "${pids[0]}" 2>/dev/null || true
+if in_image /usr/bin/fuselink-health --all=localhost --port="$(grpc img-b | sed 's/.*://')" \
+  --timeout_s=1 >"$run/health-all.out"; then
+  fail "fuselink-health --all passed with the only agent stopped"
+fi
 if in_image /usr/bin/fuselink-health --address="$(grpc img-b)" --timeout_s=1 >"$run/health.out"; then
   fail "fuselink-health passed an agent that was stopped"
 fi
-echo "ok: fuselink-health says SERVING for a live agent and fails for a stopped one"
+echo "ok: fuselink-health (--address and the helm test's --all) says SERVING for a live agent and fails for a stopped one"
 echo "PASS: image $(du -h "$archive" | cut -f1), runs and moves a tensor"

@@ -148,6 +148,9 @@ void Engine::Run(const JobPtr& job, Event event) {
 }
 
 void Engine::Apply(const JobPtr& job, JobEffects& fx) {
+  // The source tensor is let go of before anyone hears the transfer ended: a caller
+  // that unregisters it at once must find it free.
+  fx.released = memory::TensorLease();
   for (const relay::Slot& slot : fx.release_after_fence) ReleaseAfterFence(slot);
   for (int nic = 0; nic < topo::kMaxNics; ++nic) {
     if (fx.grow_relay >> nic & 1) GrowRelay(nic);

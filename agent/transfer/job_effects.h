@@ -41,7 +41,8 @@ struct JobEffects {
   State final_state = State::kFailed;
   absl::Duration elapsed;
   uint64_t total_bytes = 0;
-  // The source tensor's lease, let go of with no lock held.
+  // The source tensor's lease, let go of with no lock held and before the streams
+  // and metrics hear the transfer ended.
   memory::TensorLease released;
 };
 

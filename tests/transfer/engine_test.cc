@@ -159,6 +159,30 @@ TEST_F(EngineTest, CompletesOnTheTargetsVerdictNotOnTheCommit) {
   EXPECT_EQ(engine_->active(), 0u);
 }
 
+TEST_F(EngineTest, TheSourceTensorIsFreeWhenTheStreamHearsTheEnd) {
+  Make();
+  std::shared_ptr<Transfer> t = Start("r1");
+  // A caller that unregisters the tensor as soon as its stream ends must succeed. The
+  // sink finishes each write at once, so that it ends on the engine's own thread.
+  struct Sink : EventSink {
+    void SendEvent(const v1::TransferEvent*) override {
+      transfer->OnWriteDone(sub, true);
+    }
+    void End(const absl::Status&) override { unregistered = registry->Unregister("src"); }
+    Transfer* transfer = nullptr;
+    Transfer::Subscription* sub = nullptr;
+    memory::Registry* registry = nullptr;
+    absl::Status unregistered = absl::UnknownError("not ended");
+  } sink;
+  sink.transfer = t.get();
+  sink.registry = &registry_;
+  t->Subscribe(&sink, &sink.sub);
+  fabric_.CompleteAll();
+  Verdict(5, Verdict::kCompleted);
+  EXPECT_TRUE(sink.unregistered.ok()) << sink.unregistered;
+  t->Unsubscribe(sink.sub);
+}
+
 TEST_F(EngineTest, RefusalEndsThatTransferAloneAndLeavesTheNic) {
   Make();
   std::shared_ptr<Transfer> a = Start("a", {0});  // slot 5

@@ -183,6 +183,18 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
             "Writes and notices that named no open incoming transfer of their source "
             "(late, stale or misdirected); none of their bytes counted.",
             static_cast<double>(node.landing().stray_writes()));
+    counter("fuselink_stray_completions_total",
+            "Write completions that named no write in flight (repeated or forged by a "
+            "transport); they changed nothing.",
+            static_cast<double>(node.engine().stray_completions()));
+    counter("fuselink_stray_verdicts_total",
+            "Verdict notices that named no live outgoing transfer (repeated, late or "
+            "forged); they changed nothing.",
+            static_cast<double>(node.engine().stray_verdicts()));
+    counter("fuselink_relay_fence_errors_total",
+            "GPU relay copies whose fence failed while their slot waited to be "
+            "released; the slot was released all the same.",
+            static_cast<double>(node.engine().fence_errors()));
     counter("fuselink_notices_dropped_total",
             "Verdict and idle-NIC notices to other agents that were dropped (queue "
             "full, or the node unreachable); a source then asks for its verdict over "
@@ -215,7 +227,7 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer)
   cancelled_ = &outcomes.Add({{"outcome", "cancelled"}});
   duration_ = &prometheus::BuildHistogram()
                    .Name("fuselink_transfer_duration_seconds")
-                   .Help("Time from acceptance to the last acknowledged byte.")
+                   .Help("Completed transfers, from acceptance to the target's verdict.")
                    .Register(*registry_)
                    .Add({}, prometheus::Histogram::BucketBoundaries{
                                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,

@@ -95,6 +95,7 @@ absl::Status Node::Start() {
 }
 
 Node::~Node() {
+  if (peers_) peers_->Shutdown();    // cancels peer calls the engine's threads wait on
   if (engine_) engine_->Shutdown();  // joins its threads: nothing posts after this
   if (landing_) landing_->Shutdown();
   stop_.store(true);

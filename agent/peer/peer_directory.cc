@@ -40,7 +40,29 @@ absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
   return s;
 }
 
+absl::Status ShuttingDown() {
+  return WithReason(absl::UnavailableError("the agent is shutting down"),
+                    "SHUTTING_DOWN");
+}
+
 }  // namespace
+
+PeerDirectory::Call::Call(PeerDirectory& directory) : directory_(directory) {
+  absl::MutexLock lock(&directory_.calls_mu_);
+  refused_ = directory_.shut_down_;
+  if (!refused_) directory_.calls_.insert(&context_);
+}
+
+PeerDirectory::Call::~Call() {
+  absl::MutexLock lock(&directory_.calls_mu_);
+  directory_.calls_.erase(&context_);
+}
+
+void PeerDirectory::Shutdown() {
+  absl::MutexLock lock(&calls_mu_);
+  shut_down_ = true;
+  for (grpc::ClientContext* context : calls_) context->TryCancel();
+}
 
 std::vector<fabric::Endpoint> Endpoints(const v1::Topology& topology) {
   std::vector<fabric::Endpoint> out;
@@ -127,9 +149,10 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
   request.set_version(kProtocolVersion);
   *request.mutable_topology() = local_;
   v1::HelloResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context, deadline);
-  grpc::Status status = session.stub->Hello(&context, request, &response);
+  Call call(*this);
+  if (call.refused()) return ShuttingDown();
+  SetDeadline(call.context(), deadline);
+  grpc::Status status = session.stub->Hello(&call.context(), request, &response);
   if (!status.ok()) return PeerCallStatus(status, session.name, deadline);
   if (response.topology().node() != session.name) {
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
@@ -226,9 +249,11 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
   request.set_total_bytes(spec.total_bytes);
   request.set_source_nic(static_cast<uint32_t>(spec.source_nic));
   v1::PrepareIncomingResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context, spec.deadline);
-  grpc::Status status = session.stub->PrepareIncoming(&context, request, &response);
+  Call call(*this);
+  if (call.refused()) return ShuttingDown();
+  SetDeadline(call.context(), spec.deadline);
+  grpc::Status status =
+      session.stub->PrepareIncoming(&call.context(), request, &response);
   if (!status.ok()) return PeerCallStatus(status, session.name, spec.deadline);
 
   transfer::Prepared prepared;
@@ -257,9 +282,10 @@ absl::StatusOr<std::optional<absl::Status>> PeerDirectory::QueryVerdict(
   request.set_source_node(local_.node());
   request.set_transfer_id(std::string(transfer_id));
   v1::IncomingState state;
-  grpc::ClientContext context;
-  SetDeadline(context, deadline);
-  grpc::Status status = session->stub->GetIncoming(&context, request, &state);
+  Call call(*this);
+  if (call.refused()) return ShuttingDown();
+  SetDeadline(call.context(), deadline);
+  grpc::Status status = session->stub->GetIncoming(&call.context(), request, &state);
   if (!status.ok()) return PeerCallStatus(status, target_node, deadline);
   if (state.open()) return std::optional<absl::Status>();
   if (state.code() == 0) return std::optional<absl::Status>(absl::OkStatus());

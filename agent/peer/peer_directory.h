@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "agent/fabric/fabric.h"
 #include "agent/transfer/peer_link.h"
 #include "fuselink/v1/peer.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 
 namespace fuselink::peer {
 
@@ -57,7 +59,28 @@ class PeerDirectory final : public transfer::PeerLink {
   // network (the fabric's own peer table is asked, not the peer).
   std::optional<fabric::PeerId> ConnectedPeer(absl::string_view node) const;
 
+  // Cancels every peer call in progress and refuses new ones (UNAVAILABLE,
+  // SHUTTING_DOWN), so that shutdown never waits on a peer that does not answer.
+  void Shutdown();
+
  private:
+  // Registers a call's context for Shutdown to cancel; refuses it once shut down.
+  class Call {
+   public:
+    explicit Call(PeerDirectory& directory);
+    ~Call();
+    grpc::ClientContext& context() { return context_; }
+    bool refused() const { return refused_; }
+
+   private:
+    PeerDirectory& directory_;
+    grpc::ClientContext context_;
+    bool refused_ = false;
+  };
+  absl::Mutex calls_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(calls_mu_) = false;
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mu_);
+
   // FAILED_PRECONDITION (RAIL_MISMATCH) unless `node` has as many NICs as this node.
   absl::Status CheckRails(absl::string_view node,
                           const std::vector<fabric::Endpoint>& remote) const;

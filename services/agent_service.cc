@@ -3,11 +3,13 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
 #include "agent/gpu/ipc.h"
 #include "agent/gpu/vmm.h"
+#include "services/request_checks.h"
 
 namespace fuselink::services {
 namespace {
@@ -48,6 +50,12 @@ class TransferStream final : public grpc::ServerWriteReactor<v1::TransferEvent>,
  public:
   TransferStream(transfer::Engine& engine, grpc::CallbackServerContext* context,
                  const v1::TransferRequest& request) {
+    // A deadline that has passed, or is no Timestamp, is refused before the engine
+    // reserves anything for it.
+    if (absl::Status checked = CheckDeadline(request, absl::Now()); !checked.ok()) {
+      Finish(ToGrpcStatus(checked));
+      return;
+    }
     absl::StatusOr<std::shared_ptr<transfer::Transfer>> t =
         engine.Submit(request, CallDeadline(context));
     if (!t.ok()) {
@@ -116,6 +124,18 @@ absl::Status HandleRefused(const absl::Status& status) {
 }
 
 }  // namespace
+
+AgentService::AgentService(Node* node) : node_(node) {
+  Check("RegisterTensor", &AgentService::RegisterTensor);
+  Check("UnregisterTensor", &AgentService::UnregisterTensor);
+  Check("GetTensor", &AgentService::GetTensor);
+  Check("ListTensors", &AgentService::ListTensors);
+  Check("TransferKVCache", &AgentService::TransferKVCache);
+  Check("GetTransfer", &AgentService::GetTransfer);
+  Check("CancelTransfer", &AgentService::CancelTransfer);
+  Check("WatchTransfers", &AgentService::WatchTransfers);
+  Check("GetTopology", &AgentService::GetTopology);
+}
 
 grpc::ServerUnaryReactor* AgentService::RegisterTensor(
     grpc::CallbackServerContext* context, const v1::RegisterTensorRequest* request,

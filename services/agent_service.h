@@ -1,16 +1,19 @@
 // The control API (fuselink.v1.Agent) on the gRPC callback API. Handlers validate,
 // call into the node and answer; none blocks: transfers are prepared on the engine's
-// threads and streamed by reactors that the transfer drives.
+// threads and streamed by reactors that the transfer drives. Every request's bytes
+// are checked before it is parsed (checked_request.h): a string field that is not
+// UTF-8 is INVALID_ARGUMENT (BAD_UTF8), bytes that are no message MALFORMED_REQUEST.
 #pragma once
 
 #include "fuselink/v1/agent.grpc.pb.h"
+#include "services/checked_request.h"
 #include "services/node.h"
 
 namespace fuselink::services {
 
-class AgentService final : public v1::Agent::CallbackService {
+class AgentService final : public CheckedService<v1::Agent> {
  public:
-  explicit AgentService(Node* node) : node_(node) {}
+  explicit AgentService(Node* node);
 
   grpc::ServerUnaryReactor* RegisterTensor(grpc::CallbackServerContext* context,
                                            const v1::RegisterTensorRequest* request,

@@ -5,16 +5,18 @@
 #include <sys/un.h>
 
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
+#include "services/handle_protocol.h"
 
 namespace fuselink::services {
 namespace {
 
 // A client gets this long to send each message before it is dropped.
 constexpr int kClientTimeoutMs = 2000;
-constexpr char kSendFd = 'F';
+using handle_protocol::kSendFd;
 
 absl::StatusOr<sockaddr_un> Address(const std::string& path) {
   sockaddr_un addr{};
@@ -25,18 +27,6 @@ absl::StatusOr<sockaddr_un> Address(const std::string& path) {
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
   return addr;
-}
-
-void PutU32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void PutU64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t GetU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
 }
 
 }  // namespace
@@ -91,23 +81,23 @@ void HandleSocket::ServeClient(int fd) {
     msg.msg_controllen = sizeof(control);
     const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n <= 0) return;
-    UniqueFd passed;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-          c->cmsg_len == CMSG_LEN(sizeof(int))) {
-        int received;
-        std::memcpy(&received, CMSG_DATA(c), sizeof(int));
-        passed.reset(received);
-      }
+    // Every descriptor that arrived is owned here, so that those not kept close.
+    std::vector<UniqueFd> passed;
+    for (int received : handle_protocol::PassedDescriptors(control, msg.msg_controllen)) {
+      passed.emplace_back(received);
     }
-    absl::StatusOr<uint64_t> token =
-        (op != kSendFd || !passed.valid() || (msg.msg_flags & MSG_CTRUNC))
-            ? absl::InvalidArgumentError("expected one descriptor with 'F'")
-            : tokens_->Put(std::move(passed));
-    uint8_t reply[16] = {};
-    PutU32(reply, static_cast<uint32_t>(token.status().code()));
-    PutU64(reply + 8, token.ok() ? *token : 0);
-    if (send(fd, reply, sizeof(reply), MSG_NOSIGNAL) != sizeof(reply)) return;
+    std::vector<int> received;
+    for (const UniqueFd& p : passed) received.push_back(p.get());
+    absl::StatusOr<int> requested = handle_protocol::RequestedDescriptor(
+        absl::string_view(&op, static_cast<size_t>(n)), received, msg.msg_flags);
+    const absl::StatusOr<uint64_t> token =
+        requested.ok() ? tokens_->Put(std::move(passed[0]))
+                       : absl::StatusOr<uint64_t>(requested.status());
+    const handle_protocol::Reply reply = handle_protocol::EncodeReply(token);
+    if (send(fd, reply.data(), reply.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(reply.size())) {
+      return;
+    }
   }
 }
 
@@ -133,20 +123,15 @@ absl::StatusOr<uint64_t> SendFd(const std::string& path, int fd_to_send) {
   std::memcpy(CMSG_DATA(c), &fd_to_send, sizeof(int));
   if (sendmsg(fd.get(), &msg, MSG_NOSIGNAL) != 1)
     return ErrnoStatus("sendmsg(fd)", errno);
-  uint8_t reply[16];
+  handle_protocol::Reply reply;
   size_t got = 0;
-  while (got < sizeof(reply)) {
-    const ssize_t n = recv(fd.get(), reply + got, sizeof(reply) - got, 0);
+  while (got < reply.size()) {
+    const ssize_t n = recv(fd.get(), reply.data() + got, reply.size() - got, 0);
     if (n <= 0)
       return ErrnoStatus("recv(handle socket reply)", n == 0 ? ECONNRESET : errno);
     got += static_cast<size_t>(n);
   }
-  const uint32_t code = reply[0] | reply[1] << 8 | reply[2] << 16 | reply[3] << 24;
-  if (code != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(code),
-                        "the agent refused the descriptor");
-  }
-  return GetU64(reply + 8);
+  return handle_protocol::DecodeReply(reply);
 }
 
 }  // namespace fuselink::services

@@ -2,9 +2,10 @@
 // export) with SCM_RIGHTS and gets back a token that RegisterTensor then names.
 // gRPC cannot carry descriptors; this socket carries nothing else.
 //
-// Protocol, per message: the client sends 1 byte ('F') with one descriptor attached;
-// the agent answers 16 bytes: u32 code (absl::StatusCode, 0 = OK), u32 reserved,
-// u64 token (little-endian). Connections may send many messages.
+// Protocol, per message (handle_protocol.h has it as bytes): the client sends 1 byte
+// ('F') with one descriptor attached; the agent answers 16 bytes: u32 code
+// (absl::StatusCode, 0 = OK), u32 reserved, u64 token (little-endian). Connections
+// may send many messages.
 #pragma once
 
 #include <atomic>

@@ -52,4 +52,24 @@ std::string ReasonOf(const absl::Status& status) {
   return payload ? std::string(*payload) : std::string();
 }
 
+std::string BoundedForMessage(absl::string_view text) {
+  constexpr absl::string_view kCut = "...";
+  static_assert(kMaxEchoBytes >= kCut.size() + 4, "room for an escaped byte and the cut");
+  std::string out;
+  size_t keep = 0;  // the longest prefix of whole pieces that leaves room for the cut
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += ch;
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    }
+    if (out.size() <= kMaxEchoBytes - kCut.size()) keep = out.size();
+    if (out.size() > kMaxEchoBytes) break;  // cut for sure; the rest does not matter
+  }
+  if (out.size() <= kMaxEchoBytes) return out;
+  out.resize(keep);
+  return absl::StrCat(out, kCut);
+}
+
 }  // namespace fuselink

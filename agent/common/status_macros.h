@@ -46,4 +46,13 @@ absl::Status WithReason(absl::Status status, absl::string_view reason);
 // The reason attached by WithReason, or empty.
 std::string ReasonOf(const absl::Status& status);
 
+// Client-supplied text (a name, an id) as an error message may echo it: at most
+// kMaxEchoBytes bytes in all, every byte outside printable ASCII (and the backslash)
+// written as \xNN so that the message stays readable and valid UTF-8, and the text cut
+// with a trailing "..." when it does not fit. Every message that quotes a request's
+// string goes through this, so that a megabyte of name never becomes a megabyte of
+// error, log line or metric label.
+inline constexpr size_t kMaxEchoBytes = 64;
+std::string BoundedForMessage(absl::string_view text);
+
 }  // namespace fuselink

@@ -41,7 +41,8 @@ fabric::RegionKey TensorLease::region_key() const { return record_->region_key; 
 namespace {
 
 absl::Status UnknownTensor(absl::string_view name) {
-  return WithReason(absl::NotFoundError(absl::StrCat("no tensor named '", name, "'")),
+  return WithReason(absl::NotFoundError(
+                        absl::StrCat("no tensor named '", BoundedForMessage(name), "'")),
                     "UNKNOWN_TENSOR");
 }
 
@@ -55,7 +56,7 @@ absl::Status ValidateName(absl::string_view name) {
   }
   if (ok) return absl::OkStatus();
   return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                        "tensor name '", name.substr(0, 160), "' must be 1 to ",
+                        "tensor name '", BoundedForMessage(name), "' must be 1 to ",
                         kMaxNameBytes, " characters of [A-Za-z0-9._/-]")),
                     "BAD_NAME");
 }
@@ -64,9 +65,10 @@ absl::Status Registry::CheckRoom(const TensorInfo& want) const {
   FL_RETURN_IF_ERROR(ValidateName(want.name));
   absl::MutexLock lock(&mu_);
   if (tensors_.contains(want.name)) {
-    return WithReason(absl::AlreadyExistsError(absl::StrCat("a tensor named '", want.name,
-                                                            "' is already registered")),
-                      "TENSOR_EXISTS");
+    return WithReason(
+        absl::AlreadyExistsError(absl::StrCat(
+            "a tensor named '", BoundedForMessage(want.name), "' is already registered")),
+        "TENSOR_EXISTS");
   }
   if (tensors_.size() >= kMaxTensors) {
     return WithReason(absl::ResourceExhaustedError(
@@ -125,10 +127,10 @@ absl::StatusOr<TensorInfo> Registry::Insert(std::shared_ptr<TensorLease::Record>
   auto [it, inserted] = tensors_.emplace(record->info.name, record);
   if (!inserted) {  // lost a race with a registration of the same name
     fabric_->DeregisterRegion(record->region_key).IgnoreError();
-    return WithReason(
-        absl::AlreadyExistsError(absl::StrCat("a tensor named '", record->info.name,
-                                              "' is already registered")),
-        "TENSOR_EXISTS");
+    return WithReason(absl::AlreadyExistsError(absl::StrCat(
+                          "a tensor named '", BoundedForMessage(record->info.name),
+                          "' is already registered")),
+                      "TENSOR_EXISTS");
   }
   return record->info;
 }
@@ -166,7 +168,7 @@ absl::Status Registry::Unregister(absl::string_view name) {
     if (it == tensors_.end()) return UnknownTensor(name);
     if (it->second->leases.load(std::memory_order_acquire) > 0) {
       return WithReason(absl::FailedPreconditionError(
-                            absl::StrCat("tensor '", name,
+                            absl::StrCat("tensor '", BoundedForMessage(name),
                                          "' is in use by a transfer; cancel it or "
                                          "wait for it to finish")),
                         "TENSOR_IN_USE");

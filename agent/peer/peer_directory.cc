@@ -218,7 +218,8 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node)
     absl::MutexLock lock(&remembered_mu_);
     auto it = remembered_.find(node);
     if (it == remembered_.end()) {
-      return WithReason(absl::NotFoundError(absl::StrCat("unknown node '", node, "'")),
+      return WithReason(absl::NotFoundError(
+                            absl::StrCat("unknown node '", BoundedForMessage(node), "'")),
                         "UNKNOWN_NODE");
     }
     remote = it->second;
@@ -231,9 +232,9 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
     const transfer::IncomingSpec& spec) {
   std::shared_ptr<Session> found = Find(spec.target_node);
   if (found == nullptr) {
-    return WithReason(
-        absl::NotFoundError(absl::StrCat("unknown node '", spec.target_node, "'")),
-        "UNKNOWN_NODE");
+    return WithReason(absl::NotFoundError(absl::StrCat(
+                          "unknown node '", BoundedForMessage(spec.target_node), "'")),
+                      "UNKNOWN_NODE");
   }
   Session& session = *found;
   FL_ASSIGN_OR_RETURN(fabric::PeerId peer, Connect(session, spec.deadline));

@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
-#include "agent/transfer/bounded_echo.h"
 #include "agent/transfer/plan.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -33,12 +32,12 @@ absl::Status CheckNodes(const v1::TransferRequest& request, absl::string_view lo
   const v1::BlockSet& dst = request.target();
   if (src.node() != local_node) {
     if (src.node().empty() || !peers.Knows(src.node())) {
-      return WithReason(absl::NotFoundError(
-                            absl::StrCat("unknown source node '", Echo(src.node()), "'")),
+      return WithReason(absl::NotFoundError(absl::StrCat(
+                            "unknown source node '", BoundedForMessage(src.node()), "'")),
                         "UNKNOWN_NODE");
     }
     return WithReason(absl::FailedPreconditionError(
-                          absl::StrCat("source node is '", Echo(src.node()),
+                          absl::StrCat("source node is '", BoundedForMessage(src.node()),
                                        "'; send the request to that node's agent")),
                       "SOURCE_NOT_LOCAL");
   }
@@ -47,9 +46,9 @@ absl::Status CheckNodes(const v1::TransferRequest& request, absl::string_view lo
                       "LOCAL_TARGET");
   }
   if (!peers.Knows(dst.node())) {
-    return WithReason(
-        absl::NotFoundError(absl::StrCat("unknown target node '", Echo(dst.node()), "'")),
-        "UNKNOWN_NODE");
+    return WithReason(absl::NotFoundError(absl::StrCat(
+                          "unknown target node '", BoundedForMessage(dst.node()), "'")),
+                      "UNKNOWN_NODE");
   }
   if (src.block_ids_size() != dst.block_ids_size()) {
     return WithReason(absl::InvalidArgumentError(

@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
-#include "agent/transfer/bounded_echo.h"
 
 namespace fuselink::transfer {
 namespace {
@@ -81,9 +80,9 @@ PostOutcome PostNotice(fabric::Fabric& fabric, fabric::PeerId peer, NicReach& re
 }
 
 absl::Status PeerLostStatus(absl::string_view target_node, const absl::Status& last) {
-  return WithReason(absl::UnavailableError(
-                        absl::StrCat("every NIC to node '", Echo(target_node),
-                                     "' failed; last: ", last.message().substr(0, 256))),
+  return WithReason(absl::UnavailableError(absl::StrCat(
+                        "every NIC to node '", BoundedForMessage(target_node),
+                        "' failed; last: ", last.message().substr(0, 256))),
                     "PEER_LOST");
 }
 

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/admission.h"
-#include "agent/transfer/bounded_echo.h"
 #include "agent/transfer/imm.h"
 #include "agent/transfer/preparer.h"
 #include "agent/transfer/verdict.h"
@@ -22,7 +21,7 @@ absl::Status FinishedStatus(absl::string_view why) {
 
 absl::Status EarlyVerdictStatus(absl::string_view target_node) {
   return WithReason(absl::InternalError(absl::StrCat(
-                        "target node '", Echo(target_node),
+                        "target node '", BoundedForMessage(target_node),
                         "' said the transfer completed before the source committed it")),
                     "TARGET_PROTOCOL");
 }
@@ -132,7 +131,8 @@ void Job::OnVerdict(uint8_t verdict, JobEffects* fx) {
   if (abort_ == AbortState::kPending) abort_ = AbortState::kDropped;
   if (phase_ != Phase::kDone && !outcome_) {
     // The source's own decision, when it came first, stands; else the target's.
-    Decide(FromTarget(VerdictStatus(verdict, Echo(target_node()))), /*abort=*/false, fx);
+    Decide(FromTarget(VerdictStatus(verdict, BoundedForMessage(target_node()))),
+           /*abort=*/false, fx);
   }
   Settle(fx);
 }

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/admission.h"
-#include "agent/transfer/bounded_echo.h"
 
 namespace fuselink::transfer {
 
@@ -15,7 +14,7 @@ absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::ExistingLocked(
   if (it == by_request_.end() || it->second.free) return JobPtr();
   if (it->second.job->transfer()->fingerprint() == fingerprint) return it->second.job;
   return WithReason(absl::AlreadyExistsError(absl::StrCat(
-                        "request_id '", Echo(request_id),
+                        "request_id '", BoundedForMessage(request_id),
                         "' was already used for a transfer with other content")),
                     "REQUEST_ID_REUSED");
 }
@@ -73,11 +72,11 @@ absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::Find(
       return it->second.job;
     }
   }
-  return WithReason(
-      absl::NotFoundError(absl::StrCat(
-          "no transfer '", Echo(transfer_id.empty() ? request_id : transfer_id),
-          "' on this node")),
-      "UNKNOWN_TRANSFER");
+  return WithReason(absl::NotFoundError(absl::StrCat(
+                        "no transfer '",
+                        BoundedForMessage(transfer_id.empty() ? request_id : transfer_id),
+                        "' on this node")),
+                    "UNKNOWN_TRANSFER");
 }
 
 std::vector<TransferRegistry::JobPtr> TransferRegistry::Live() const {

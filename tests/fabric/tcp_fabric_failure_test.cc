@@ -291,16 +291,20 @@ TEST(TcpFabricFailureTest, PeerDestroyedMidStream) {
   std::unique_ptr<Fabric> a = *CreateTcpFabric(LoopbackOptions("a", 1), &a_events);
   std::unique_ptr<Fabric> b = *CreateTcpFabric(LoopbackOptions("b", 3), &b_events);
   std::vector<uint8_t> source(kWriteBytes);
-  std::vector<uint8_t> target(kWriteBytes);
+  // Every write has bytes of its own: the fabric spreads writes over its NICs and
+  // connections, and two of them into the same bytes would race in the target's
+  // memory (as two RDMA writes would).
+  std::vector<uint8_t> target(kWrites * kWriteBytes);
   RegionKey source_key = *a->RegisterRegion(source.data(), source.size(), nullptr);
   RegionKey target_key = *b->RegisterRegion(target.data(), target.size(), nullptr);
   const Extent all{0, target.size()};
   const WindowKey target_window = *b->OpenWindow(target_key, "a", {&all, 1});
   PeerId peer = *a->Connect("b", b->endpoints());
   for (uint64_t i = 0; i < kWrites; ++i) {
-    ASSERT_TRUE(a->PostWrite(peer, i % 2,
+    ASSERT_TRUE(a->PostWrite(peer, static_cast<int>(i % 2),
                              {.local_key = source_key,
                               .remote_key = target_window,
+                              .remote_offset = i * kWriteBytes,
                               .bytes = kWriteBytes,
                               .wr_id = i})
                     .ok());

@@ -23,23 +23,6 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Says so when every test skipped (no driver, no GPU) and none failed, so that ctest
-// can report the binary as skipped. GoogleTest's own summary cannot tell that apart
-// from every test failing.
-class AllSkippedMarker final : public ::testing::EmptyTestEventListener {
- public:
-  void OnTestProgramEnd(const ::testing::UnitTest& unit) override {
-    if (unit.skipped_test_count() > 0 && unit.successful_test_count() == 0 &&
-        unit.failed_test_count() == 0) {
-      std::printf("FUSELINK-GPU: every test skipped\n");
-    }
-  }
-};
-const bool kMarkerInstalled = [] {
-  ::testing::UnitTest::GetInstance()->listeners().Append(new AllSkippedMarker);
-  return true;
-}();
-
 }  // namespace
 
 std::optional<std::string> WhyNoGpus(int gpus) {

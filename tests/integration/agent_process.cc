@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 #include "tools/client/client.h"
 
 #ifndef FUSELINK_AGENT_PATH
@@ -44,6 +46,25 @@ std::string ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+std::string FindSanitizerReport(absl::string_view log) {
+  static constexpr absl::string_view kMarkers[] = {
+      "ERROR: AddressSanitizer",  "ERROR: LeakSanitizer",
+      "WARNING: ThreadSanitizer", "ERROR: ThreadSanitizer",
+      ": runtime error: ",        "ERROR: UndefinedBehaviorSanitizer",
+  };
+  size_t first = absl::string_view::npos;
+  for (absl::string_view marker : kMarkers) first = std::min(first, log.find(marker));
+  if (first == absl::string_view::npos) return "";
+  // From the start of that line, kReportLines lines.
+  const size_t line = log.rfind('\n', first);
+  size_t begin = line == absl::string_view::npos ? 0 : line + 1, end = begin;
+  for (int i = 0; i < kReportLines && end != absl::string_view::npos; ++i) {
+    end = log.find('\n', end + 1);
+  }
+  return std::string(
+      log.substr(begin, end == absl::string_view::npos ? end : end + 1 - begin));
+}
 
 TempDir::TempDir() {
   const char* base = getenv("TMPDIR");
@@ -196,6 +217,7 @@ bool AgentProcess::Reap(absl::Duration timeout) {
     if (r == pid_ || (r < 0 && errno == ECHILD)) {
       exit_status_ = status;
       pid_ = -1;
+      CheckLogForReports();
       return true;
     }
     if (r < 0 && errno == EINTR) continue;
@@ -205,5 +227,14 @@ bool AgentProcess::Reap(absl::Duration timeout) {
 }
 
 std::string AgentProcess::Log() const { return ReadFile(log_path_); }
+
+void AgentProcess::CheckLogForReports() const {
+  const std::string report = FindSanitizerReport(Log());
+  if (!report.empty()) {
+    ADD_FAILURE() << "agent " << node_ << " (" << log_path_
+                  << ") logged a sanitizer report:\n"
+                  << report;
+  }
+}
 
 }  // namespace fuselink::testing

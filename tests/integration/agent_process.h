@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "fuselink/v1/agent.grpc.pb.h"
 
@@ -20,6 +21,12 @@ namespace fuselink::testing {
 // Long enough for a loaded 2-core machine; every wait ends as soon as its condition
 // holds, so this bounds only a failing test.
 inline constexpr absl::Duration kWaitTimeout = absl::Seconds(20);
+
+// The first sanitizer report in an agent's log (AddressSanitizer, LeakSanitizer,
+// UndefinedBehaviorSanitizer, ThreadSanitizer), at most kReportLines lines of it, or
+// empty when there is none.
+inline constexpr int kReportLines = 60;
+std::string FindSanitizerReport(absl::string_view log);
 
 // A fresh directory under $TMPDIR (or /tmp), removed with everything in it when the
 // object dies.
@@ -47,6 +54,10 @@ class AgentProcess {
       const std::vector<std::string>& flags = {});
   // Kills (SIGKILL) and reaps the process if it still runs.
   ~AgentProcess();
+  // Once the process is reaped, however it ended, its log is searched for a sanitizer
+  // report: one found fails the running test (ADD_FAILURE), quoting it. In a
+  // sanitized build an agent's report thus fails the test that started it, even when
+  // the test then kills the agent.
   AgentProcess(const AgentProcess&) = delete;
   AgentProcess& operator=(const AgentProcess&) = delete;
 
@@ -81,6 +92,8 @@ class AgentProcess {
   AgentProcess() = default;
   // Waits up to `timeout` for the process to exit and reaps it; true if it did.
   bool Reap(absl::Duration timeout);
+  // Fails the running test if the log holds a sanitizer report.
+  void CheckLogForReports() const;
 
   std::string node_;
   std::string grpc_address_;

@@ -1,6 +1,8 @@
 // Every bad TransferKVCache request, each with its code and reason: the call ends
 // with the error and no events, and both agents go on moving good requests. Then the
 // same for what one agent sends another (Peer.Hello, Peer.PrepareIncoming).
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/raw_call.h"
 
 namespace fuselink::testing {
 namespace {
@@ -169,6 +172,191 @@ TEST_F(RequestErrorTest, RefusedRequestIdMayBeUsedAgain) {
   TransferResult fixed =
       RunTransfer(a_->stub(), MakeRequest("retry-me", "kv", {0}, "kv", {0}));
   EXPECT_TRUE(fixed.status.ok()) << fixed.status.error_message();
+}
+
+// A deadline that has passed, however long ago, is refused before anything is
+// reserved: no events, and the id stays free.
+TEST_F(RequestErrorTest, DeadlineInThePastHoweverFar) {
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  int i = 0;
+  for (auto [seconds, nanos] : {std::pair<int64_t, int32_t>{now - 1, 0},
+                                {-1, 0},               // before 1970
+                                {-62'135'596'800, 0},  // 0001-01-01, the earliest
+                                {kMin, 0},
+                                {kMin, 999'999'999}}) {
+    SCOPED_TRACE(::testing::Message() << seconds << " s " << nanos << " ns");
+    v1::TransferRequest request =
+        MakeRequest(absl::StrCat("late-", i++), "kv", {0}, "kv", {0});
+    request.mutable_deadline()->set_seconds(seconds);
+    request.mutable_deadline()->set_nanos(nanos);
+    ExpectRefused(request, grpc::StatusCode::DEADLINE_EXCEEDED, "DEADLINE");
+    EXPECT_TRUE(Serves(*a_));
+  }
+  // A refused request never started: its id moves a good request.
+  TransferResult again =
+      RunTransfer(a_->stub(), MakeRequest("late-0", "kv", {0}, "kv", {0}));
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+}
+
+TEST_F(RequestErrorTest, DeadlineThatIsNoTimestamp) {
+  const int64_t future = absl::ToUnixSeconds(absl::Now() + absl::Hours(1));
+  for (int32_t nanos : {-1, 1'000'000'000, std::numeric_limits<int32_t>::max(),
+                        std::numeric_limits<int32_t>::min()}) {
+    SCOPED_TRACE(nanos);
+    v1::TransferRequest request = MakeRequest("bad-deadline", "kv", {0}, "kv", {0});
+    request.mutable_deadline()->set_seconds(future);
+    request.mutable_deadline()->set_nanos(nanos);
+    ExpectRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "BAD_DEADLINE");
+    EXPECT_TRUE(Serves(*a_));
+  }
+}
+
+// Error messages quote at most 64 bytes of what the client sent.
+TEST_F(RequestErrorTest, MessagesDoNotEchoLongNames) {
+  const std::string long_name(100 << 10, 'n');
+  auto expect_bounded = [](const grpc::Status& status) {
+    EXPECT_LE(status.error_message().size(), 200u)
+        << status.error_message().substr(0, 300);
+    EXPECT_NE(status.error_message().find("nnn..."), std::string::npos)
+        << status.error_message().substr(0, 300);
+  };
+  v1::GetTensorRequest get;
+  get.set_name(long_name);
+  v1::Tensor tensor;
+  grpc::ClientContext get_context;
+  const grpc::Status got = a_->stub().GetTensor(&get_context, get, &tensor);
+  EXPECT_TRUE(HasError(got, grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  expect_bounded(got);
+
+  const grpc::Status unregistered = UnregisterTensor(*a_, long_name);
+  EXPECT_TRUE(HasError(unregistered, grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  expect_bounded(unregistered);
+
+  v1::RegisterTensorRequest reg;
+  reg.set_name(long_name);
+  reg.mutable_memory()->mutable_host()->set_fd_token(1);
+  grpc::ClientContext reg_context;
+  const grpc::Status registered = a_->stub().RegisterTensor(&reg_context, reg, &tensor);
+  EXPECT_TRUE(HasError(registered, grpc::StatusCode::INVALID_ARGUMENT, "BAD_NAME"));
+  expect_bounded(registered);
+
+  TransferResult transfer =
+      RunTransfer(a_->stub(), MakeRequest("long-name", long_name, {0}, "kv", {0}));
+  EXPECT_TRUE(HasError(transfer.status, grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  expect_bounded(transfer.status);
+  EXPECT_TRUE(Serves(*a_));
+}
+
+// Bytes that are not UTF-8 in a string field: INVALID_ARGUMENT (BAD_UTF8) naming the
+// field, for every method and every string field a client sends, where protobuf's
+// own refusal would end the call UNIMPLEMENTED with no reason.
+class Utf8Test : public RequestErrorTest {
+ protected:
+  static constexpr char kMarker[] = "@@@@";
+  static constexpr char kNotUtf8[] = "\xc0\x80\xff\xfe";
+
+  // Sends `message`, whose field `field` holds kMarker, with kMarker's bytes
+  // replaced by kNotUtf8, to `method`; expects the refusal, and the agent serving.
+  void ExpectBadUtf8(const std::string& method, const google::protobuf::Message& message,
+                     const std::string& field) {
+    SCOPED_TRACE(method + " " + field);
+    const std::string bytes =
+        Replace(message.SerializeAsString(), kMarker, absl::string_view(kNotUtf8, 4));
+    ASSERT_FALSE(bytes.empty());
+    RawResult result = RawCall(a_->grpc_address(), "/fuselink.v1.Agent/" + method, bytes);
+    EXPECT_TRUE(HasError(result.status, grpc::StatusCode::INVALID_ARGUMENT, "BAD_UTF8"));
+    EXPECT_NE(result.status.error_message().find(field), std::string::npos)
+        << result.status.error_message();
+    EXPECT_TRUE(result.responses.empty());
+    EXPECT_TRUE(Serves(*a_));
+  }
+};
+
+TEST_F(Utf8Test, InATransferRequest) {
+  const std::string at = kMarker;
+  auto request = [](const std::string& id, const std::string& source_node,
+                    const std::string& source, const std::string& target_node,
+                    const std::string& target) {
+    v1::TransferRequest r = MakeRequest(id, source, {0}, target, {0});
+    r.mutable_source()->set_node(source_node);
+    r.mutable_target()->set_node(target_node);
+    return r;
+  };
+  ExpectBadUtf8("TransferKVCache", request("r" + at, kNodeA, "kv", kNodeB, "kv"),
+                "fuselink.v1.TransferRequest.request_id");
+  ExpectBadUtf8("TransferKVCache", request("r", "node" + at, "kv", kNodeB, "kv"),
+                "fuselink.v1.BlockSet.node");
+  ExpectBadUtf8("TransferKVCache", request("r", kNodeA, "kv" + at, kNodeB, "kv"),
+                "fuselink.v1.BlockSet.tensor");
+  ExpectBadUtf8("TransferKVCache", request("r", kNodeA, "kv", "node" + at, "kv"),
+                "fuselink.v1.BlockSet.node");
+  ExpectBadUtf8("TransferKVCache", request("r", kNodeA, "kv", kNodeB, "kv" + at),
+                "fuselink.v1.BlockSet.tensor");
+}
+
+TEST_F(Utf8Test, InEveryOtherRequest) {
+  const std::string at = kMarker;
+  v1::RegisterTensorRequest reg;
+  reg.set_name("kv" + at);
+  reg.mutable_memory()->mutable_host()->set_fd_token(1);
+  ExpectBadUtf8("RegisterTensor", reg, "fuselink.v1.RegisterTensorRequest.name");
+  v1::UnregisterTensorRequest unreg;
+  unreg.set_name("kv" + at);
+  ExpectBadUtf8("UnregisterTensor", unreg, "fuselink.v1.UnregisterTensorRequest.name");
+  v1::GetTensorRequest get;
+  get.set_name("kv" + at);
+  ExpectBadUtf8("GetTensor", get, "fuselink.v1.GetTensorRequest.name");
+  v1::ListTensorsRequest list;
+  list.set_page_token("kv" + at);
+  ExpectBadUtf8("ListTensors", list, "fuselink.v1.ListTensorsRequest.page_token");
+  for (const std::string method : {"GetTransfer", "CancelTransfer"}) {
+    v1::GetTransferRequest by_transfer;  // CancelTransferRequest has the same fields
+    by_transfer.set_transfer_id("t" + at);
+    ExpectBadUtf8(method, by_transfer,
+                  method == "GetTransfer"
+                      ? "fuselink.v1.GetTransferRequest.transfer_id"
+                      : "fuselink.v1.CancelTransferRequest.transfer_id");
+    v1::GetTransferRequest by_request;
+    by_request.set_request_id("r" + at);
+    ExpectBadUtf8(method, by_request,
+                  method == "GetTransfer"
+                      ? "fuselink.v1.GetTransferRequest.request_id"
+                      : "fuselink.v1.CancelTransferRequest.request_id");
+  }
+  v1::WatchTransfersRequest watch;
+  watch.set_tensor("kv" + at);
+  ExpectBadUtf8("WatchTransfers", watch, "fuselink.v1.WatchTransfersRequest.tensor");
+}
+
+// The same path with the marker left in place: the bytes are UTF-8, so the request
+// goes on to the handler, which answers as it always did.
+TEST_F(Utf8Test, GoodBytesOnTheSamePathReachTheHandler) {
+  v1::GetTensorRequest get;
+  get.set_name("kv");
+  RawResult found = RawCall(a_->grpc_address(), "/fuselink.v1.Agent/GetTensor",
+                            get.SerializeAsString());
+  ASSERT_TRUE(found.status.ok()) << found.status.error_message();
+  ASSERT_EQ(found.responses.size(), 1u);
+  v1::Tensor tensor;
+  ASSERT_TRUE(tensor.ParseFromString(found.responses[0]));
+  EXPECT_EQ(tensor.name(), "kv");
+  get.set_name(std::string("kv") + kMarker);
+  RawResult missing = RawCall(a_->grpc_address(), "/fuselink.v1.Agent/GetTensor",
+                              get.SerializeAsString());
+  EXPECT_TRUE(HasError(missing.status, grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+}
+
+TEST_F(Utf8Test, BytesThatAreNoMessage) {
+  for (const std::string method : {"GetTensor", "TransferKVCache", "GetTopology"}) {
+    SCOPED_TRACE(method);
+    RawResult result =
+        RawCall(a_->grpc_address(), "/fuselink.v1.Agent/" + method, "\xff\xff\xff");
+    EXPECT_TRUE(
+        HasError(result.status, grpc::StatusCode::INVALID_ARGUMENT, "MALFORMED_REQUEST"));
+    EXPECT_TRUE(result.responses.empty());
+    EXPECT_TRUE(Serves(*a_));
+  }
 }
 
 // The agent-to-agent service checks what a peer sends as carefully: a bad Hello or

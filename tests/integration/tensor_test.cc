@@ -1,9 +1,16 @@
 // The tensor calls of one agent: registration and its errors, paging, lookups.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "services/handle_protocol.h"
 #include "services/handle_socket.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
@@ -251,6 +258,60 @@ TEST_F(TensorTest, GpuMemoryWithABadHandleOrNoSizeIsRefusedAnywhere) {
   grpc::ClientContext context2;
   EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context2, request, &tensor),
                        grpc::StatusCode::INVALID_ARGUMENT, "BAD_MEMORY"));
+  EXPECT_TRUE(Serves(*b_));
+}
+
+// The handle socket refuses, on the same connection, every message but one byte 'F'
+// with one descriptor (INVALID_ARGUMENT in the reply, token 0), closes what it was
+// sent, and then takes a good message.
+TEST_F(TensorTest, HandleSocketRefusesAnythingButOneDescriptorWithF) {
+  absl::StatusOr<sockaddr_un> address = [&]() -> absl::StatusOr<sockaddr_un> {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string& path = b_->handle_socket();
+    if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError(path);
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    return addr;
+  }();
+  ASSERT_TRUE(address.ok()) << address.status();
+  UniqueFd socket_fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(socket_fd.valid());
+  ASSERT_EQ(
+      connect(socket_fd.get(), reinterpret_cast<sockaddr*>(&*address), sizeof(*address)),
+      0)
+      << std::strerror(errno);
+  UniqueFd file(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(file.valid());
+  // Sends `data` with `fds` attached and reads the 16-byte reply.
+  auto send = [&](const std::string& data, std::vector<int> fds) {
+    iovec iov{const_cast<char*>(data.data()), data.size()};
+    std::vector<uint8_t> control(CMSG_SPACE(fds.size() * sizeof(int)));
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (!fds.empty()) {
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+      std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
+    }
+    EXPECT_EQ(sendmsg(socket_fd.get(), &msg, MSG_NOSIGNAL),
+              static_cast<ssize_t>(data.size()));
+    services::handle_protocol::Reply reply{};
+    EXPECT_EQ(recv(socket_fd.get(), reply.data(), reply.size(), MSG_WAITALL),
+              static_cast<ssize_t>(reply.size()));
+    return services::handle_protocol::DecodeReply(reply);
+  };
+  EXPECT_EQ(send("G", {file.get()}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(send("F", {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(send("F", {file.get(), file.get()}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<uint64_t> token = send("F", {file.get()});
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_NE(*token, 0u);
   EXPECT_TRUE(Serves(*b_));
 }
 

@@ -44,13 +44,17 @@ TEST(Scheduler, BorrowsIdleNicsOnceTheDirectOneIsFull) {
 TEST(Scheduler, NeverBorrowsABusyOwnersNic) {
   Scheduler s = Make(Policy::kFuselink, 1, 4);
   s.OwnerStarted(2);
-  s.Pick(0, kAllIdle);  // fills NIC 0
+  ASSERT_TRUE(s.Pick(0, kAllIdle).ok());  // fills NIC 0
+  // NICs 1 and 3 take borrow_depth (4) chunks each; NIC 2, whose owner is busy, none.
+  std::vector<int> per_nic(kNics, 0);
   for (int i = 0; i < 8; ++i) {
     Choice c = s.Pick(0, kAllIdle);
-    if (c.ok()) {
-      EXPECT_NE(c.nic, 2);
-    }
+    ASSERT_TRUE(c.ok()) << "pick " << i;
+    EXPECT_TRUE(c.borrowed);
+    ++per_nic[c.nic];
   }
+  EXPECT_EQ(per_nic, (std::vector<int>{0, 4, 0, 4}));
+  EXPECT_FALSE(s.Pick(0, kAllIdle).ok());  // it waits rather than take NIC 2
 }
 
 TEST(Scheduler, HonoursTheReceiversCredits) {

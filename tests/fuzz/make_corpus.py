@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Writes the fuzz targets' seed inputs into corpus/<target>/ (committed; run again
+only when a format changes). Each seed is one well-formed input, or one a decoder
+must refuse, so that the fuzzers start from every frame type and field."""
+import os
+import struct
+
+here = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    path = os.path.join(here, "corpus", target)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, name), "wb") as f:
+        f.write(data)
+
+
+# agent/fabric/wire.h: u32 magic, u16 version, u16 type, u32 word0..2, u32 reserved,
+# u64 dword0, dword1.
+def tcp(type_, w0=0, w1=0, w2=0, d0=0, d1=0, magic=0x4B4E4C46):
+    return struct.pack("<IHHIIIIQQ", magic, 1, type_, w0, w1, w2, 0, d0, d1)
+
+
+write("tcp_wire_fuzz", "hello", tcp(1, w0=2, w1=6) + b"node-a")
+write("tcp_wire_fuzz", "write", tcp(2, w0=7, w1=4096, w2=0x10002, d0=8192, d1=42))
+write("tcp_wire_fuzz", "ack", tcp(3, w0=14, d1=42))
+write("tcp_wire_fuzz", "bad_magic", tcp(2, magic=0xEEEEEEEE))
+write("tcp_wire_fuzz", "name", b"node-b")
+
+
+# agent/fabric/verbs_wire.h: u32 magic, u16 version, u16 type, u32 word0..3,
+# u64 dword0..2, 16-byte gid; a HELLO is followed by its name and QP records.
+def verbs(type_, w=(0, 0, 0, 0), d=(0, 0, 0), gid=bytes(16)):
+    return struct.pack("<IHHIIIIQQQ", 0x42564C46, 1, type_, *w, *d) + gid
+
+
+gid = bytes(10) + b"\xff\xff" + bytes([127, 0, 1, 1])
+qps = struct.pack("<IIII", 17, 0x123456, 18, 0x654321)
+write("verbs_wire_fuzz", "hello", verbs(1, w=(1, 2, 5, 6), gid=gid) + b"node-a" + qps)
+write("verbs_wire_fuzz", "hello_reply", verbs(1, w=(1, 1, 3, 0), gid=gid) + qps[:8])
+write("verbs_wire_fuzz", "refuse", verbs(2, w=(14, 0, 0, 0)))
+write("verbs_wire_fuzz", "region_add", verbs(3, w=(7, 0x1234, 0, 0), d=(0x7f0000000000, 1 << 20, 3)))
+write("verbs_wire_fuzz", "region_remove", verbs(4, w=(7, 0, 0, 0), d=(0, 0, 4)))
+write("verbs_wire_fuzz", "ready", verbs(5))
+write("verbs_wire_fuzz", "ack", verbs(6, d=(0, 0, 4)))
+
+
+# handle_protocol_fuzz: byte 0 data bytes, byte 1 bit 0 MSG_CTRUNC, the data, then
+# control data: cmsghdr {u64 len, i32 level, i32 type} and the descriptors.
+def rights(*fds):
+    body = struct.pack("<%di" % len(fds), *fds)
+    entry = struct.pack("<Qii", 16 + len(body), 1, 1) + body
+    return entry + bytes(-len(entry) % 8)
+
+
+write("handle_protocol_fuzz", "one_fd", b"\x01\x00F" + rights(5))
+write("handle_protocol_fuzz", "cut", b"\x01\x01F" + rights(5))
+write("handle_protocol_fuzz", "two_entries", b"\x01\x00F" + rights(5) + rights(6, 7))
+write("handle_protocol_fuzz", "no_fd", b"\x01\x00G")
+# The first 16 bytes read as a reply too: code 0 and a token, code 8.
+write("handle_protocol_fuzz", "reply_ok", struct.pack("<IIQ", 0, 0, 0xfeedface))
+write("handle_protocol_fuzz", "reply_refused", struct.pack("<IIQ", 8, 0, 0))
+
+
+# request_checks_fuzz: byte 0 picks the message type (its index in kTypes), the rest
+# is the message, written by hand (bad UTF-8 included).
+def varint(v):
+    out = b""
+    while True:
+        out += bytes([(v & 0x7F) | (0x80 if v > 0x7F else 0)])
+        v >>= 7
+        if not v:
+            return out
+
+
+def field(number, data):
+    return varint(number << 3 | 2) + varint(len(data)) + data
+
+
+def uint(number, v):
+    return varint(number << 3) + varint(v)
+
+
+block_set = lambda node, tensor, ids: field(1, node) + field(2, tensor) + field(3, b"".join(varint(i) for i in ids))
+deadline = uint(1, 1_900_000_000) + uint(2, 5)
+transfer = (field(1, b"req-17") + field(2, block_set(b"node-a", b"kv0", [0, 1, 2]))
+            + field(3, block_set(b"node-b", b"kv0", [5, 6, 7]))
+            + field(4, uint(1, 0) + uint(2, 32)) + field(5, deadline))
+write("request_checks_fuzz", "transfer", b"\x00" + transfer)
+write("request_checks_fuzz", "transfer_past_deadline",
+      b"\x00" + field(1, b"r") + field(5, uint(1, (1 << 64) - 1)))
+write("request_checks_fuzz", "transfer_bad_nanos",
+      b"\x00" + field(1, b"r") + field(5, uint(1, 1_900_000_000) + uint(2, 1_000_000_000)))
+host = field(1, uint(1, 12345) + uint(3, 4096))
+write("request_checks_fuzz", "register", b"\x01" + field(1, b"kv0") + field(2, uint(1, 1) + uint(2, 4) + uint(3, 1024)) + field(3, host))
+write("request_checks_fuzz", "get_bad_utf8", b"\x02" + field(1, b"kv\xc0\x80"))
+write("request_checks_fuzz", "list", b"\x04" + uint(1, 10) + field(2, b"kv0"))
+write("request_checks_fuzz", "unknown_group",
+      b"\x07" + varint(9 << 3 | 3) + field(1, b"\xff") + varint(9 << 3 | 4) + field(1, b"kv"))

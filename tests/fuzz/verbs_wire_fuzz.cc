@@ -1,0 +1,77 @@
+// The verbs transport's control frames (agent/fabric/verbs_wire.h) on any bytes:
+// DecodeFrame never crashes, and whatever it accepts encodes back to the same 64
+// bytes; a HELLO with its name and QP records re-encodes to the bytes it came from.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+
+#include "agent/fabric/verbs_wire.h"
+#include "tests/fuzz/fuzz_check.h"
+
+namespace fuselink::fabric::verbs::wire {
+namespace {
+
+bool Same(const Frame& frame, std::span<const uint8_t, kFrameBytes> in) {
+  return std::equal(frame.begin(), frame.end(), in.begin());
+}
+
+void CheckHello(const HelloHeader& header, std::span<const uint8_t, kFrameBytes> in,
+                std::span<const uint8_t> rest) {
+  FL_FUZZ_CHECK(header.qp_count >= 1 && header.qp_count <= kMaxQpsPerHello);
+  FL_FUZZ_CHECK(header.name_bytes <= kMaxNameBytes);
+  const size_t body = header.name_bytes + size_t{header.qp_count} * kQpInfoBytes;
+  if (rest.size() < body) return;
+  Hello hello{.nic = header.nic, .mtu = header.mtu, .gid = header.gid};
+  hello.name.assign(reinterpret_cast<const char*>(rest.data()), header.name_bytes);
+  hello.qps = DecodeQpInfos(rest.subspan(header.name_bytes, body - header.name_bytes));
+  FL_FUZZ_CHECK(hello.qps.size() == header.qp_count);
+  absl::StatusOr<std::string> again = EncodeHello(hello);
+  FL_FUZZ_CHECK(again.ok() ==
+                (hello.name.empty() || fabric::wire::ValidateNodeName(hello.name).ok()));
+  if (!again.ok()) return;
+  FL_FUZZ_CHECK(again->size() == kFrameBytes + body);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(again->data());
+  FL_FUZZ_CHECK(std::equal(in.begin(), in.end(), bytes));
+  FL_FUZZ_CHECK(std::equal(rest.begin(), rest.begin() + body, bytes + kFrameBytes));
+}
+
+}  // namespace
+}  // namespace fuselink::fabric::verbs::wire
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace fuselink::fabric::verbs::wire;
+  const std::span<const uint8_t> all(data, size);
+  FL_FUZZ_CHECK(DecodeQpInfos(all).size() == size / kQpInfoBytes);
+  if (size < kFrameBytes) return 0;
+  const std::span<const uint8_t, kFrameBytes> in(data, kFrameBytes);
+  absl::StatusOr<Decoded> decoded = DecodeFrame(in);
+  if (!decoded.ok()) {
+    FL_FUZZ_CHECK(absl::IsInvalidArgument(decoded.status()));
+    return 0;
+  }
+  std::visit(
+      [&](const auto& frame) {
+        using T = std::decay_t<decltype(frame)>;
+        if constexpr (std::is_same_v<T, HelloHeader>) {
+          CheckHello(frame, in, all.subspan(kFrameBytes));
+        } else if constexpr (std::is_same_v<T, Refuse>) {
+          FL_FUZZ_CHECK(frame.code != absl::StatusCode::kOk);
+          FL_FUZZ_CHECK(Same(EncodeRefuse(frame), in));
+        } else if constexpr (std::is_same_v<T, RegionAdd>) {
+          FL_FUZZ_CHECK(frame.key != 0);
+          FL_FUZZ_CHECK(Same(EncodeRegionAdd(frame), in));
+        } else if constexpr (std::is_same_v<T, RegionRemove>) {
+          FL_FUZZ_CHECK(frame.key != 0);
+          FL_FUZZ_CHECK(Same(EncodeRegionRemove(frame), in));
+        } else if constexpr (std::is_same_v<T, Ready>) {
+          FL_FUZZ_CHECK(Same(EncodeReady(), in));
+        } else {
+          FL_FUZZ_CHECK(Same(EncodeAck(frame), in));
+        }
+      },
+      *decoded);
+  return 0;
+}

@@ -68,16 +68,6 @@ endfunction()
 
 # Called once every target and test exists (end of the top CMakeLists.txt).
 function(fuselink_finish_checking_builds)
-  # Known -Wthread-safety findings in the verbs transport, which is being rewritten;
-  # they stay visible as warnings there, and every other target fails on a new one:
-  #   verbs_fabric.cc HasLiveQps: the any_of lambda reads links_ (a lambda is
-  #   analysed alone: it needs ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) itself);
-  #   verbs_nic.cc PostRecvSlot writes qp.posted_recvs, and says nothing of qp.mu,
-  #   which its callers hold.
-  if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang" AND TARGET fuselink_fabric_verbs)
-    target_compile_options(fuselink_fabric_verbs PRIVATE
-                           -Wno-error=thread-safety-analysis)
-  endif()
   # What scripts/sanitize.sh builds and runs: target checked_tests, and ctest -LE
   # with the regex in plain_only_labels.txt.
   get_property(binaries GLOBAL PROPERTY FUSELINK_CHECKED_BINARIES)
@@ -85,13 +75,6 @@ function(fuselink_finish_checking_builds)
   add_dependencies(checked_tests ${binaries})
   list(JOIN FUSELINK_PLAIN_ONLY_LABELS "|" labels)
   file(WRITE ${CMAKE_BINARY_DIR}/plain_only_labels.txt "^(${labels})$\n")
-  # Until agent/transfer/engine.h compiles under clang (see the file).
-  if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-    foreach(target fuselink_transfer fuselink_services fuselink-agent)
-      target_compile_options(${target} PRIVATE
-                             -include ${CMAKE_SOURCE_DIR}/cmake/engine_h_for_clang.h)
-    endforeach()
-  endif()
   if(NOT FUSELINK_SANITIZE)
     return()
   endif()

@@ -18,12 +18,13 @@ def write(target, name, data):
 # agent/fabric/wire.h: u32 magic, u16 version, u16 type, u32 word0..2, u32 reserved,
 # u64 dword0, dword1.
 def tcp(type_, w0=0, w1=0, w2=0, d0=0, d1=0, magic=0x4B4E4C46):
-    return struct.pack("<IHHIIIIQQ", magic, 1, type_, w0, w1, w2, 0, d0, d1)
+    return struct.pack("<IHHIIIIQQ", magic, 2, type_, w0, w1, w2, 0, d0, d1)
 
 
 write("tcp_wire_fuzz", "hello", tcp(1, w0=2, w1=6) + b"node-a")
 write("tcp_wire_fuzz", "write", tcp(2, w0=7, w1=4096, w2=0x10002, d0=8192, d1=42))
-write("tcp_wire_fuzz", "ack", tcp(3, w0=14, d1=42))
+write("tcp_wire_fuzz", "ack", tcp(3, d1=42))
+write("tcp_wire_fuzz", "ack_refused", tcp(3, w0=5, w1=1, d1=42))
 write("tcp_wire_fuzz", "bad_magic", tcp(2, magic=0xEEEEEEEE))
 write("tcp_wire_fuzz", "name", b"node-b")
 
@@ -31,7 +32,7 @@ write("tcp_wire_fuzz", "name", b"node-b")
 # agent/fabric/verbs_wire.h: u32 magic, u16 version, u16 type, u32 word0..3,
 # u64 dword0..2, 16-byte gid; a HELLO is followed by its name and QP records.
 def verbs(type_, w=(0, 0, 0, 0), d=(0, 0, 0), gid=bytes(16)):
-    return struct.pack("<IHHIIIIQQQ", 0x42564C46, 1, type_, *w, *d) + gid
+    return struct.pack("<IHHIIIIQQQ", 0x42564C46, 2, type_, *w, *d) + gid
 
 
 gid = bytes(10) + b"\xff\xff" + bytes([127, 0, 1, 1])
@@ -39,8 +40,13 @@ qps = struct.pack("<IIII", 17, 0x123456, 18, 0x654321)
 write("verbs_wire_fuzz", "hello", verbs(1, w=(1, 2, 5, 6), gid=gid) + b"node-a" + qps)
 write("verbs_wire_fuzz", "hello_reply", verbs(1, w=(1, 1, 3, 0), gid=gid) + qps[:8])
 write("verbs_wire_fuzz", "refuse", verbs(2, w=(14, 0, 0, 0)))
-write("verbs_wire_fuzz", "region_add", verbs(3, w=(7, 0x1234, 0, 0), d=(0x7f0000000000, 1 << 20, 3)))
-write("verbs_wire_fuzz", "region_remove", verbs(4, w=(7, 0, 0, 0), d=(0, 0, 4)))
+write("verbs_wire_fuzz", "window_add", verbs(3, w=(7, 2, 0, 0), d=(0x1000, 0, 3))
+      + struct.pack("<QQII", 0, 4096, 0x1234, 0) + struct.pack("<QQII", 8192, 4096, 0x1235, 0))
+write("verbs_wire_fuzz", "window_remove", verbs(4, w=(7, 0, 0, 0), d=(0, 0, 4)))
+write("verbs_wire_fuzz", "query", verbs(7, w=(7, 64, 0, 0), d=(4096, 0, 5)))
+write("verbs_wire_fuzz", "verdict", verbs(8, w=(3, 0, 0, 0), d=(0, 0, 5)))
+write("verbs_wire_fuzz", "qp_renew", verbs(9, w=(1, 17, 0x123456, 0), d=(0, 0, 6)))
+write("verbs_wire_fuzz", "qp_renewed", verbs(10, w=(1, 18, 0x654321, 0), d=(0, 0, 6)))
 write("verbs_wire_fuzz", "ready", verbs(5))
 write("verbs_wire_fuzz", "ack", verbs(6, d=(0, 0, 4)))
 

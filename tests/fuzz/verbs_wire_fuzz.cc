@@ -38,6 +38,26 @@ void CheckHello(const HelloHeader& header, std::span<const uint8_t, kFrameBytes>
   FL_FUZZ_CHECK(std::equal(rest.begin(), rest.begin() + body, bytes + kFrameBytes));
 }
 
+// A WINDOW_ADD whose records follow it whole re-encodes to the same bytes.
+void CheckWindowAdd(const WindowAdd& add, std::span<const uint8_t, kFrameBytes> in,
+                    std::span<const uint8_t> rest) {
+  FL_FUZZ_CHECK(add.key != 0);
+  FL_FUZZ_CHECK(add.extent_count >= 1 && add.extent_count <= kMaxWindowExtents);
+  const size_t body = size_t{add.extent_count} * kWindowRecordBytes;
+  if (rest.size() < body) return;
+  absl::StatusOr<std::vector<WindowRecord>> records =
+      DecodeWindowRecords(rest.subspan(0, body));
+  if (!records.ok()) return;
+  FL_FUZZ_CHECK(records->size() == add.extent_count);
+  absl::StatusOr<std::string> again =
+      EncodeWindowAdd(add.key, add.iova_base, add.seq, *records);
+  FL_FUZZ_CHECK(again.ok());
+  FL_FUZZ_CHECK(again->size() == kFrameBytes + body);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(again->data());
+  FL_FUZZ_CHECK(std::equal(in.begin(), in.end(), bytes));
+  FL_FUZZ_CHECK(std::equal(rest.begin(), rest.begin() + body, bytes + kFrameBytes));
+}
+
 }  // namespace
 }  // namespace fuselink::fabric::verbs::wire
 
@@ -60,16 +80,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } else if constexpr (std::is_same_v<T, Refuse>) {
           FL_FUZZ_CHECK(frame.code != absl::StatusCode::kOk);
           FL_FUZZ_CHECK(Same(EncodeRefuse(frame), in));
-        } else if constexpr (std::is_same_v<T, RegionAdd>) {
+        } else if constexpr (std::is_same_v<T, WindowAdd>) {
+          CheckWindowAdd(frame, in, all.subspan(kFrameBytes));
+        } else if constexpr (std::is_same_v<T, WindowRemove>) {
           FL_FUZZ_CHECK(frame.key != 0);
-          FL_FUZZ_CHECK(Same(EncodeRegionAdd(frame), in));
-        } else if constexpr (std::is_same_v<T, RegionRemove>) {
-          FL_FUZZ_CHECK(frame.key != 0);
-          FL_FUZZ_CHECK(Same(EncodeRegionRemove(frame), in));
+          FL_FUZZ_CHECK(Same(EncodeWindowRemove(frame), in));
         } else if constexpr (std::is_same_v<T, Ready>) {
           FL_FUZZ_CHECK(Same(EncodeReady(), in));
-        } else {
+        } else if constexpr (std::is_same_v<T, Ack>) {
           FL_FUZZ_CHECK(Same(EncodeAck(frame), in));
+        } else if constexpr (std::is_same_v<T, Query>) {
+          FL_FUZZ_CHECK(Same(EncodeQuery(frame), in));
+        } else if constexpr (std::is_same_v<T, Verdict>) {
+          FL_FUZZ_CHECK(static_cast<uint32_t>(frame.refusal) <= kMaxRefusal);
+          FL_FUZZ_CHECK(Same(EncodeVerdict(frame), in));
+        } else if constexpr (std::is_same_v<T, QpRenew>) {
+          FL_FUZZ_CHECK(frame.psn < (1u << 24));
+          FL_FUZZ_CHECK(Same(EncodeQpRenew(frame), in));
+        } else {
+          static_assert(std::is_same_v<T, QpRenewed>);
+          FL_FUZZ_CHECK(frame.psn < (1u << 24));
+          FL_FUZZ_CHECK(Same(EncodeQpRenewed(frame), in));
         }
       },
       *decoded);

@@ -92,7 +92,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } else if constexpr (std::is_same_v<T, Query>) {
           FL_FUZZ_CHECK(Same(EncodeQuery(frame), in));
         } else if constexpr (std::is_same_v<T, Verdict>) {
-          FL_FUZZ_CHECK(static_cast<uint32_t>(frame.refusal) <= fabric::kMaxRefusal);
+          FL_FUZZ_CHECK(static_cast<uint32_t>(frame.refusal) <=
+                        fuselink::fabric::kMaxRefusal);
           FL_FUZZ_CHECK(Same(EncodeVerdict(frame), in));
         } else if constexpr (std::is_same_v<T, QpRenew>) {
           FL_FUZZ_CHECK(frame.psn < (1u << 24));

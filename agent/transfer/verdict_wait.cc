@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
-#include "agent/common/status_macros.h"
 
 namespace fuselink::transfer {
 
@@ -61,9 +60,9 @@ VerdictWait::Answer VerdictWait::OnReply(
 }
 
 absl::Status NoVerdictStatus(absl::string_view target_node) {
-  return WithReason(absl::UnavailableError(
-                        absl::StrCat("no verdict from target node '", BoundedForMessage(target_node),
-                                     "': the transfer may or may not have landed there")),
+  return WithReason(absl::UnavailableError(absl::StrCat(
+                        "no verdict from target node '", BoundedForMessage(target_node),
+                        "': the transfer may or may not have landed there")),
                     "NO_VERDICT");
 }
 

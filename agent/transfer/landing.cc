@@ -133,9 +133,11 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
   }
   const int rail = static_cast<int>(request.source_nic());
   v1::PrepareIncomingResponse response;
+  bool reserved = false;
   {
     absl::MutexLock lock(&mu_);
     if (!shut_down_ && !free_.empty()) {
+      reserved = true;
       const uint32_t index = free_.front();
       free_.pop_front();
       Slot& slot = slots_[index];
@@ -172,10 +174,9 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       out->set_layer_stride_bytes(layout.layer_stride_bytes);
       response.set_slot(SlotId{index, slot.generation}.Pack());
       response.set_idle_nic_mask(IdleMaskLocked());
-      window = absl::StatusOr<fabric::WindowKey>(fabric::WindowKey{0});  // now the slot's
     }
   }
-  if (*window != 0) {  // lost the race for the last slot, or shut down meanwhile
+  if (!reserved) {  // lost the race for the last slot, or shut down meanwhile
     fabric_->CloseWindow(*window, [] {});
     return WithReason(absl::ResourceExhaustedError("the target has no free slot"),
                       "TOO_MANY_INCOMING");

@@ -14,6 +14,12 @@
 namespace fuselink::services {
 namespace {
 
+// Who may move a tensor when its owner names nobody: the cluster's routers.
+constexpr absl::string_view kDefaultGrant = "role:router";
+// Roles that see every tensor.
+constexpr security::Roles kSeeAll =
+    security::Bit(security::Role::kRouter) | security::Bit(security::Role::kViewer);
+
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
                                  const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -33,7 +39,13 @@ void ToProto(const memory::TensorInfo& info, absl::string_view node, v1::Tensor*
   out->set_size_bytes(info.size_bytes);
   out->set_home_gpu(info.home_gpu);
   out->set_node(std::string(node));
+  out->set_owner(info.owner);
+  *out->mutable_readers() = {info.readers.begin(), info.readers.end()};
+  *out->mutable_writers() = {info.writers.begin(), info.writers.end()};
 }
+
+using security::Bit;
+using security::Role;
 
 absl::Time CallDeadline(const grpc::CallbackServerContext* context) {
   const auto deadline = context->deadline();
@@ -49,7 +61,12 @@ class TransferStream final : public grpc::ServerWriteReactor<v1::TransferEvent>,
                              public transfer::EventSink {
  public:
   TransferStream(transfer::Engine& engine, grpc::CallbackServerContext* context,
-                 const v1::TransferRequest& request) {
+                 const v1::TransferRequest& request,
+                 absl::StatusOr<transfer::Requester> requester) {
+    if (!requester.ok()) {
+      Finish(ToGrpcStatus(requester.status()));
+      return;
+    }
     // A deadline that has passed, or is no Timestamp, is refused before the engine
     // reserves anything for it.
     if (absl::Status checked = CheckDeadline(request, absl::Now()); !checked.ok()) {
@@ -57,7 +74,7 @@ class TransferStream final : public grpc::ServerWriteReactor<v1::TransferEvent>,
       return;
     }
     absl::StatusOr<std::shared_ptr<transfer::Transfer>> t =
-        engine.Submit(request, CallDeadline(context));
+        engine.Submit(request, CallDeadline(context), *requester);
     if (!t.ok()) {
       Finish(ToGrpcStatus(t.status()));
       return;
@@ -84,7 +101,12 @@ class TransferStream final : public grpc::ServerWriteReactor<v1::TransferEvent>,
 class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
                           public WatchSink {
  public:
-  WatchStream(WatchHub& hub, std::string tensor) : hub_(hub) {
+  WatchStream(WatchHub& hub, std::string tensor, const absl::Status& allowed)
+      : hub_(hub) {
+    if (!allowed.ok()) {
+      Finish(ToGrpcStatus(allowed));
+      return;
+    }
     hub_.Add(this, std::move(tensor), &watcher_);
     // Tells the client the watch is in place: every transfer that finishes from now
     // on reaches it. Without this a client cannot know when it may start the
@@ -95,9 +117,11 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
   void SendEvent(const v1::WatchEvent* event) override { StartWrite(event); }
   void End(const absl::Status& status) override { Finish(ToGrpcStatus(status)); }
   void OnWriteDone(bool ok) override { hub_.OnWriteDone(watcher_, ok); }
-  void OnCancel() override { hub_.OnCancel(watcher_); }
+  void OnCancel() override {
+    if (watcher_ != nullptr) hub_.OnCancel(watcher_);
+  }
   void OnDone() override {
-    hub_.Remove(watcher_);
+    if (watcher_ != nullptr) hub_.Remove(watcher_);
     delete this;
   }
 
@@ -137,16 +161,29 @@ AgentService::AgentService(Node* node) : node_(node) {
   Check("GetTopology", &AgentService::GetTopology);
 }
 
+absl::StatusOr<security::Caller> AgentService::Authorize(
+    grpc::CallbackServerContext* context, security::Roles any_of,
+    absl::string_view action) {
+  security::Guard& guard = node_->guard();
+  FL_ASSIGN_OR_RETURN(security::Caller caller,
+                      guard.Identify(context->auth_context().get()));
+  FL_RETURN_IF_ERROR(guard.Require(caller, any_of, action));
+  return caller;
+}
+
 grpc::ServerUnaryReactor* AgentService::RegisterTensor(
     grpc::CallbackServerContext* context, const v1::RegisterTensorRequest* request,
     v1::Tensor* response) {
-  absl::StatusOr<memory::TensorInfo> info = Register(*request);
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, Bit(Role::kEngine), "register tensors");
+  if (!caller.ok()) return Answer(context, caller.status());
+  absl::StatusOr<memory::TensorInfo> info = Register(*request, *caller);
   if (info.ok()) ToProto(*info, node_->name(), response);
   return Answer(context, info.status());
 }
 
 absl::StatusOr<memory::TensorInfo> AgentService::Register(
-    const v1::RegisterTensorRequest& request) {
+    const v1::RegisterTensorRequest& request, const security::Caller& caller) {
   const v1::TensorMemory& memory = request.memory();
   if (memory.kind_case() == v1::TensorMemory::KIND_NOT_SET) {
     return WithReason(absl::InvalidArgumentError("memory is required"), "BAD_MEMORY");
@@ -164,6 +201,13 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
   }
   // Check the request itself, then this node, before spending the tokens.
   FL_RETURN_IF_ERROR(memory::ValidateName(request.name()));
+  std::vector<std::string> readers(request.readers().begin(), request.readers().end());
+  std::vector<std::string> writers(request.writers().begin(), request.writers().end());
+  FL_RETURN_IF_ERROR(security::ValidateGrants(readers, "readers"));
+  FL_RETURN_IF_ERROR(security::ValidateGrants(writers, "writers"));
+  if (readers.empty() && writers.empty()) {
+    readers = writers = {std::string(kDefaultGrant)};
+  }
   if (memory.kind_case() == v1::TensorMemory::kCudaIpc &&
       memory.cuda_ipc().handle().size() != sizeof(gpu::IpcMemHandle)) {
     return WithReason(absl::InvalidArgumentError(absl::StrCat(
@@ -191,6 +235,9 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
   }
   memory::TensorInfo want;
   want.name = request.name();
+  want.owner = caller.identity;
+  want.readers = std::move(readers);
+  want.writers = std::move(writers);
   const v1::Layout& l = request.layout();
   want.layout = memory::Layout{l.layers(), l.blocks_per_layer(), l.block_bytes(),
                                l.block_stride_bytes(), l.layer_stride_bytes()};
@@ -246,13 +293,30 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
 grpc::ServerUnaryReactor* AgentService::UnregisterTensor(
     grpc::CallbackServerContext* context, const v1::UnregisterTensorRequest* request,
     v1::UnregisterTensorResponse*) {
-  return Answer(context, node_->registry().Unregister(request->name()));
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, Bit(Role::kEngine), "unregister tensors");
+  if (!caller.ok()) return Answer(context, caller.status());
+  return Answer(
+      context,
+      node_->registry().Unregister(request->name(), [&](const memory::TensorInfo& info) {
+        return node_->guard().RequireOwner(*caller, info.owner, info.name);
+      }));
 }
 
 grpc::ServerUnaryReactor* AgentService::GetTensor(grpc::CallbackServerContext* context,
                                                   const v1::GetTensorRequest* request,
                                                   v1::Tensor* response) {
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, kSeeAll | Bit(Role::kEngine), "read tensors");
+  if (!caller.ok()) return Answer(context, caller.status());
   absl::StatusOr<memory::TensorInfo> info = node_->registry().Get(request->name());
+  // An engine sees its own tensors only.
+  if (info.ok() && !caller->Has(kSeeAll)) {
+    if (absl::Status s = node_->guard().RequireOwner(*caller, info->owner, info->name);
+        !s.ok()) {
+      return Answer(context, s);
+    }
+  }
   if (info.ok()) ToProto(*info, node_->name(), response);
   return Answer(context, info.status());
 }
@@ -260,6 +324,9 @@ grpc::ServerUnaryReactor* AgentService::GetTensor(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* AgentService::ListTensors(grpc::CallbackServerContext* context,
                                                     const v1::ListTensorsRequest* request,
                                                     v1::ListTensorsResponse* response) {
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, kSeeAll | Bit(Role::kEngine), "list tensors");
+  if (!caller.ok()) return Answer(context, caller.status());
   constexpr uint32_t kDefaultPage = 100, kMaxPage = 1000;
   const uint32_t page =
       request->page_size() == 0 ? kDefaultPage : std::min(request->page_size(), kMaxPage);
@@ -267,19 +334,40 @@ grpc::ServerUnaryReactor* AgentService::ListTensors(grpc::CallbackServerContext*
   // The page token is the last name of the previous page.
   std::vector<memory::TensorInfo> tensors =
       node_->registry().List(request->page_token(), page, &more);
-  for (const auto& info : tensors) ToProto(info, node_->name(), response->add_tensors());
+  // An engine sees its own tensors only: its pages may hold fewer.
+  const bool all = caller->Has(kSeeAll);
+  for (const auto& info : tensors) {
+    if (all || info.owner == caller->identity) {
+      ToProto(info, node_->name(), response->add_tensors());
+    }
+  }
   if (more && !tensors.empty()) response->set_next_page_token(tensors.back().name);
   return Answer(context, absl::OkStatus());
 }
 
 grpc::ServerWriteReactor<v1::TransferEvent>* AgentService::TransferKVCache(
     grpc::CallbackServerContext* context, const v1::TransferRequest* request) {
-  return new TransferStream(node_->engine(), context, *request);
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, Bit(Role::kRouter), "move tensors");
+  absl::StatusOr<transfer::Requester> requester = caller.status();
+  if (caller.ok()) {
+    security::Guard* guard = &node_->guard();
+    requester = transfer::Requester{
+        .identity = caller->identity,
+        .may_read = [guard, who = *caller](const memory::TensorInfo& tensor) {
+          return guard->RequireGrant(who, tensor.owner, tensor.readers, "out of",
+                                     tensor.name);
+        }};
+  }
+  return new TransferStream(node_->engine(), context, *request, std::move(requester));
 }
 
 grpc::ServerUnaryReactor* AgentService::GetTransfer(grpc::CallbackServerContext* context,
                                                     const v1::GetTransferRequest* request,
                                                     v1::TransferStatus* response) {
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, Bit(Role::kRouter), "follow transfers");
+  if (!caller.ok()) return Answer(context, caller.status());
   auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id());
   if (t.ok()) *response = (*t)->Status();
   return Answer(context, t.status());
@@ -288,6 +376,9 @@ grpc::ServerUnaryReactor* AgentService::GetTransfer(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* AgentService::CancelTransfer(
     grpc::CallbackServerContext* context, const v1::CancelTransferRequest* request,
     v1::TransferStatus* response) {
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, Bit(Role::kRouter), "cancel transfers");
+  if (!caller.ok()) return Answer(context, caller.status());
   auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id());
   if (!t.ok()) return Answer(context, t.status());
   absl::Status s = node_->engine().Cancel(*t);
@@ -296,13 +387,31 @@ grpc::ServerUnaryReactor* AgentService::CancelTransfer(
 }
 
 grpc::ServerWriteReactor<v1::WatchEvent>* AgentService::WatchTransfers(
-    grpc::CallbackServerContext*, const v1::WatchTransfersRequest* request) {
-  return new WatchStream(node_->watch_hub(), request->tensor());
+    grpc::CallbackServerContext* context, const v1::WatchTransfersRequest* request) {
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, Bit(Role::kRouter) | Bit(Role::kViewer) | Bit(Role::kEngine),
+                "watch transfers");
+  absl::Status allowed = caller.status();
+  // An engine watches its own tensors only, one at a time.
+  if (caller.ok() && !caller->Has(Bit(Role::kRouter) | Bit(Role::kViewer))) {
+    if (request->tensor().empty()) {
+      allowed = node_->guard().Require(*caller, Bit(Role::kRouter) | Bit(Role::kViewer),
+                                       "watch every tensor");
+    } else {
+      absl::StatusOr<memory::TensorInfo> info = node_->registry().Get(request->tensor());
+      allowed = info.ok() ? node_->guard().RequireOwner(*caller, info->owner, info->name)
+                          : info.status();
+    }
+  }
+  return new WatchStream(node_->watch_hub(), request->tensor(), allowed);
 }
 
 grpc::ServerUnaryReactor* AgentService::GetTopology(grpc::CallbackServerContext* context,
                                                     const v1::GetTopologyRequest*,
                                                     v1::Topology* response) {
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, kSeeAll | Bit(Role::kEngine), "read the topology");
+  if (!caller.ok()) return Answer(context, caller.status());
   *response = node_->topology();
   return Answer(context, absl::OkStatus());
 }

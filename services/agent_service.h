@@ -43,8 +43,13 @@ class AgentService final : public CheckedService<v1::Agent> {
                                         v1::Topology* response) override;
 
  private:
-  // Checks the request, imports or maps the memory, registers it.
-  absl::StatusOr<memory::TensorInfo> Register(const v1::RegisterTensorRequest& request);
+  // The caller, if it holds one of `any_of`.
+  absl::StatusOr<security::Caller> Authorize(grpc::CallbackServerContext* context,
+                                             security::Roles any_of,
+                                             absl::string_view action);
+  // Checks the request, imports or maps the memory, registers it as the caller's.
+  absl::StatusOr<memory::TensorInfo> Register(const v1::RegisterTensorRequest& request,
+                                              const security::Caller& caller);
 
   Node* const node_;
 };

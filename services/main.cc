@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/security/credentials.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -77,6 +78,21 @@ ABSL_FLAG(std::string, k8s_token_file,
 ABSL_FLAG(std::string, k8s_ca_file,
           "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
           "kubernetes discovery: the API server's CA.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) of this agent: its identity, a URI SAN "
+          "spiffe://fuselink/node/<node> under the default policy. Re-read when it "
+          "changes.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle: every client and peer certificate must chain to it.");
+ABSL_FLAG(uint32_t, tls_refresh_s, 10,
+          "How often the TLS files are checked for a rotated certificate.");
+ABSL_FLAG(bool, plaintext, false,
+          "Serve and call without TLS and without authentication: anyone who reaches "
+          "the ports may do anything. For a trusted test network only.");
+ABSL_FLAG(std::string, access_policy, "",
+          "Identities and their roles, a fuselink.v1.AccessPolicy in JSON; empty: the "
+          "default policy (docs/security.md).");
 ABSL_FLAG(std::string, ready_file, "",
           "Write the bound addresses here as JSON once serving.");
 
@@ -170,6 +186,33 @@ int main(int argc, char** argv) {
         "1024, --borrow_depth 0 to 1024"));
   }
 
+  const bool plaintext = absl::GetFlag(FLAGS_plaintext);
+  options.open_access = plaintext;
+  if (std::string path = absl::GetFlag(FLAGS_access_policy); !path.empty()) {
+    absl::StatusOr<security::Policy> policy = security::Policy::LoadFile(path);
+    if (!policy.ok()) return Fail(policy.status());
+    options.access_policy = *std::move(policy);
+  }
+  std::unique_ptr<security::TlsCredentials> tls;
+  if (!plaintext) {
+    security::TlsFiles files{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                             absl::GetFlag(FLAGS_tls_ca),
+                             absl::GetFlag(FLAGS_tls_refresh_s)};
+    if (files.cert_file.empty() && files.key_file.empty() && files.ca_file.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "mutual TLS needs --tls_cert, --tls_key and --tls_ca (scripts/certs.sh makes "
+          "them); --plaintext runs without any authentication"));
+    }
+    absl::StatusOr<std::unique_ptr<security::TlsCredentials>> made =
+        security::TlsCredentials::Create(files);
+    if (!made.ok()) return Fail(made.status());
+    tls = *std::move(made);
+    options.peer_credentials = [tls = tls.get(),
+                                policy = options.access_policy](const std::string& node) {
+      return tls->ToPeer(policy.IdentityOf(node));
+    };
+  }
+
   absl::StatusOr<std::unique_ptr<services::Metrics>> metrics =
       services::Metrics::Start(absl::GetFlag(FLAGS_metrics_listen));
   if (!metrics.ok()) return Fail(metrics.status());
@@ -191,7 +234,8 @@ int main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
+                           tls ? tls->Server() : grpc::InsecureServerCredentials(),
                            &grpc_port);
   builder.RegisterService(&agent_service);
   builder.RegisterService(&peer_service);
@@ -207,11 +251,17 @@ int main(int argc, char** argv) {
       absl::StrCat("http://", host, ":", (*metrics)->port(), "/metrics");
   std::printf(
       "fuselink-agent node=%s grpc=%s metrics=%s handle_socket=%s transport=%s nics=%d "
-      "policy=%s\n%s\n",
+      "policy=%s security=%s\n%s\n",
       options.node.c_str(), grpc_address.c_str(), metrics_url.c_str(),
       socket_path.c_str(), (*node)->topology().transport().c_str(),
       (*node)->topology().nics_size(), options.policy.c_str(),
-      (*node)->gpu_status().c_str());
+      plaintext ? "plaintext" : "mtls", (*node)->gpu_status().c_str());
+  if (plaintext) {
+    std::fprintf(stderr,
+                 "fuselink-agent: WARNING: --plaintext: no TLS and no authentication; "
+                 "anyone who reaches %s may register, move and read every tensor\n",
+                 grpc_address.c_str());
+  }
   if ((*node)->gpu() != nullptr) std::printf("%s", (*node)->gpu()->Describe().c_str());
   std::fflush(stdout);
   std::unique_ptr<services::K8sDiscovery> discovery;

@@ -200,6 +200,39 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
             "full, or the node unreachable); a source then asks for its verdict over "
             "gRPC.",
             static_cast<double>(node.notices_dropped()));
+    // Access control (agent/security, docs/security.md).
+    {
+      prometheus::MetricFamily f{"fuselink_plaintext",
+                                 "1 when the agent runs with --plaintext: no TLS and no "
+                                 "authentication; anyone may do anything.",
+                                 MetricType::Gauge,
+                                 {}};
+      prometheus::ClientMetric m;
+      m.gauge.value = node.guard().open() ? 1 : 0;
+      f.metric.push_back(std::move(m));
+      out.push_back(std::move(f));
+      prometheus::MetricFamily refusals{
+          "fuselink_access_refusals_total",
+          "gRPC calls refused by access control, by reason (UNAUTHENTICATED: "
+          "NO_CLIENT_CERTIFICATE, NO_IDENTITY; PERMISSION_DENIED: the others).",
+          MetricType::Counter,
+          {}};
+      for (const auto& [reason, n] : node.guard().refusals()) {
+        prometheus::ClientMetric r;
+        r.label = {{"reason", std::string(reason)}};
+        r.counter.value = static_cast<double>(n);
+        refusals.metric.push_back(std::move(r));
+      }
+      out.push_back(std::move(refusals));
+    }
+    counter("fuselink_incoming_share_refusals_total",
+            "PrepareIncoming calls refused because their source held its share of the "
+            "incoming slots (RESOURCE_EXHAUSTED, SOURCE_SHARE).",
+            static_cast<double>(node.landing().share_refusals()));
+    counter("fuselink_incoming_unstarted_expired_total",
+            "Incoming transfers ended because their source sent nothing after it "
+            "prepared them (the tensor's pin let go).",
+            static_cast<double>(node.landing().unstarted_expired()));
     return out;
   }
 

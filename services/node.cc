@@ -12,7 +12,9 @@
 namespace fuselink::services {
 
 Node::Node(NodeOptions options, transfer::EngineObserver* observer)
-    : options_(std::move(options)), observer_(observer) {}
+    : options_(std::move(options)),
+      observer_(observer),
+      guard_(options_.access_policy, options_.open_access) {}
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Create(NodeOptions options,
                                                    transfer::EngineObserver* observer) {
@@ -55,8 +57,12 @@ absl::Status Node::Start() {
       absl::StrAppend(&gpu_status_, "; no GPU relay: ", pool.status().message());
     }
   }
-  peers_ =
-      std::make_unique<peer::PeerDirectory>(topology_, fabric_.get(), options_.peers);
+  peer::PeerCredentials credentials = options_.peer_credentials;
+  if (!credentials) {
+    credentials = [](const std::string&) { return grpc::InsecureChannelCredentials(); };
+  }
+  peers_ = std::make_unique<peer::PeerDirectory>(topology_, fabric_.get(), &fabric_keys_,
+                                                 std::move(credentials), options_.peers);
   notifier_ = std::make_unique<peer::Notifier>(
       fabric_.get(), peers_.get(),
       +[](uint32_t imm) { return transfer::ImmOpOf(imm) == transfer::ImmOp::kIdleNics; });

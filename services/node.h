@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/fabric_keys.h"
 #include "agent/gpu/runtime.h"
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/registry.h"
@@ -18,6 +19,7 @@
 #include "agent/relay/gpu_relay_pool.h"
 #include "agent/relay/relay_pool.h"
 #include "agent/sched/scheduler.h"
+#include "agent/security/guard.h"
 #include "agent/topo/topology.h"
 #include "agent/transfer/engine.h"
 #include "agent/transfer/landing.h"
@@ -42,6 +44,11 @@ struct NodeOptions {
   relay::GpuRelayOptions gpu_relay;
   // Pieces the TCP fabric moves GPU bytes in, through pinned host memory.
   uint32_t stage_piece_bytes = 2 << 20;
+  // Who may do what (agent/security); open_access is --plaintext.
+  security::Policy access_policy = security::Policy::Default();
+  bool open_access = false;
+  // Calls to peer agents; null: plaintext.
+  peer::PeerCredentials peer_credentials;
 };
 
 class Node final : public fabric::Handler {
@@ -60,6 +67,9 @@ class Node final : public fabric::Handler {
   WatchHub& watch_hub() { return watch_hub_; }
   fabric::Fabric& fabric() { return *fabric_; }
   peer::PeerDirectory& peers() { return *peers_; }
+  security::Guard& guard() { return guard_; }
+  const security::Guard& guard() const { return guard_; }
+  fabric::FabricKeys& fabric_keys() { return fabric_keys_; }
   const sched::Scheduler& scheduler() const { return *scheduler_; }
   const relay::RelayPool& relay() const { return *relay_; }
   uint64_t notices_dropped() const { return notifier_->dropped(); }
@@ -94,6 +104,8 @@ class Node final : public fabric::Handler {
   v1::Topology topology_;
   memory::FdTokens fd_tokens_;
   WatchHub watch_hub_;
+  security::Guard guard_;
+  fabric::FabricKeys fabric_keys_;     // outlives the fabric and the peers
   std::unique_ptr<gpu::Runtime> gpu_;  // outlives everything that copies
   std::string gpu_status_;
   std::unique_ptr<relay::CudaDeviceStager> stager_;  // outlives the fabric

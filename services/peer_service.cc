@@ -2,46 +2,91 @@
 
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
+#include "agent/peer/peer_directory.h"
 
 namespace fuselink::services {
+namespace {
+
+constexpr uint32_t kProtocolVersion = 2;  // 2: fabric keys in Hello
+
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                 const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
+absl::StatusOr<security::Caller> PeerService::Authorize(
+    grpc::CallbackServerContext* context, absl::string_view claimed_node) {
+  security::Guard& guard = node_->guard();
+  FL_ASSIGN_OR_RETURN(security::Caller caller,
+                      guard.Identify(context->auth_context().get()));
+  FL_RETURN_IF_ERROR(guard.Require(caller, security::Bit(security::Role::kPeer),
+                                   "call the Peer service"));
+  FL_RETURN_IF_ERROR(guard.RequireNode(caller, claimed_node));
+  return caller;
+}
 
 grpc::ServerUnaryReactor* PeerService::Hello(grpc::CallbackServerContext* context,
                                              const v1::HelloRequest* request,
                                              v1::HelloResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (request->version() != 1) {
-    reactor->Finish(ToGrpcStatus(
-        WithReason(absl::FailedPreconditionError("peer speaks another protocol version"),
-                   "VERSION_MISMATCH")));
-    return reactor;
+  if (absl::StatusOr<security::Caller> caller =
+          Authorize(context, request->topology().node());
+      !caller.ok()) {
+    return Answer(context, caller.status());
   }
+  if (request->version() != kProtocolVersion) {
+    return Answer(
+        context,
+        WithReason(absl::FailedPreconditionError("peer speaks another protocol version"),
+                   "VERSION_MISMATCH"));
+  }
+  absl::StatusOr<fabric::SessionKey> theirs = peer::ParseFabricKey(request->fabric_key());
+  if (!theirs.ok()) return Answer(context, theirs.status());
+  const std::string& caller_node = request->topology().node();
+  node_->fabric_keys().SetConnectKey(caller_node, *theirs);
   node_->peers().Remember(request->topology());
-  response->set_version(1);
+  response->set_version(kProtocolVersion);
   *response->mutable_topology() = node_->topology();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  const fabric::SessionKey ours = node_->fabric_keys().AcceptKey(caller_node);
+  response->set_fabric_key(ours.data(), ours.size());
+  return Answer(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PeerService::PrepareIncoming(
     grpc::CallbackServerContext* context, const v1::PrepareIncomingRequest* request,
     v1::PrepareIncomingResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::StatusOr<security::Caller> caller =
+          Authorize(context, request->source_node());
+      !caller.ok()) {
+    return Answer(context, caller.status());
+  }
+  // The source relays who asked it; the target tensor's grants decide.
+  security::Guard& guard = node_->guard();
+  const security::Caller requester = guard.CallerOf(request->requester());
   absl::StatusOr<v1::PrepareIncomingResponse> prepared =
-      node_->landing().Prepare(*request);
+      node_->landing().Prepare(*request, [&](const memory::TensorInfo& tensor) {
+        return guard.RequireGrant(requester, tensor.owner, tensor.writers, "into",
+                                  tensor.name);
+      });
   if (prepared.ok()) *response = std::move(*prepared);
-  reactor->Finish(ToGrpcStatus(prepared.status()));
-  return reactor;
+  return Answer(context, prepared.status());
 }
 
 grpc::ServerUnaryReactor* PeerService::GetIncoming(grpc::CallbackServerContext* context,
                                                    const v1::GetIncomingRequest* request,
                                                    v1::IncomingState* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::StatusOr<security::Caller> caller =
+          Authorize(context, request->source_node());
+      !caller.ok()) {
+    return Answer(context, caller.status());
+  }
   absl::StatusOr<v1::IncomingState> state =
       node_->landing().Query(request->source_node(), request->transfer_id());
   if (state.ok()) *response = std::move(*state);
-  reactor->Finish(ToGrpcStatus(state.status()));
-  return reactor;
+  return Answer(context, state.status());
 }
 
 }  // namespace fuselink::services

@@ -1,5 +1,6 @@
 // The agent-to-agent control service (fuselink.v1.Peer): session bootstrap and the
-// target's side of a transfer's set-up. Answers from memory; never blocks.
+// target's side of a transfer's set-up. Answers from memory; never blocks. Only peer
+// agents may call it, each only for its own node (its certificate's identity).
 #pragma once
 
 #include "fuselink/v1/peer.grpc.pb.h"
@@ -22,6 +23,10 @@ class PeerService final : public v1::Peer::CallbackService {
                                         v1::IncomingState* response) override;
 
  private:
+  // The calling peer, if it holds the peer role and `claimed_node` is its own.
+  absl::StatusOr<security::Caller> Authorize(grpc::CallbackServerContext* context,
+                                             absl::string_view claimed_node);
+
   Node* const node_;
 };
 

@@ -160,12 +160,14 @@ std::vector<Revoked> Registry::TakeExitedOwners() {
   return out;
 }
 
-absl::Status Registry::Unregister(absl::string_view name) {
+absl::Status Registry::Unregister(
+    absl::string_view name, absl::FunctionRef<absl::Status(const TensorInfo&)> check) {
   std::shared_ptr<TensorLease::Record> record;
   {
     absl::MutexLock lock(&mu_);
     auto it = tensors_.find(name);
     if (it == tensors_.end()) return UnknownTensor(name);
+    FL_RETURN_IF_ERROR(check(it->second->info));
     if (it->second->leases.load(std::memory_order_acquire) > 0) {
       return WithReason(absl::FailedPreconditionError(
                             absl::StrCat("tensor '", BoundedForMessage(name),

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -34,6 +35,11 @@ struct TensorInfo {
   std::string memory_kind;  // "host", "cuda_ipc" or "vmm"
   uint64_t size_bytes = 0;
   uint32_t home_gpu = 0;  // for GPU memory: the GPU that holds it
+  // Who may use it (agent/security/policy.h): kept here as given, checked by the
+  // services. `owner` is the registering identity (empty under open access).
+  std::string owner;
+  std::vector<std::string> readers;
+  std::vector<std::string> writers;
 };
 
 // A tensor whose owner process exited: no longer registered under its name; its region
@@ -94,8 +100,11 @@ class Registry {
   // registry (their names are free again; leases stay valid). The caller stops the
   // transfers that use them, then deregisters their regions from the fabric.
   std::vector<Revoked> TakeExitedOwners();
-  // NOT_FOUND if unknown; FAILED_PRECONDITION (TENSOR_IN_USE) while leased.
-  absl::Status Unregister(absl::string_view name);
+  // NOT_FOUND if unknown; FAILED_PRECONDITION (TENSOR_IN_USE) while leased; what
+  // `check` (may be null) says of the tensor, under the registry's lock, otherwise.
+  absl::Status Unregister(
+      absl::string_view name, absl::FunctionRef<absl::Status(const TensorInfo&)> check =
+                                  [](const TensorInfo&) { return absl::OkStatus(); });
   absl::StatusOr<TensorInfo> Get(absl::string_view name) const;
   // Up to `limit` tensors named after `after`, in name order; `*more` tells whether
   // others follow.

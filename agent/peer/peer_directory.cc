@@ -13,7 +13,7 @@ namespace {
 
 // Bound on one bootstrap call, whatever the transfer's own deadline.
 constexpr absl::Duration kBootstrapTimeout = absl::Seconds(5);
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;  // 2: fabric keys in Hello
 
 void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
   context.set_deadline(
@@ -64,6 +64,17 @@ void PeerDirectory::Shutdown() {
   for (grpc::ClientContext* context : calls_) context->TryCancel();
 }
 
+absl::StatusOr<fabric::SessionKey> ParseFabricKey(absl::string_view bytes) {
+  fabric::SessionKey key;
+  if (bytes.size() != key.size()) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "a fabric key has ", key.size(), " bytes, not ", bytes.size())),
+                      "PROTOCOL");
+  }
+  std::copy(bytes.begin(), bytes.end(), key.begin());
+  return key;
+}
+
 std::vector<fabric::Endpoint> Endpoints(const v1::Topology& topology) {
   std::vector<fabric::Endpoint> out;
   for (const v1::Nic& nic : topology.nics()) {
@@ -83,8 +94,12 @@ absl::Status PeerDirectory::CheckRails(
 }
 
 PeerDirectory::PeerDirectory(v1::Topology local, fabric::Fabric* fabric,
+                             fabric::FabricKeys* keys, PeerCredentials credentials,
                              const std::map<std::string, std::string>& peers)
-    : local_(std::move(local)), fabric_(fabric) {
+    : local_(std::move(local)),
+      fabric_(fabric),
+      keys_(keys),
+      credentials_(std::move(credentials)) {
   for (const auto& [name, address] : peers) SetPeer(name, address);
 }
 
@@ -97,8 +112,7 @@ bool PeerDirectory::SetPeer(const std::string& node, const std::string& address)
   auto session = std::make_shared<Session>();
   session->name = node;
   session->address = address;
-  session->stub =
-      v1::Peer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  session->stub = v1::Peer::NewStub(grpc::CreateChannel(address, credentials_(node)));
   sessions_[node] = std::move(session);
   return true;
 }
@@ -148,6 +162,8 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
   v1::HelloRequest request;
   request.set_version(kProtocolVersion);
   *request.mutable_topology() = local_;
+  const fabric::SessionKey ours = keys_->AcceptKey(session.name);
+  request.set_fabric_key(ours.data(), ours.size());
   v1::HelloResponse response;
   Call call(*this);
   if (call.refused()) return ShuttingDown();
@@ -160,6 +176,8 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
                           response.topology().node(), "'")),
                       "PEER_MISMATCH");
   }
+  FL_ASSIGN_OR_RETURN(fabric::SessionKey theirs, ParseFabricKey(response.fabric_key()));
+  keys_->SetConnectKey(session.name, theirs);
   std::vector<fabric::Endpoint> remote = Endpoints(response.topology());
   FL_RETURN_IF_ERROR(CheckRails(session.name, remote));
   absl::StatusOr<fabric::PeerId> peer = fabric_->Connect(session.name, remote);
@@ -249,6 +267,7 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
   request.set_block_bytes(spec.block_bytes);
   request.set_total_bytes(spec.total_bytes);
   request.set_source_nic(static_cast<uint32_t>(spec.source_nic));
+  request.set_requester(spec.requester);
   v1::PrepareIncomingResponse response;
   Call call(*this);
   if (call.refused()) return ShuttingDown();

@@ -4,6 +4,7 @@
 // and removed while it runs (Kubernetes discovery). Thread-safe.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,20 +15,31 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/fabric_keys.h"
 #include "agent/transfer/peer_link.h"
 #include "fuselink/v1/peer.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
 namespace fuselink::peer {
 
+// The 32 bytes of a Hello's fabric_key; INVALID_ARGUMENT (PROTOCOL) otherwise.
+absl::StatusOr<fabric::SessionKey> ParseFabricKey(absl::string_view bytes);
+
 // Where the topology's NICs listen, in NIC order.
 std::vector<fabric::Endpoint> Endpoints(const v1::Topology& topology);
+
+// The credentials of calls to node `node`: mutual TLS that checks the peer proves
+// that node's identity, or plaintext under --plaintext.
+using PeerCredentials =
+    std::function<std::shared_ptr<grpc::ChannelCredentials>(const std::string& node)>;
 
 class PeerDirectory final : public transfer::PeerLink {
  public:
   // `peers`: node name -> gRPC address ("host:port"). `local` is this node's
-  // topology with its NICs' listening ports filled in.
-  PeerDirectory(v1::Topology local, fabric::Fabric* fabric,
+  // topology with its NICs' listening ports filled in. Each Hello trades fabric keys
+  // (`keys`, which must outlive the directory) with the peer it reaches.
+  PeerDirectory(v1::Topology local, fabric::Fabric* fabric, fabric::FabricKeys* keys,
+                PeerCredentials credentials,
                 const std::map<std::string, std::string>& peers);
 
   bool Knows(absl::string_view node) const override;
@@ -104,6 +116,8 @@ class PeerDirectory final : public transfer::PeerLink {
 
   const v1::Topology local_;
   fabric::Fabric* const fabric_;
+  fabric::FabricKeys* const keys_;
+  const PeerCredentials credentials_;
   // Each Session guards itself; the map only who is known.
   mutable absl::Mutex sessions_mu_;
   std::map<std::string, std::shared_ptr<Session>, std::less<>> sessions_

@@ -76,23 +76,26 @@ Engine::Engine(EngineOptions options, const topo::Topology& topology,
 Engine::~Engine() { Shutdown(); }
 
 absl::StatusOr<std::shared_ptr<Transfer>> Engine::Submit(
-    const v1::TransferRequest& request, absl::Time call_deadline) {
+    const v1::TransferRequest& request, absl::Time call_deadline,
+    const Requester& requester) {
   const std::string& rid = request.request_id();
   FL_RETURN_IF_ERROR(CheckRequestId(rid));
-  std::string fingerprint = Fingerprint(request);
+  // The requester is part of what a request id names: nobody attaches to another's.
+  std::string fingerprint = absl::StrCat(Fingerprint(request), "\n", requester.identity);
   FL_ASSIGN_OR_RETURN(JobPtr existing, transfers_.Existing(rid, fingerprint));
   if (existing != nullptr) return existing->transfer();
   FL_RETURN_IF_ERROR(CheckNodes(request, options_.node, *peers_));
   const absl::Time deadline = std::min(RequestDeadline(request), call_deadline);
   if (deadline <= now()) return DeadlineStatus();
   FL_ASSIGN_OR_RETURN(memory::TensorLease lease, PinSource(request, *registry_));
+  if (requester.may_read) FL_RETURN_IF_ERROR(requester.may_read(lease.info()));
   const int direct_nic = topo::DirectNic(topology_, lease.info().home_gpu);
   auto make = [&](uint32_t serial, uint64_t number) {
     auto transfer =
         std::make_shared<Transfer>(absl::StrCat(id_prefix_, number), request,
                                    std::move(fingerprint), nic_names_, deadline);
     return std::make_shared<Job>(serial, std::move(transfer), std::move(lease),
-                                 direct_nic, &ctx_);
+                                 direct_nic, &ctx_, requester.identity);
   };
   bool fresh = false;
   FL_ASSIGN_OR_RETURN(JobPtr job, transfers_.Admit(rid, fingerprint, make, &fresh));
@@ -112,6 +115,7 @@ void Engine::PrepareJob(const JobPtr& job) {
   Run(job, [&](Job& j, JobEffects* fx)
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { spec = j.BeginPrepare(fx); });
   if (!spec) return;  // ended while it queued
+  spec->requester = job->requester();
   absl::StatusOr<Prepared> prepared = peers_->PrepareIncoming(*spec);
   absl::StatusOr<std::vector<Extent>> plan = absl::UnknownError("not prepared");
   if (prepared.ok()) {

@@ -71,6 +71,16 @@ struct EngineOptions {
 };
 
 // What the engine reports as it happens (to metrics). Called off the engine's locks.
+// Who asks for a transfer, as the services established it.
+struct Requester {
+  // Sent to the target, which checks it against the target tensor's writers. An
+  // identical request from another requester is another request (REQUEST_ID_REUSED).
+  std::string identity;
+  // Whether it may move data out of the source tensor, checked on the pinned tensor.
+  // Null: anyone may.
+  std::function<absl::Status(const memory::TensorInfo&)> may_read;
+};
+
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
@@ -95,10 +105,11 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Checks the request and starts it, or returns the transfer an identical earlier
-  // request started. `call_deadline` bounds the transfer along with the request's;
-  // a deadline already reached is DEADLINE_EXCEEDED (DEADLINE).
+  // request of the same requester started. `call_deadline` bounds the transfer along
+  // with the request's; a deadline already reached is DEADLINE_EXCEEDED (DEADLINE).
   absl::StatusOr<std::shared_ptr<Transfer>> Submit(const v1::TransferRequest& request,
-                                                   absl::Time call_deadline);
+                                                   absl::Time call_deadline,
+                                                   const Requester& requester = {});
   // By transfer id, else by request id. NOT_FOUND (UNKNOWN_TRANSFER).
   absl::StatusOr<std::shared_ptr<Transfer>> Find(absl::string_view transfer_id,
                                                  absl::string_view request_id) const;

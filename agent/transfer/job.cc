@@ -27,12 +27,13 @@ absl::Status EarlyVerdictStatus(absl::string_view target_node) {
 }
 
 Job::Job(uint32_t serial, std::shared_ptr<Transfer> transfer, memory::TensorLease source,
-         int direct_nic, JobContext* ctx)
+         int direct_nic, JobContext* ctx, std::string requester)
     : serial_(serial),
       transfer_(std::move(transfer)),
       direct_nic_(direct_nic),
       ctx_(ctx),
       source_layout_(source.info().layout),
+      requester_(std::move(requester)),
       source_(std::move(source)),
       reach_(ctx->fabric->nic_count()),
       wait_(ctx->options.verdict) {}

@@ -74,7 +74,7 @@ class Job {
   }
 
   Job(uint32_t serial, std::shared_ptr<Transfer> transfer, memory::TensorLease source,
-      int direct_nic, JobContext* ctx);
+      int direct_nic, JobContext* ctx, std::string requester = {});
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
@@ -84,6 +84,7 @@ class Job {
   const std::string& target_node() const { return transfer_->request().target().node(); }
   int direct_nic() const { return direct_nic_; }
   const memory::Layout& source_layout() const { return source_layout_; }
+  const std::string& requester() const { return requester_; }
 
   // --- Events; each ends by settling the job (posting what it can, ending it when it
   // is decided and drained). ---
@@ -164,6 +165,7 @@ class Job {
   const int direct_nic_;
   JobContext* const ctx_;
   const memory::Layout source_layout_;
+  const std::string requester_;  // who asked for it (Requester::identity)
 
   memory::TensorLease source_ ABSL_GUARDED_BY(mu());
   Phase phase_ ABSL_GUARDED_BY(mu()) = Phase::kPreparing;

@@ -78,9 +78,29 @@ size_t Landing::active() const {
   return open_;
 }
 
+absl::Status Landing::CheckRoomLocked(const std::string& source) {
+  if (free_.empty()) {
+    return WithReason(
+        absl::ResourceExhaustedError(
+            absl::StrCat("the target already has ", kMaxIncoming, " incoming transfers")),
+        "TOO_MANY_INCOMING");
+  }
+  if (auto it = per_source_.find(source);
+      it != per_source_.end() && it->second >= options_.max_per_source) {
+    share_refusals_.fetch_add(1, std::memory_order_relaxed);
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          "node '", BoundedForMessage(source), "' holds ", it->second,
+                          " incoming transfers here, its share")),
+                      "SOURCE_SHARE");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
-    const v1::PrepareIncomingRequest& request) {
+    const v1::PrepareIncomingRequest& request,
+    absl::FunctionRef<absl::Status(const memory::TensorInfo&)> may_write) {
   FL_ASSIGN_OR_RETURN(memory::TensorLease tensor, registry_->Acquire(request.tensor()));
+  FL_RETURN_IF_ERROR(may_write(tensor.info()));
   const memory::Layout& layout = tensor.info().layout;
   const std::span<const uint32_t> ids(request.block_ids().data(),
                                       static_cast<size_t>(request.block_ids_size()));
@@ -115,12 +135,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       return WithReason(absl::UnavailableError("the target agent is shutting down"),
                         "SHUTTING_DOWN");
     }
-    if (free_.empty()) {
-      return WithReason(
-          absl::ResourceExhaustedError(absl::StrCat("the target already has ",
-                                                    kMaxIncoming, " incoming transfers")),
-          "TOO_MANY_INCOMING");
-    }
+    FL_RETURN_IF_ERROR(CheckRoomLocked(request.source_node()));
   }
   // The window: these blocks, this source, nothing else.
   absl::StatusOr<fabric::WindowKey> window =
@@ -133,11 +148,14 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
   }
   const int rail = static_cast<int>(request.source_nic());
   v1::PrepareIncomingResponse response;
-  bool reserved = false;
+  absl::Status room = absl::OkStatus();
   {
     absl::MutexLock lock(&mu_);
-    if (!shut_down_ && !free_.empty()) {
-      reserved = true;
+    room = shut_down_
+               ? WithReason(absl::UnavailableError("the target agent is shutting down"),
+                            "SHUTTING_DOWN")
+               : CheckRoomLocked(request.source_node());
+    if (room.ok()) {
       const uint32_t index = free_.front();
       free_.pop_front();
       Slot& slot = slots_[index];
@@ -159,9 +177,11 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       slot.expected_bytes = expected;
       slot.landed = LandedRanges();
       slot.last_activity = absl::Now();
+      slot.started = false;
       slot.commit_deadline = absl::InfiniteFuture();
       slot.verdict = absl::OkStatus();
       by_transfer_[slot.transfer_id] = index;
+      ++per_source_[slot.source_node];
       ++owner_slots_[rail];
       ++open_;
 
@@ -176,10 +196,9 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       response.set_idle_nic_mask(IdleMaskLocked());
     }
   }
-  if (!reserved) {  // lost the race for the last slot, or shut down meanwhile
+  if (!room.ok()) {  // lost the race for the last slot, or shut down meanwhile
     fabric_->CloseWindow(*window, [] {});
-    return WithReason(absl::ResourceExhaustedError("the target has no free slot"),
-                      "TOO_MANY_INCOMING");
+    return room;
   }
   TellIdle();
   return response;
@@ -192,6 +211,9 @@ Landing::Ending Landing::BeginCloseLocked(uint32_t index, absl::Status verdict) 
   slot.commit_deadline = absl::InfiniteFuture();
   --owner_slots_[slot.rail];
   --open_;
+  if (auto it = per_source_.find(slot.source_node); it != per_source_.end()) {
+    if (--it->second == 0) per_source_.erase(it);
+  }
   return Ending{index, slot.generation, slot.window};
 }
 
@@ -294,6 +316,7 @@ void Landing::OnArrival(const fabric::Arrival& arrival) {
       }
     } else {
       slot.last_activity = absl::Now();
+      slot.started = true;
       switch (op) {
         case ImmOp::kData:
           ending = OnDataLocked(arrival, slot);
@@ -350,6 +373,9 @@ void Landing::Expire(absl::Time now) {
       if (slot.state != SlotState::kOpen) continue;
       if (now > slot.commit_deadline) {
         endings.push_back(BeginCloseLocked(i, TargetStatus(Verdict::kIncompleteCommit)));
+      } else if (!slot.started && now - slot.last_activity > options_.start_timeout) {
+        unstarted_expired_.fetch_add(1, std::memory_order_relaxed);
+        endings.push_back(BeginCloseLocked(i, TargetStatus(Verdict::kSourceIdle)));
       } else if (now - slot.last_activity > options_.idle_timeout) {
         endings.push_back(BeginCloseLocked(i, TargetStatus(Verdict::kSourceIdle)));
       }

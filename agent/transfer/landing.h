@@ -25,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -45,6 +46,12 @@ struct LandingOptions {
   // How long a commit waits for bytes that landed but are not counted yet (verbs:
   // another NIC's completions not yet polled) before it fails INCOMPLETE_COMMIT.
   absl::Duration commit_grace = absl::Seconds(2);
+  // A slot whose source has sent nothing at all this long after it was prepared
+  // fails SOURCE_IDLE: a transfer that never starts pins its tensor only briefly.
+  absl::Duration start_timeout = absl::Seconds(5);
+  // Open slots one source may hold at once: its share of kMaxIncoming, so that one
+  // peer (or one client through it) cannot take every slot.
+  uint32_t max_per_source = kMaxIncoming / 4;
 };
 
 // Receives the end of every incoming transfer, with no lock held.
@@ -72,8 +79,13 @@ class Landing {
 
   // Checks the target side of a transfer, opens its window for the source and
   // reserves a slot. Blocks while the fabric opens the window.
+  // `may_write` says whether the transfer may write into the tensor (its grants),
+  // checked on the pinned tensor. RESOURCE_EXHAUSTED (SOURCE_SHARE) when the source
+  // holds max_per_source slots already.
   absl::StatusOr<v1::PrepareIncomingResponse> Prepare(
-      const v1::PrepareIncomingRequest& request);
+      const v1::PrepareIncomingRequest& request,
+      absl::FunctionRef<absl::Status(const memory::TensorInfo&)> may_write =
+          [](const memory::TensorInfo&) { return absl::OkStatus(); });
 
   // A write or notice from a source (not idle masks or verdicts: those are the
   // engine's).
@@ -95,6 +107,10 @@ class Landing {
   // Arrivals that named no open slot of theirs (stale generation, unknown slot,
   // another source's slot), or strayed outside their slot's blocks.
   uint64_t stray_writes() const { return stray_writes_.load(); }
+  // Slots that ended because their source never sent a byte (start_timeout).
+  uint64_t unstarted_expired() const { return unstarted_expired_.load(); }
+  // PrepareIncoming calls refused because their source held its share.
+  uint64_t share_refusals() const { return share_refusals_.load(); }
   size_t active() const;
   // Bit k set when no open slot has rail k as its source's direct NIC: no owner
   // traffic arrives on NIC k, and sources may borrow it. (With rails, GPU s on the
@@ -121,6 +137,7 @@ class Landing {
     LandedRanges landed;
     uint64_t landed_bytes = 0;  // distinct bytes, kept once the ranges are let go
     absl::Time last_activity;
+    bool started = false;  // something arrived from the source
     absl::Time commit_deadline = absl::InfiniteFuture();  // a commit waits for bytes
     absl::Status verdict;                                 // once closing
   };
@@ -153,6 +170,8 @@ class Landing {
   const IdleFn on_idle_;
   const LandingOptions options_;
   std::atomic<uint64_t> stray_writes_{0};
+  std::atomic<uint64_t> unstarted_expired_{0};
+  std::atomic<uint64_t> share_refusals_{0};
   struct alignas(64) NicBytes {
     std::atomic<uint64_t> own{0}, borrowed{0};
   };
@@ -169,6 +188,11 @@ class Landing {
   absl::flat_hash_map<std::string, uint32_t> by_transfer_ ABSL_GUARDED_BY(mu_);
   std::array<uint32_t, topo::kMaxNics> owner_slots_ ABSL_GUARDED_BY(mu_) = {};
   size_t open_ ABSL_GUARDED_BY(mu_) = 0;
+  // Open slots by source node.
+  absl::flat_hash_map<std::string, uint32_t> per_source_ ABSL_GUARDED_BY(mu_);
+  // RESOURCE_EXHAUSTED when no slot is free or `source` holds its share.
+  absl::Status CheckRoomLocked(const std::string& source)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace fuselink::transfer

@@ -25,6 +25,9 @@ struct IncomingSpec {
   uint64_t block_bytes = 0;
   uint64_t total_bytes = 0;
   int source_nic = 0;  // the transfer's direct NIC
+  // Who asked for the transfer (Requester::identity); the target checks it against
+  // the target tensor's writers.
+  std::string requester;
   absl::Time deadline = absl::InfiniteFuture();
 };
 

@@ -1,0 +1,105 @@
+#include "agent/security/guard.h"
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+
+namespace fuselink::security {
+
+absl::string_view RefusalReason(Refusal refusal) {
+  switch (refusal) {
+    case Refusal::kNoClientCertificate:
+      return "NO_CLIENT_CERTIFICATE";
+    case Refusal::kNoIdentity:
+      return "NO_IDENTITY";
+    case Refusal::kRoleRequired:
+      return "ROLE_REQUIRED";
+    case Refusal::kNodeMismatch:
+      return "NODE_MISMATCH";
+    case Refusal::kNotOwner:
+      return "NOT_OWNER";
+    case Refusal::kTensorAccess:
+      return "TENSOR_ACCESS";
+    case Refusal::kCount:
+      break;
+  }
+  return "UNKNOWN";
+}
+
+absl::Status Guard::Refuse(Refusal refusal, absl::Status status) {
+  refusals_[static_cast<size_t>(refusal)].fetch_add(1, std::memory_order_relaxed);
+  return WithReason(std::move(status), RefusalReason(refusal));
+}
+
+absl::StatusOr<Caller> Guard::Identify(const grpc::AuthContext* auth) {
+  if (open_) return Caller{.open = true};
+  // The TLS layer verified the chain to our CA before the call began; a peer with
+  // no certificate at all gets this far (the server requests, and verifies, one).
+  if (auth == nullptr || auth->FindPropertyValues("x509_pem_cert").empty()) {
+    return Refuse(Refusal::kNoClientCertificate,
+                  absl::UnauthenticatedError(
+                      "this agent takes calls only with a client certificate of its CA"));
+  }
+  std::vector<grpc::string_ref> ids = auth->FindPropertyValues("peer_spiffe_id");
+  if (ids.size() != 1 || ids[0].empty() || ids[0].size() > kMaxIdentityBytes) {
+    return Refuse(Refusal::kNoIdentity,
+                  absl::UnauthenticatedError("the client certificate names no SPIFFE ID "
+                                             "(one URI SAN spiffe://...)"));
+  }
+  return CallerOf(absl::string_view(ids[0].data(), ids[0].size()));
+}
+
+Caller Guard::CallerOf(absl::string_view identity) const {
+  if (open_) return Caller{.open = true};
+  return Caller{.identity = std::string(identity), .roles = policy_.RolesOf(identity)};
+}
+
+absl::Status Guard::Require(const Caller& caller, Roles any_of,
+                            absl::string_view action) {
+  if (caller.Has(any_of)) return absl::OkStatus();
+  std::string roles;
+  for (Role r : {Role::kRouter, Role::kEngine, Role::kPeer, Role::kViewer}) {
+    if (any_of & Bit(r))
+      absl::StrAppend(&roles, roles.empty() ? "" : " or ", RoleName(r));
+  }
+  return Refuse(Refusal::kRoleRequired, absl::PermissionDeniedError(absl::StrCat(
+                                            BoundedForMessage(caller.identity),
+                                            " may not ", action, ": needs ", roles)));
+}
+
+absl::Status Guard::RequireNode(const Caller& caller, absl::string_view claimed) {
+  if (caller.open) return absl::OkStatus();
+  if (policy_.NodeOf(caller.identity) == claimed) return absl::OkStatus();
+  return Refuse(Refusal::kNodeMismatch,
+                absl::PermissionDeniedError(absl::StrCat(
+                    BoundedForMessage(caller.identity), " may not speak for node '",
+                    BoundedForMessage(claimed), "'")));
+}
+
+absl::Status Guard::RequireOwner(const Caller& caller, absl::string_view owner,
+                                 absl::string_view name) {
+  if (caller.open || caller.identity == owner) return absl::OkStatus();
+  return Refuse(Refusal::kNotOwner,
+                absl::PermissionDeniedError(absl::StrCat(
+                    "tensor '", name, "' belongs to ", BoundedForMessage(owner))));
+}
+
+absl::Status Guard::RequireGrant(const Caller& caller, absl::string_view owner,
+                                 const std::vector<std::string>& grants,
+                                 absl::string_view direction, absl::string_view name) {
+  if (Granted(caller, owner, grants)) return absl::OkStatus();
+  return Refuse(Refusal::kTensorAccess,
+                absl::PermissionDeniedError(absl::StrCat(
+                    BoundedForMessage(caller.identity.empty() ? "an unnamed caller"
+                                                              : caller.identity),
+                    " may not move data ", direction, " tensor '", name, "'")));
+}
+
+std::vector<std::pair<absl::string_view, uint64_t>> Guard::refusals() const {
+  std::vector<std::pair<absl::string_view, uint64_t>> out;
+  for (size_t i = 0; i < refusals_.size(); ++i) {
+    out.emplace_back(RefusalReason(static_cast<Refusal>(i)), refusals_[i].load());
+  }
+  return out;
+}
+
+}  // namespace fuselink::security

@@ -349,8 +349,10 @@ grpc::ServerWriteReactor<v1::TransferEvent>* AgentService::TransferKVCache(
     grpc::CallbackServerContext* context, const v1::TransferRequest* request) {
   absl::StatusOr<security::Caller> caller =
       Authorize(context, Bit(Role::kRouter), "move tensors");
-  absl::StatusOr<transfer::Requester> requester = caller.status();
-  if (caller.ok()) {
+  absl::StatusOr<transfer::Requester> requester = absl::UnknownError("unset");
+  if (!caller.ok()) {
+    requester = caller.status();
+  } else {
     security::Guard* guard = &node_->guard();
     requester = transfer::Requester{
         .identity = caller->identity,

@@ -47,6 +47,11 @@ ABSL_FLAG(uint32_t, borrow_depth, 2,
 ABSL_FLAG(uint32_t, chunk_bytes, 4u << 20, "Bytes per fabric write.");
 ABSL_FLAG(uint32_t, window_chunks, 16, "Chunks in flight per transfer.");
 ABSL_FLAG(uint32_t, max_transfers, 64, "Outgoing transfers in flight at once.");
+ABSL_FLAG(uint32_t, incoming_per_source, fuselink::transfer::kMaxIncoming / 4,
+          "Incoming transfers one source node may hold open here at once (of 4096).");
+ABSL_FLAG(uint32_t, incoming_start_timeout_ms, 5000,
+          "An incoming transfer whose source sends nothing this long after preparing "
+          "it fails SOURCE_IDLE, letting go of its tensor.");
 ABSL_FLAG(std::string, transport, "auto",
           "auto (verbs where every NIC address is an active RDMA port, else tcp), tcp or "
           "verbs.");
@@ -164,6 +169,13 @@ int main(int argc, char** argv) {
   options.engine.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.engine.window_chunks = absl::GetFlag(FLAGS_window_chunks);
   options.engine.max_active_transfers = absl::GetFlag(FLAGS_max_transfers);
+  options.landing.max_per_source = absl::GetFlag(FLAGS_incoming_per_source);
+  options.landing.start_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_incoming_start_timeout_ms));
+  if (options.landing.max_per_source == 0 ||
+      options.landing.max_per_source > transfer::kMaxIncoming) {
+    return Fail(absl::InvalidArgumentError("--incoming_per_source must be 1 to 4096"));
+  }
   options.gpu = absl::GetFlag(FLAGS_gpu);
   if (options.gpu != "auto" && options.gpu != "off") {
     return Fail(absl::InvalidArgumentError("--gpu must be auto or off"));

@@ -70,7 +70,7 @@ absl::Status Node::Start() {
       registry_.get(), fabric_.get(), topology_.nics_size(),
       [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); },
       [this](const std::string& source, uint32_t imm) { notifier_->Send(source, imm); },
-      [this](uint32_t mask) { TellIdleNics(mask); });
+      [this](uint32_t mask) { TellIdleNics(mask); }, options_.landing);
   transfer::EngineOptions engine_options = options_.engine;
   engine_options.node = options_.node;
   engine_ = std::make_unique<transfer::Engine>(

@@ -39,6 +39,7 @@ struct NodeOptions {
   int connections_per_nic = 2;  // tcp: connections per NIC and peer
   int qps_per_nic = 2;          // verbs: RC QPs per NIC and peer
   transfer::EngineOptions engine;
+  transfer::LandingOptions landing;
   // GPU paths: "auto" (on where the driver finds GPUs) or "off".
   std::string gpu = "auto";
   relay::GpuRelayOptions gpu_relay;

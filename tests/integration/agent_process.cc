@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/integration/pki.h"
 #include "tools/client/client.h"
 
 #ifndef FUSELINK_AGENT_PATH
@@ -100,9 +101,18 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(
       absl::StrCat("--loopback_net=", NextLoopbackNet()),
       "--gpu=off",  // host memory only, on every machine
   };
-  bool has_listen = false;
-  for (const std::string& flag : flags) has_listen |= absl::StartsWith(flag, "--listen=");
+  bool has_listen = false, plaintext = false, own_tls = false;
+  for (const std::string& flag : flags) {
+    has_listen |= absl::StartsWith(flag, "--listen=");
+    plaintext |= flag == "--plaintext";
+    own_tls |= absl::StartsWith(flag, "--tls_cert=");
+  }
   if (!has_listen) args.push_back("--listen=127.0.0.1:0");
+  // Mutual TLS, as agents run by default, unless the test brings its own.
+  if (!plaintext && !own_tls) {
+    for (std::string& flag : AgentTlsFlags(node)) args.push_back(std::move(flag));
+  }
+  agent->plaintext_ = plaintext;
   args.insert(args.end(), flags.begin(), flags.end());
   // Everything the child touches is made before fork: after it, in a process with
   // threads, the child may only make async-signal-safe calls.
@@ -166,11 +176,18 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(
     return absl::InternalError(absl::StrCat("bad ready file: ", ready));
   }
   agent->stub_ = v1::Agent::NewStub(
-      grpc::CreateChannel(agent->grpc_address_, grpc::InsecureChannelCredentials()));
+      plaintext
+          ? grpc::CreateChannel(agent->grpc_address_, grpc::InsecureChannelCredentials())
+          : ClientChannel(agent->grpc_address_));
   return agent;
 }
 
 AgentProcess::~AgentProcess() { Kill(); }
+
+std::unique_ptr<v1::Agent::Stub> AgentProcess::StubAs(const std::string& kind,
+                                                      const std::string& name) const {
+  return v1::Agent::NewStub(ClientChannel(grpc_address_, kind, name));
+}
 
 void AgentProcess::Kill() {
   if (pid_ <= 0) return;

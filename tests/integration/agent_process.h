@@ -69,8 +69,12 @@ class AgentProcess {
   const std::string& handle_socket() const { return handle_socket_; }
   const std::string& log_path() const { return log_path_; }
   pid_t pid() const { return pid_; }
-  // A stub on a channel of its own to this agent.
+  // A stub on a channel of its own to this agent, as the harness's client
+  // (pki.h: router, engine and viewer at once).
   v1::Agent::Stub& stub() { return *stub_; }
+  // A stub presenting <kind>-<name>'s certificate (pki.h), or none (kind empty).
+  std::unique_ptr<v1::Agent::Stub> StubAs(const std::string& kind,
+                                          const std::string& name) const;
 
   // SIGKILL to the process group, then reaps. Idempotent.
   void Kill();
@@ -100,6 +104,7 @@ class AgentProcess {
   std::string metrics_url_;
   std::string handle_socket_;
   std::string log_path_;
+  bool plaintext_ = false;  // started with --plaintext
   pid_t pid_ = -1;
   int exit_status_ = 0;  // as waitpid gives it, once reaped
   std::unique_ptr<v1::Agent::Stub> stub_;

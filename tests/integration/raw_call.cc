@@ -3,6 +3,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "tests/integration/pki.h"
 
 namespace fuselink::testing {
 namespace {
@@ -21,8 +22,7 @@ bool Await(grpc::CompletionQueue& queue, void* tag) {
 RawResult RawCall(const std::string& address, const std::string& method,
                   const std::string& request, absl::Duration timeout) {
   RawResult result;
-  grpc::GenericStub stub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::GenericStub stub(ClientChannel(address));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   grpc::CompletionQueue queue;

@@ -3,6 +3,7 @@
 // same for what one agent sends another (Peer.Hello, Peer.PrepareIncoming).
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/pki.h"
 #include "tests/integration/raw_call.h"
 
 namespace fuselink::testing {
@@ -364,8 +366,7 @@ TEST_F(Utf8Test, BytesThatAreNoMessage) {
 class PeerRequestTest : public RequestErrorTest {
  protected:
   grpc::Status Prepare(const v1::PrepareIncomingRequest& request) {
-    auto stub = v1::Peer::NewStub(
-        grpc::CreateChannel(b_->grpc_address(), grpc::InsecureChannelCredentials()));
+    auto stub = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "node", "node-a"));
     v1::PrepareIncomingResponse response;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -375,6 +376,7 @@ class PeerRequestTest : public RequestErrorTest {
   v1::PrepareIncomingRequest Good() {
     v1::PrepareIncomingRequest request;
     request.set_source_node("node-a");
+    request.set_requester("spiffe://fuselink/test/client");
     request.set_transfer_id("raw-1");
     request.set_tensor("kv");
     request.add_block_ids(0);
@@ -387,10 +389,10 @@ class PeerRequestTest : public RequestErrorTest {
 };
 
 TEST_F(PeerRequestTest, HelloOfAnotherVersion) {
-  auto stub = v1::Peer::NewStub(
-      grpc::CreateChannel(b_->grpc_address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "node", "node-c"));
   v1::HelloRequest request;
-  request.set_version(2);
+  request.set_version(1);
+  request.mutable_topology()->set_node("node-c");
   v1::HelloResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -415,36 +417,102 @@ TEST_F(PeerRequestTest, PrepareIncomingChecksEveryField) {
   // TearDown then checks that both agents still serve and move a good transfer.
 }
 
-// Every incoming slot taken: the next transfer is refused, and the target serves on.
+// One peer asks for every incoming slot the target has: it gets its share and no more
+// (RESOURCE_EXHAUSTED, SOURCE_SHARE), and another peer's transfer still gets a slot.
 // (Its own fixture: the slots stay reserved until they expire, so no good transfer
 // can follow as RequestErrorTest checks after each test.)
-TEST_F(TwoNodeTest, PrepareIncomingPastEverySlot) {
-  ASSERT_NO_FATAL_FAILURE(StartNodes());
+TEST_F(TwoNodeTest, OnePeerGetsOnlyItsShareOfIncomingSlots) {
+  constexpr uint32_t kShare = 64;
+  ASSERT_NO_FATAL_FAILURE(StartNodes({}, {absl::StrCat("--incoming_per_source=", kShare),
+                                          "--incoming_start_timeout_ms=600000"}));
   absl::StatusOr<HostTensor> kv =
       RegisterTensor(*b_, "kv", MakeLayout(kLayers, kBlocks, kBlockBytes), 0);
   ASSERT_TRUE(kv.ok()) << kv.status();
-  auto stub = v1::Peer::NewStub(
-      grpc::CreateChannel(b_->grpc_address(), grpc::InsecureChannelCredentials()));
-  v1::PrepareIncomingRequest r;
-  r.set_source_node("node-a");
-  r.set_tensor("kv");
-  r.add_block_ids(0);
-  r.set_layer_end(kLayers);
-  r.set_block_bytes(kBlockBytes);
-  r.set_total_bytes(kLayers * kBlockBytes);
-  auto prepare = [&](const std::string& id) {
+  // One channel per peer, as an agent keeps it.
+  std::map<std::string, std::unique_ptr<v1::Peer::Stub>> stubs;
+  auto prepare = [&](const std::string& source, const std::string& id) {
+    std::unique_ptr<v1::Peer::Stub>& stub = stubs[source];
+    if (stub == nullptr) {
+      stub = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "node", source));
+    }
+    v1::PrepareIncomingRequest r;
+    r.set_source_node(source);
+    r.set_requester("spiffe://fuselink/test/client");
+    r.set_tensor("kv");
+    r.add_block_ids(0);
+    r.set_layer_end(kLayers);
+    r.set_block_bytes(kBlockBytes);
+    r.set_total_bytes(kLayers * kBlockBytes);
     r.set_transfer_id(id);
     v1::PrepareIncomingResponse response;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     return stub->PrepareIncoming(&context, r, &response);
   };
+  uint32_t granted = 0, refused = 0;
   for (uint32_t i = 0; i < transfer::kMaxIncoming; ++i) {
-    ASSERT_TRUE(prepare(absl::StrCat("slot-", i)).ok()) << i;
+    grpc::Status s = prepare("node-x", absl::StrCat("slot-", i));
+    if (s.ok()) {
+      ++granted;
+    } else {
+      ASSERT_TRUE(HasError(s, grpc::StatusCode::RESOURCE_EXHAUSTED, "SOURCE_SHARE")) << i;
+      ++refused;
+    }
   }
-  EXPECT_TRUE(HasError(prepare("one-too-many"), grpc::StatusCode::RESOURCE_EXHAUSTED,
-                       "TOO_MANY_INCOMING"));
+  EXPECT_EQ(granted, kShare);
+  EXPECT_EQ(refused, transfer::kMaxIncoming - kShare);
+  EXPECT_TRUE(prepare("node-y", "other-peer").ok());
   EXPECT_TRUE(Serves(*b_));
+}
+
+// A transfer prepared and never started lets go of its slot and its tensor quickly:
+// the tensor can be unregistered once the slot expired.
+TEST_F(TwoNodeTest, PreparedTransferThatNeverStartsExpires) {
+  ASSERT_NO_FATAL_FAILURE(StartNodes({}, {"--incoming_start_timeout_ms=300"}));
+  absl::StatusOr<HostTensor> kv =
+      RegisterTensor(*b_, "kv", MakeLayout(kLayers, kBlocks, kBlockBytes), 0);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  auto peer = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "node", "node-x"));
+  v1::PrepareIncomingRequest r;
+  r.set_source_node("node-x");
+  r.set_requester("spiffe://fuselink/test/client");
+  r.set_transfer_id("never-starts");
+  r.set_tensor("kv");
+  r.add_block_ids(0);
+  r.set_layer_end(kLayers);
+  r.set_block_bytes(kBlockBytes);
+  r.set_total_bytes(kLayers * kBlockBytes);
+  {
+    v1::PrepareIncomingResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(peer->PrepareIncoming(&context, r, &response).ok());
+  }
+  {  // pinned: the tensor cannot go
+    v1::UnregisterTensorRequest request;
+    request.set_name("kv");
+    v1::UnregisterTensorResponse response;
+    grpc::ClientContext context;
+    EXPECT_TRUE(HasError(b_->stub().UnregisterTensor(&context, request, &response),
+                         grpc::StatusCode::FAILED_PRECONDITION, "TENSOR_IN_USE"));
+  }
+  v1::IncomingState state;
+  const absl::Time give_up = absl::Now() + kWaitTimeout;
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    v1::GetIncomingRequest q;
+    q.set_source_node("node-x");
+    q.set_transfer_id("never-starts");
+    grpc::ClientContext context;
+    ASSERT_TRUE(peer->GetIncoming(&context, q, &state).ok());
+  } while (state.open() && absl::Now() < give_up);
+  EXPECT_FALSE(state.open());
+  EXPECT_EQ(state.code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_EQ(state.reason(), "SOURCE_IDLE");
+  v1::UnregisterTensorRequest request;
+  request.set_name("kv");
+  v1::UnregisterTensorResponse response;
+  grpc::ClientContext context;
+  EXPECT_TRUE(b_->stub().UnregisterTensor(&context, request, &response).ok());
 }
 
 }  // namespace

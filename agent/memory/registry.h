@@ -17,6 +17,7 @@
 #include "agent/common/unique_fd.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/layout.h"
+#include "agent/memory/lender.h"
 
 namespace fuselink::memory {
 
@@ -34,6 +35,10 @@ struct TensorInfo {
   std::string memory_kind;  // "host", "cuda_ipc" or "vmm"
   uint64_t size_bytes = 0;
   uint32_t home_gpu = 0;  // for GPU memory: the GPU that holds it
+  // The process that lent the memory, as the kernel named it to the handle socket
+  // (SO_PEERCRED); filled by the caller of Register* from the descriptor's token,
+  // kept as given. Unknown for GPU memory lent without any descriptor.
+  Lender lender;
 };
 
 // A tensor whose owner process exited: no longer registered under its name; its region

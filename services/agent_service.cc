@@ -33,7 +33,7 @@ void ToProto(const memory::TensorInfo& info, absl::string_view node, v1::Tensor*
   out->set_size_bytes(info.size_bytes);
   out->set_home_gpu(info.home_gpu);
   out->set_node(std::string(node));
-  if (info.lender.known()) {
+  if (info.lender.known) {
     out->set_lender_pid(static_cast<uint32_t>(info.lender.pid));
     out->set_lender_uid(info.lender.uid);
     out->set_lender_gid(info.lender.gid);

@@ -227,7 +227,7 @@ void HandleSocket::AcceptSome(absl::Time now) {
     HandleSocketCounters::Add(counters_->connections);
     Client& c = clients_.emplace_back();
     c.fd = std::move(fd);
-    c.peer = memory::Lender{cred.pid, cred.uid, cred.gid};
+    c.peer = memory::Lender{true, cred.pid, cred.uid, cred.gid};
     c.deadline = now + kHandleIdleTimeout;
   }
 }

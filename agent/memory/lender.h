@@ -9,10 +9,14 @@
 namespace fuselink::memory {
 
 struct Lender {
-  pid_t pid = 0;  // 0: unknown (no descriptor came with the memory)
-  uid_t uid = 0;  // meaningful only when pid != 0
-  gid_t gid = 0;  // meaningful only when pid != 0
-  bool known() const { return pid != 0; }
+  // False when no descriptor came with the memory (a CUDA IPC handle without an
+  // owner pidfd); then the rest is 0 and means nothing.
+  bool known = false;
+  // As the agent's pid namespace sees it: 0 when the lender's is not visible there.
+  pid_t pid = 0;
+  // As the agent's user namespace sees them (the overflow id when unmapped).
+  uid_t uid = 0;
+  gid_t gid = 0;
 };
 
 }  // namespace fuselink::memory

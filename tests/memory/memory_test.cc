@@ -48,7 +48,7 @@ TEST(FdTokens, TokenIsSpentOnce) {
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   close(fds[1]);
-  auto token = tokens.Put(UniqueFd(fds[0]), Lender{getpid(), getuid(), getgid()});
+  auto token = tokens.Put(UniqueFd(fds[0]), Lender{true, getpid(), getuid(), getgid()});
   ASSERT_TRUE(token.ok());
   auto lent = tokens.Take(*token);
   ASSERT_TRUE(lent.ok());

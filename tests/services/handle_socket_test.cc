@@ -231,6 +231,7 @@ TEST_F(HandleSocketTest, TheTokenRemembersThePeersKernelCredentials) {
   ASSERT_TRUE(token.ok()) << token.status();
   absl::StatusOr<memory::LentFd> lent = tokens_.Take(*token);
   ASSERT_TRUE(lent.ok()) << lent.status();
+  EXPECT_TRUE(lent->lender.known);
   EXPECT_EQ(lent->lender.pid, getpid());
   EXPECT_EQ(lent->lender.uid, getuid());
   EXPECT_EQ(lent->lender.gid, getgid());

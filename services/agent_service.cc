@@ -42,6 +42,11 @@ void ToProto(const memory::TensorInfo& info, absl::string_view node, v1::Tensor*
   out->set_owner(info.owner);
   *out->mutable_readers() = {info.readers.begin(), info.readers.end()};
   *out->mutable_writers() = {info.writers.begin(), info.writers.end()};
+  if (info.lender.known) {
+    out->set_lender_pid(static_cast<uint32_t>(info.lender.pid));
+    out->set_lender_uid(info.lender.uid);
+    out->set_lender_gid(info.lender.gid);
+  }
 }
 
 using security::Bit;
@@ -229,9 +234,15 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
                           node_->gpu_status(), ")")),
                       "NO_GPU");
   }
+  // The lender is who passed the memory's descriptor, else who passed the owner's
+  // pidfd: the kernel's word for both (memory::Lender), not the request's.
   UniqueFd owner;
+  memory::Lender lender;
   if (request.owner_fd_token() != 0) {
-    FL_ASSIGN_OR_RETURN(owner, node_->fd_tokens().Take(request.owner_fd_token()));
+    FL_ASSIGN_OR_RETURN(memory::LentFd lent,
+                        node_->fd_tokens().Take(request.owner_fd_token()));
+    owner = std::move(lent.fd);
+    lender = lent.lender;
   }
   memory::TensorInfo want;
   want.name = request.name();
@@ -242,11 +253,14 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
   want.layout = memory::Layout{l.layers(), l.blocks_per_layer(), l.block_bytes(),
                                l.block_stride_bytes(), l.layer_stride_bytes()};
   want.home_gpu = gpu;
+  want.lender = lender;
   memory::Registry& registry = node_->registry();
   switch (memory.kind_case()) {
     case v1::TensorMemory::kHost: {
-      FL_ASSIGN_OR_RETURN(UniqueFd fd, node_->fd_tokens().Take(memory.host().fd_token()));
-      return registry.RegisterHost(std::move(want), std::move(fd),
+      FL_ASSIGN_OR_RETURN(memory::LentFd lent,
+                          node_->fd_tokens().Take(memory.host().fd_token()));
+      want.lender = lent.lender;
+      return registry.RegisterHost(std::move(want), std::move(lent.fd),
                                    memory.host().offset_bytes(),
                                    memory.host().size_bytes(), std::move(owner));
     }
@@ -265,7 +279,9 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
     }
     case v1::TensorMemory::kVmm: {
       const v1::VmmMemory& vmm = memory.vmm();
-      FL_ASSIGN_OR_RETURN(UniqueFd fd, node_->fd_tokens().Take(vmm.fd_token()));
+      FL_ASSIGN_OR_RETURN(memory::LentFd lent, node_->fd_tokens().Take(vmm.fd_token()));
+      want.lender = lent.lender;
+      const UniqueFd fd = std::move(lent.fd);
       const gpu::PrimaryContext& ctx = runtime->context(static_cast<int>(gpu));
       uint64_t allocation = vmm.allocation_bytes();
       if (allocation == 0) {

@@ -30,8 +30,12 @@ ABSL_FLAG(std::string, node, "", "This node's name (required).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "gRPC address; port 0 lets the kernel pick.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address.");
+ABSL_FLAG(std::string, runtime_dir, "/run/fuselink",
+          "The agent's private directory (created 0700 if absent; refused unless owned "
+          "by the agent's uid with no group/other access).");
 ABSL_FLAG(std::string, handle_socket, "",
-          "Unix socket for memfds; default /tmp/fuselink-<node>.sock.");
+          "Unix socket for memfds; default <runtime_dir>/<node>.sock. Its directory "
+          "passes the --runtime_dir checks.");
 ABSL_FLAG(std::string, topology, "", "Topology JSON file; empty: an emulated node.");
 ABSL_FLAG(int, nics, 4, "Emulated node: number of NICs (one GPU each).");
 ABSL_FLAG(int, loopback_net, 1, "Emulated node: NIC i at 127.0.<loopback_net>.<i+1>.");
@@ -234,10 +238,15 @@ int main(int argc, char** argv) {
   (*metrics)->Attach(node->get());
 
   std::string socket_path = absl::GetFlag(FLAGS_handle_socket);
-  if (socket_path.empty())
-    socket_path = absl::StrCat("/tmp/fuselink-", options.node, ".sock");
+  if (socket_path.empty()) {
+    absl::StatusOr<std::string> path =
+        services::DefaultSocketPath(absl::GetFlag(FLAGS_runtime_dir), options.node);
+    if (!path.ok()) return Fail(path.status());
+    socket_path = *std::move(path);
+  }
   absl::StatusOr<std::unique_ptr<services::HandleSocket>> handles =
-      services::HandleSocket::Listen(socket_path, &(*node)->fd_tokens());
+      services::HandleSocket::Listen(socket_path, &(*node)->fd_tokens(),
+                                     &(*node)->handle_socket_counters());
   if (!handles.ok()) return Fail(handles.status());
 
   services::AgentService agent_service(node->get());

@@ -233,6 +233,20 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
             "Incoming transfers ended because their source sent nothing after it "
             "prepared them (the tensor's pin let go).",
             static_cast<double>(node.landing().unstarted_expired()));
+    // --- The handle socket (services/handle_socket.h): what it refused. ---
+    {
+      const HandleSocketStats h = node.handle_socket_counters().Read();
+      counter("fuselink_handle_socket_timeouts_total",
+              "Handle socket connections closed for silence or an untaken reply.",
+              static_cast<double>(h.timed_out));
+      counter("fuselink_handle_socket_refused_clients_total",
+              "Handle socket connections refused: too many served at once.",
+              static_cast<double>(h.refused_too_many_clients));
+      counter("fuselink_handle_socket_bad_messages_total",
+              "Handle socket messages refused: not one 'F' with one descriptor.",
+              static_cast<double>(h.bad_messages));
+    }
+    // --- end of the handle socket's block ---
     return out;
   }
 

@@ -23,6 +23,7 @@
 #include "agent/topo/topology.h"
 #include "agent/transfer/engine.h"
 #include "agent/transfer/landing.h"
+#include "services/handle_socket_stats.h"
 #include "services/watch_hub.h"
 
 namespace fuselink::services {
@@ -63,6 +64,9 @@ class Node final : public fabric::Handler {
   const v1::Topology& topology() const { return topology_; }
   memory::Registry& registry() { return *registry_; }
   memory::FdTokens& fd_tokens() { return fd_tokens_; }
+  // What the handle socket that fills fd_tokens() counted; the socket writes them,
+  // the metrics read them.
+  HandleSocketCounters& handle_socket_counters() { return handle_socket_counters_; }
   transfer::Engine& engine() { return *engine_; }
   transfer::Landing& landing() { return *landing_; }
   WatchHub& watch_hub() { return watch_hub_; }
@@ -104,6 +108,7 @@ class Node final : public fabric::Handler {
   transfer::EngineObserver* const observer_;
   v1::Topology topology_;
   memory::FdTokens fd_tokens_;
+  HandleSocketCounters handle_socket_counters_;
   WatchHub watch_hub_;
   security::Guard guard_;
   fabric::FabricKeys fabric_keys_;     // outlives the fabric and the peers

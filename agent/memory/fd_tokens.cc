@@ -1,14 +1,30 @@
 #include "agent/memory/fd_tokens.h"
 
-#include <random>
+#include <sys/random.h>
+
+#include <cerrno>
 
 #include "absl/container/flat_hash_map.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::memory {
+namespace {
 
-absl::StatusOr<uint64_t> FdTokens::Put(UniqueFd fd) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
+// Eight bytes from the kernel's CSPRNG. getrandom(2) does not return short for
+// requests of up to 256 bytes once the pool is initialized, nor fail with EINTR;
+// any other outcome is an error.
+absl::StatusOr<uint64_t> RandomWord() {
+  uint64_t word = 0;
+  const ssize_t got = getrandom(&word, sizeof(word), 0);
+  if (got != static_cast<ssize_t>(sizeof(word))) {
+    return ErrnoStatus("getrandom(fd token)", got < 0 ? errno : EIO);
+  }
+  return word;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> FdTokens::Put(UniqueFd fd, Lender lender) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   DropExpiredLocked(now);
@@ -18,14 +34,16 @@ absl::StatusOr<uint64_t> FdTokens::Put(UniqueFd fd) {
                       "TOO_MANY_PENDING_FDS");
   }
   uint64_t token = 0;
+  // A zero or a collision is one chance in 2^54 at kMaxPendingFds: the loop is
+  // bounded in practice, and each turn asks the kernel again.
   do {
-    token = rng();
+    FL_ASSIGN_OR_RETURN(token, RandomWord());
   } while (token == 0 || pending_.contains(token));
-  pending_.emplace(token, Entry{std::move(fd), now + kFdTokenLifetime});
+  pending_.emplace(token, Entry{std::move(fd), lender, now + kFdTokenLifetime});
   return token;
 }
 
-absl::StatusOr<UniqueFd> FdTokens::Take(uint64_t token) {
+absl::StatusOr<LentFd> FdTokens::Take(uint64_t token) {
   absl::MutexLock lock(&mu_);
   DropExpiredLocked(absl::Now());
   auto it = pending_.find(token);
@@ -35,9 +53,9 @@ absl::StatusOr<UniqueFd> FdTokens::Take(uint64_t token) {
                           "the handle socket first"),
                       "BAD_FD_TOKEN");
   }
-  UniqueFd fd = std::move(it->second.fd);
+  LentFd out{std::move(it->second.fd), it->second.lender};
   pending_.erase(it);
-  return fd;
+  return out;
 }
 
 void FdTokens::DropExpiredLocked(absl::Time now) {

@@ -18,6 +18,7 @@
 #include "agent/common/unique_fd.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/layout.h"
+#include "agent/memory/lender.h"
 
 namespace fuselink::memory {
 
@@ -40,6 +41,10 @@ struct TensorInfo {
   std::string owner;
   std::vector<std::string> readers;
   std::vector<std::string> writers;
+  // The process that lent the memory, as the kernel named it to the handle socket
+  // (SO_PEERCRED); filled by the caller of Register* from the descriptor's token,
+  // kept as given. Unknown for GPU memory lent without any descriptor.
+  Lender lender;
 };
 
 // A tensor whose owner process exited: no longer registered under its name; its region

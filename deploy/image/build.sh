@@ -42,7 +42,7 @@ mmdebstrap --quiet --variant=essential --include="$packages" \
   bookworm "$rootfs" "deb $mirror bookworm main"
 install -m 0755 "$agent" "$ctl" "$here/fuselink-health" "$rootfs/usr/bin/"
 strip --strip-debug "$rootfs/usr/bin/fuselink-agent" "$rootfs/usr/bin/fuselinkctl"
-mkdir -p "$rootfs/run/fuselink" "$rootfs/etc/fuselink"
+mkdir -p "$rootfs/etc/fuselink" && mkdir -p -m 0700 "$rootfs/run/fuselink"
 # Every library the binaries load is in the image.
 if chroot "$rootfs" ldd /usr/bin/fuselink-agent /usr/bin/fuselinkctl | grep 'not found'; then
   echo "build: the image lacks libraries: add their packages to runtime-packages.txt" >&2

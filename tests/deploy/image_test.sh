@@ -48,7 +48,7 @@ echo "ok: the image's fuselink-agent --version says '$got'"
 # Kubernetes discovery loads libcurl at run time (ldd does not show it): in the image
 # it loads, and the agent gets as far as dialling the API server.
 if in_image /usr/bin/fuselink-agent --node=img-k --nics=1 --loopback_net=63 --gpu=off \
-  --handle_socket=/tmp/img-k.sock --peer_discovery=kubernetes --k8s_service=fl \
+  --handle_socket=/tmp/img-k/img-k.sock --peer_discovery=kubernetes --k8s_service=fl \
   --k8s_namespace=gpu --k8s_api_server=https://127.0.0.1:1 >"$run/k8s.log" 2>&1; then
   fail "discovery against no API server did not fail"
 fi
@@ -60,7 +60,7 @@ echo "ok: the image's agent loads libcurl for Kubernetes discovery"
 start() { # NAME NET [PEER]
   rm -f "$root/tmp/$1.json"
   chroot "$root" /usr/bin/fuselink-agent --node="$1" --loopback_net="$2" --nics=2 \
-    --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --handle_socket="/tmp/$1.sock" \
+    --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --handle_socket="/tmp/$1/$1.sock" \
     --ready_file="/tmp/$1.json" --gpu=off ${3:+--peer="$3"} >"$run/$1.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do
@@ -74,7 +74,7 @@ grpc() { sed -n 's/.*"grpc":"\([^"]*\)".*/\1/p' "$root/tmp/$1.json"; }
 start img-b 62
 start img-a 61 "img-b=$(grpc img-b)"
 in_image /usr/bin/fuselinkctl --agent="$(grpc img-a)" --target_agent="$(grpc img-b)" \
-  --source_socket=/tmp/img-a.sock --target_socket=/tmp/img-b.sock --demo_layers=2 \
+  --source_socket=/tmp/img-a/img-a.sock --target_socket=/tmp/img-b/img-b.sock --demo_layers=2 \
   --demo_blocks=8 --demo_block_bytes=65536 demo >"$run/demo.out" 2>&1 ||
   { cat "$run/demo.out"; fail "fuselinkctl demo between two agents of the image"; }
 grep -q "bytes match" "$run/demo.out" || fail "the tensor's bytes differ at the target"

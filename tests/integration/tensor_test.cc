@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -162,6 +163,25 @@ TEST_F(TensorTest, RegisterRefusesATakenName) {
   ASSERT_TRUE(Get("taken", &tensor).ok());
   EXPECT_EQ(tensor.size_bytes(), first->buffer->bytes());
   EXPECT_TRUE(Serves(*b_));
+}
+
+// The tensor names who lent it, by the kernel's word (SO_PEERCRED on the handle
+// socket): this test process, which passed the memfd.
+TEST_F(TensorTest, ATensorShowsItsLendersKernelCredentials) {
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> buffer =
+      client::HostBuffer::Create("lent", 2 * kBlockBytes);
+  ASSERT_TRUE(buffer.ok());
+  v1::Tensor registered, got;
+  ASSERT_TRUE(Register("lent", MakeLayout(1, 2, kBlockBytes), Token(**buffer),
+                       2 * kBlockBytes, &registered)
+                  .ok());
+  ASSERT_TRUE(Get("lent", &got).ok());
+  for (const v1::Tensor* t : {&registered, &got}) {
+    EXPECT_EQ(t->lender_pid(), static_cast<uint32_t>(getpid()));
+    EXPECT_EQ(t->lender_uid(), getuid());
+    EXPECT_EQ(t->lender_gid(), getgid());
+  }
+  EXPECT_TRUE(Unregister("lent").ok());
 }
 
 TEST_F(TensorTest, RegisterRefusesUnknownAndUsedFdTokens) {

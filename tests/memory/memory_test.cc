@@ -48,11 +48,13 @@ TEST(FdTokens, TokenIsSpentOnce) {
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   close(fds[1]);
-  auto token = tokens.Put(UniqueFd(fds[0]));
+  auto token = tokens.Put(UniqueFd(fds[0]), Lender{true, getpid(), getuid(), getgid()});
   ASSERT_TRUE(token.ok());
-  auto fd = tokens.Take(*token);
-  ASSERT_TRUE(fd.ok());
-  EXPECT_EQ(fd->get(), fds[0]);
+  auto lent = tokens.Take(*token);
+  ASSERT_TRUE(lent.ok());
+  EXPECT_EQ(lent->fd.get(), fds[0]);
+  EXPECT_EQ(lent->lender.pid, getpid());
+  EXPECT_EQ(lent->lender.uid, getuid());
   auto again = tokens.Take(*token);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ReasonOf(again.status()), "BAD_FD_TOKEN");

@@ -19,9 +19,9 @@ ABSL_FLAG(std::string, source_agent, "127.0.0.1:50051",
           "The source agent's gRPC address.");
 ABSL_FLAG(std::string, target_agent, "127.0.0.1:50052",
           "The target agent's gRPC address.");
-ABSL_FLAG(std::string, source_socket, "/tmp/fuselink-node-a.sock",
+ABSL_FLAG(std::string, source_socket, "/run/fuselink/node-a.sock",
           "The source agent's handle socket.");
-ABSL_FLAG(std::string, target_socket, "/tmp/fuselink-node-b.sock",
+ABSL_FLAG(std::string, target_socket, "/run/fuselink/node-b.sock",
           "The target agent's handle socket.");
 ABSL_FLAG(bool, json, false, "One JSON object per result instead of a table.");
 ABSL_FLAG(int, connect_timeout_s, 10, "How long to wait for the agents to answer.");

@@ -24,9 +24,9 @@ ABSL_FLAG(std::string, request_id, "", "transfer: idempotency key; default: rand
 ABSL_FLAG(int, timeout_s, 600, "transfer: deadline in seconds.");
 ABSL_FLAG(std::string, tensor, "", "watch: only this tensor.");
 ABSL_FLAG(std::string, target_agent, "127.0.0.1:50052", "demo: the target node's agent.");
-ABSL_FLAG(std::string, source_socket, "/tmp/fuselink-node-a.sock",
+ABSL_FLAG(std::string, source_socket, "/run/fuselink/node-a.sock",
           "demo: source handle socket.");
-ABSL_FLAG(std::string, target_socket, "/tmp/fuselink-node-b.sock",
+ABSL_FLAG(std::string, target_socket, "/run/fuselink/node-b.sock",
           "demo: target handle socket.");
 ABSL_FLAG(uint32_t, demo_layers, 32, "demo: layers of the KV cache.");
 ABSL_FLAG(uint32_t, demo_blocks, 64, "demo: blocks per layer.");

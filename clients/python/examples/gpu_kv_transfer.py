@@ -15,8 +15,8 @@ and --role source on the source node once the target prints its ready line; the
 target rebuilds the source's pattern from --seed to know the expected checksum.
 
     python3 gpu_kv_transfer.py --source_agent=127.0.0.1:50051 \\
-        --source_socket=/tmp/fuselink-node-a.sock --target_agent=127.0.0.1:50052 \\
-        --target_socket=/tmp/fuselink-node-b.sock --source_gpu=0 --target_gpu=1
+        --source_socket=/run/fuselink/node-a.sock --target_agent=127.0.0.1:50052 \\
+        --target_socket=/run/fuselink/node-b.sock --source_gpu=0 --target_gpu=1
 """
 
 import argparse

@@ -20,6 +20,8 @@ from .errors import FuselinkError, from_rpc_error
 from .memory import HostBuffer, cuda_ipc_export, is_cuda_tensor, send_fd, send_owner_pidfd
 from .watch import Watch
 
+# The agent's --runtime_dir default, where its handle socket is <node>.sock.
+DEFAULT_RUNTIME_DIR = "/run/fuselink"
 # Deadline of the short calls (register, get, unregister, topology), in seconds.
 DEFAULT_CALL_TIMEOUT_S = 10
 
@@ -29,7 +31,7 @@ class Agent:
 
     `address` is the agent's gRPC address (host:port). `handle_socket` is its Unix
     handle socket, needed to lend memory (default: the agent's own default,
-    /tmp/fuselink-<node>.sock). The Agent keeps every lent tensor alive until it is
+    /run/fuselink/<node>.sock). The Agent keeps every lent tensor alive until it is
     unregistered, so PyTorch cannot hand its memory to another tensor while the agent
     still maps it. Closing the Agent does not unregister anything. Safe to share
     between threads.
@@ -62,7 +64,7 @@ class Agent:
     @property
     def handle_socket(self):
         """The path given, else the agent's default for its node."""
-        return self._handle_socket or f"/tmp/fuselink-{self.node}.sock"
+        return self._handle_socket or f"{DEFAULT_RUNTIME_DIR}/{self.node}.sock"
 
     def topology(self):
         """The agent's fuselink.v1.Topology: its node name, GPUs and NICs."""

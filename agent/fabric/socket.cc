@@ -217,7 +217,12 @@ absl::Status RecvAll(int fd, void* data, size_t bytes) {
 
 absl::Status WithContext(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+  absl::Status out(status.code(), absl::StrCat(context, ": ", status.message()));
+  // Keeps the reason (and any other payload) for the caller to act on.
+  status.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
 }
 
 }  // namespace fuselink::fabric

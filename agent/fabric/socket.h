@@ -67,7 +67,7 @@ absl::Status SendAll(int fd, std::span<iovec> iov);
 // Receives exactly `bytes`; UNAVAILABLE when the peer closes first.
 absl::Status RecvAll(int fd, void* data, size_t bytes);
 
-// `status` with `context` before its message, same code.
+// `status` with `context` before its message, same code and payloads (the reason).
 absl::Status WithContext(const absl::Status& status, absl::string_view context);
 
 }  // namespace fuselink::fabric

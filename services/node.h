@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/fabric_keys.h"
 #include "agent/gpu/runtime.h"
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/registry.h"
@@ -59,6 +60,8 @@ class Node final : public fabric::Handler {
   transfer::Landing& landing() { return *landing_; }
   WatchHub& watch_hub() { return watch_hub_; }
   fabric::Fabric& fabric() { return *fabric_; }
+  // The keys the fabric proves and checks; the peer bootstrap fills them (Hello).
+  fabric::FabricKeys& fabric_keys() { return fabric_keys_; }
   peer::PeerDirectory& peers() { return *peers_; }
   const sched::Scheduler& scheduler() const { return *scheduler_; }
   const relay::RelayPool& relay() const { return *relay_; }
@@ -97,6 +100,7 @@ class Node final : public fabric::Handler {
   std::unique_ptr<gpu::Runtime> gpu_;  // outlives everything that copies
   std::string gpu_status_;
   std::unique_ptr<relay::CudaDeviceStager> stager_;  // outlives the fabric
+  fabric::FabricKeys fabric_keys_;                   // outlives the fabric
   // Teardown (~Node): the engine stops admitting, fails what runs and joins its
   // threads; the landing tells every open slot's end; the notifier stops; the fabric
   // goes (flushing every write in flight into the engine); then the rest.

@@ -15,19 +15,9 @@
 namespace fuselink::fabric {
 namespace {
 
-// Receives exactly `bytes` before `deadline`: the socket's receive timeout is set
-// to what is left before each read.
+// Every read of the handshake ends by one deadline, however the peer dribbles.
 absl::Status RecvBefore(int fd, void* data, size_t bytes, absl::Time deadline) {
-  const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-  if (left_ms <= 0) return absl::DeadlineExceededError("fabric handshake timed out");
-  FL_RETURN_IF_ERROR(
-      SetReceiveTimeout(fd, static_cast<int>(std::min<int64_t>(left_ms, INT32_MAX))));
-  absl::Status got = RecvAll(fd, data, bytes);
-  if (!got.ok() && absl::Now() >= deadline) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("fabric handshake timed out: ", got.message()));
-  }
-  return got;
+  return RecvAllBefore(fd, data, bytes, deadline);
 }
 
 absl::Status Send(int fd, const std::string& frame) {

@@ -179,6 +179,7 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
   absl::Status SendFrame(const wire::Frame& frame)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
   absl::StatusOr<wire::Decoded> ReadFrame();
+  absl::StatusOr<wire::Decoded> ReadFrameBefore(absl::Time deadline);
   // Reads a WINDOW_ADD's records and applies them.
   absl::Status ApplyWindowAdd(const wire::WindowAdd& add);
   absl::Status ApplyVerdict(const wire::Verdict& verdict);

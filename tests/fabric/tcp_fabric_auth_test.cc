@@ -90,10 +90,11 @@ class TcpFabricAuthTest : public ::testing::Test {
     EXPECT_TRUE(b_events_.arrivals().empty());
     EXPECT_FALSE(b_->FindPeer("a").has_value()) << "the impostor became a peer";
 
+    // Declared before the fabric: its memory outlives every send that reads it.
+    std::vector<uint8_t> source(16, 'R');
     RecordingHandler a_events;
     std::unique_ptr<Fabric> a =
         *CreateTcpFabric(LoopbackOptions("a", 1, keys_), &a_events);
-    std::vector<uint8_t> source(16, 'R');
     const RegionKey source_key =
         *a->RegisterRegion(source.data(), source.size(), nullptr);
     absl::StatusOr<PeerId> peer = a->Connect("b", b_->endpoints());

@@ -170,6 +170,7 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
     verbs.node_name = options_.node;
     verbs.nics = std::move(nics);
     verbs.qps_per_peer_nic = options_.qps_per_nic;
+    verbs.keys = &fabric_keys_;
     return fabric::CreateVerbsFabric(verbs, this);
   }
   fabric::TcpFabricOptions tcp;
@@ -177,6 +178,7 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
   tcp.connections_per_nic = options_.connections_per_nic;
   tcp.nics = std::move(nics);
   tcp.device_stager = stager_.get();
+  tcp.keys = &fabric_keys_;
   return fabric::CreateTcpFabric(tcp, this);
 }
 

@@ -71,10 +71,11 @@ class Node final : public fabric::Handler {
   transfer::Landing& landing() { return *landing_; }
   WatchHub& watch_hub() { return watch_hub_; }
   fabric::Fabric& fabric() { return *fabric_; }
+  // The keys the fabric proves and checks; the peer bootstrap fills them (Hello).
+  fabric::FabricKeys& fabric_keys() { return fabric_keys_; }
   peer::PeerDirectory& peers() { return *peers_; }
   security::Guard& guard() { return guard_; }
   const security::Guard& guard() const { return guard_; }
-  fabric::FabricKeys& fabric_keys() { return fabric_keys_; }
   const sched::Scheduler& scheduler() const { return *scheduler_; }
   const relay::RelayPool& relay() const { return *relay_; }
   uint64_t notices_dropped() const { return notifier_->dropped(); }

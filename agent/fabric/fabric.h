@@ -136,6 +136,9 @@ struct NicCounters {
   uint64_t malformed_frames = 0;
   // Writes refused before placement: no window, another peer's, outside it.
   uint64_t refused_writes = 0;
+  // Accepted connections closed before they proved the key agreed with the peer they
+  // named (unknown peer, wrong proof, malformed, too slow).
+  uint64_t auth_failures = 0;
 };
 
 // Moves the bytes of GPU regions for a transport whose NICs reach only host memory (the

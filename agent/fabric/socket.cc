@@ -6,10 +6,12 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::fabric {
@@ -215,9 +217,36 @@ absl::Status RecvAll(int fd, void* data, size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status RecvAllBefore(int fd, void* data, size_t bytes, absl::Time deadline) {
+  auto* at = static_cast<char*>(data);
+  while (bytes > 0) {
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left_ms <= 0) {
+      return absl::DeadlineExceededError("the peer did not send its frame in time");
+    }
+    FL_RETURN_IF_ERROR(
+        SetReceiveTimeout(fd, static_cast<int>(std::min<int64_t>(left_ms, INT32_MAX))));
+    ssize_t got = recv(fd, at, bytes, MSG_WAITALL);
+    if (got < 0) {
+      // EAGAIN: the timeout ran out; the loop checks the deadline.
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return ErrnoStatus("recv", errno);
+    }
+    if (got == 0) return absl::UnavailableError("peer closed the connection");
+    at += got;
+    bytes -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WithContext(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+  absl::Status out(status.code(), absl::StrCat(context, ": ", status.message()));
+  // Keeps the reason (and any other payload) for the caller to act on.
+  status.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
 }
 
 }  // namespace fuselink::fabric

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "agent/common/unique_fd.h"
 
 namespace fuselink::fabric {
@@ -66,8 +67,11 @@ absl::Status SetReceiveTimeout(int fd, int timeout_ms);
 absl::Status SendAll(int fd, std::span<iovec> iov);
 // Receives exactly `bytes`; UNAVAILABLE when the peer closes first.
 absl::Status RecvAll(int fd, void* data, size_t bytes);
+// The same, all of it before `deadline` (DEADLINE_EXCEEDED otherwise), however the
+// peer spreads the bytes out. Leaves a receive timeout set on the socket.
+absl::Status RecvAllBefore(int fd, void* data, size_t bytes, absl::Time deadline);
 
-// `status` with `context` before its message, same code.
+// `status` with `context` before its message, same code and payloads (the reason).
 absl::Status WithContext(const absl::Status& status, absl::string_view context);
 
 }  // namespace fuselink::fabric

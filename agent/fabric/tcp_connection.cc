@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
+#include "agent/fabric/tcp_handshake.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
@@ -235,30 +236,22 @@ absl::Status TcpConnection::ReceiveAcks() {
   }
 }
 
-absl::Status TcpConnection::ReceiveHello() {
-  // Bounds how long an accepted socket may hold its thread without saying who it is.
-  FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHelloTimeoutMs));
-  wire::HeaderBytes header;
-  FL_RETURN_IF_ERROR(RecvAll(fd_.get(), header.data(), header.size()));
-  absl::StatusOr<wire::Header> decoded =
-      wire::DecodeHeader(header, host_.max_write_bytes());
-  if (!decoded.ok()) return Malformed(decoded.status());
-  const auto* hello = std::get_if<wire::HelloHeader>(&*decoded);
-  if (hello == nullptr) {
-    return Malformed(absl::InvalidArgumentError("first frame is not a HELLO"));
+absl::Status TcpConnection::Authenticate() {
+  absl::StatusOr<std::string> name =
+      AuthenticateConnector(fd_.get(), static_cast<uint32_t>(nic_), host_.node_name(),
+                            host_.keys(), host_.max_write_bytes(), kHelloTimeoutMs);
+  if (!name.ok()) {
+    // Closed by this side (the fabric going away): no failure of the connector's.
+    if (closed()) return name.status();
+    NicStats& stats = host_.nic_stats(nic_);
+    if (ReasonOf(name.status()) == kMalformedReason) {
+      stats.malformed_frames.fetch_add(1, std::memory_order_relaxed);
+    }
+    stats.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    return name.status();
   }
-  if (hello->nic != static_cast<uint32_t>(nic_)) {
-    return Malformed(absl::InvalidArgumentError(
-        absl::StrCat("HELLO from NIC ", hello->nic, " on NIC ", nic_)));
-  }
-  std::string name(hello->name_bytes, '\0');  // at most kMaxNodeNameBytes
-  FL_RETURN_IF_ERROR(RecvAll(fd_.get(), name.data(), name.size()));
-  if (absl::Status valid = wire::ValidateNodeName(name); !valid.ok()) {
-    return Malformed(valid);
-  }
-  FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), 0));
-  FL_ASSIGN_OR_RETURN(peer_, host_.AttachInbound(id_, name));
-  peer_name_ = std::move(name);
+  FL_ASSIGN_OR_RETURN(peer_, host_.AttachInbound(id_, *name));
+  peer_name_ = *std::move(name);
   return absl::OkStatus();
 }
 
@@ -273,7 +266,7 @@ absl::Status TcpConnection::Discard(uint32_t bytes) {
 }
 
 absl::Status TcpConnection::ServeInbound() {
-  FL_RETURN_IF_ERROR(ReceiveHello());
+  FL_RETURN_IF_ERROR(Authenticate());
   NicStats& stats = host_.nic_stats(nic_);
   const uint32_t max_write_bytes = host_.max_write_bytes();
   while (true) {

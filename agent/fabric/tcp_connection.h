@@ -3,7 +3,8 @@
 //    posted writes onto the socket, header and payload in one sendmsg straight from
 //    the registered source memory; an rx thread reads ACKs and completes the writes
 //    in order.
-//  - inbound (we accepted): one rx thread reads HELLO, then WRITEs; it admits each
+//  - inbound (we accepted): one rx thread authenticates the connector (HELLO,
+//    CHALLENGE, PROOF: tcp_handshake.h) and only then reads WRITEs; it admits each
 //    write through the window it names (the peer's own, the extent inside it) before
 //    a byte is placed, places the payload straight into the window's region, reports
 //    the arrival and sends the ACK itself (it is the only writer of an inbound
@@ -31,13 +32,15 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/region_table.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/window_table.h"
 
 namespace fuselink::fabric {
 
-// How long an accepted connection may take to send its HELLO.
+// How long an accepted connection may take to prove itself (HELLO to PROOF), and a
+// connector to get its CHALLENGE.
 inline constexpr int kHelloTimeoutMs = 10'000;
 
 // Counters and the write budget of one NIC, shared by its connections.
@@ -47,6 +50,9 @@ struct NicStats {
   std::atomic<uint64_t> malformed_frames{0};
   // Writes this NIC received and refused: no window, another peer's, outside it.
   std::atomic<uint64_t> refused_writes{0};
+  // Accepted connections closed before they proved a key: unknown name, wrong
+  // PROOF, malformed or missing frames, timeouts.
+  std::atomic<uint64_t> auth_failures{0};
   // Writes posted on the NIC and not yet completed; at most queue_depth_per_nic.
   std::atomic<int> outstanding_writes{0};
 };
@@ -62,7 +68,10 @@ class ConnectionHost {
   virtual uint32_t max_write_bytes() const = 0;
   // Null when GPU regions cannot be registered.
   virtual DeviceStager* device_stager() = 0;
-  // An inbound connection said HELLO as `name`: the peer it now belongs to.
+  // This node's name and keys, for the handshake of an inbound connection.
+  virtual absl::string_view node_name() const = 0;
+  virtual const FabricKeys& keys() const = 0;
+  // An inbound connection proved it speaks for `name`: the peer it now belongs to.
   virtual absl::StatusOr<PeerId> AttachInbound(uint64_t connection_id,
                                                absl::string_view name) = 0;
   // The connection's last thread is exiting; called once, from that thread.
@@ -115,7 +124,8 @@ class TcpConnection {
   absl::Status SendWrites();
   absl::Status ReceiveAcks();
   absl::Status ServeInbound();
-  absl::Status ReceiveHello();
+  // Runs the acceptor's handshake and attaches the connection to its peer.
+  absl::Status Authenticate();
   // Reads and drops `bytes` of payload: a refused write's.
   absl::Status Discard(uint32_t bytes);
   void RunThread(absl::Status (TcpConnection::*body)());
@@ -139,8 +149,8 @@ class TcpConnection {
   const uint64_t id_;
   const int nic_;
   const Role role_;
-  PeerId peer_ = 0;        // inbound: set by its rx thread once HELLO arrives
-  std::string peer_name_;  // inbound: the name in HELLO; read by the rx thread only
+  PeerId peer_ = 0;        // inbound: set by its rx thread once the PROOF checks
+  std::string peer_name_;  // inbound: the proven name; read by the rx thread only
 
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

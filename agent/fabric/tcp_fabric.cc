@@ -20,6 +20,7 @@
 #include "agent/fabric/region_table.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/tcp_connection.h"
+#include "agent/fabric/tcp_handshake.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
@@ -34,6 +35,7 @@ using ConnectionPtr = std::shared_ptr<TcpConnection>;
 
 absl::Status ValidateOptions(const TcpFabricOptions& options, const Handler* handler) {
   if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
+  if (options.keys == nullptr) return absl::InvalidArgumentError("a fabric needs keys");
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(options.node_name));
   if (options.nics.empty() || options.nics.size() > wire::kMaxNics) {
     return absl::InvalidArgumentError(
@@ -125,6 +127,8 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   const WindowTable& windows() const override { return windows_; }
   uint32_t max_write_bytes() const override { return options_.max_write_bytes; }
   DeviceStager* device_stager() override { return options_.device_stager; }
+  absl::string_view node_name() const override { return options_.node_name; }
+  const FabricKeys& keys() const override { return *options_.keys; }
   absl::StatusOr<PeerId> AttachInbound(uint64_t connection_id,
                                        absl::string_view name) override;
   void OnConnectionFinished(uint64_t connection_id) override;
@@ -133,10 +137,10 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   using Peer = PeerTable<ConnectionPtr>::Peer;
   struct ConnectionEntry {
     ConnectionPtr connection;
-    PeerId peer = 0;  // 0 until an inbound connection says HELLO
+    PeerId peer = 0;  // 0 until an inbound connection proves itself
   };
 
-  // Opens, and says HELLO on, every outbound connection of a Connect. Unstarted:
+  // Opens, and authenticates, every outbound connection of a Connect. Unstarted:
   // dropping them closes their sockets, which is the whole rollback.
   // Opens connections_per_nic connections on every NIC in `nics`.
   absl::StatusOr<std::vector<ConnectionPtr>> OpenConnections(
@@ -213,13 +217,18 @@ TcpFabric::~TcpFabric() {
 absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
     absl::string_view peer_name, const std::vector<Endpoint>& remote,
     const NicSet& nics) {
+  const std::optional<SessionKey> key = options_.keys->FindConnectKey(peer_name);
+  if (!key.has_value()) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "no fabric key for '", BoundedForMessage(peer_name),
+                          "': the peer bootstrap has not introduced it yet")),
+                      "FABRIC_NO_KEY");
+  }
   std::vector<ConnectionPtr> opened;
   for (size_t nic = 0; nic < remote.size(); ++nic) {
     if (!nics.test(nic)) continue;
     FL_ASSIGN_OR_RETURN(SocketAddress target,
                         ParseSocketAddress(remote[nic].address, remote[nic].port));
-    FL_ASSIGN_OR_RETURN(std::string hello, wire::EncodeHello(static_cast<uint32_t>(nic),
-                                                             options_.node_name));
     const std::string context =
         absl::StrCat("Connect to '", peer_name, "': NIC ", nic, " (",
                      endpoints_[nic].address, " -> ", target.ToString(), ")");
@@ -227,9 +236,11 @@ absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
       absl::StatusOr<UniqueFd> socket =
           ConnectFrom(local_[nic], target, kConnectTimeoutMs);
       if (!socket.ok()) return WithContext(socket.status(), context);
-      iovec iov[1] = {{hello.data(), hello.size()}};
-      if (absl::Status sent = SendAll(socket->get(), iov); !sent.ok()) {
-        return WithContext(sent, context);
+      if (absl::Status proven =
+              ProveToAcceptor(socket->get(), static_cast<uint32_t>(nic),
+                              options_.node_name, peer_name, *key, kHelloTimeoutMs);
+          !proven.ok()) {
+        return WithContext(proven, context);
       }
       opened.push_back(std::make_shared<TcpConnection>(
           *this, next_connection_id_.fetch_add(1), static_cast<int>(nic),
@@ -346,7 +357,8 @@ NicCounters TcpFabric::counters(int nic) const {
       .transmitted_bytes = stats.transmitted_bytes.load(std::memory_order_relaxed),
       .received_bytes = stats.received_bytes.load(std::memory_order_relaxed),
       .malformed_frames = stats.malformed_frames.load(std::memory_order_relaxed),
-      .refused_writes = stats.refused_writes.load(std::memory_order_relaxed)};
+      .refused_writes = stats.refused_writes.load(std::memory_order_relaxed),
+      .auth_failures = stats.auth_failures.load(std::memory_order_relaxed)};
 }
 
 void TcpFabric::OnAccepted(int nic, UniqueFd socket) {

@@ -15,6 +15,13 @@
 // UNAVAILABLE completion before the destructor returns; the Handler must outlive
 // the fabric.
 //
+// Authentication: every connection proves, before it carries a write, that its
+// connector holds the key the acceptor made for it (fabric_keys.h, handshake.h).
+// Connect fails FAILED_PRECONDITION (reason FABRIC_NO_KEY) without a connect key for
+// the peer, UNAVAILABLE (reason FABRIC_AUTH) when the peer does not prove it; an
+// accepted connection that does not prove itself is closed and counted
+// (NicCounters::auth_failures).
+//
 // Both sides must use the same max_write_bytes: a WRITE larger than the target's is
 // malformed there.
 #pragma once
@@ -26,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/fabric_keys.h"
 
 namespace fuselink::fabric {
 
@@ -52,10 +60,12 @@ struct TcpFabricOptions {
   // Copies GPU regions' bytes through pinned host memory; without it GPU regions
   // cannot be registered. Must outlive the fabric.
   DeviceStager* device_stager = nullptr;
+  // Required: the keys this node proves and checks. Must outlive the fabric.
+  FabricKeys* keys = nullptr;
 };
 
-// INVALID_ARGUMENT for options out of bounds; the bind/listen failure otherwise.
-// `handler` must outlive the fabric.
+// INVALID_ARGUMENT for options out of bounds or without keys; the bind/listen failure
+// otherwise. `handler` must outlive the fabric.
 absl::StatusOr<std::unique_ptr<Fabric>> CreateTcpFabric(const TcpFabricOptions& options,
                                                         Handler* handler);
 

@@ -25,6 +25,7 @@ constexpr int kControlConnectTimeoutMs = 10'000;
 
 absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler) {
   if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
+  if (o.keys == nullptr) return absl::InvalidArgumentError("a fabric needs keys");
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(o.node_name));
   if (o.nics.empty() || o.nics.size() > wire::kMaxNics) {
     return absl::InvalidArgumentError(
@@ -181,6 +182,13 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
     }
   }
   if (existing && missing.none()) return *existing;
+  const std::optional<SessionKey> key = options_.keys->FindConnectKey(peer_name);
+  if (!key.has_value()) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "no fabric key for '", BoundedForMessage(peer_name),
+                          "': the peer bootstrap has not introduced it yet")),
+                      "FABRIC_NO_KEY");
+  }
   std::vector<LinkPtr> made;
   // Partial set-up across NICs rolls back: closing a link tears its QPs down (ERR,
   // flush, destroy on the poller); its thread never started, so it is finished, and
@@ -227,8 +235,9 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
                      *std::move(socket));
     }
     made.push_back(link);
-    absl::Status shaken = link->Handshake(
-        options_.node_name, static_cast<uint32_t>(options_.qps_per_peer_nic));
+    absl::Status shaken =
+        link->Handshake(options_.node_name, peer_name, *key,
+                        static_cast<uint32_t>(options_.qps_per_peer_nic));
     if (!shaken.ok()) return fail(WithContext(shaken, context));
   }
   absl::MutexLock lock(&mu_);
@@ -306,7 +315,8 @@ NicCounters VerbsFabric::counters(int nic) const {
   return NicCounters{.transmitted_bytes = nics_[nic]->transmitted_bytes(),
                      .received_bytes = nics_[nic]->received_bytes(),
                      .malformed_frames = nics_[nic]->malformed(),
-                     .refused_writes = nics_[nic]->refused()};
+                     .refused_writes = nics_[nic]->refused(),
+                     .auth_failures = nics_[nic]->auth_failures()};
 }
 
 void VerbsFabric::OnQpCreated(uint64_t link) {

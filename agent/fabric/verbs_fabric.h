@@ -29,6 +29,10 @@
 //    UNAVAILABLE and that QP is gone; the NIC's other QPs are untouched.
 //  - The arrival for a write whose bytes landed before CloseWindow but whose
 //    descriptor is seen after it is not delivered (counted in refused_writes).
+//  - Authentication as over TCP (tcp_fabric.h): a control connection proves its key
+//    before the target makes a QP for it (verbs_link.h); Connect fails
+//    FAILED_PRECONDITION (FABRIC_NO_KEY) or UNAVAILABLE (FABRIC_AUTH) likewise, and
+//    NicCounters::auth_failures counts the control connections refused.
 //  - A port going down (IBV_EVENT_PORT_ERR) closes every QP on that NIC at once; a QP
 //    whose peer stops answering fails after the RC retries (timeout, retry_cnt).
 #pragma once
@@ -41,6 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/verbs_wrap.h"
 
 namespace fuselink::fabric {
@@ -79,11 +84,14 @@ struct VerbsFabricOptions {
   bool push_window_closes = true;
   // RC timeout, retry_cnt, rnr_retry and the rest, explicit.
   verbs::RcParams rc;
+  // Required: the keys this node proves and checks on its control connections.
+  // Must outlive the fabric.
+  FabricKeys* keys = nullptr;
 };
 
-// INVALID_ARGUMENT for options out of bounds; NOT_FOUND / FAILED_PRECONDITION when a
-// NIC address has no active RDMA port; the verbs or socket failure otherwise, naming
-// the NIC. `handler` must outlive the fabric.
+// INVALID_ARGUMENT for options out of bounds or without keys; NOT_FOUND /
+// FAILED_PRECONDITION when a NIC address has no active RDMA port; the verbs or socket
+// failure otherwise, naming the NIC. `handler` must outlive the fabric.
 absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(
     const VerbsFabricOptions& options, Handler* handler);
 

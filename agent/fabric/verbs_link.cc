@@ -8,7 +8,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
+#include "agent/fabric/handshake.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/wire.h"
 
@@ -150,16 +152,47 @@ absl::StatusOr<wire::Decoded> ControlLink::ReadFrame() {
   return wire::DecodeFrame(frame);
 }
 
-absl::Status ControlLink::Handshake(absl::string_view node_name, uint32_t qp_count) {
+absl::StatusOr<wire::Decoded> ControlLink::ReadFrameBefore(absl::Time deadline) {
+  wire::Frame frame;
+  FL_RETURN_IF_ERROR(RecvAllBefore(fd_.get(), frame.data(), frame.size(), deadline));
+  return wire::DecodeFrame(frame);
+}
+
+absl::Status ControlLink::Handshake(absl::string_view node_name,
+                                    absl::string_view peer_name, const SessionKey& key,
+                                    uint32_t qp_count) {
   FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHandshakeTimeoutMs));
   FL_RETURN_IF_ERROR(SetSendTimeout(fd_.get(), kControlSendTimeoutMs));
   FL_RETURN_IF_ERROR(CreateQps(qp_count));
-  FL_ASSIGN_OR_RETURN(std::string hello,
-                      wire::EncodeHello(LocalHello(std::string(node_name))));
+  handshake::Transcript transcript{.connector = node_name,
+                                   .acceptor = peer_name,
+                                   .nic = static_cast<uint32_t>(nic_.index())};
+  FL_ASSIGN_OR_RETURN(transcript.client_nonce, handshake::NewNonce());
+  wire::Hello local = LocalHello(std::string(node_name));
+  local.client_nonce = transcript.client_nonce;
+  FL_ASSIGN_OR_RETURN(std::string hello, wire::EncodeHello(local));
   {
     iovec iov[1] = {{hello.data(), hello.size()}};
     absl::MutexLock lock(&send_mu_);
     FL_RETURN_IF_ERROR(SendAll(fd_.get(), iov));
+  }
+  absl::StatusOr<wire::Decoded> first = ReadFrame();
+  const auto* challenge = first.ok() ? std::get_if<wire::Challenge>(&*first) : nullptr;
+  if (challenge == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "the target did not answer HELLO with a CHALLENGE (does it hold a fabric key "
+        "for this node?)",
+        first.ok() ? "" : absl::StrCat(": ", first.status().message())));
+  }
+  transcript.server_nonce = challenge->server_nonce;
+  FL_RETURN_IF_ERROR(
+      handshake::VerifyMac(key, handshake::Side::kAcceptor, transcript, challenge->mac));
+  FL_ASSIGN_OR_RETURN(
+      const handshake::Mac mac_c,
+      handshake::ComputeMac(key, handshake::Side::kConnector, transcript));
+  {
+    absl::MutexLock lock(&send_mu_);
+    FL_RETURN_IF_ERROR(SendFrame(wire::EncodeProof({.mac = mac_c})));
   }
   FL_ASSIGN_OR_RETURN(wire::Decoded reply, ReadFrame());
   if (const auto* refuse = std::get_if<wire::Refuse>(&reply)) {
@@ -167,6 +200,7 @@ absl::Status ControlLink::Handshake(absl::string_view node_name, uint32_t qp_cou
   }
   const auto* header = std::get_if<wire::HelloHeader>(&reply);
   if (header == nullptr || header->name_bytes != 0 ||
+      header->client_nonce != handshake::Nonce{} ||
       header->nic != static_cast<uint32_t>(nic_.index())) {
     return absl::InvalidArgumentError("expected a HELLO reply for this NIC");
   }
@@ -224,28 +258,74 @@ absl::Status ControlLink::ServeOutbound() {
   }
 }
 
-absl::Status ControlLink::AcceptHandshake() {
-  FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHandshakeTimeoutMs));
-  FL_RETURN_IF_ERROR(SetSendTimeout(fd_.get(), kControlSendTimeoutMs));
-  FL_ASSIGN_OR_RETURN(wire::Decoded first, ReadFrame());
+absl::StatusOr<std::string> ControlLink::Authenticate(std::vector<uint8_t>& records) {
+  // The whole exchange fits in one kHandshakeTimeoutMs, however the source spreads
+  // its bytes out.
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(kHandshakeTimeoutMs);
+  FL_ASSIGN_OR_RETURN(wire::Decoded first, ReadFrameBefore(deadline));
   const auto* header = std::get_if<wire::HelloHeader>(&first);
   if (header == nullptr) return absl::InvalidArgumentError("expected a HELLO");
   remote_hello_ = *header;
-  std::string name(header->name_bytes, '\0');
-  FL_RETURN_IF_ERROR(RecvAll(fd_.get(), name.data(), name.size()));
-  std::vector<uint8_t> records(size_t{header->qp_count} * wire::kQpInfoBytes);
-  FL_RETURN_IF_ERROR(RecvAll(fd_.get(), records.data(), records.size()));
-  absl::Status ready = fabric::wire::ValidateNodeName(name);
-  if (ready.ok() && header->nic != static_cast<uint32_t>(nic_.index())) {
-    ready = absl::InvalidArgumentError(
+  std::string name(header->name_bytes, '\0');  // at most kMaxNameBytes
+  FL_RETURN_IF_ERROR(RecvAllBefore(fd_.get(), name.data(), name.size(), deadline));
+  records.resize(size_t{header->qp_count} * wire::kQpInfoBytes);  // bounded by decode
+  FL_RETURN_IF_ERROR(RecvAllBefore(fd_.get(), records.data(), records.size(), deadline));
+  FL_RETURN_IF_ERROR(fabric::wire::ValidateNodeName(name));
+  if (header->nic != static_cast<uint32_t>(nic_.index())) {
+    return absl::InvalidArgumentError(
         absl::StrCat("HELLO for NIC ", header->nic, " on NIC ", nic_.index()));
   }
-  if (ready.ok()) {
-    // The peer's QPs live in its own protection domain: it reaches its windows only.
-    absl::StatusOr<std::shared_ptr<PeerDomain>> domain = nic_.Domain(name);
-    if (domain.ok()) domain_ = *std::move(domain);
-    ready = domain.status();
+  const std::optional<SessionKey> key = host_.keys().FindAcceptKey(name);
+  if (!key.has_value()) {
+    return WithReason(absl::UnauthenticatedError(
+                          absl::StrCat("HELLO from '", BoundedForMessage(name),
+                                       "', which holds no fabric key for this node")),
+                      handshake::kAuthReason);
   }
+  handshake::Transcript transcript{.connector = name,
+                                   .acceptor = host_.node_name(),
+                                   .nic = static_cast<uint32_t>(nic_.index()),
+                                   .client_nonce = header->client_nonce};
+  FL_ASSIGN_OR_RETURN(transcript.server_nonce, handshake::NewNonce());
+  FL_ASSIGN_OR_RETURN(
+      const handshake::Mac mac_a,
+      handshake::ComputeMac(*key, handshake::Side::kAcceptor, transcript));
+  {
+    absl::MutexLock lock(&send_mu_);
+    FL_RETURN_IF_ERROR(SendFrame(
+        wire::EncodeChallenge({.server_nonce = transcript.server_nonce, .mac = mac_a})));
+  }
+  FL_ASSIGN_OR_RETURN(wire::Decoded second, ReadFrameBefore(deadline));
+  const auto* proof = std::get_if<wire::Proof>(&second);
+  if (proof == nullptr) return absl::InvalidArgumentError("expected a PROOF");
+  FL_RETURN_IF_ERROR(
+      handshake::VerifyMac(*key, handshake::Side::kConnector, transcript, proof->mac));
+  FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHandshakeTimeoutMs));
+  return name;
+}
+
+absl::Status ControlLink::AcceptHandshake() {
+  FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHandshakeTimeoutMs));
+  FL_RETURN_IF_ERROR(SetSendTimeout(fd_.get(), kControlSendTimeoutMs));
+  std::vector<uint8_t> records;
+  absl::StatusOr<std::string> proven = Authenticate(records);
+  if (!proven.ok()) {
+    // Closed by this side (the fabric going away): no failure of the source's. Either
+    // way it gets no REFUSE: nothing it could learn from one.
+    bool closed_here;
+    {
+      absl::MutexLock lock(&close_mu_);
+      closed_here = closed_;
+    }
+    if (!closed_here) nic_.CountAuthFailure();
+    return proven.status();
+  }
+  const std::string name = *std::move(proven);
+  const wire::HelloHeader* header = &remote_hello_;
+  // The peer's QPs live in its own protection domain: it reaches its windows only.
+  absl::StatusOr<std::shared_ptr<PeerDomain>> domain = nic_.Domain(name);
+  if (domain.ok()) domain_ = *std::move(domain);
+  absl::Status ready = domain.status();
   if (ready.ok()) ready = CreateQps(header->qp_count);
   if (ready.ok()) ready = ConnectQps(*header, wire::DecodeQpInfos(records));
   if (ready.ok()) {

@@ -23,6 +23,11 @@
 // kMaxPendingQueries are in flight per link; they complete UNAVAILABLE if the link
 // ends first.
 //
+// Authentication (handshake.h): before the target makes a QP or reveals a window for
+// a source, the source proves the fabric key the target made for the name in its
+// HELLO, and the target proves it back (CHALLENGE, PROOF). A link that does not is
+// closed and counted (Nic::auth_failures).
+//
 // QP renewal after a refusal (verbs_nic.h): the source resets its QP and sends
 // QP_RENEW {index, QPN, new PSN}; the target replaces its QP of that index with a new
 // one connected to it and answers QP_RENEWED; the source connects and posts its held
@@ -45,6 +50,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/common/unique_fd.h"
+#include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/verbs_nic.h"
 #include "agent/fabric/verbs_window.h"
 #include "agent/fabric/verbs_wire.h"
@@ -72,8 +78,11 @@ class LinkHost {
  public:
   virtual ~LinkHost() = default;
   virtual Handler& handler() = 0;
-  // An inbound link finished its handshake as `name`: attach it (and activate its
-  // QPs) to the peer of that name. Returns the peer.
+  // This node's name and keys, for the handshake of an inbound link.
+  virtual absl::string_view node_name() const = 0;
+  virtual const FabricKeys& keys() const = 0;
+  // An inbound link proved it speaks for `name` and finished its handshake: attach it
+  // (and activate its QPs) to the peer of that name. Returns the peer.
   virtual absl::StatusOr<PeerId> AttachInbound(uint64_t link, absl::string_view name) = 0;
   // The open windows of the link's peer on its NIC; from now on the link receives
   // every WINDOW_ADD of that peer. Called with the link's send lock held.
@@ -103,9 +112,12 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
   absl::Status close_reason() const;
 
   // Outbound, on the caller's thread: creates `qp_count` QPs, says HELLO as
-  // `node_name`, connects the QPs to the reply and reads the windows up to READY.
-  // On failure the caller Close()s the link, which tears the QPs down.
-  absl::Status Handshake(absl::string_view node_name, uint32_t qp_count);
+  // `node_name`, checks that the target proves `key` (our connect key for
+  // `peer_name`) and proves it back, connects the QPs to the reply and reads the
+  // windows up to READY. On failure the caller Close()s the link, which tears the QPs
+  // down. UNAVAILABLE with reason FABRIC_AUTH when the target does not prove the key.
+  absl::Status Handshake(absl::string_view node_name, absl::string_view peer_name,
+                         const SessionKey& key, uint32_t qp_count);
   // Starts the link's thread: outbound, it applies pushed window frames and ACKs them,
   // completes queried writes and renewed QPs; inbound, it runs the handshake, then
   // reads ACKs, answers queries and renews QPs.
@@ -158,12 +170,16 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
   absl::Status ServeOutbound();
   absl::Status ServeInbound();
   absl::Status AcceptHandshake();
+  // The first half of AcceptHandshake: HELLO, CHALLENGE, PROOF. Returns the proven
+  // name; the QP records of the HELLO land in `records`.
+  absl::StatusOr<std::string> Authenticate(std::vector<uint8_t>& records);
   absl::Status CreateQps(uint32_t count);
   absl::Status ConnectQps(const wire::HelloHeader& hello,
                           const std::vector<wire::QpInfo>& infos);
   absl::Status SendFrame(const wire::Frame& frame)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
   absl::StatusOr<wire::Decoded> ReadFrame();
+  absl::StatusOr<wire::Decoded> ReadFrameBefore(absl::Time deadline);
   // Reads a WINDOW_ADD's records and applies them.
   absl::Status ApplyWindowAdd(const wire::WindowAdd& add);
   absl::Status ApplyVerdict(const wire::Verdict& verdict);

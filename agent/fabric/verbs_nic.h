@@ -321,6 +321,9 @@ class Nic {
   // already closed, and writes refused in software (CountRefused, QUERY answers).
   uint64_t refused() const { return refused_.load(); }
   void CountRefused() { refused_.fetch_add(1, std::memory_order_relaxed); }
+  // Control connections accepted on this NIC and closed before they proved a key.
+  uint64_t auth_failures() const { return auth_failures_.load(); }
+  void CountAuthFailure() { auth_failures_.fetch_add(1, std::memory_order_relaxed); }
   // Renewals of QPs after a refusal that put their writes back on the wire.
   uint64_t renewals() const { return renewals_.load(); }
 
@@ -378,6 +381,7 @@ class Nic {
   std::atomic<uint64_t> received_bytes_{0};
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> auth_failures_{0};
   std::atomic<uint64_t> renewals_{0};
 
   std::atomic<bool> stop_{false};

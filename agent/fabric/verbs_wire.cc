@@ -13,6 +13,9 @@ constexpr size_t kTypeAt = 6;
 constexpr size_t kWordAt[4] = {8, 12, 16, 20};
 constexpr size_t kDwordAt[3] = {24, 32, 40};
 constexpr size_t kGidAt = 48;
+constexpr size_t kNonceAt = kDwordAt[0];   // HELLO: the client nonce
+constexpr size_t kMacAt = kWordAt[0];      // CHALLENGE, PROOF
+constexpr size_t kServerNonceAt = kGidAt;  // CHALLENGE
 // ibv_mtu runs IBV_MTU_256 = 1 .. IBV_MTU_4096 = 5.
 constexpr uint32_t kMinMtu = 1;
 constexpr uint32_t kMaxMtu = 5;
@@ -56,6 +59,8 @@ absl::StatusOr<std::string> EncodeHello(const Hello& hello) {
   PutLe<uint32_t>(frame, kWordAt[2], hello.mtu);
   PutLe<uint32_t>(frame, kWordAt[3], static_cast<uint32_t>(hello.name.size()));
   std::memcpy(frame.data() + kGidAt, hello.gid.data(), kGidBytes);
+  std::memcpy(frame.data() + kNonceAt, hello.client_nonce.data(),
+              hello.client_nonce.size());
   std::string out(frame.begin(), frame.end());
   out += hello.name;
   for (const QpInfo& qp : hello.qps) {
@@ -70,6 +75,20 @@ absl::StatusOr<std::string> EncodeHello(const Hello& hello) {
 Frame EncodeRefuse(const Refuse& refuse) {
   Frame frame = Empty(FrameType::kRefuse);
   PutLe<uint32_t>(frame, kWordAt[0], static_cast<uint32_t>(refuse.code));
+  return frame;
+}
+
+Frame EncodeChallenge(const Challenge& challenge) {
+  Frame frame = Empty(FrameType::kChallenge);
+  std::memcpy(frame.data() + kMacAt, challenge.mac.data(), challenge.mac.size());
+  std::memcpy(frame.data() + kServerNonceAt, challenge.server_nonce.data(),
+              challenge.server_nonce.size());
+  return frame;
+}
+
+Frame EncodeProof(const Proof& proof) {
+  Frame frame = Empty(FrameType::kProof);
+  std::memcpy(frame.data() + kMacAt, proof.mac.data(), proof.mac.size());
   return frame;
 }
 
@@ -162,8 +181,11 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
                         .qp_count = GetLe<uint32_t>(in, kWordAt[1]),
                         .mtu = GetLe<uint32_t>(in, kWordAt[2]),
                         .name_bytes = GetLe<uint32_t>(in, kWordAt[3])};
-      if (!ZeroBetween(in, kDwordAt[0], kGidAt))
+      if (!ZeroBetween(in, kDwordAt[2], kGidAt)) {
         return Bad("HELLO with unused fields set");
+      }
+      std::memcpy(hello.client_nonce.data(), in.data() + kNonceAt,
+                  hello.client_nonce.size());
       if (hello.qp_count < 1 || hello.qp_count > kMaxQpsPerHello) {
         return Bad(absl::StrCat("HELLO with ", hello.qp_count, " QPs"));
       }
@@ -240,6 +262,25 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
         return QpRenew{.index = word0, .qpn = qpn, .psn = psn, .seq = seq};
       }
       return QpRenewed{.index = word0, .qpn = qpn, .psn = psn, .seq = seq};
+    }
+    case FrameType::kChallenge: {
+      constexpr size_t kMacEnd = kMacAt + handshake::kMacBytes;
+      if (!ZeroBetween(in, kMacEnd, kServerNonceAt)) {
+        return Bad("CHALLENGE with unused fields set");
+      }
+      Challenge challenge;
+      std::memcpy(challenge.mac.data(), in.data() + kMacAt, challenge.mac.size());
+      std::memcpy(challenge.server_nonce.data(), in.data() + kServerNonceAt,
+                  challenge.server_nonce.size());
+      return challenge;
+    }
+    case FrameType::kProof: {
+      if (!ZeroBetween(in, kMacAt + handshake::kMacBytes, kFrameBytes)) {
+        return Bad("PROOF with unused fields set");
+      }
+      Proof proof;
+      std::memcpy(proof.mac.data(), in.data() + kMacAt, proof.mac.size());
+      return proof;
     }
     case FrameType::kReady:
       if (!ZeroBetween(in, kWordAt[0], kFrameBytes)) return Bad("READY with fields set");

@@ -18,8 +18,11 @@
 //   20   u32  word3     HELLO: name bytes
 //   24   u64  dword0    QUERY: offset in the window's region   WINDOW_ADD: iova base
 //   32   u64  dword1    (unused)
+//   24   16B  nonce     HELLO: the connector's client nonce (0 in the reply)
 //   40   u64  dword2    sequence number (ADD, REMOVE, ACK, QUERY, VERDICT, QP_RENEW(ED))
 //   48   16B  gid       HELLO: the sender's RoCE v2 GID
+// CHALLENGE and PROOF use the frame as bytes: 8..40 the 32-byte MAC (mac_a, mac_c:
+// handshake.h), 48..64 CHALLENGE's server nonce; everything else 0.
 // A HELLO is followed by `name bytes` of node name (0 in the accepting side's reply)
 // and `qp count` QpInfo records of kQpInfoBytes {u32 qpn, u32 psn}. A WINDOW_ADD is
 // followed by `extent count` records of kWindowRecordBytes {u64 offset, u64 bytes,
@@ -29,8 +32,12 @@
 // it. Unused fields must be zero.
 //
 // Sequence: the connecting side (the source) sends HELLO; the accepting side (the
-// target) creates as many QPs, moves them to RTR/RTS and answers HELLO (or REFUSE),
-// then a WINDOW_ADD for every window open for that peer, then READY. Afterwards:
+// target) answers CHALLENGE if it holds a fabric key for the name in HELLO, and
+// closes the connection otherwise; the source checks mac_a and answers PROOF; only
+// once mac_c checks does the target create as many QPs, move them to RTR/RTS and
+// answer HELLO (or REFUSE), then a WINDOW_ADD for every window open for that peer,
+// then READY. A source that does not prove itself within kHandshakeTimeoutMs is
+// closed, and gets neither QPs nor windows. Afterwards:
 //   target -> source  WINDOW_ADD (OpenWindow waits for its ACK), WINDOW_REMOVE (not
 //                     waited for), VERDICT (answers a QUERY), QP_RENEWED (answers a
 //                     QP_RENEW);
@@ -51,13 +58,15 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/handshake.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric::verbs::wire {
 
 inline constexpr uint32_t kMagic = 0x42564C46;  // "FLVB"
 // 2: windows instead of region tables, QUERY/VERDICT, QP_RENEW(ED).
-inline constexpr uint16_t kVersion = 2;
+// 3: CHALLENGE and PROOF (authenticated control connections).
+inline constexpr uint16_t kVersion = 3;
 inline constexpr size_t kFrameBytes = 64;
 inline constexpr size_t kQpInfoBytes = 8;
 inline constexpr size_t kGidBytes = 16;
@@ -68,6 +77,9 @@ inline constexpr uint32_t kMaxQpsPerHello = 64;
 inline constexpr size_t kMaxNameBytes = fabric::wire::kMaxNodeNameBytes;
 
 static_assert(48 + kGidBytes == kFrameBytes, "the layout above fills the frame");
+static_assert(8 + handshake::kMacBytes == 40, "a MAC fills words 0..3, dwords 0..1");
+static_assert(handshake::kNonceBytes == kGidBytes, "a server nonce fills the gid");
+static_assert(handshake::kNonceBytes == 16, "a client nonce fills dwords 0..1");
 static_assert(kWindowRecordBytes == 8 + 8 + 4 + 4, "offset, bytes, rkey, padding");
 // The largest WINDOW_ADD a source reads: bounds what a target can make it buffer.
 inline constexpr size_t kMaxWindowAddBytes =
@@ -84,6 +96,8 @@ enum class FrameType : uint16_t {
   kVerdict = 8,
   kQpRenew = 9,
   kQpRenewed = 10,
+  kChallenge = 11,
+  kProof = 12,
 };
 
 struct QpInfo {
@@ -95,8 +109,9 @@ struct Hello {
   uint32_t nic = 0;
   uint32_t mtu = 0;  // ibv_mtu
   std::array<uint8_t, kGidBytes> gid{};
-  std::string name;         // empty in the reply
-  std::vector<QpInfo> qps;  // 1..kMaxQpsPerHello
+  std::string name;                 // empty in the reply
+  std::vector<QpInfo> qps;          // 1..kMaxQpsPerHello
+  handshake::Nonce client_nonce{};  // zero in the reply
 };
 struct HelloHeader {  // a decoded HELLO frame, before its name and QP records
   uint32_t nic = 0;
@@ -104,6 +119,16 @@ struct HelloHeader {  // a decoded HELLO frame, before its name and QP records
   uint32_t mtu = 0;
   uint32_t name_bytes = 0;
   std::array<uint8_t, kGidBytes> gid{};
+  handshake::Nonce client_nonce{};
+};
+// The target's answer to HELLO, before any QP exists for the source.
+struct Challenge {
+  handshake::Nonce server_nonce{};
+  handshake::Mac mac{};  // mac_a
+};
+// The source's answer to CHALLENGE.
+struct Proof {
+  handshake::Mac mac{};  // mac_c
 };
 struct Refuse {
   absl::StatusCode code = absl::StatusCode::kUnknown;
@@ -156,11 +181,13 @@ struct QpRenewed {
 
 using Frame = std::array<uint8_t, kFrameBytes>;
 using Decoded = std::variant<HelloHeader, Refuse, WindowAdd, WindowRemove, Ready, Ack,
-                             Query, Verdict, QpRenew, QpRenewed>;
+                             Query, Verdict, QpRenew, QpRenewed, Challenge, Proof>;
 
 // The whole HELLO: frame, name, QP records. INVALID_ARGUMENT for a bad name or count.
 absl::StatusOr<std::string> EncodeHello(const Hello& hello);
 Frame EncodeRefuse(const Refuse& refuse);
+Frame EncodeChallenge(const Challenge& challenge);
+Frame EncodeProof(const Proof& proof);
 // The whole WINDOW_ADD: frame and records. INVALID_ARGUMENT for 0 or more than
 // kMaxWindowExtents records, or key 0.
 absl::StatusOr<std::string> EncodeWindowAdd(WindowKey key, uint64_t iova_base,

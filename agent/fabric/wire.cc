@@ -1,5 +1,7 @@
 #include "agent/fabric/wire.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "agent/fabric/little_endian.h"
 
@@ -16,6 +18,7 @@ constexpr size_t kWord2At = 16;
 constexpr size_t kReservedAt = 20;
 constexpr size_t kDword0At = 24;
 constexpr size_t kDword1At = 32;
+constexpr size_t kNonceAt = kDword0At;  // HELLO, CHALLENGE: dword0 and dword1
 static_assert(kDword1At + sizeof(uint64_t) == kHeaderBytes, "fields fill the header");
 
 // The largest absl::StatusCode an ACK may carry.
@@ -49,7 +52,8 @@ absl::Status ValidateNodeName(absl::string_view name) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> EncodeHello(uint32_t nic, absl::string_view node_name) {
+absl::StatusOr<std::string> EncodeHello(uint32_t nic, absl::string_view node_name,
+                                        const handshake::Nonce& client_nonce) {
   if (absl::Status valid = ValidateNodeName(node_name); !valid.ok()) return valid;
   if (nic >= kMaxNics) {
     return absl::InvalidArgumentError(absl::StrCat("NIC index ", nic, " >= ", kMaxNics));
@@ -57,9 +61,29 @@ absl::StatusOr<std::string> EncodeHello(uint32_t nic, absl::string_view node_nam
   HeaderBytes header = EmptyHeader(FrameType::kHello);
   PutLe<uint32_t>(header, kWord0At, nic);
   PutLe<uint32_t>(header, kWord1At, static_cast<uint32_t>(node_name.size()));
+  std::memcpy(header.data() + kNonceAt, client_nonce.data(), client_nonce.size());
   std::string frame(reinterpret_cast<const char*>(header.data()), header.size());
   frame.append(node_name.data(), node_name.size());
   return frame;
+}
+
+namespace {
+std::string WithMac(const HeaderBytes& header, const handshake::Mac& mac) {
+  std::string frame(reinterpret_cast<const char*>(header.data()), header.size());
+  frame.append(reinterpret_cast<const char*>(mac.data()), mac.size());
+  return frame;
+}
+}  // namespace
+
+std::string EncodeChallenge(const handshake::Nonce& server_nonce,
+                            const handshake::Mac& mac_a) {
+  HeaderBytes header = EmptyHeader(FrameType::kChallenge);
+  std::memcpy(header.data() + kNonceAt, server_nonce.data(), server_nonce.size());
+  return WithMac(header, mac_a);
+}
+
+std::string EncodeProof(const handshake::Mac& mac_c) {
+  return WithMac(EmptyHeader(FrameType::kProof), mac_c);
 }
 
 HeaderBytes EncodeWrite(const WriteHeader& write) {
@@ -98,15 +122,31 @@ absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes
   const auto dword1 = GetLe<uint64_t>(bytes, kDword1At);
   const auto type = GetLe<uint16_t>(bytes, kTypeAt);
   switch (static_cast<FrameType>(type)) {
-    case FrameType::kHello:
-      if (word2 != 0 || dword0 != 0 || dword1 != 0) {
-        return Malformed("HELLO with unused fields set");
-      }
+    case FrameType::kHello: {
+      if (word2 != 0) return Malformed("HELLO with unused fields set");
       if (word0 >= kMaxNics) return Malformed(absl::StrCat("HELLO NIC index ", word0));
       if (word1 == 0 || word1 > kMaxNodeNameBytes) {
         return Malformed(absl::StrCat("HELLO name length ", word1));
       }
-      return HelloHeader{.nic = word0, .name_bytes = word1};
+      HelloHeader hello{.nic = word0, .name_bytes = word1};
+      std::memcpy(hello.client_nonce.data(), bytes.data() + kNonceAt,
+                  hello.client_nonce.size());
+      return hello;
+    }
+    case FrameType::kChallenge: {
+      if (word0 != 0 || word1 != 0 || word2 != 0) {
+        return Malformed("CHALLENGE with unused fields set");
+      }
+      ChallengeHeader challenge;
+      std::memcpy(challenge.server_nonce.data(), bytes.data() + kNonceAt,
+                  challenge.server_nonce.size());
+      return challenge;
+    }
+    case FrameType::kProof:
+      if (word0 != 0 || word1 != 0 || word2 != 0 || dword0 != 0 || dword1 != 0) {
+        return Malformed("PROOF with unused fields set");
+      }
+      return ProofHeader{};
     case FrameType::kWrite:
       if (word1 > max_write_bytes) {
         return Malformed(absl::StrCat("WRITE of ", word1, " bytes > max_write_bytes ",

@@ -9,16 +9,23 @@
 //   12   u32  word1            HELLO: name bytes WRITE: bytes       ACK: Refusal
 //   16   u32  word2            HELLO: 0          WRITE: imm         ACK: 0
 //   20   u32  reserved         0
-//   24   u64  dword0           HELLO: 0          WRITE: offset      ACK: 0
-//   32   u64  dword1           HELLO: 0          WRITE: wr_id       ACK: wr_id
-// HELLO is followed by `name bytes` of node name, WRITE by `bytes` of payload; ACK
+//   24   16B  nonce            HELLO: client nonce       CHALLENGE: server nonce
+//   24   u64  dword0           WRITE: offset      ACK: 0
+//   32   u64  dword1           WRITE: wr_id       ACK: wr_id
+// (bytes 24..40 are one 16-byte nonce in HELLO and CHALLENGE, two u64 otherwise;
+// every field of CHALLENGE and PROOF but the nonce is 0.)
+// HELLO is followed by `name bytes` of node name, WRITE by `bytes` of payload,
+// CHALLENGE by kMacBytes of mac_a and PROOF by kMacBytes of mac_c (handshake.h); ACK
 // has no body. Fields a type does not use must be zero, so that a later version can
 // give them a meaning without old peers misreading it.
 //
-// A connection carries, from the connecting side: HELLO, then WRITEs; from the
-// accepting side: one ACK per WRITE, in the order the WRITEs arrived. An ACK with a
-// refusal (a write outside every window the writer holds) says the target placed
-// nothing and read past the payload: the connection goes on.
+// A connection carries, from the connecting side: HELLO, PROOF, then WRITEs; from the
+// accepting side: CHALLENGE (after the HELLO), then one ACK per WRITE, in the order
+// the WRITEs arrived. The acceptor reads no WRITE before the PROOF checks; a HELLO
+// from a node it holds no key for, a wrong PROOF, or no PROOF within kHelloTimeoutMs
+// closes the connection. An ACK with a refusal (a write outside every window the
+// writer holds) says the target placed nothing and read past the payload: the
+// connection goes on.
 #pragma once
 
 #include <array>
@@ -32,11 +39,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/handshake.h"
 
 namespace fuselink::fabric::wire {
 
-inline constexpr uint32_t kMagic = 0x4B4E4C46;   // "FLNK" as little-endian bytes
-inline constexpr uint16_t kProtocolVersion = 2;  // 2: windows and refusals
+inline constexpr uint32_t kMagic = 0x4B4E4C46;  // "FLNK" as little-endian bytes
+// 2: windows and refusals. 3: CHALLENGE and PROOF (authenticated connections).
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHeaderBytes = 40;
 // Bounds a peer's HELLO, so that a hostile name cannot make us allocate much.
 inline constexpr size_t kMaxNodeNameBytes = 255;
@@ -51,18 +60,33 @@ static_assert(kHeaderBytes ==
               "the header layout above adds up to kHeaderBytes");
 static_assert(kHeaderBytes % sizeof(uint64_t) == 0, "header keeps payloads aligned");
 static_assert(kMaxNodeNameBytes <= UINT32_MAX, "a name length is a u32 on the wire");
+static_assert(kMaxNodeNameBytes == handshake::kMaxNameBytes,
+              "every name a HELLO carries can be MACed");
+static_assert(handshake::kNonceBytes == 2 * sizeof(uint64_t),
+              "a nonce fills dword0 and dword1");
 
 enum class FrameType : uint16_t {
   kHello = 1,
   kWrite = 2,
   kAck = 3,
+  kChallenge = 4,
+  kProof = 5,
 };
 
 // First frame of a connection: who is connecting, on which NIC index.
 struct HelloHeader {
   uint32_t nic = 0;
   uint32_t name_bytes = 0;  // length of the node name that follows the header
+  handshake::Nonce client_nonce{};
 };
+
+// The acceptor's answer to HELLO; mac_a follows the header.
+struct ChallengeHeader {
+  handshake::Nonce server_nonce{};
+};
+
+// The connector's answer to CHALLENGE; mac_c follows the header.
+struct ProofHeader {};
 
 // A one-sided write; `bytes` of payload follow the header.
 struct WriteHeader {
@@ -81,12 +105,18 @@ struct AckFrame {
   Refusal refusal = Refusal::kNone;
 };
 
-using Header = std::variant<HelloHeader, WriteHeader, AckFrame>;
+using Header =
+    std::variant<HelloHeader, WriteHeader, AckFrame, ChallengeHeader, ProofHeader>;
 using HeaderBytes = std::array<uint8_t, kHeaderBytes>;
 
 // The header and name of a HELLO. INVALID_ARGUMENT when the name is not a valid
 // node name or the NIC index is out of range.
-absl::StatusOr<std::string> EncodeHello(uint32_t nic, absl::string_view node_name);
+absl::StatusOr<std::string> EncodeHello(uint32_t nic, absl::string_view node_name,
+                                        const handshake::Nonce& client_nonce);
+// Whole frames: header and MAC.
+std::string EncodeChallenge(const handshake::Nonce& server_nonce,
+                            const handshake::Mac& mac_a);
+std::string EncodeProof(const handshake::Mac& mac_c);
 HeaderBytes EncodeWrite(const WriteHeader& write);
 HeaderBytes EncodeAck(const AckFrame& ack);
 

@@ -91,9 +91,9 @@ class CountingFence final : public Fence {
 class DeviceStagingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    TcpFabricOptions a = LoopbackOptions("a", 21);
+    TcpFabricOptions a = LoopbackOptions("a", 21, keys_);
     a.device_stager = &a_stager_;
-    TcpFabricOptions b = LoopbackOptions("b", 23);
+    TcpFabricOptions b = LoopbackOptions("b", 23, keys_);
     b.device_stager = &b_stager_;
     a_ = *CreateTcpFabric(a, &a_events_);
     b_ = *CreateTcpFabric(b, &b_events_);
@@ -102,6 +102,7 @@ class DeviceStagingTest : public ::testing::Test {
     b_on_a_ = *peer;
   }
 
+  testing::KeyRing keys_;  // outlives the fabrics
   HostStager a_stager_, b_stager_;
   RecordingHandler a_events_, b_events_;
   std::unique_ptr<Fabric> a_, b_;
@@ -183,8 +184,10 @@ TEST_F(DeviceStagingTest, AWriteWaitsForItsFenceAndAFailedFenceFailsIt) {
 }
 
 TEST(DeviceStagingWithoutStager, GpuRegionsAreRefused) {
+  testing::KeyRing keys;
   RecordingHandler events;
-  std::unique_ptr<Fabric> fabric = *CreateTcpFabric(LoopbackOptions("c", 25), &events);
+  std::unique_ptr<Fabric> fabric =
+      *CreateTcpFabric(LoopbackOptions("c", 25, keys), &events);
   EXPECT_TRUE(absl::IsFailedPrecondition(
       fabric->RegisterDeviceRegion(0x1000, 4096, 0, nullptr).status()));
 }

@@ -11,6 +11,7 @@
 #include "agent/common/status_macros.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/tcp_fabric.h"
+#include "agent/fabric/tcp_handshake.h"
 #include "agent/fabric/wire.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
@@ -18,6 +19,7 @@
 namespace fuselink::fabric {
 namespace {
 
+using testing::KeyRing;
 using testing::LoopbackOptions;
 using testing::RawConnect;
 using testing::RecordingHandler;
@@ -32,6 +34,8 @@ constexpr size_t kRegionBytes = 4096;
 // What a hostile client sends after connecting to NIC 0 of the target.
 struct HostileCase {
   std::string name;
+  // Authenticate as "raw" first; else the frame is the first thing the target reads
+  // (and the connection fails its handshake).
   bool say_hello = true;
   // Builds the frame from the target region's key.
   std::string (*frame)(RegionKey key);
@@ -70,31 +74,45 @@ const HostileCase kHostileCases[] = {
      .frame = [](RegionKey) { return AsString(wire::EncodeAck({.wr_id = 1})); }},
     {.name = "HelloOnWrongNic",
      .say_hello = false,
-     .frame = [](RegionKey) { return *wire::EncodeHello(1, "raw"); }},
+     .frame = [](RegionKey) { return *wire::EncodeHello(1, "raw", {}); }},
+    {.name = "HelloAfterProof",
+     .frame = [](RegionKey) { return *wire::EncodeHello(0, "raw", {}); }},
 };
+
+// Connects to the target's NIC `nic` as "raw", with the key the ring agreed.
+absl::StatusOr<UniqueFd> AuthenticatedRaw(KeyRing& keys, const Fabric& target,
+                                          int nic = 0) {
+  FL_ASSIGN_OR_RETURN(UniqueFd raw, RawConnect(9, target.endpoints()[nic]));
+  FL_RETURN_IF_ERROR(ProveToAcceptor(raw.get(), static_cast<uint32_t>(nic), "raw",
+                                     "target", *keys.For("raw")->FindConnectKey("target"),
+                                     /*timeout_ms=*/5000));
+  return raw;
+}
 
 class HostileFrameTest : public ::testing::TestWithParam<HostileCase> {};
 
 TEST_P(HostileFrameTest, ClosesCountsAndLeavesTheRegionAlone) {
   const HostileCase& hostile = GetParam();
+  KeyRing keys;
   RecordingHandler target_events;
-  TcpFabricOptions options = LoopbackOptions("target", 3);
+  TcpFabricOptions options = LoopbackOptions("target", 3, keys);
   options.max_write_bytes = kMaxWriteBytes;
   std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &target_events);
   std::vector<uint8_t> region(kRegionBytes, kUntouched);
   RegionKey key = *target->RegisterRegion(region.data(), region.size(), nullptr);
 
-  absl::StatusOr<UniqueFd> raw = RawConnect(9, target->endpoints()[0]);
+  absl::StatusOr<UniqueFd> raw = hostile.say_hello
+                                     ? AuthenticatedRaw(keys, *target)
+                                     : RawConnect(9, target->endpoints()[0]);
   ASSERT_TRUE(raw.ok()) << raw.status();
-  std::string bytes = hostile.say_hello ? *wire::EncodeHello(0, "raw") : "";
-  bytes += hostile.frame(key);
+  const std::string bytes = hostile.frame(key);
   // The target may close before reading it all; a failed send is fine here.
   (void)SendRaw(raw->get(), bytes.data(), bytes.size());
   EXPECT_TRUE(WaitUntilClosed(raw->get()));
 
   // The fabric keeps serving: a well-behaved source still writes.
   RecordingHandler source_events;
-  TcpFabricOptions source_options = LoopbackOptions("source", 1);
+  TcpFabricOptions source_options = LoopbackOptions("source", 1, keys);
   source_options.max_write_bytes = kMaxWriteBytes;
   std::unique_ptr<Fabric> source = *CreateTcpFabric(source_options, &source_events);
   PeerId peer = *source->Connect("target", target->endpoints());
@@ -103,6 +121,8 @@ TEST_P(HostileFrameTest, ClosesCountsAndLeavesTheRegionAlone) {
   EXPECT_TRUE(source_events.completions()[0].status.ok());
 
   EXPECT_EQ(target->counters(0).malformed_frames, 1u);
+  // Only a connection that never proved itself is an authentication failure.
+  EXPECT_EQ(target->counters(0).auth_failures, hostile.say_hello ? 0u : 1u);
   EXPECT_EQ(target->counters(0).received_bytes, 0u);
   EXPECT_TRUE(std::all_of(region.begin(), region.end(),
                           [](uint8_t byte) { return byte == kUntouched; }));
@@ -171,8 +191,9 @@ class RefusedWriteTest : public ::testing::TestWithParam<RefusedCase> {};
 // that its window does admit.
 TEST_P(RefusedWriteTest, PlacesNothingAnswersWhyAndTheConnectionGoesOn) {
   const RefusedCase& refused = GetParam();
+  KeyRing keys;
   RecordingHandler target_events;
-  TcpFabricOptions options = LoopbackOptions("target", 3);
+  TcpFabricOptions options = LoopbackOptions("target", 3, keys);
   options.max_write_bytes = kMaxWriteBytes;
   std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &target_events);
   std::vector<uint8_t> region(kRegionBytes, kUntouched);
@@ -180,9 +201,10 @@ TEST_P(RefusedWriteTest, PlacesNothingAnswersWhyAndTheConnectionGoesOn) {
   const Extent half{0, kRegionBytes / 2};
   const WindowKey window = *target->OpenWindow(key, "raw", {&half, 1});
 
-  absl::StatusOr<UniqueFd> raw = RawConnect(9, target->endpoints()[0]);
+  // The writer authenticates: a refusal is about windows, not about who it is.
+  absl::StatusOr<UniqueFd> raw = AuthenticatedRaw(keys, *target);
   ASSERT_TRUE(raw.ok()) << raw.status();
-  std::string bytes = *wire::EncodeHello(0, "raw") + refused.frame(*target, key, window);
+  std::string bytes = refused.frame(*target, key, window);
   std::string good =
       AsString(wire::EncodeWrite({.key = window, .offset = 8, .bytes = 4, .wr_id = 2}));
   good += "GOOD";
@@ -213,6 +235,7 @@ TEST_P(RefusedWriteTest, PlacesNothingAnswersWhyAndTheConnectionGoesOn) {
   EXPECT_TRUE(region == expected) << "bytes outside the admitted write changed";
   EXPECT_EQ(target->counters(0).refused_writes, 1u);
   EXPECT_EQ(target->counters(0).malformed_frames, 0u);
+  EXPECT_EQ(target->counters(0).auth_failures, 0u);
   ASSERT_EQ(target_events.arrivals().size(), 1u);  // only the admitted write
   EXPECT_EQ(target_events.arrivals()[0].window, window);
   EXPECT_EQ(target_events.arrivals()[0].peer_name, "raw");
@@ -226,10 +249,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, RefusedWriteTest, ::testing::ValuesIn(kRefusedCa
 TEST(TcpFabricFailureTest, HangingPeerFillsTheQueueThenItsWritesFail) {
   constexpr int kDepth = 8;
   constexpr uint32_t kWriteBytes = 1 << 20;
-  absl::StatusOr<std::unique_ptr<SilentPeer>> silent = SilentPeer::Create(5, 2);
+  KeyRing keys;
+  absl::StatusOr<std::unique_ptr<SilentPeer>> silent =
+      SilentPeer::Create(5, 2, "silent", keys.For("silent"));
   ASSERT_TRUE(silent.ok()) << silent.status();
   RecordingHandler events;
-  TcpFabricOptions options = LoopbackOptions("a", 1);
+  TcpFabricOptions options = LoopbackOptions("a", 1, keys);
   options.queue_depth_per_nic = kDepth;
   std::unique_ptr<Fabric> fabric = *CreateTcpFabric(options, &events);
   absl::StatusOr<PeerId> peer = fabric->Connect("silent", (*silent)->endpoints());
@@ -249,7 +274,7 @@ TEST(TcpFabricFailureTest, HangingPeerFillsTheQueueThenItsWritesFail) {
   ASSERT_TRUE(fabric->PostWrite(*peer, 1, on_nic1).ok());  // NICs have their own queue
 
   // The peer crashes: every connection is reset.
-  ASSERT_TRUE((*silent)->AcceptAndReset(2 * options.connections_per_nic).ok());
+  ASSERT_TRUE((*silent)->ResetAll(2 * options.connections_per_nic).ok());
   ASSERT_TRUE(events.WaitForPeersLost(1));
   const std::vector<Completion> completions = events.completions();
   ASSERT_EQ(completions.size(), kDepth + 1u);  // all of them, before OnPeerLost
@@ -266,10 +291,13 @@ TEST(TcpFabricFailureTest, HangingPeerFillsTheQueueThenItsWritesFail) {
 }
 
 TEST(TcpFabricFailureTest, DestructionFailsWritesInFlight) {
-  absl::StatusOr<std::unique_ptr<SilentPeer>> silent = SilentPeer::Create(5, 2);
+  KeyRing keys;
+  absl::StatusOr<std::unique_ptr<SilentPeer>> silent =
+      SilentPeer::Create(5, 2, "silent", keys.For("silent"));
   ASSERT_TRUE(silent.ok()) << silent.status();
   RecordingHandler events;
-  std::unique_ptr<Fabric> fabric = *CreateTcpFabric(LoopbackOptions("a", 1), &events);
+  std::unique_ptr<Fabric> fabric =
+      *CreateTcpFabric(LoopbackOptions("a", 1, keys), &events);
   PeerId peer = *fabric->Connect("silent", (*silent)->endpoints());
   for (uint64_t i = 0; i < 4; ++i) {
     ASSERT_TRUE(fabric->PostWrite(peer, i % 2, {.wr_id = i}).ok());
@@ -286,10 +314,11 @@ TEST(TcpFabricFailureTest, DestructionFailsWritesInFlight) {
 TEST(TcpFabricFailureTest, PeerDestroyedMidStream) {
   constexpr size_t kWrites = 256;
   constexpr uint32_t kWriteBytes = 256 << 10;
+  KeyRing keys;
   RecordingHandler a_events;
   RecordingHandler b_events;
-  std::unique_ptr<Fabric> a = *CreateTcpFabric(LoopbackOptions("a", 1), &a_events);
-  std::unique_ptr<Fabric> b = *CreateTcpFabric(LoopbackOptions("b", 3), &b_events);
+  std::unique_ptr<Fabric> a = *CreateTcpFabric(LoopbackOptions("a", 1, keys), &a_events);
+  std::unique_ptr<Fabric> b = *CreateTcpFabric(LoopbackOptions("b", 3, keys), &b_events);
   std::vector<uint8_t> source(kWriteBytes);
   // Every write has bytes of its own: the fabric spreads writes over its NICs and
   // connections, and two of them into the same bytes would race in the target's
@@ -330,8 +359,10 @@ TEST(TcpFabricFailureTest, PeerDestroyedMidStream) {
 }
 
 TEST(TcpFabricFailureTest, SilentClientDoesNotHoldUpDestruction) {
+  KeyRing keys;
   RecordingHandler events;
-  std::unique_ptr<Fabric> fabric = *CreateTcpFabric(LoopbackOptions("a", 1), &events);
+  std::unique_ptr<Fabric> fabric =
+      *CreateTcpFabric(LoopbackOptions("a", 1, keys), &events);
   absl::StatusOr<UniqueFd> raw = RawConnect(9, fabric->endpoints()[1]);
   ASSERT_TRUE(raw.ok()) << raw.status();
   fabric.reset();  // must not wait for a HELLO that never comes
@@ -340,9 +371,14 @@ TEST(TcpFabricFailureTest, SilentClientDoesNotHoldUpDestruction) {
 }
 
 TEST(TcpFabricFailureTest, RejectsBadOptions) {
+  KeyRing keys;
   RecordingHandler events;
-  TcpFabricOptions options = LoopbackOptions("a", 1);
+  TcpFabricOptions options = LoopbackOptions("a", 1, keys);
   EXPECT_EQ(CreateTcpFabric(options, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TcpFabricOptions no_keys = options;
+  no_keys.keys = nullptr;
+  EXPECT_EQ(CreateTcpFabric(no_keys, &events).status().code(),
             absl::StatusCode::kInvalidArgument);
   TcpFabricOptions no_name = options;
   no_name.node_name = "";

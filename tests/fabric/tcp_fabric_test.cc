@@ -37,11 +37,11 @@ class TcpFabricTest : public ::testing::Test {
  protected:
   void SetUp() override {
     absl::StatusOr<std::unique_ptr<Fabric>> a =
-        CreateTcpFabric(LoopbackOptions("a", 1), &a_events_);
+        CreateTcpFabric(LoopbackOptions("a", 1, keys_), &a_events_);
     ASSERT_TRUE(a.ok()) << a.status();
     a_ = *std::move(a);
     absl::StatusOr<std::unique_ptr<Fabric>> b =
-        CreateTcpFabric(LoopbackOptions("b", 3), &b_events_);
+        CreateTcpFabric(LoopbackOptions("b", 3, keys_), &b_events_);
     ASSERT_TRUE(b.ok()) << b.status();
     b_ = *std::move(b);
     absl::StatusOr<PeerId> peer = a_->Connect("b", b_->endpoints());
@@ -49,6 +49,7 @@ class TcpFabricTest : public ::testing::Test {
     b_on_a_ = *peer;
   }
 
+  testing::KeyRing keys_;  // outlives the fabrics
   RecordingHandler a_events_;
   RecordingHandler b_events_;
   std::unique_ptr<Fabric> a_;
@@ -216,7 +217,7 @@ TEST_F(TcpFabricTest, FailedConnectRollsBackAndNamesTheNic) {
   std::vector<Endpoint> remote = b_->endpoints();
   remote[1].port = dead_port;
   RecordingHandler c_events;
-  std::unique_ptr<Fabric> c = *CreateTcpFabric(LoopbackOptions("c", 7), &c_events);
+  std::unique_ptr<Fabric> c = *CreateTcpFabric(LoopbackOptions("c", 7, keys_), &c_events);
   absl::StatusOr<PeerId> peer = c->Connect("b", remote);
   ASSERT_EQ(peer.status().code(), absl::StatusCode::kUnavailable) << peer.status();
   EXPECT_NE(peer.status().message().find("NIC 1"), std::string::npos) << peer.status();

@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "agent/fabric/tcp_handshake.h"
 
 namespace fuselink::fabric::testing {
 
@@ -72,8 +73,27 @@ std::vector<std::pair<PeerId, absl::Status>> RecordingHandler::peers_lost() cons
 
 std::string LoopbackAddress(int host) { return absl::StrCat("127.0.0.", host); }
 
-TcpFabricOptions LoopbackOptions(std::string name, int first_host, int nic_count) {
+void AgreeKeys(FabricKeys& a, absl::string_view a_name, FabricKeys& b,
+               absl::string_view b_name) {
+  b.SetConnectKey(a_name, a.AcceptKey(b_name));
+  a.SetConnectKey(b_name, b.AcceptKey(a_name));
+}
+
+FabricKeys* KeyRing::For(absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  auto [it, made] = nodes_.try_emplace(name);
+  if (made) {
+    for (auto& [other, keys] : nodes_) {
+      if (other != name) AgreeKeys(it->second, name, keys, other);
+    }
+  }
+  return &it->second;
+}
+
+TcpFabricOptions LoopbackOptions(std::string name, int first_host, KeyRing& ring,
+                                 int nic_count) {
   TcpFabricOptions options;
+  options.keys = ring.For(name);
   options.node_name = std::move(name);
   for (int nic = 0; nic < nic_count; ++nic) {
     options.nics.push_back({.nic = nic, .address = LoopbackAddress(first_host + nic)});
@@ -107,8 +127,10 @@ bool WaitUntilClosed(int fd) {
 }
 
 absl::StatusOr<std::unique_ptr<SilentPeer>> SilentPeer::Create(int first_host,
-                                                               int nic_count) {
-  auto peer = std::make_unique<SilentPeer>();
+                                                               int nic_count,
+                                                               std::string name,
+                                                               const FabricKeys* keys) {
+  std::unique_ptr<SilentPeer> peer(new SilentPeer(std::move(name), keys));
   for (int nic = 0; nic < nic_count; ++nic) {
     absl::StatusOr<SocketAddress> address =
         ParseSocketAddress(LoopbackAddress(first_host + nic), 0);
@@ -122,28 +144,51 @@ absl::StatusOr<std::unique_ptr<SilentPeer>> SilentPeer::Create(int first_host,
                                 .port = bound->port()});
     peer->listeners_.push_back(*std::move(listener));
   }
+  peer->thread_ = std::thread(&SilentPeer::Serve, peer.get());
   return peer;
 }
 
-absl::Status SilentPeer::AcceptAndReset(int count) {
-  int accepted = 0;
-  const absl::Time deadline = absl::Now() + kWaitTimeout;
-  while (accepted < count) {
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("accepted ", accepted, " of ", count, " connections"));
-    }
-    for (UniqueFd& listener : listeners_) {
-      pollfd waiting{.fd = listener.get(), .events = POLLIN, .revents = 0};
+SilentPeer::~SilentPeer() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void SilentPeer::Serve() {
+  while (!stop_.load()) {
+    for (size_t nic = 0; nic < listeners_.size(); ++nic) {
+      pollfd waiting{.fd = listeners_[nic].get(), .events = POLLIN, .revents = 0};
       if (poll(&waiting, 1, 10) <= 0) continue;
-      absl::StatusOr<UniqueFd> socket = Accept(listener.get());
-      if (!socket.ok()) return socket.status();
-      const linger reset{.l_onoff = 1, .l_linger = 0};  // close() sends RST
-      setsockopt(socket->get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
-      ++accepted;
+      absl::StatusOr<UniqueFd> socket = Accept(listeners_[nic].get());
+      if (!socket.ok()) continue;
+      absl::StatusOr<std::string> who =
+          AuthenticateConnector(socket->get(), static_cast<uint32_t>(nic), name_, *keys_,
+                                /*max_write_bytes=*/1u << 30, /*timeout_ms=*/5000);
+      if (!who.ok()) continue;  // closes it
+      absl::MutexLock lock(&mu_);
+      held_.push_back(*std::move(socket));
     }
   }
-  listeners_.clear();
+}
+
+absl::Status SilentPeer::ResetAll(int count) {
+  absl::MutexLock lock(&mu_);
+  struct Args {
+    const std::vector<UniqueFd>* held;
+    int count;
+  } args{&held_, count};
+  if (!mu_.AwaitWithTimeout(
+          absl::Condition(
+              +[](Args* a) { return static_cast<int>(a->held->size()) >= a->count; },
+              &args),
+          kWaitTimeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("held ", held_.size(), " of ", count, " connections"));
+  }
+  for (UniqueFd& socket : held_) {
+    const linger reset{.l_onoff = 1, .l_linger = 0};  // close() sends RST
+    setsockopt(socket.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+  }
+  held_.clear();
   return absl::OkStatus();
 }
 

@@ -1,20 +1,24 @@
-// Helpers shared by the fabric tests: a recording Handler, loopback options, raw
-// sockets that play a misbehaving peer.
+// Helpers shared by the fabric tests: a recording Handler, fabric keys agreed as the
+// peer bootstrap would, loopback options, raw sockets that play a misbehaving peer.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/tcp_fabric.h"
 
@@ -55,9 +59,26 @@ class RecordingHandler : public Handler {
   size_t peers_lost_count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// What the peer bootstrap does for two nodes: each makes an accept key for the other
+// and hands it over as the other's connect key.
+void AgreeKeys(FabricKeys& a, absl::string_view a_name, FabricKeys& b,
+               absl::string_view b_name);
+
+// The keys of every node of a test, each pair agreed: For(name) makes a node's keys
+// and agrees them with every node made before. Must outlive the fabrics using them.
+class KeyRing {
+ public:
+  FabricKeys* For(absl::string_view name);
+
+ private:
+  absl::Mutex mu_;
+  absl::node_hash_map<std::string, FabricKeys> nodes_ ABSL_GUARDED_BY(mu_);
+};
+
 // Options for a fabric of `nic_count` NICs on 127.0.0.<first_host>, <first_host + 1>,
-// ..., ports picked by the kernel.
-TcpFabricOptions LoopbackOptions(std::string name, int first_host, int nic_count = 2);
+// ..., ports picked by the kernel, with the keys `ring` holds for `name`.
+TcpFabricOptions LoopbackOptions(std::string name, int first_host, KeyRing& ring,
+                                 int nic_count = 2);
 std::string LoopbackAddress(int host);
 
 // A raw TCP connection from 127.0.0.<from_host> to `to`.
@@ -66,18 +87,32 @@ absl::Status SendRaw(int fd, const void* data, size_t bytes);
 // True when the peer closes the connection (EOF or reset) within kWaitTimeout.
 bool WaitUntilClosed(int fd);
 
-// Listens like a fabric's NICs but never reads or answers: a peer that hangs.
+// Listens like a fabric's NICs and authenticates what connects, as `name` with
+// `keys`, then never reads or answers again: a peer that hangs.
 class SilentPeer {
  public:
-  static absl::StatusOr<std::unique_ptr<SilentPeer>> Create(int first_host,
-                                                            int nic_count);
+  static absl::StatusOr<std::unique_ptr<SilentPeer>> Create(int first_host, int nic_count,
+                                                            std::string name,
+                                                            const FabricKeys* keys);
+  ~SilentPeer();
   const std::vector<Endpoint>& endpoints() const { return endpoints_; }
-  // Accepts `count` pending connections and resets them all, as a crash would.
-  absl::Status AcceptAndReset(int count);
+  // Waits for `count` authenticated connections and resets them all, as a crash
+  // would.
+  absl::Status ResetAll(int count);
 
  private:
+  SilentPeer(std::string name, const FabricKeys* keys)
+      : name_(std::move(name)), keys_(keys) {}
+  void Serve();
+
+  const std::string name_;
+  const FabricKeys* const keys_;
   std::vector<UniqueFd> listeners_;
   std::vector<Endpoint> endpoints_;
+  absl::Mutex mu_;
+  std::vector<UniqueFd> held_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 }  // namespace fuselink::fabric::testing

@@ -10,6 +10,8 @@ namespace fuselink::fabric::wire {
 namespace {
 
 constexpr uint32_t kMaxWrite = 1 << 20;
+constexpr handshake::Nonce kNonce = {1, 2,  3,  4,  5,  6,  7,  8,
+                                     9, 10, 11, 12, 13, 14, 15, 16};
 
 HeaderBytes HeaderOf(const std::string& frame) {
   HeaderBytes header;
@@ -22,7 +24,7 @@ absl::StatusCode DecodeCode(const HeaderBytes& header) {
 }
 
 TEST(WireTest, HelloRoundTrips) {
-  absl::StatusOr<std::string> frame = EncodeHello(3, "node-a");
+  absl::StatusOr<std::string> frame = EncodeHello(3, "node-a", kNonce);
   ASSERT_TRUE(frame.ok()) << frame.status();
   ASSERT_EQ(frame->size(), kHeaderBytes + 6);
   EXPECT_EQ(frame->substr(kHeaderBytes), "node-a");
@@ -31,6 +33,49 @@ TEST(WireTest, HelloRoundTrips) {
   const auto& hello = std::get<HelloHeader>(*decoded);
   EXPECT_EQ(hello.nic, 3u);
   EXPECT_EQ(hello.name_bytes, 6u);
+  EXPECT_EQ(hello.client_nonce, kNonce);
+}
+
+TEST(WireTest, ChallengeRoundTrips) {
+  handshake::Mac mac;
+  for (size_t i = 0; i < mac.size(); ++i) mac[i] = static_cast<uint8_t>(0xC0 + i);
+  const std::string frame = EncodeChallenge(kNonce, mac);
+  ASSERT_EQ(frame.size(), kHeaderBytes + handshake::kMacBytes);
+  EXPECT_EQ(std::memcmp(frame.data() + kHeaderBytes, mac.data(), mac.size()), 0);
+  absl::StatusOr<Header> decoded = DecodeHeader(HeaderOf(frame), kMaxWrite);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(std::get<ChallengeHeader>(*decoded).server_nonce, kNonce);
+}
+
+TEST(WireTest, ProofRoundTrips) {
+  handshake::Mac mac;
+  mac.fill(0x5A);
+  const std::string frame = EncodeProof(mac);
+  ASSERT_EQ(frame.size(), kHeaderBytes + handshake::kMacBytes);
+  EXPECT_EQ(std::memcmp(frame.data() + kHeaderBytes, mac.data(), mac.size()), 0);
+  absl::StatusOr<Header> decoded = DecodeHeader(HeaderOf(frame), kMaxWrite);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_TRUE(std::holds_alternative<ProofHeader>(*decoded));
+}
+
+TEST(WireTest, RejectsChallengeAndProofWithUnusedFieldsSet) {
+  const handshake::Mac mac{};
+  for (size_t at : {size_t{8}, size_t{12}, size_t{16}}) {
+    HeaderBytes challenge = HeaderOf(EncodeChallenge(kNonce, mac));
+    challenge[at] = 1;
+    EXPECT_EQ(DecodeCode(challenge), absl::StatusCode::kInvalidArgument) << at;
+  }
+  for (size_t at : {size_t{8}, size_t{12}, size_t{16}, size_t{24}, size_t{32}}) {
+    HeaderBytes proof = HeaderOf(EncodeProof(mac));
+    proof[at] = 1;
+    EXPECT_EQ(DecodeCode(proof), absl::StatusCode::kInvalidArgument) << at;
+  }
+}
+
+TEST(WireTest, RejectsVersionTwo) {
+  HeaderBytes hello = HeaderOf(*EncodeHello(0, "a", kNonce));
+  hello[4] = 2;  // a peer from before authentication
+  EXPECT_EQ(DecodeCode(hello), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(WireTest, WriteRoundTrips) {
@@ -97,7 +142,7 @@ TEST(WireTest, RejectsOtherVersion) {
 }
 
 TEST(WireTest, RejectsUnknownType) {
-  for (uint8_t type : {0, 4, 0xff}) {
+  for (uint8_t type : {0, 6, 0xff}) {
     HeaderBytes header = EncodeAck({.wr_id = 1});
     header[6] = type;
     EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument) << int{type};
@@ -119,7 +164,7 @@ TEST(WireTest, RejectsWriteOverMaxBytes) {
 }
 
 TEST(WireTest, RejectsHelloNameLengthOutOfBounds) {
-  HeaderBytes header = HeaderOf(*EncodeHello(0, "a"));
+  HeaderBytes header = HeaderOf(*EncodeHello(0, "a", kNonce));
   header[12] = 0;  // name bytes = 0
   EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument);
   header[12] = 0;
@@ -128,14 +173,14 @@ TEST(WireTest, RejectsHelloNameLengthOutOfBounds) {
 }
 
 TEST(WireTest, RejectsHelloNicOutOfBounds) {
-  HeaderBytes header = HeaderOf(*EncodeHello(0, "a"));
+  HeaderBytes header = HeaderOf(*EncodeHello(0, "a", kNonce));
   header[8] = kMaxNics;
   EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(WireTest, RejectsUnusedFieldsSet) {
-  HeaderBytes hello = HeaderOf(*EncodeHello(0, "a"));
-  hello[32] = 1;  // wr_id of a HELLO
+  HeaderBytes hello = HeaderOf(*EncodeHello(0, "a", kNonce));
+  hello[16] = 1;  // word2 of a HELLO
   EXPECT_EQ(DecodeCode(hello), absl::StatusCode::kInvalidArgument);
   HeaderBytes ack = EncodeAck({.wr_id = 1});
   ack[24] = 1;  // offset of an ACK
@@ -149,13 +194,15 @@ TEST(WireTest, RejectsUnknownAckCode) {
 }
 
 TEST(WireTest, HelloValidatesName) {
-  EXPECT_EQ(EncodeHello(0, "").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EncodeHello(0, std::string(kMaxNodeNameBytes + 1, 'x')).status().code(),
+  EXPECT_EQ(EncodeHello(0, "", kNonce).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(EncodeHello(0, std::string(kMaxNodeNameBytes, 'x')).ok());
-  EXPECT_EQ(EncodeHello(0, std::string("a\0b", 3)).status().code(),
+  EXPECT_EQ(
+      EncodeHello(0, std::string(kMaxNodeNameBytes + 1, 'x'), kNonce).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(EncodeHello(0, std::string(kMaxNodeNameBytes, 'x'), kNonce).ok());
+  EXPECT_EQ(EncodeHello(0, std::string("a\0b", 3), kNonce).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EncodeHello(kMaxNics, "a").status().code(),
+  EXPECT_EQ(EncodeHello(kMaxNics, "a", kNonce).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

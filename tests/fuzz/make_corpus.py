@@ -16,12 +16,17 @@ def write(target, name, data):
 
 
 # agent/fabric/wire.h: u32 magic, u16 version, u16 type, u32 word0..2, u32 reserved,
-# u64 dword0, dword1.
+# u64 dword0, dword1 (a 16-byte nonce in HELLO and CHALLENGE); CHALLENGE and PROOF
+# are followed by a 32-byte MAC.
 def tcp(type_, w0=0, w1=0, w2=0, d0=0, d1=0, magic=0x4B4E4C46):
-    return struct.pack("<IHHIIIIQQ", magic, 2, type_, w0, w1, w2, 0, d0, d1)
+    return struct.pack("<IHHIIIIQQ", magic, 3, type_, w0, w1, w2, 0, d0, d1)
 
 
-write("tcp_wire_fuzz", "hello", tcp(1, w0=2, w1=6) + b"node-a")
+nonce = bytes(range(0x10, 0x20))
+mac = bytes(range(0x40, 0x60))
+write("tcp_wire_fuzz", "hello", tcp(1, w0=2, w1=6)[:24] + nonce + b"node-a")
+write("tcp_wire_fuzz", "challenge", tcp(4)[:24] + nonce + mac)
+write("tcp_wire_fuzz", "proof", tcp(5) + mac)
 write("tcp_wire_fuzz", "write", tcp(2, w0=7, w1=4096, w2=0x10002, d0=8192, d1=42))
 write("tcp_wire_fuzz", "ack", tcp(3, d1=42))
 write("tcp_wire_fuzz", "ack_refused", tcp(3, w0=5, w1=1, d1=42))
@@ -32,12 +37,16 @@ write("tcp_wire_fuzz", "name", b"node-b")
 # agent/fabric/verbs_wire.h: u32 magic, u16 version, u16 type, u32 word0..3,
 # u64 dword0..2, 16-byte gid; a HELLO is followed by its name and QP records.
 def verbs(type_, w=(0, 0, 0, 0), d=(0, 0, 0), gid=bytes(16)):
-    return struct.pack("<IHHIIIIQQQ", 0x42564C46, 2, type_, *w, *d) + gid
+    return struct.pack("<IHHIIIIQQQ", 0x42564C46, 3, type_, *w, *d) + gid
 
 
 gid = bytes(10) + b"\xff\xff" + bytes([127, 0, 1, 1])
 qps = struct.pack("<IIII", 17, 0x123456, 18, 0x654321)
-write("verbs_wire_fuzz", "hello", verbs(1, w=(1, 2, 5, 6), gid=gid) + b"node-a" + qps)
+hello = verbs(1, w=(1, 2, 5, 6), gid=gid)
+write("verbs_wire_fuzz", "hello", hello[:24] + nonce + hello[40:] + b"node-a" + qps)
+# CHALLENGE: bytes 8..40 the MAC, 48..64 the server nonce; PROOF: the MAC alone.
+write("verbs_wire_fuzz", "challenge", verbs(11)[:8] + mac + bytes(8) + nonce)
+write("verbs_wire_fuzz", "proof", verbs(12)[:8] + mac + bytes(24))
 write("verbs_wire_fuzz", "hello_reply", verbs(1, w=(1, 1, 3, 0), gid=gid) + qps[:8])
 write("verbs_wire_fuzz", "refuse", verbs(2, w=(14, 0, 0, 0)))
 write("verbs_wire_fuzz", "window_add", verbs(3, w=(7, 2, 0, 0), d=(0x1000, 0, 3))

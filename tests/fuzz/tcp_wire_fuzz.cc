@@ -1,9 +1,11 @@
 // The TCP fabric's frame header (agent/fabric/wire.h) on any bytes: DecodeHeader never
 // crashes, and whatever it accepts encodes back to the same 40 bytes (every field
 // is checked, unused ones must be zero, so decoding is one to one). HELLO names and
-// ValidateNodeName: a name it accepts makes a HELLO that decodes to it.
+// ValidateNodeName: a name it accepts makes a HELLO that decodes to it. CHALLENGE and
+// PROOF with the MAC that follows them re-encode to the same bytes.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <variant>
@@ -29,7 +31,10 @@ void CheckName(absl::string_view name) {
   const bool valid = ValidateNodeName(name).ok();
   FL_FUZZ_CHECK(valid ==
                 (!name.empty() && name.size() <= kMaxNodeNameBytes && Printable(name)));
-  absl::StatusOr<std::string> hello = EncodeHello(kMaxNics - 1, name);
+  handshake::Nonce nonce;
+  for (size_t i = 0; i < nonce.size(); ++i)
+    nonce[i] = static_cast<uint8_t>(name.size() + i);
+  absl::StatusOr<std::string> hello = EncodeHello(kMaxNics - 1, name, nonce);
   FL_FUZZ_CHECK(hello.ok() == valid);
   if (!valid) return;
   FL_FUZZ_CHECK(hello->size() == kHeaderBytes + name.size());
@@ -39,6 +44,7 @@ void CheckName(absl::string_view name) {
   FL_FUZZ_CHECK(decoded.ok());
   const auto* h = std::get_if<HelloHeader>(&*decoded);
   FL_FUZZ_CHECK(h != nullptr && h->nic == kMaxNics - 1 && h->name_bytes == name.size());
+  FL_FUZZ_CHECK(h->client_nonce == nonce);
   FL_FUZZ_CHECK(absl::string_view(*hello).substr(kHeaderBytes) == name);
 }
 
@@ -57,7 +63,8 @@ void CheckHeader(std::span<const uint8_t, kHeaderBytes> in, absl::string_view re
     FL_FUZZ_CHECK(hello->name_bytes >= 1 && hello->name_bytes <= kMaxNodeNameBytes);
     if (rest.size() < hello->name_bytes) return;
     const absl::string_view name = rest.substr(0, hello->name_bytes);
-    absl::StatusOr<std::string> again = EncodeHello(hello->nic, name);
+    absl::StatusOr<std::string> again =
+        EncodeHello(hello->nic, name, hello->client_nonce);
     FL_FUZZ_CHECK(again.ok() == ValidateNodeName(name).ok());
     if (again.ok()) {
       FL_FUZZ_CHECK(std::equal(in.begin(), in.end(),
@@ -68,9 +75,23 @@ void CheckHeader(std::span<const uint8_t, kHeaderBytes> in, absl::string_view re
     FL_FUZZ_CHECK(write->bytes <= kMaxWriteBytesLimit);
     FL_FUZZ_CHECK(small.ok() == (write->bytes <= 4096));
     FL_FUZZ_CHECK(SameBytes(EncodeWrite(*write), in));
+  } else if (const auto* ack = std::get_if<AckFrame>(&*decoded)) {
+    FL_FUZZ_CHECK(SameBytes(EncodeAck(*ack), in));
   } else {
-    const auto& ack = std::get<AckFrame>(*decoded);
-    FL_FUZZ_CHECK(SameBytes(EncodeAck(ack), in));
+    // CHALLENGE or PROOF: the header and the MAC after it, byte for byte.
+    if (rest.size() < handshake::kMacBytes) return;
+    handshake::Mac mac;
+    std::memcpy(mac.data(), rest.data(), mac.size());
+    const auto* challenge = std::get_if<ChallengeHeader>(&*decoded);
+    FL_FUZZ_CHECK(challenge != nullptr || std::holds_alternative<ProofHeader>(*decoded));
+    const std::string again = challenge != nullptr
+                                  ? EncodeChallenge(challenge->server_nonce, mac)
+                                  : EncodeProof(mac);
+    FL_FUZZ_CHECK(again.size() == kHeaderBytes + handshake::kMacBytes);
+    FL_FUZZ_CHECK(
+        std::equal(in.begin(), in.end(), reinterpret_cast<const uint8_t*>(again.data())));
+    FL_FUZZ_CHECK(absl::string_view(again).substr(kHeaderBytes) ==
+                  rest.substr(0, handshake::kMacBytes));
   }
 }
 

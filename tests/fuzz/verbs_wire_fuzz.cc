@@ -1,6 +1,7 @@
 // The verbs transport's control frames (agent/fabric/verbs_wire.h) on any bytes:
 // DecodeFrame never crashes, and whatever it accepts encodes back to the same 64
-// bytes; a HELLO with its name and QP records re-encodes to the bytes it came from.
+// bytes; a HELLO with its name, client nonce and QP records re-encodes to the bytes
+// it came from, CHALLENGE and PROOF with their MAC and nonce too.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +26,7 @@ void CheckHello(const HelloHeader& header, std::span<const uint8_t, kFrameBytes>
   const size_t body = header.name_bytes + size_t{header.qp_count} * kQpInfoBytes;
   if (rest.size() < body) return;
   Hello hello{.nic = header.nic, .mtu = header.mtu, .gid = header.gid};
+  hello.client_nonce = header.client_nonce;
   hello.name.assign(reinterpret_cast<const char*>(rest.data()), header.name_bytes);
   hello.qps = DecodeQpInfos(rest.subspan(header.name_bytes, body - header.name_bytes));
   FL_FUZZ_CHECK(hello.qps.size() == header.qp_count);
@@ -98,6 +100,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } else if constexpr (std::is_same_v<T, QpRenew>) {
           FL_FUZZ_CHECK(frame.psn < (1u << 24));
           FL_FUZZ_CHECK(Same(EncodeQpRenew(frame), in));
+        } else if constexpr (std::is_same_v<T, Challenge>) {
+          FL_FUZZ_CHECK(Same(EncodeChallenge(frame), in));
+        } else if constexpr (std::is_same_v<T, Proof>) {
+          FL_FUZZ_CHECK(Same(EncodeProof(frame), in));
         } else {
           static_assert(std::is_same_v<T, QpRenewed>);
           FL_FUZZ_CHECK(frame.psn < (1u << 24));

@@ -31,7 +31,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/common/status_macros.h"
+#include "agent/fabric/handshake.h"
+#include "agent/fabric/socket.h"
 #include "agent/fabric/verbs_device.h"
+#include "agent/fabric/verbs_wire.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 
@@ -104,8 +107,10 @@ std::vector<uint8_t> ManyBytes(size_t bytes, uint64_t seed) {
   return out;
 }
 
-VerbsFabricOptions Options(std::string name, bool a_side, int nic_count, int qps) {
+VerbsFabricOptions Options(std::string name, bool a_side, int nic_count, int qps,
+                           testing::KeyRing& ring) {
   VerbsFabricOptions options;
+  options.keys = ring.For(name);
   options.node_name = std::move(name);
   std::vector<Rail> rails = Rails();
   for (int nic = 0; nic < nic_count; ++nic) {
@@ -171,6 +176,13 @@ class DrainCounter {
     if (HasFatalFailure() || IsSkipped()) return; \
   } while (0)
 
+// Create(...) without the connect, and out of the test when it skipped or failed.
+#define FL_MAKE_UNCONNECTED(...)                  \
+  do {                                            \
+    Create(__VA_ARGS__);                          \
+    if (HasFatalFailure() || IsSkipped()) return; \
+  } while (0)
+
 class VerbsFabricTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -182,10 +194,10 @@ class VerbsFabricTest : public ::testing::Test {
     if (static_cast<int>(Rails().size()) < nic_count) {
       GTEST_SKIP() << "needs " << nic_count << " rails in FUSELINK_RDMA_RAILS";
     }
-    auto a = CreateVerbsFabric(Options("a", true, nic_count, qps), &a_events_);
+    auto a = CreateVerbsFabric(Options("a", true, nic_count, qps, keys_), &a_events_);
     ASSERT_TRUE(a.ok()) << a.status();
     a_ = *std::move(a);
-    VerbsFabricOptions b_options = Options("b", false, nic_count, qps);
+    VerbsFabricOptions b_options = Options("b", false, nic_count, qps, keys_);
     if (tune_b) tune_b(b_options);
     auto b = CreateVerbsFabric(b_options, &b_events_);
     ASSERT_TRUE(b.ok()) << b.status();
@@ -248,6 +260,7 @@ class VerbsFabricTest : public ::testing::Test {
     return std::nullopt;
   }
 
+  testing::KeyRing keys_;  // outlives the fabrics
   testing::RecordingHandler a_events_;
   NamingHandler b_events_;
   std::unique_ptr<Fabric> a_;
@@ -915,6 +928,70 @@ TEST_F(VerbsFabricTest, RailDownFailsItsWritesUnavailableExactlyOnce) {
 
 // Not a pass/fail test: the numbers docs/verbs.md quotes, from the same VM run as
 // ib_write_bw.
+// A control connection under a's name that cannot prove a's key: closed before b
+// makes a QP or shows a window, counted, and the real a still connects and writes.
+TEST_F(VerbsFabricTest, ImpostorControlConnectionGetsNothing) {
+  FL_MAKE_UNCONNECTED(1, 1);
+  std::vector<uint8_t> target(4096, 0xAB);
+  const RegionKey target_key = Region(*b_, target);
+  const WindowKey window = Window(target_key, "a", {{0, target.size()}});
+
+  absl::StatusOr<SocketAddress> from = ParseSocketAddress(a_->endpoints()[0].address, 0);
+  absl::StatusOr<SocketAddress> to =
+      ParseSocketAddress(b_->endpoints()[0].address, b_->endpoints()[0].port);
+  ASSERT_TRUE(from.ok() && to.ok());
+  absl::StatusOr<UniqueFd> raw = ConnectFrom(*from, *to, 5000);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  verbs::wire::Hello hello{.nic = 0, .mtu = IBV_MTU_1024, .name = "a", .qps = {}};
+  hello.qps = {{.qpn = 1234, .psn = 1}};
+  hello.client_nonce = *handshake::NewNonce();
+  const std::string hello_bytes = *verbs::wire::EncodeHello(hello);
+  ASSERT_TRUE(testing::SendRaw(raw->get(), hello_bytes.data(), hello_bytes.size()).ok());
+  verbs::wire::Frame frame;
+  ASSERT_TRUE(RecvAll(raw->get(), frame.data(), frame.size()).ok());
+  absl::StatusOr<verbs::wire::Decoded> decoded = verbs::wire::DecodeFrame(frame);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const auto* challenge = std::get_if<verbs::wire::Challenge>(&*decoded);
+  ASSERT_NE(challenge, nullptr) << "b knows a: it challenges";
+  const handshake::Mac forged =
+      *handshake::ComputeMac(*RandomKey(), handshake::Side::kConnector,
+                             {.connector = "a",
+                              .acceptor = "b",
+                              .nic = 0,
+                              .client_nonce = hello.client_nonce,
+                              .server_nonce = challenge->server_nonce});
+  const verbs::wire::Frame proof = verbs::wire::EncodeProof({.mac = forged});
+  (void)testing::SendRaw(raw->get(), proof.data(), proof.size());
+  EXPECT_TRUE(testing::WaitUntilClosed(raw->get()));
+  EXPECT_EQ(b_->counters(0).auth_failures, 1u);
+  EXPECT_FALSE(b_->FindPeer("a").has_value());
+
+  ConnectAB();
+  if (HasFatalFailure()) return;
+  std::vector<uint8_t> source(16, 'R');
+  const RegionKey source_key = Region(*a_, source);
+  ASSERT_TRUE(Post(0, {.local_key = source_key,
+                       .remote_key = window,
+                       .remote_offset = 64,
+                       .bytes = 16,
+                       .wr_id = 1})
+                  .ok());
+  ASSERT_TRUE(a_events_.WaitForCompletions(1));
+  EXPECT_TRUE(a_events_.completions()[0].status.ok())
+      << a_events_.completions()[0].status;
+  EXPECT_EQ(std::memcmp(&target[64], source.data(), 16), 0);
+  EXPECT_EQ(target[0], 0xAB);
+}
+
+TEST_F(VerbsFabricTest, ConnectToATargetThatCannotProveItsKeyFails) {
+  FL_MAKE_UNCONNECTED(1, 1);
+  keys_.For("a")->SetConnectKey("b", *RandomKey());
+  absl::StatusOr<PeerId> peer = a_->Connect("b", b_->endpoints());
+  ASSERT_EQ(peer.status().code(), absl::StatusCode::kUnavailable) << peer.status();
+  EXPECT_EQ(ReasonOf(peer.status()), handshake::kAuthReason) << peer.status();
+  EXPECT_FALSE(b_->FindPeer("a").has_value());
+}
+
 TEST_F(VerbsFabricTest, Throughput) {
   FL_MAKE(1, 2);
   for (uint32_t chunk : {64u << 10, 1u << 20}) {

@@ -38,6 +38,60 @@ TEST(VerbsWire, HelloRoundTrips) {
   ASSERT_EQ(qps.size(), 2u);
   EXPECT_EQ(qps[0].qpn, 17u);
   EXPECT_EQ(qps[0].psn, 0xABCDEFu);
+  EXPECT_EQ(header.client_nonce, handshake::Nonce{}) << "a reply's nonce is zero";
+}
+
+TEST(VerbsWire, HelloCarriesTheClientNonce) {
+  wire::Hello hello{.nic = 0, .mtu = IBV_MTU_1024, .name = "a", .qps = {{.qpn = 1}}};
+  for (size_t i = 0; i < hello.client_nonce.size(); ++i) {
+    hello.client_nonce[i] = static_cast<uint8_t>(0xA0 + i);
+  }
+  absl::StatusOr<std::string> bytes = wire::EncodeHello(hello);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<wire::Decoded> decoded =
+      wire::DecodeFrame(std::span<const uint8_t, wire::kFrameBytes>(
+          reinterpret_cast<const uint8_t*>(bytes->data()), wire::kFrameBytes));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(std::get<wire::HelloHeader>(*decoded).client_nonce, hello.client_nonce);
+}
+
+TEST(VerbsWire, ChallengeAndProofRoundTrip) {
+  wire::Challenge challenge;
+  for (size_t i = 0; i < challenge.mac.size(); ++i) {
+    challenge.mac[i] = static_cast<uint8_t>(i + 1);
+  }
+  for (size_t i = 0; i < challenge.server_nonce.size(); ++i) {
+    challenge.server_nonce[i] = static_cast<uint8_t>(0xF0 + i);
+  }
+  absl::StatusOr<wire::Decoded> decoded =
+      wire::DecodeFrame(wire::EncodeChallenge(challenge));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const auto& back = std::get<wire::Challenge>(*decoded);
+  EXPECT_EQ(back.mac, challenge.mac);
+  EXPECT_EQ(back.server_nonce, challenge.server_nonce);
+
+  const wire::Proof proof{.mac = challenge.mac};
+  decoded = wire::DecodeFrame(wire::EncodeProof(proof));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(std::get<wire::Proof>(*decoded).mac, proof.mac);
+}
+
+TEST(VerbsWire, RejectsChallengeAndProofWithUnusedFieldsSet) {
+  wire::Frame challenge = wire::EncodeChallenge({});
+  challenge[40] = 1;  // dword2
+  EXPECT_FALSE(wire::DecodeFrame(challenge).ok());
+  wire::Frame proof = wire::EncodeProof({});
+  proof[48] = 1;  // where CHALLENGE has its nonce
+  EXPECT_FALSE(wire::DecodeFrame(proof).ok());
+  proof = wire::EncodeProof({});
+  proof[44] = 1;
+  EXPECT_FALSE(wire::DecodeFrame(proof).ok());
+}
+
+TEST(VerbsWire, RejectsVersionTwo) {
+  wire::Frame frame = wire::EncodeReady();
+  frame[4] = 2;  // a peer from before authentication
+  EXPECT_FALSE(wire::DecodeFrame(frame).ok());
 }
 
 absl::StatusOr<wire::Decoded> Decode(absl::string_view bytes) {

@@ -62,6 +62,7 @@ struct Setup {
   std::unique_ptr<gpu::Runtime> runtime;
   std::unique_ptr<relay::CudaDeviceStager> stager;
   NullHandler handler;
+  fabric::FabricKeys keys;  // outlives the fabric
   std::unique_ptr<fabric::Fabric> fabric;
   std::unique_ptr<gpu::DeviceBuffer> source;
 };
@@ -244,6 +245,7 @@ absl::Status Run() {
   options.node_name = "relay-bench";
   for (int k = 0; k < g; ++k) options.nics.push_back({k, "127.0.0.1", 0});
   options.device_stager = s.stager.get();
+  options.keys = &s.keys;
   FL_ASSIGN_OR_RETURN(s.fabric, fabric::CreateTcpFabric(options, &s.handler));
   FL_ASSIGN_OR_RETURN(
       gpu::DeviceBuffer source,

@@ -1,0 +1,42 @@
+// The TCP fabric's connection handshake (handshake.h) on a socket: HELLO, CHALLENGE,
+// PROOF as wire.h frames them. Blocking; each side bounds the whole exchange by a
+// deadline, so a peer that stalls mid-way holds a thread for at most timeout_ms.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "agent/fabric/fabric_keys.h"
+
+namespace fuselink::fabric {
+
+// The reason a handshake failure carries when the peer sent a frame that does not
+// decode (wire::DecodeHeader), as opposed to one that decodes but proves nothing.
+inline constexpr absl::string_view kMalformedReason = "FABRIC_MALFORMED";
+
+// Connector side, on a connected socket to `acceptor`'s NIC `nic`: says HELLO as
+// `self`, checks the CHALLENGE's mac_a against `key` (our connect key for `acceptor`)
+// and answers PROOF. The socket's receive timeout is 0 again on success.
+// UNAVAILABLE with reason FABRIC_AUTH when the acceptor does not prove the key;
+// UNAVAILABLE when it closes (it holds no key for `self`) or answers garbage;
+// DEADLINE_EXCEEDED after timeout_ms.
+absl::Status ProveToAcceptor(int fd, uint32_t nic, absl::string_view self,
+                             absl::string_view acceptor, const SessionKey& key,
+                             int timeout_ms);
+
+// Acceptor side, on a socket accepted on NIC `nic` of the node `self`: reads HELLO,
+// answers CHALLENGE with a fresh nonce under keys.FindAcceptKey(connector), checks the
+// PROOF. Returns the connector's name, now proven; the receive timeout is 0 again.
+// Fails (and the caller closes) on a malformed frame (reason FABRIC_MALFORMED), a
+// HELLO for another NIC, a connector it holds no key for, a wrong PROOF (reason
+// FABRIC_AUTH), or no PROOF within timeout_ms.
+absl::StatusOr<std::string> AuthenticateConnector(int fd, uint32_t nic,
+                                                  absl::string_view self,
+                                                  const FabricKeys& keys,
+                                                  uint32_t max_write_bytes,
+                                                  int timeout_ms);
+
+}  // namespace fuselink::fabric

@@ -11,6 +11,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -285,7 +286,7 @@ class Pki {
     const std::string crt = Path(absl::StrCat(name, ".crt"));
     Run(absl::StrCat("openssl req -newkey rsa:2048 -nodes -subj ", subject, " -keyout ",
                      key, ".new -out ", csr));
-    Run(absl::StrCat("printf '%s\\n' '", ext, "' > ", Path("ext.cnf")));
+    std::ofstream(Path("ext.cnf")) << ext << "\n";
     Run(absl::StrCat("openssl x509 -req -in ", csr, " -CA ", Path("ca.crt"), " -CAkey ",
                      Path("ca.key"), " -CAcreateserial -days 2 -extfile ",
                      Path("ext.cnf"), " -out ", crt, ".new"));
@@ -330,7 +331,7 @@ TlsResult TlsRequest(int port, const Pki& pki, bool client_cert,
   const int fd = Connect(port);
   std::unique_ptr<SSL, SslFree> ssl(SSL_new(ctx.get()));
   SSL_set_fd(ssl.get(), fd);
-  SSL_set1_host(ssl.get(), "127.0.0.1");
+  X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl.get()), "127.0.0.1");
   if (SSL_connect(ssl.get()) == 1) {
     if (X509* peer = SSL_get1_peer_certificate(ssl.get()); peer != nullptr) {
       BIGNUM* serial = ASN1_INTEGER_to_BN(X509_get_serialNumber(peer), nullptr);
@@ -348,6 +349,10 @@ TlsResult TlsRequest(int port, const Pki& pki, bool client_cert,
       if (absl::EndsWith(result.response, kBody)) break;
     }
     result.ok = absl::StartsWith(result.response, "HTTP/1.1 ");
+  } else if (std::getenv("FUSELINK_TLS_DEBUG") != nullptr) {
+    ERR_print_errors_fp(stderr);
+    std::fprintf(stderr, "verify: %s\n",
+                 X509_verify_cert_error_string(SSL_get_verify_result(ssl.get())));
   }
   ERR_clear_error();
   close(fd);

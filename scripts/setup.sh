@@ -8,7 +8,7 @@ packages=(
   clang libclang-rt-14-dev  # the sanitizer and fuzz builds (scripts/sanitize.sh)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libibverbs-dev libcurl4-openssl-dev
-  libssl-dev  # libcrypto: HMAC-SHA256 for the fabric handshake
+  libssl-dev libcrypt-dev openssl  # TLS, HMAC for the fabric handshake, bcrypt; certificates
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus iperf3 iproute2 gnuplot-nox curl jq procps
   python3-grpcio python3-protobuf

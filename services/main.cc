@@ -29,7 +29,14 @@
 ABSL_FLAG(std::string, node, "", "This node's name (required).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "gRPC address; port 0 lets the kernel pick.");
-ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Prometheus /metrics address as host:port; binds to that address only "
+          "(0.0.0.0 or [::] for all); port 0 lets the kernel pick.");
+ABSL_FLAG(std::string, metrics_web_config, "",
+          "Prometheus web-config YAML file for /metrics: tls_server_config (cert_file, "
+          "key_file, client_ca_file, client_auth_type) and basic_auth_users (name: "
+          "bcrypt hash); certificates are re-read when they change. Empty: plain HTTP, "
+          "no auth.");
 ABSL_FLAG(std::string, runtime_dir, "/run/fuselink",
           "The agent's private directory (created 0700 if absent; refused unless owned "
           "by the agent's uid with no group/other access).");
@@ -229,8 +236,14 @@ int main(int argc, char** argv) {
     };
   }
 
+  services::MetricsEndpoint endpoint;
+  if (const std::string file = absl::GetFlag(FLAGS_metrics_web_config); !file.empty()) {
+    absl::StatusOr<services::http::WebConfig> web = services::http::LoadWebConfig(file);
+    if (!web.ok()) return Fail(web.status());
+    endpoint.web_config = *std::move(web);
+  }
   absl::StatusOr<std::unique_ptr<services::Metrics>> metrics =
-      services::Metrics::Start(absl::GetFlag(FLAGS_metrics_listen));
+      services::Metrics::Start(absl::GetFlag(FLAGS_metrics_listen), endpoint);
   if (!metrics.ok()) return Fail(metrics.status());
   absl::StatusOr<std::unique_ptr<services::Node>> node =
       services::Node::Create(options, metrics->get());
@@ -269,7 +282,8 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_listen).substr(0, absl::GetFlag(FLAGS_listen).rfind(':'));
   const std::string grpc_address = absl::StrCat(host, ":", grpc_port);
   const std::string metrics_url =
-      absl::StrCat("http://", host, ":", (*metrics)->port(), "/metrics");
+      absl::StrCat(endpoint.web_config.tls ? "https://" : "http://", host, ":",
+                   (*metrics)->port(), "/metrics");
   std::printf(
       "fuselink-agent node=%s grpc=%s metrics=%s handle_socket=%s transport=%s nics=%d "
       "policy=%s security=%s\n%s\n",

@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
+#include "prometheus/text_serializer.h"
 
 namespace fuselink::services {
 
@@ -254,17 +255,29 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
   Node* node_ ABSL_GUARDED_BY(mu_);
 };
 
-absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen) {
-  try {
-    return std::unique_ptr<Metrics>(
-        new Metrics(std::make_unique<prometheus::Exposer>(listen)));
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics on ", listen, ": ", e.what()));
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen,
+                                                        const MetricsEndpoint& endpoint) {
+  std::unique_ptr<Metrics> metrics(new Metrics());
+  http::MetricsServerOptions options;
+  options.listen = listen;
+  options.web_config = endpoint.web_config;
+  options.max_connections = endpoint.max_connections;
+  Metrics* self = metrics.get();
+  options.render = [self] { return self->Render(); };
+  options.on_refusal = [self](http::Refusal refusal) {
+    self->refusals_[static_cast<int>(refusal)]->Increment();
+  };
+  absl::StatusOr<std::unique_ptr<http::MetricsServer>> server =
+      http::MetricsServer::Start(std::move(options));
+  if (!server.ok()) {
+    return absl::Status(server.status().code(), absl::StrCat("metrics on ", listen, ": ",
+                                                             server.status().message()));
   }
+  metrics->server_ = *std::move(server);
+  return metrics;
 }
 
-Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer)
-    : exposer_(std::move(exposer)), registry_(std::make_shared<prometheus::Registry>()) {
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   auto& outcomes = prometheus::BuildCounter()
                        .Name("fuselink_transfers_total")
                        .Help("Outgoing transfers that ended, by outcome.")
@@ -285,17 +298,39 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer)
                                "From the owner's return to the last borrowed chunk "
                                "leaving its NIC.")
                            .Register(*registry_);
-  exposer_->RegisterCollectable(registry_);
+  auto& refusals = prometheus::BuildCounter()
+                       .Name("fuselink_metrics_http_refusals_total")
+                       .Help(
+                           "Connections and requests the /metrics server refused, by "
+                           "reason.")
+                       .Register(*registry_);
+  for (int r = 0; r < http::kRefusalKinds; ++r) {
+    refusals_[r] = &refusals.Add(
+        {{"reason", std::string(http::RefusalName(static_cast<http::Refusal>(r)))}});
+  }
+}
+
+std::string Metrics::Render() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  std::shared_ptr<NodeCollector> collector;
+  {
+    absl::MutexLock lock(&collector_mu_);
+    collector = collector_;
+  }
+  if (collector) {
+    std::vector<prometheus::MetricFamily> node = collector->Collect();
+    families.insert(families.end(), std::make_move_iterator(node.begin()),
+                    std::make_move_iterator(node.end()));
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 void Metrics::Detach() {
+  absl::MutexLock lock(&collector_mu_);
   if (collector_) collector_->Detach();
 }
 
-Metrics::~Metrics() {
-  exposer_->RemoveCollectable(registry_);
-  if (collector_) exposer_->RemoveCollectable(collector_);
-}
+Metrics::~Metrics() { server_.reset(); }
 
 void Metrics::Attach(Node* node) {
   for (const v1::Nic& nic : node->topology().nics()) {
@@ -304,11 +339,11 @@ void Metrics::Attach(Node* node) {
                                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                                    0.025, 0.05, 0.1, 0.25, 0.5, 1}));
   }
+  absl::MutexLock lock(&collector_mu_);
   collector_ = std::make_shared<NodeCollector>(node);
-  exposer_->RegisterCollectable(collector_);
 }
 
-int Metrics::port() const { return exposer_->GetListeningPorts().front(); }
+int Metrics::port() const { return server_->port(); }
 
 void Metrics::OnGiveBack(int nic, absl::Duration waited) {
   if (nic >= 0 && nic < static_cast<int>(give_back_.size())) {

@@ -1,24 +1,36 @@
-// Prometheus metrics of one agent, served at http://<listen>/metrics. Counters the
+// Prometheus metrics of one agent, served at http(s)://<listen>/metrics by the
+// project's own HTTP server (services/http/metrics_server.h). Counters the
 // data plane keeps (per-NIC bytes, malformed frames) are read at scrape time;
 // transfer outcomes and durations are recorded as transfers finish.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/http/metrics_server.h"
+#include "services/http/web_config.h"
 #include "services/node.h"
 
 namespace fuselink::services {
 
+// How /metrics is served besides its address.
+struct MetricsEndpoint {
+  http::WebConfig web_config;  // TLS and basic auth; default plain HTTP, no auth
+  int max_connections = http::kDefaultMaxConnections;
+};
+
 class Metrics final : public transfer::EngineObserver {
  public:
-  // Starts the HTTP exposer on `listen` ("host:port"; port 0 lets the kernel pick).
-  static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen);
+  // Starts serving on `listen` ("host:port", bound to that address only; port 0
+  // lets the kernel pick).
+  static absl::StatusOr<std::unique_ptr<Metrics>> Start(
+      const std::string& listen, const MetricsEndpoint& endpoint = {});
   ~Metrics() override;
 
   // Exposes the node's own counters. Call once, before scrapes matter.
@@ -34,17 +46,24 @@ class Metrics final : public transfer::EngineObserver {
 
  private:
   class NodeCollector;
-  explicit Metrics(std::unique_ptr<prometheus::Exposer> exposer);
+  Metrics();
+  // The text exposition of every family: the registry's, then the node's. Called
+  // on the server's thread.
+  std::string Render() const;
 
-  std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::shared_ptr<NodeCollector> collector_;
+  mutable absl::Mutex collector_mu_;
+  std::shared_ptr<NodeCollector> collector_ ABSL_GUARDED_BY(collector_mu_);
   prometheus::Counter* completed_;
   prometheus::Counter* failed_;
   prometheus::Counter* cancelled_;
   prometheus::Histogram* duration_;
   prometheus::Family<prometheus::Histogram>* give_back_family_;
   std::vector<prometheus::Histogram*> give_back_;  // per NIC, filled by Attach
+  // fuselink_metrics_http_refusals_total, by http::Refusal.
+  std::array<prometheus::Counter*, http::kRefusalKinds> refusals_{};
+  // Last: it goes first, so that no scrape runs while the rest goes.
+  std::unique_ptr<http::MetricsServer> server_;
 };
 
 }  // namespace fuselink::services

@@ -112,3 +112,23 @@ write("request_checks_fuzz", "get_bad_utf8", b"\x02" + field(1, b"kv\xc0\x80"))
 write("request_checks_fuzz", "list", b"\x04" + uint(1, 10) + field(2, b"kv0"))
 write("request_checks_fuzz", "unknown_group",
       b"\x07" + varint(9 << 3 | 3) + field(1, b"\xff") + varint(9 << 3 | 4) + field(1, b"kv"))
+
+
+# web_config_fuzz: web-config files (services/http/web_config.h), good and refused.
+HASH = b"$2b$10$fuselinkdummysaltfuseuVTKzBMwShV.zJPNIomO4LT9Qh81MSLy"
+write("web_config_fuzz", "full", b"""# the metrics endpoint
+tls_server_config:
+  cert_file: server.crt   # relative
+  key_file: "/etc/keys/server key.pem"
+  client_ca_file: 'ca.crt'
+  client_auth_type: RequireAndVerifyClientCert
+  min_version: TLS13
+basic_auth_users:
+  prometheus: """ + HASH + b"\n  'other user': \"" + HASH + b"\"\n")
+write("web_config_fuzz", "tls_only", b"tls_server_config:\n    cert_file: a\n    key_file: b\n")
+write("web_config_fuzz", "users_only", b"basic_auth_users:\n  a: " + HASH + b"\r\n")
+write("web_config_fuzz", "sequence", b"tls_server_config:\n  - cert_file: a\n")
+write("web_config_fuzz", "flow", b"tls_server_config: {cert_file: a}\n")
+write("web_config_fuzz", "bad_indent", b"a:\n    b: c\n  d: e\n")
+write("web_config_fuzz", "escapes", b"a: \"x\\ty\\\"z\\\\\"\nb: 'it''s'\n")
+write("web_config_fuzz", "deep", b"a:\n b:\n  c:\n   d:\n    e:\n     f:\n      g:\n       h: i\n")

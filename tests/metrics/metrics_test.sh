@@ -1,7 +1,10 @@
 #!/bin/bash
 # Metrics, checked by the real tools: two agents move a KV cache; each /metrics
 # passes `promtool check metrics`; a real Prometheus server scrapes both and its
-# query API shows the bytes per NIC that the transfer moved.
+# query API shows the bytes per NIC that the transfer moved. Then a third agent with
+# --metrics_web_config serves TLS with a required client certificate and basic auth
+# (a throwaway CA made by openssl, a bcrypt hash by Python's crypt), checked by curl;
+# and a web config with a mistake keeps the agent from starting, naming the line.
 # Usage: metrics_test.sh AGENT_BINARY FUSELINKCTL_BINARY
 set -euo pipefail
 agent=$1
@@ -73,4 +76,54 @@ nics=$(curl -sf "http://127.0.0.1:$port/api/v1/query" \
   --data-urlencode 'query=count(fuselink_nic_received_bytes_total > 0)' |
   sed -n 's/.*"value":\[[^,]*,"\([0-9]*\)"\].*/\1/p')
 [ "$nics" = "4" ] || fail "Prometheus sees bytes on $nics NICs, want 4"
-echo "PASS: promtool clean on both agents; Prometheus scraped $got bytes over $nics NICs"
+
+# TLS with a verified client certificate, and basic auth.
+pki=$run/pki
+mkdir -p "$pki"
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca \
+  -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+sign() {  # sign NAME SUBJECT EXTENSION
+  echo "$3" >"$pki/$1.ext"
+  openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$pki/$1.key" -out "$pki/$1.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/$1.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 2 -extfile "$pki/$1.ext" -out "$pki/$1.crt" 2>/dev/null
+}
+sign server /CN=127.0.0.1 subjectAltName=IP:127.0.0.1
+sign client /CN=prometheus extendedKeyUsage=clientAuth
+hash=$(python3 -W ignore -c 'import crypt; print(crypt.crypt("s3cret", crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16)))')
+cat >"$pki/web.yml" <<YAML
+tls_server_config:
+  cert_file: server.crt
+  key_file: server.key
+  client_ca_file: ca.crt
+  client_auth_type: RequireAndVerifyClientCert
+basic_auth_users:
+  prometheus: '$hash'
+YAML
+start_agent node-t 13 "" --nics=1 --metrics_web_config="$pki/web.yml"
+url=$(field "$run/node-t.json" metrics)
+case "$url" in https://*) ;; *) fail "the TLS agent announces $url" ;; esac
+tls=(--cacert "$pki/ca.crt" --cert "$pki/client.crt" --key "$pki/client.key")
+curl -s --cacert "$pki/ca.crt" -u prometheus:s3cret "$url" >/dev/null 2>&1 &&
+  fail "a scrape without a client certificate succeeded"
+code=$(curl -s -o /dev/null -w '%{http_code}' "${tls[@]}" "$url")
+[ "$code" = 401 ] || fail "no credentials: HTTP $code, want 401"
+code=$(curl -s -o /dev/null -w '%{http_code}' "${tls[@]}" -u prometheus:wrong "$url")
+[ "$code" = 401 ] || fail "a wrong password: HTTP $code, want 401"
+curl -sf "${tls[@]}" -u prometheus:s3cret "$url" >"$run/node-t.metrics" ||
+  fail "scrape over TLS with the right credentials"
+promtool check metrics <"$run/node-t.metrics" || fail "promtool check metrics over TLS"
+grep -q '^fuselink_metrics_http_refusals_total{reason="unauthorized"} 2' "$run/node-t.metrics" ||
+  fail "the two 401s are not counted"
+grep -q '^fuselink_metrics_http_refusals_total{reason="tls"} [1-9]' "$run/node-t.metrics" ||
+  fail "the handshake without a client certificate is not counted"
+
+# A mistake in the web config: the agent refuses to start and names the line.
+printf 'tls_server_config:\n  cert_file: server.crt\n  keyfile: server.key\n' >"$pki/bad.yml"
+if "$agent" --node=bad --plaintext --handle_socket="$run/bad.sock" --metrics_web_config="$pki/bad.yml" \
+  >"$run/bad.log" 2>&1; then
+  fail "an agent started with a bad web config"
+fi
+grep -q "bad.yml: web config line 3: keyfile: unknown key" "$run/bad.log" ||
+  { cat "$run/bad.log"; fail "the bad web config's error does not name its line"; }
+echo "PASS: promtool clean on both agents; Prometheus scraped $got bytes over $nics NICs; TLS with a client certificate and basic auth through the agent; a bad web config names its line"

@@ -1,0 +1,423 @@
+// The /metrics HTTP server (services/http/metrics_server.h) on real sockets on
+// 127.0.0.1, port 0: a flood of idle and half-sent connections does not hold a
+// scrape; each refusal answers its status and is counted; basic auth; TLS with a
+// throwaway CA made by the openssl binary, with and without client certificates,
+// and a certificate rotated under a running server.
+#include "services/http/metrics_server.h"
+
+#include <arpa/inet.h>
+#include <crypt.h>
+#include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "services/http/http_request.h"
+
+namespace fuselink::services::http {
+namespace {
+
+constexpr char kBody[] = "# TYPE fuselink_test gauge\nfuselink_test 1\n";
+
+// Refusals counted by the server, read by the test thread.
+struct Counts {
+  std::array<std::atomic<int>, kRefusalKinds> by_reason{};
+  int operator[](Refusal r) const { return by_reason[static_cast<int>(r)].load(); }
+};
+
+std::unique_ptr<MetricsServer> Serve(Counts* counts, WebConfig web = {},
+                                     int max_connections = kDefaultMaxConnections,
+                                     absl::Duration request_timeout = absl::Seconds(5)) {
+  MetricsServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.web_config = std::move(web);
+  options.max_connections = max_connections;
+  options.request_timeout = request_timeout;
+  options.render = [] { return std::string(kBody); };
+  options.on_refusal = [counts](Refusal r) { ++counts->by_reason[static_cast<int>(r)]; };
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+// A blocking TCP connection with a 10 s receive timeout.
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+void SendAll(int fd, absl::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n <= 0) return;
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+// One response read from `fd`: its head and exactly Content-Length body bytes.
+std::string ReadResponse(int fd) {
+  std::string got;
+  char chunk[4096];
+  for (;;) {
+    const size_t head_end = got.find("\r\n\r\n");
+    if (head_end != std::string::npos) {
+      const size_t at = got.find("Content-Length: ");
+      if (at != std::string::npos) {
+        const size_t length = std::strtoul(got.c_str() + at + 16, nullptr, 10);
+        if (got.size() >= head_end + 4 + length)
+          return got.substr(0, head_end + 4 + length);
+      }
+    }
+    const ssize_t n = recv(fd, chunk, sizeof(chunk), 0);
+    if (n <= 0) return got;
+    got.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+std::string Request(int port, absl::string_view request) {
+  const int fd = Connect(port);
+  SendAll(fd, request);
+  std::string response = ReadResponse(fd);
+  close(fd);
+  return response;
+}
+
+std::string Get(absl::string_view path, absl::string_view headers = "") {
+  return absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: x\r\n", headers, "\r\n");
+}
+
+TEST(MetricsServer, ServesMetrics) {
+  Counts counts;
+  auto server = Serve(&counts);
+  const std::string response = Request(server->port(), Get("/metrics"));
+  EXPECT_TRUE(absl::StartsWith(response, "HTTP/1.1 200 OK\r\n")) << response;
+  EXPECT_TRUE(absl::EndsWith(response, kBody)) << response;
+  EXPECT_TRUE(absl::StrContains(response, "Content-Type: text/plain; version=0.0.4"));
+}
+
+TEST(MetricsServer, HundredIdleAndHalfSentConnectionsDoNotHoldAScrape) {
+  Counts counts;
+  auto server = Serve(&counts);
+  std::vector<int> stuck;
+  for (int i = 0; i < 100; ++i) {
+    stuck.push_back(Connect(server->port()));
+    if (i % 2 == 1)
+      SendAll(stuck.back(), i % 4 == 1 ? "GET /metr" : "GET /metrics HTTP/1.1\r\nHo");
+  }
+  const absl::Time start = absl::Now();
+  const std::string response = Request(server->port(), Get("/metrics"));
+  EXPECT_TRUE(absl::StartsWith(response, "HTTP/1.1 200 OK\r\n")) << response;
+  EXPECT_TRUE(absl::EndsWith(response, kBody));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  // Past the bound, the longest-waiting ones made room.
+  EXPECT_GE(counts[Refusal::kTooManyConnections], 100 + 1 - kDefaultMaxConnections);
+  for (int fd : stuck) close(fd);
+}
+
+TEST(MetricsServer, BoundedConnectionsCloseTheOldestIdleOne) {
+  Counts counts;
+  auto server = Serve(&counts, {}, /*max_connections=*/2);
+  const int first = Connect(server->port());
+  const int second = Connect(server->port());
+  absl::SleepFor(absl::Milliseconds(50));
+  const std::string response = Request(server->port(), Get("/metrics"));
+  EXPECT_TRUE(absl::StartsWith(response, "HTTP/1.1 200 OK\r\n")) << response;
+  char byte;
+  EXPECT_EQ(recv(first, &byte, 1, 0), 0) << "the oldest connection should be closed";
+  EXPECT_EQ(counts[Refusal::kTooManyConnections], 1);
+  close(first);
+  close(second);
+}
+
+TEST(MetricsServer, HalfSentRequestTimesOut) {
+  Counts counts;
+  auto server = Serve(&counts, {}, kDefaultMaxConnections, absl::Milliseconds(200));
+  const int fd = Connect(server->port());
+  SendAll(fd, "GET /metrics HTTP/1.1\r\n");
+  const absl::Time start = absl::Now();
+  char byte;
+  EXPECT_EQ(recv(fd, &byte, 1, 0), 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(counts[Refusal::kTimeout], 1);
+  close(fd);
+}
+
+TEST(MetricsServer, OversizedHeadIs431) {
+  Counts counts;
+  auto server = Serve(&counts);
+  const std::string response = Request(
+      server->port(),
+      Get("/metrics",
+          absl::StrCat("X-Big: ", std::string(kMaxRequestHeadBytes, 'a'), "\r\n")));
+  EXPECT_TRUE(absl::StartsWith(response, "HTTP/1.1 431 ")) << response;
+  EXPECT_EQ(counts[Refusal::kOversize], 1);
+}
+
+TEST(MetricsServer, RefusalsAnswerTheirStatus) {
+  Counts counts;
+  auto server = Serve(&counts);
+  EXPECT_TRUE(absl::StartsWith(Request(server->port(), Get("/")), "HTTP/1.1 404 "));
+  EXPECT_TRUE(
+      absl::StartsWith(Request(server->port(), Get("/metricsx")), "HTTP/1.1 404 "));
+  const std::string post =
+      Request(server->port(), "POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(post, "HTTP/1.1 405 ")) << post;
+  EXPECT_TRUE(absl::StrContains(post, "Allow: GET, HEAD\r\n"));
+  EXPECT_TRUE(
+      absl::StartsWith(Request(server->port(), "NONSENSE\r\n\r\n"), "HTTP/1.1 400 "));
+  EXPECT_TRUE(absl::StartsWith(Request(server->port(), "GET /metrics HTTP/2.0\r\n\r\n"),
+                               "HTTP/1.1 400 "));
+  EXPECT_TRUE(absl::StartsWith(
+      Request(server->port(), "GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"),
+      "HTTP/1.1 400 "));
+  EXPECT_EQ(counts[Refusal::kMalformed], 6);
+  const std::string head = Request(server->port(), "HEAD /metrics HTTP/1.0\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(head, "HTTP/1.1 200 ")) << head;
+  EXPECT_TRUE(absl::EndsWith(head, "\r\n\r\n")) << "HEAD has no body";
+}
+
+TEST(MetricsServer, KeepAliveServesSeveralRequestsOnOneConnection) {
+  Counts counts;
+  auto server = Serve(&counts);
+  const int fd = Connect(server->port());
+  for (int i = 0; i < 3; ++i) {
+    SendAll(fd, Get("/metrics"));
+    const std::string response = ReadResponse(fd);
+    EXPECT_TRUE(absl::StrContains(response, "Connection: keep-alive\r\n")) << response;
+    EXPECT_TRUE(absl::EndsWith(response, kBody));
+  }
+  // Two pipelined, the second asking to close.
+  SendAll(fd, absl::StrCat(Get("/metrics"), Get("/metrics", "Connection: close\r\n")));
+  EXPECT_TRUE(absl::EndsWith(ReadResponse(fd), kBody));
+  const std::string last = ReadResponse(fd);
+  EXPECT_TRUE(absl::StrContains(last, "Connection: close\r\n")) << last;
+  char byte;
+  EXPECT_EQ(recv(fd, &byte, 1, 0), 0);
+  close(fd);
+}
+
+std::string Basic(absl::string_view user, absl::string_view password) {
+  return absl::StrCat("Authorization: Basic ",
+                      absl::Base64Escape(absl::StrCat(user, ":", password)), "\r\n");
+}
+
+std::string BcryptHash(const char* password) {
+  char salt[CRYPT_GENSALT_OUTPUT_SIZE];
+  EXPECT_NE(crypt_gensalt_rn("$2b$", 4, nullptr, 0, salt, sizeof(salt)), nullptr);
+  crypt_data data{};
+  const char* hash = crypt_r(password, salt, &data);
+  EXPECT_NE(hash, nullptr);
+  return hash;
+}
+
+TEST(MetricsServer, BasicAuth) {
+  Counts counts;
+  WebConfig web;
+  web.basic_auth_users = {{"prometheus", BcryptHash("right")},
+                          {"other", BcryptHash("x")}};
+  auto server = Serve(&counts, web);
+  const int port = server->port();
+  const std::string none = Request(port, Get("/metrics"));
+  EXPECT_TRUE(absl::StartsWith(none, "HTTP/1.1 401 ")) << none;
+  EXPECT_TRUE(absl::StrContains(none, "WWW-Authenticate: Basic"));
+  EXPECT_TRUE(absl::StartsWith(
+      Request(port, Get("/metrics", Basic("prometheus", "wrong"))), "HTTP/1.1 401 "));
+  EXPECT_TRUE(absl::StartsWith(Request(port, Get("/metrics", Basic("nobody", "right"))),
+                               "HTTP/1.1 401 "));
+  EXPECT_TRUE(absl::StartsWith(
+      Request(port, Get("/metrics", "Authorization: Bearer x\r\n")), "HTTP/1.1 401 "));
+  EXPECT_TRUE(absl::StartsWith(Request(port, Get("/", Basic("prometheus", "wrong"))),
+                               "HTTP/1.1 401 "))
+      << "auth comes before routing";
+  EXPECT_EQ(counts[Refusal::kUnauthorized], 5);
+  for (int i = 0; i < 2; ++i) {  // the second from the verified cache
+    const std::string ok = Request(port, Get("/metrics", Basic("prometheus", "right")));
+    EXPECT_TRUE(absl::StartsWith(ok, "HTTP/1.1 200 ")) << ok;
+    EXPECT_TRUE(absl::EndsWith(ok, kBody));
+  }
+}
+
+// A throwaway CA, a server certificate for 127.0.0.1 and a client certificate, made
+// by the openssl binary in a fresh directory.
+class Pki {
+ public:
+  Pki() {
+    char dir_template[] = "/tmp/fuselink-pki.XXXXXX";
+    dir_ = mkdtemp(dir_template);
+    Run(absl::StrCat(
+        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca "
+        "-keyout ",
+        Path("ca.key"), " -out ", Path("ca.crt")));
+    Sign("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1");
+    Sign("client", "/CN=prometheus", "extendedKeyUsage=clientAuth");
+  }
+  ~Pki() { std::system(absl::StrCat("rm -rf ", dir_).c_str()); }
+
+  std::string Path(absl::string_view name) const { return absl::StrCat(dir_, "/", name); }
+  // A (new) certificate and key for `name`, signed by the CA.
+  void Sign(absl::string_view name, absl::string_view subject, absl::string_view ext) {
+    const std::string key = Path(absl::StrCat(name, ".key"));
+    const std::string csr = Path(absl::StrCat(name, ".csr"));
+    const std::string crt = Path(absl::StrCat(name, ".crt"));
+    Run(absl::StrCat("openssl req -newkey rsa:2048 -nodes -subj ", subject, " -keyout ",
+                     key, ".new -out ", csr));
+    std::ofstream(Path("ext.cnf")) << ext << "\n";
+    Run(absl::StrCat("openssl x509 -req -in ", csr, " -CA ", Path("ca.crt"), " -CAkey ",
+                     Path("ca.key"), " -CAcreateserial -days 2 -extfile ",
+                     Path("ext.cnf"), " -out ", crt, ".new"));
+    // Key and certificate replace the old ones by rename, as a rotation would.
+    Run(absl::StrCat("mv ", key, ".new ", key, " && mv ", crt, ".new ", crt));
+  }
+
+ private:
+  static void Run(const std::string& command) {
+    ASSERT_EQ(std::system(absl::StrCat(command, " >/dev/null 2>&1").c_str()), 0)
+        << command;
+  }
+  std::string dir_;
+};
+
+struct CtxFree {
+  void operator()(SSL_CTX* ctx) const { SSL_CTX_free(ctx); }
+};
+struct SslFree {
+  void operator()(SSL* ssl) const { SSL_free(ssl); }
+};
+
+struct TlsResult {
+  bool ok = false;          // a response was read
+  std::string response;     // its bytes
+  std::string peer_serial;  // the server certificate's serial, hex
+};
+
+// A TLS scrape as a client: trusts the CA; shows the client certificate if asked.
+TlsResult TlsRequest(int port, const Pki& pki, bool client_cert,
+                     absl::string_view request) {
+  TlsResult result;
+  std::unique_ptr<SSL_CTX, CtxFree> ctx(SSL_CTX_new(TLS_client_method()));
+  SSL_CTX_load_verify_locations(ctx.get(), pki.Path("ca.crt").c_str(), nullptr);
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  if (client_cert) {
+    SSL_CTX_use_certificate_file(ctx.get(), pki.Path("client.crt").c_str(),
+                                 SSL_FILETYPE_PEM);
+    SSL_CTX_use_PrivateKey_file(ctx.get(), pki.Path("client.key").c_str(),
+                                SSL_FILETYPE_PEM);
+  }
+  const int fd = Connect(port);
+  std::unique_ptr<SSL, SslFree> ssl(SSL_new(ctx.get()));
+  SSL_set_fd(ssl.get(), fd);
+  X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl.get()), "127.0.0.1");
+  if (SSL_connect(ssl.get()) == 1) {
+    if (X509* peer = SSL_get1_peer_certificate(ssl.get()); peer != nullptr) {
+      BIGNUM* serial = ASN1_INTEGER_to_BN(X509_get_serialNumber(peer), nullptr);
+      char* hex = BN_bn2hex(serial);
+      result.peer_serial = hex;
+      OPENSSL_free(hex);
+      BN_free(serial);
+      X509_free(peer);
+    }
+    SSL_write(ssl.get(), request.data(), static_cast<int>(request.size()));
+    char chunk[4096];
+    int n;
+    while ((n = SSL_read(ssl.get(), chunk, sizeof(chunk))) > 0) {
+      result.response.append(chunk, static_cast<size_t>(n));
+      if (absl::EndsWith(result.response, kBody)) break;
+    }
+    result.ok = absl::StartsWith(result.response, "HTTP/1.1 ");
+  } else if (std::getenv("FUSELINK_TLS_DEBUG") != nullptr) {
+    ERR_print_errors_fp(stderr);
+    std::fprintf(stderr, "verify: %s\n",
+                 X509_verify_cert_error_string(SSL_get_verify_result(ssl.get())));
+  }
+  ERR_clear_error();
+  close(fd);
+  return result;
+}
+
+WebConfig TlsConfig(const Pki& pki, ClientAuth auth) {
+  WebConfig web;
+  web.tls = TlsServerConfig{pki.Path("server.crt"), pki.Path("server.key"),
+                            auth == ClientAuth::kNoClientCert ? "" : pki.Path("ca.crt"),
+                            auth, false};
+  return web;
+}
+
+TEST(MetricsServerTls, ScrapeOverTlsWhileASlowHandshakeWaits) {
+  Pki pki;
+  Counts counts;
+  auto server = Serve(&counts, TlsConfig(pki, ClientAuth::kNoClientCert));
+  // A client that opens TLS and stops after the first bytes of its ClientHello.
+  const int slow = Connect(server->port());
+  SendAll(slow, std::string("\x16\x03\x01\x02\x00\x01", 6));
+  const int idle = Connect(server->port());
+  const std::string wanted = Get("/metrics", "Connection: close\r\n");
+  const TlsResult result = TlsRequest(server->port(), pki, false, wanted);
+  EXPECT_TRUE(result.ok) << result.response;
+  EXPECT_TRUE(absl::StartsWith(result.response, "HTTP/1.1 200 OK")) << result.response;
+  EXPECT_TRUE(absl::EndsWith(result.response, kBody));
+  // Plain HTTP to the TLS port is a failed handshake.
+  EXPECT_FALSE(
+      absl::StartsWith(Request(server->port(), Get("/metrics")), "HTTP/1.1 200"));
+  EXPECT_GE(counts[Refusal::kTls], 1);
+  close(slow);
+  close(idle);
+}
+
+TEST(MetricsServerTls, RequireAndVerifyClientCert) {
+  Pki pki;
+  Counts counts;
+  auto server = Serve(&counts, TlsConfig(pki, ClientAuth::kRequireAndVerifyClientCert));
+  const std::string wanted = Get("/metrics", "Connection: close\r\n");
+  const TlsResult without = TlsRequest(server->port(), pki, false, wanted);
+  EXPECT_FALSE(without.ok) << without.response;
+  const TlsResult with = TlsRequest(server->port(), pki, true, wanted);
+  EXPECT_TRUE(with.ok);
+  EXPECT_TRUE(absl::EndsWith(with.response, kBody)) << with.response;
+  EXPECT_GE(counts[Refusal::kTls], 1);
+}
+
+TEST(MetricsServerTls, RotatedCertificateIsServedWithoutRestart) {
+  Pki pki;
+  Counts counts;
+  auto server = Serve(&counts, TlsConfig(pki, ClientAuth::kNoClientCert));
+  const std::string wanted = Get("/metrics", "Connection: close\r\n");
+  const TlsResult before = TlsRequest(server->port(), pki, false, wanted);
+  ASSERT_TRUE(before.ok);
+  pki.Sign("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1");
+  std::string serial = before.peer_serial;
+  for (int i = 0; i < 30 && serial == before.peer_serial; ++i) {
+    absl::SleepFor(absl::Milliseconds(200));
+    const TlsResult after = TlsRequest(server->port(), pki, false, wanted);
+    ASSERT_TRUE(after.ok);
+    serial = after.peer_serial;
+  }
+  EXPECT_NE(serial, before.peer_serial) << "the new certificate was never served";
+}
+
+}  // namespace
+}  // namespace fuselink::services::http

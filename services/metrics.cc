@@ -99,6 +99,11 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
                   "Frames from peers that were refused and closed their connection.",
                   MetricType::Counter,
                   [&](int k) { return node.fabric().counters(k).malformed_frames; });
+    per_nic_value("fuselink_fabric_auth_failures_total",
+                  "Connections accepted on the NIC that closed before they proved they "
+                  "belong to an authenticated peer (the fabric handshake).",
+                  MetricType::Counter,
+                  [&](int k) { return node.fabric().counters(k).auth_failures; });
     per_nic_value("fuselink_fabric_refused_writes_total",
                   "Writes that arrived on the NIC and were refused before a byte "
                   "landed: no open window under their key, another peer's window, or "

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/fabric/handshake.h"
 #include "agent/fabric/wire.h"
 #include "gtest/gtest.h"
 #include "tests/integration/calls.h"
@@ -353,13 +354,14 @@ TEST_F(FailureTest, MalformedFrameOnANicPortClosesOnlyThatConnection) {
   EXPECT_TRUE(MovesSmallTransfer("after-garbage"));
 }
 
-// Someone on the network who knows a NIC port and a node name, but holds no window:
-// every write is refused before a byte lands, the connection is answered and stays,
-// and the agent goes on moving real transfers. Region keys (small integers) are tried
-// first: they no longer reach anything from outside the node.
-TEST_F(FailureTest, ForgedWritesLandNowhere) {
+// Someone on the network who knows a NIC port and a node name, but not the key the
+// peers agreed over mutual TLS: its HELLO under a real peer's name gets a challenge it
+// cannot answer; the writes it sends instead are never read, the connection is closed
+// and counted, nothing lands, and the agent goes on moving real transfers.
+TEST_F(FailureTest, ForgedHelloIsClosedAndLandsNothing) {
   ASSERT_NO_FATAL_FAILURE(StartNodes());
   ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout, &small_));
+  ASSERT_TRUE(MovesSmallTransfer("before-forgery"));  // node-a is a known peer now
   const std::vector<uint8_t> before(small_.target.buffer->span().begin(),
                                     small_.target.buffer->span().end());
   v1::Topology topology;
@@ -368,39 +370,27 @@ TEST_F(FailureTest, ForgedWritesLandNowhere) {
   absl::StatusOr<UniqueFd> socket =
       TcpConnect(rail0.address(), static_cast<uint16_t>(rail0.port()));
   ASSERT_TRUE(socket.ok()) << socket.status();
-  constexpr uint32_t kForged = 64;
-  std::string frames = *fabric::wire::EncodeHello(0, kNodeA);  // posing as the peer
-  for (uint32_t i = 0; i < kForged; ++i) {
-    const fabric::WindowKey key = i < 32 ? i + 1 : 0x9e3779b9u * i;
+  absl::StatusOr<fabric::handshake::Nonce> nonce = fabric::handshake::NewNonce();
+  ASSERT_TRUE(nonce.ok());
+  std::string frames = *fabric::wire::EncodeHello(0, kNodeA, *nonce);  // posing as node-a
+  for (uint32_t i = 0; i < 64; ++i) {
     const fabric::wire::HeaderBytes header = fabric::wire::EncodeWrite(
-        {.key = key, .offset = (i % 4) * 4096, .bytes = 64, .imm = i, .wr_id = i});
+        {.key = i + 1, .offset = (i % 4) * 4096, .bytes = 64, .imm = i, .wr_id = i});
     frames.append(reinterpret_cast<const char*>(header.data()), header.size());
     frames.append(64, static_cast<char>(0xEE));
   }
-  ASSERT_EQ(send(socket->get(), frames.data(), frames.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(frames.size()));
-  for (uint32_t i = 0; i < kForged; ++i) {
-    fabric::wire::HeaderBytes ack;
-    ASSERT_EQ(recv(socket->get(), ack.data(), ack.size(), MSG_WAITALL),
-              static_cast<ssize_t>(ack.size()))
-        << "ACK " << i;
-    absl::StatusOr<fabric::wire::Header> decoded =
-        fabric::wire::DecodeHeader(ack, 1 << 20);
-    ASSERT_TRUE(decoded.ok()) << decoded.status();
-    const auto* answer = std::get_if<fabric::wire::AckFrame>(&*decoded);
-    ASSERT_NE(answer, nullptr);
-    EXPECT_EQ(answer->wr_id, i);
-    EXPECT_EQ(answer->refusal, fabric::Refusal::kNoWindow) << "write " << i;
-  }
+  // The agent may close before it has read everything: a short send is fine.
+  send(socket->get(), frames.data(), frames.size(), MSG_NOSIGNAL);
+  ASSERT_TRUE(WaitUntilClosed(socket->get(), kWaitTimeout));
   EXPECT_TRUE(
       std::equal(before.begin(), before.end(), small_.target.buffer->span().begin()))
       << "a forged write changed the target tensor";
   absl::StatusOr<std::string> metrics = client::HttpGet(b_->metrics_url(), kWaitTimeout);
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_EQ(*client::MetricValue(*metrics, "fuselink_fabric_refused_writes_total",
+  EXPECT_EQ(*client::MetricValue(*metrics, "fuselink_fabric_auth_failures_total",
                                  {{"nic", "rail0"}}),
-            kForged);
-  EXPECT_EQ(*client::MetricValue(*metrics, "fuselink_fabric_malformed_frames_total",
+            1);
+  EXPECT_EQ(*client::MetricValue(*metrics, "fuselink_fabric_refused_writes_total",
                                  {{"nic", "rail0"}}),
             0);
   EXPECT_TRUE(Serves(*b_));

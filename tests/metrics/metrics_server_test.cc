@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,17 +81,25 @@ void SendAll(int fd, absl::string_view bytes) {
 }
 
 // One response read from `fd`: its head and exactly Content-Length body bytes.
+// One response from `fd`. Bytes of the next (pipelined) response that arrived with it
+// are kept for the next call on the same descriptor.
 std::string ReadResponse(int fd) {
-  std::string got;
+  static std::map<int, std::string> leftovers;
+  std::string got = std::move(leftovers[fd]);
+  leftovers.erase(fd);
   char chunk[4096];
   for (;;) {
     const size_t head_end = got.find("\r\n\r\n");
     if (head_end != std::string::npos) {
       const size_t at = got.find("Content-Length: ");
-      if (at != std::string::npos) {
+      if (at != std::string::npos && at < head_end) {
         const size_t length = std::strtoul(got.c_str() + at + 16, nullptr, 10);
-        if (got.size() >= head_end + 4 + length)
+        if (got.size() >= head_end + 4 + length) {
+          if (got.size() > head_end + 4 + length) {
+            leftovers[fd] = got.substr(head_end + 4 + length);
+          }
           return got.substr(0, head_end + 4 + length);
+        }
       }
     }
     const ssize_t n = recv(fd, chunk, sizeof(chunk), 0);

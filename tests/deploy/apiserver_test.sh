@@ -5,22 +5,27 @@
 # kubelet: Node objects stand in for two GPU nodes and one CPU node. For helm 3.17 and
 # helm 4.1 in turn:
 #  - helm install gives a DaemonSet that wants exactly the two GPU nodes, and the
-#    scheduler binds one agent pod to each; the probes are exec (gRPC probes are newer
-#    than 1.20); no ServiceMonitor or PrometheusRule while their CRDs are absent;
+#    scheduler binds one agent pod to each; the probes are HTTP GET /metrics (a gRPC
+#    probe has no client certificate for mutual TLS); no ServiceMonitor or
+#    PrometheusRule while their CRDs are absent;
 #  - the agents' service-account token may read EndpointSlices in the release's
 #    namespace and nothing else (kubectl auth can-i, and a real request with the token);
 #  - after the CRDs are applied, helm upgrade makes the ServiceMonitor and the
-#    PrometheusRule; with tls.enabled, the upgrade is refused until cert-manager's
-#    Certificate CRD exists, then makes the Certificate and mounts its secret; a third
-#    GPU node raises the DaemonSet's count to three;
+#    PrometheusRule; the default DaemonSet runs mutual TLS from each node's own
+#    certificate directory with the access-policy ConfigMap, and an upgrade to
+#    tls.enabled=false gives --plaintext and removes the policy; a third GPU node
+#    raises the DaemonSet's count to three;
 #  - helm uninstall leaves no object of the release behind.
 # Then agents run outside the cluster with exactly the arguments of the DaemonSet the
 # server stored ($(NODE_NAME), $(POD_IP), $(POD_NAMESPACE) filled in as the kubelet
-# would; the handle socket and emulated NIC addresses made distinct because all share
-# this host), each with its own token bound to its pod, while the test reports their
-# pods running at their addresses as a kubelet would: they pass the exec probe, find
+# would; the runtime dir and emulated NIC addresses made distinct because all share
+# this host; plaintext, as fuselinkctl has no TLS client yet), each with its own token
+# bound to its pod, while the test reports their pods running at their addresses as a
+# kubelet would: they pass the chart's probe, find
 # each other through the EndpointSlices and move a tensor; a third node's agent joins
-# and is found; when its pod goes, the others drop it.
+# and is found; when its pod goes, the others drop it. Last, an agent starts with the
+# default (mutual TLS) DaemonSet's TLS, policy and runtime-dir arguments, over
+# certificates made here for its node, and answers the probe.
 # Usage: apiserver_test.sh AGENT FUSELINKCTL
 set -euo pipefail
 agent=$1
@@ -167,8 +172,8 @@ lifecycle() { # HELM RELEASE
   wait_for 60 "$rel: agent pods are not bound to both GPU nodes" \
     test "$(scheduled_nodes "$rel")" = "gpu-node-1 gpu-node-2"
   echo "ok: the DaemonSet wants exactly the GPU nodes; pods bound to $(scheduled_nodes "$rel")"
-  [ "$(ds_field "$ds" '.spec.template.spec.containers[0].livenessProbe.exec.command[0]')" = fuselink-health ] ||
-    fail "$rel: the probes on a 1.20 server are not exec"
+  [ "$(ds_field "$ds" '.spec.template.spec.containers[0].livenessProbe.httpGet.path')" = /metrics ] ||
+    fail "$rel: the liveness probe is not HTTP GET /metrics"
   if [ -z "$crds_applied" ]; then
     for kind in ServiceMonitor PrometheusRule; do
       ! "$helm" get manifest "$rel" -n gpu-system | grep -q "^kind: $kind" ||
@@ -210,34 +215,22 @@ lifecycle() { # HELM RELEASE
     fail "$rel: the PrometheusRule lacks the rules"
   echo "ok: with the CRDs, helm upgrade made the ServiceMonitor and the PrometheusRule"
 
-  # TLS from cert-manager once its CRD is there: the Certificate, and the DaemonSet
-  # mounting the secret it names (cert-manager itself does not run here).
-  "$helm" upgrade "$rel" "$chart" -n gpu-system --reuse-values --set tls.enabled=true \
-    >"$run/$rel-tls0.log" 2>&1 && fail "$rel: tls.enabled without cert-manager or a secret was accepted"
-  grep -q "tls.secretName must name" "$run/$rel-tls0.log" || fail "$rel: tls refused otherwise: $(cat "$run/$rel-tls0.log")"
-  k apply -f - >/dev/null <<YAML
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: certificates.cert-manager.io}
-spec:
-  group: cert-manager.io
-  scope: Namespaced
-  names: {kind: Certificate, plural: certificates, singular: certificate, listKind: CertificateList}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-YAML
-  wait_for 30 "the Certificate CRD is not served" k get --raw /apis/cert-manager.io/v1
-  "$helm" upgrade "$rel" "$chart" -n gpu-system --reuse-values --set tls.enabled=true \
-    --set tls.certManager.issuerRef.name=fleet-ca >"$run/$rel-tls.log" 2>&1 ||
-    fail "helm upgrade $rel with TLS: $(cat "$run/$rel-tls.log")"
-  [ "$(k -n gpu-system get certificate "$ds" -o jsonpath='{.spec.secretName}')" = "$ds-tls" ] ||
-    fail "$rel: no Certificate for the agents' secret"
-  [ "$(ds_field "$ds" '.spec.template.spec.volumes[?(@.name=="tls")].secret.secretName')" = "$ds-tls" ] ||
-    fail "$rel: the DaemonSet does not mount the certificate's secret"
-  echo "ok: with cert-manager's CRD, helm upgrade made the Certificate and the DaemonSet mounts its secret"
+  # Mutual TLS by default: each node's certificate directory and the policy; the
+  # stored DaemonSet and policy are kept for the TLS agent at the end.
+  k get daemonset "$ds" -n gpu-system -o json >"$run/$rel-tls-daemonset.json"
+  k -n gpu-system get configmap "$ds-access-policy" -o jsonpath='{.data.policy\.json}' >"$run/$rel-policy.json" ||
+    fail "$rel: no access-policy ConfigMap"
+  jq -e '.spec.template.spec.containers[0].args | index("--tls_cert=/etc/fuselink/tls/tls.crt") and index("--access_policy=/etc/fuselink/policy/policy.json")' \
+    "$run/$rel-tls-daemonset.json" >/dev/null || fail "$rel: the default DaemonSet has no TLS flags"
+  [ "$(ds_field "$ds" '.spec.template.spec.volumes[?(@.name=="tls")].hostPath.path')" = /etc/fuselink/tls ] ||
+    fail "$rel: the DaemonSet does not mount the node's certificate directory"
+  "$helm" upgrade "$rel" "$chart" -n gpu-system --reuse-values --set tls.enabled=false \
+    >"$run/$rel-plain.log" 2>&1 || fail "helm upgrade $rel to plaintext: $(cat "$run/$rel-plain.log")"
+  grep -q "WARNING: tls.enabled=false" "$run/$rel-plain.log" || fail "$rel: no plaintext warning in NOTES"
+  ds_field "$ds" '.spec.template.spec.containers[0].args' | grep -q -- '"--plaintext"' ||
+    fail "$rel: tls.enabled=false did not give --plaintext"
+  ! k -n gpu-system get configmap "$ds-access-policy" >/dev/null 2>&1 || fail "$rel: the policy outlived TLS"
+  echo "ok: mutual TLS and the access policy by default; tls.enabled=false gave --plaintext and a warning"
 
   add_node "gpu-node-3-$rel" true
   wait_for 60 "$rel: a third GPU node did not raise the count" \
@@ -248,7 +241,7 @@ YAML
   "$helm" uninstall "$rel" -n gpu-system --wait >"$run/$rel-uninstall.log" 2>&1 ||
     fail "helm uninstall $rel: $(cat "$run/$rel-uninstall.log")"
   left() {
-    k -n gpu-system get daemonsets,pods,services,configmaps,serviceaccounts,roles,rolebindings,secrets,servicemonitors,prometheusrules,certificates,endpointslices \
+    k -n gpu-system get daemonsets,pods,services,configmaps,serviceaccounts,roles,rolebindings,secrets,servicemonitors,prometheusrules,endpointslices \
       -l "app.kubernetes.io/instance=$rel" -o name
     k -n gpu-system get serviceaccounts,secrets,endpointslices -o name | grep -- "$ds" || true
   }
@@ -266,7 +259,7 @@ YAML
   k delete node "gpu-node-3-$rel" >/dev/null
   # The next helm starts again from a cluster without the optional CRDs.
   k delete crd servicemonitors.monitoring.coreos.com podmonitors.monitoring.coreos.com \
-    prometheusrules.monitoring.coreos.com certificates.cert-manager.io >/dev/null
+    prometheusrules.monitoring.coreos.com >/dev/null
   wait_for 60 "the CRDs are still served" sh -c "! \"$KUBECTL\" get --raw /apis/monitoring.coreos.com/v1 >/dev/null 2>&1"
   crds_applied=""
 }
@@ -277,7 +270,7 @@ lifecycle "$HELM4" fl4
 echo "== agents with the DaemonSet's own arguments discover each other through the API server"
 rel=fld
 ds=$rel-fuselink
-"$HELM3" install "$rel" "$chart" -n gpu-system --set topology.source=emulated \
+"$HELM3" install "$rel" "$chart" -n gpu-system --set topology.source=emulated --set tls.enabled=false \
   >"$run/$rel-install.log" 2>&1 || fail "helm install $rel: $(cat "$run/$rel-install.log")"
 wait_for 60 "$rel: agent pods are not bound to both GPU nodes" \
   test "$(scheduled_nodes "$rel")" = "gpu-node-1 gpu-node-2"
@@ -295,12 +288,14 @@ pod_running() { # NODE IP
 # args_for NODE POD_IP: the stored container args as a kubelet would expand them.
 args_for() {
   jq -r '.spec.template.spec.containers[0].args[]' "$run/$rel-daemonset.json" |
-    sed "s/\$(NODE_NAME)/$1/g; s/\$(POD_IP)/$2/g; s/\$(POD_NAMESPACE)/gpu-system/g; s|^--handle_socket=.*|--handle_socket=$run/$1.sock|"
+    sed "s/\$(NODE_NAME)/$1/g; s/\$(POD_IP)/$2/g; s/\$(POD_NAMESPACE)/gpu-system/g" |
+    sed "s|^--runtime_dir=/run/fuselink/|--runtime_dir=$run/rt-$1/|; s|^--handle_socket=/run/fuselink/|--handle_socket=$run/rt-$1/|"
 }
 # start_agent_as NODE POD_IP LOOPBACK_NET: outside the cluster, with a token of its
 # own bound to its pod (what the kubelet mounts), and the API server's address and CA
 # (what a pod finds in its environment and service-account volume).
 start_agent_as() {
+  mkdir -m 0755 "$run/rt-$1" # what the kubelet makes of the hostPath
   k -n gpu-system create token "$ds" --bound-object-kind=Pod --bound-object-name="$(pod_on "$1")" \
     >"$run/$1.token" || fail "no token for $1's pod"
   mapfile -t args < <(args_for "$1" "$2")
@@ -309,20 +304,22 @@ start_agent_as() {
     --k8s_ca_file="$run/certs/apiserver.crt" >"$run/$1-agent.log" 2>&1 &
   pids+=($!)
   wait_for 10 "agent $1 did not start with the DaemonSet's arguments" test -s "$run/$1.json"
+  curl -sf "http://$2:17351/metrics" >/dev/null || fail "the probe (GET /metrics) fails on $1"
+  [ "$(stat -c %a "$run/rt-$1/agent")" = 700 ] || fail "$1: the agent did not make its runtime dir 0700"
   POD_IP=$2 FUSELINK_GRPC_PORT=17350 "$here/deploy/image/fuselink-health" >"$run/$1-health.out" ||
-    fail "the exec probe (fuselink-health) fails on $1: $(cat "$run/$1-health.out")"
+    fail "fuselink-health (the plaintext helm test) fails on $1: $(cat "$run/$1-health.out")"
 }
 knows() { grep -q "peer $2 at $3" "$run/$1-agent.log"; } # NODE PEER ADDRESS
 demo() { # FROM_NODE FROM_IP TO_NODE TO_IP
-  "$ctl" --agent="$2:17350" --target_agent="$4:17350" --source_socket="$run/$1.sock" \
-    --target_socket="$run/$3.sock" --demo_layers=2 --demo_blocks=8 --demo_block_bytes=65536 \
+  "$ctl" --agent="$2:17350" --target_agent="$4:17350" --source_socket="$run/rt-$1/agent/agent.sock" \
+    --target_socket="$run/rt-$3/agent/agent.sock" --demo_layers=2 --demo_blocks=8 --demo_block_bytes=65536 \
     demo >"$run/demo-$1-$3.out" 2>&1 && grep -q "bytes match" "$run/demo-$1-$3.out"
 }
 pod_running gpu-node-1 127.0.81.1
 pod_running gpu-node-2 127.0.82.1
 start_agent_as gpu-node-1 127.0.81.1 81
 start_agent_as gpu-node-2 127.0.82.1 82
-echo "ok: both agents serve and pass the exec probe: $(args_for gpu-node-1 127.0.81.1 | xargs)"
+echo "ok: both agents serve and pass the probe (GET /metrics): $(args_for gpu-node-1 127.0.81.1 | xargs)"
 wait_for 30 "gpu-node-1 did not discover gpu-node-2" knows gpu-node-1 gpu-node-2 127.0.82.1:17350
 wait_for 30 "gpu-node-2 did not discover gpu-node-1" knows gpu-node-2 gpu-node-1 127.0.81.1:17350
 demo gpu-node-1 127.0.81.1 gpu-node-2 127.0.82.1 || fail "gpu-node-1 -> gpu-node-2: $(tail -3 "$run/demo-gpu-node-1-gpu-node-2.out")"
@@ -347,4 +344,27 @@ fi
 grep -q "UNKNOWN_NODE\|unknown node" "$run/demo-gpu-node-1-gpu-node-3.out" ||
   fail "a transfer to the departed node failed otherwise: $(tail -2 "$run/demo-gpu-node-1-gpu-node-3.out")"
 echo "ok: when gpu-node-3's pod left, gpu-node-1 dropped it (transfers to it: UNKNOWN_NODE)"
+echo "== an agent with the default DaemonSet's mutual-TLS arguments"
+pki=$run/pki
+mkdir -p "$pki/gpu-node-9" "$run/rt-gpu-node-9"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=fleet-ca \
+  -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign \
+  -keyout "$pki/ca.key" -out "$pki/gpu-node-9/ca.crt" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=gpu-node-9 \
+  -keyout "$pki/gpu-node-9/tls.key" -out "$pki/node.csr" 2>/dev/null
+printf 'subjectAltName=URI:spiffe://fuselink/node/gpu-node-9\nextendedKeyUsage=serverAuth,clientAuth\n' >"$pki/ext"
+openssl x509 -req -in "$pki/node.csr" -CA "$pki/gpu-node-9/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+  -days 1 -extfile "$pki/ext" -out "$pki/gpu-node-9/tls.crt" 2>/dev/null
+# The TLS, policy and runtime-dir arguments as stored, at this host's paths; discovery
+# is left out (it was tested above, and this node has no pod).
+mapfile -t args < <(jq -r '.spec.template.spec.containers[0].args[]' "$run/fl3-tls-daemonset.json" |
+  grep -v -- '^--peer\|^--k8s_' |
+  sed "s/\$(NODE_NAME)/gpu-node-9/g; s/\$(POD_IP)/127.0.89.1/g; s#^--tls_\(cert\|key\|ca\)=/etc/fuselink/tls/#--tls_\1=$pki/gpu-node-9/#" |
+  sed "s|^--access_policy=.*|--access_policy=$run/fl3-policy.json|; s|=/run/fuselink/|=$run/rt-gpu-node-9/|")
+"$agent" "${args[@]}" --loopback_net=89 --ready_file="$run/gpu-node-9.json" >"$run/gpu-node-9-agent.log" 2>&1 &
+pids+=($!)
+wait_for 10 "the agent did not start with the default DaemonSet's TLS arguments" test -s "$run/gpu-node-9.json"
+curl -sf http://127.0.89.1:17351/metrics >/dev/null || fail "the TLS agent fails the probe (GET /metrics)"
+grep -q mtls "$run/gpu-node-9-agent.log" || fail "the agent does not say it serves mutual TLS"
+echo "ok: the default DaemonSet's arguments start an agent serving mutual TLS; the probe passes"
 echo "PASS: the chart installs, upgrades, scales and uninstalls on Kubernetes 1.20 with helm 3 and 4; its agents discover each other there"

@@ -21,7 +21,8 @@ pass_case() { passed=$((passed + 1)); }
 MON=(--api-versions monitoring.coreos.com/v1/ServiceMonitor
   --api-versions monitoring.coreos.com/v1/PodMonitor
   --api-versions monitoring.coreos.com/v1/PrometheusRule)
-CERT=(--api-versions cert-manager.io/v1/Certificate)
+WEB_TLS='metrics.webConfig={"tls_server_config":{"cert_file":"/etc/fuselink/tls/tls.crt","key_file":"/etc/fuselink/tls/tls.key","client_auth_type":"NoClientCert"}}'
+WEB_AUTH='metrics.webConfig={"basic_auth_users":{"prometheus":"$2y$10$5Wr8Jp6Y6DbEy4J1cZVv6uEw3k2l6kIqEo0gX8o5r3J0uEmRkq1aG"}}'
 
 # render HELM CASE [HELM ARGS...]: renders into $run/HELM-CASE.yaml
 render() {
@@ -65,7 +66,7 @@ case_refused() {
 for v in 3 4; do
   helm=HELM$v
   if "${!helm}" lint --strict "$chart" >"$run/lint$v.out" 2>&1 &&
-    "${!helm}" lint --strict "$chart" --set tls.enabled=true --set tls.secretName=agent-tls \
+    "${!helm}" lint --strict "$chart" --set tls.enabled=false \
       --set rdma.enabled=false >>"$run/lint$v.out" 2>&1; then
     pass_case
   else
@@ -87,9 +88,24 @@ case_ok defaults "" \
   "agent['securityContext']['allowPrivilegeEscalation'] is False" \
   "not any('/dev' in str(v.get('hostPath', {}).get('path', '')) for v in pod['volumes'])" \
   "'--node=\$(NODE_NAME)' in args and '--listen=\$(POD_IP):17350' in args" \
-  "'--metrics_listen=\$(POD_IP):17351' in args and '--handle_socket=/run/fuselink/agent.sock' in args" \
+  "'--metrics_listen=\$(POD_IP):17351' in args" \
+  "'--runtime_dir=/run/fuselink/agent' in args and '--handle_socket=/run/fuselink/agent/agent.sock' in args" \
+  "{'name': 'handle-socket', 'hostPath': {'path': '/run/fuselink', 'type': 'DirectoryOrCreate'}} in pod['volumes']" \
+  "{'name': 'handle-socket', 'mountPath': '/run/fuselink'} in agent['volumeMounts']" \
+  "'--tls_cert=/etc/fuselink/tls/tls.crt' in args and '--tls_key=/etc/fuselink/tls/tls.key' in args and '--tls_ca=/etc/fuselink/tls/ca.crt' in args" \
+  "'--tls_refresh_s=10' in args and '--access_policy=/etc/fuselink/policy/policy.json' in args and '--plaintext' not in args" \
+  "{'name': 'tls', 'hostPath': {'path': '/etc/fuselink/tls', 'type': 'Directory'}} in pod['volumes']" \
+  "{'name': 'tls', 'mountPath': '/etc/fuselink/tls', 'readOnly': True} in agent['volumeMounts']" \
+  "{'name': 'access-policy', 'configMap': {'name': 'fl-fuselink-access-policy'}} in pod['volumes']" \
+  "{'name': 'access-policy', 'mountPath': '/etc/fuselink/policy', 'readOnly': True} in agent['volumeMounts']" \
+  "set(policy) == proto_fields('AccessPolicy') and all(set(b) == proto_fields('RoleBinding') for b in policy['bindings'])" \
+  "policy['peer_identity'] == 'spiffe://fuselink/node/{node}'" \
+  "{b['identity']: b['roles'] for b in policy['bindings']} == {'spiffe://fuselink/node/*': ['peer'], 'spiffe://fuselink/router/*': ['router', 'viewer'], 'spiffe://fuselink/engine/*': ['engine'], 'spiffe://fuselink/viewer/*': ['viewer']}" \
+  "'checksum/access-policy' in ds['spec']['template']['metadata']['annotations']" \
+  "agent['livenessProbe']['httpGet'] == {'path': '/metrics', 'port': 'metrics'} and agent['readinessProbe']['httpGet'] == {'path': '/metrics', 'port': 'metrics'}" \
+  "not any(a.startswith('--metrics_web_config') for a in args) and 'Secret' not in kinds" \
   "'--topology=/etc/fuselink/host/topology.json' in args" \
-  "not any(a.startswith(('--tls', '--peer=')) for a in args)" \
+  "not any(a.startswith('--peer=') for a in args)" \
   "'--peer_discovery=kubernetes' in args and '--k8s_service=fl-fuselink' in args and '--k8s_namespace=\$(POD_NAMESPACE)' in args" \
   "pod['automountServiceAccountToken'] is True and pod['serviceAccountName'] == 'fl-fuselink'" \
   "[e for e in agent['env'] if e['name'] == 'NODE_NAME'][0]['valueFrom']['fieldRef']['fieldPath'] == 'spec.nodeName'" \
@@ -97,15 +113,22 @@ case_ok defaults "" \
   "of('Service')[0]['spec']['clusterIP'] == 'None' and all(p['protocol'] == 'TCP' for p in of('Service')[0]['spec']['ports'])" \
   "sorted(p['port'] for p in of('Service')[0]['spec']['ports']) == [17350, 17351]" \
   "of('Role')[0]['rules'] == [{'apiGroups': ['discovery.k8s.io'], 'resources': ['endpointslices'], 'verbs': ['get', 'list', 'watch']}]" \
-  "sorted(c['metadata']['name'] for c in of('ConfigMap')) == ['fl-fuselink-dashboard-fuselink-cluster', 'fl-fuselink-dashboard-fuselink-node']" \
-  "all(c['metadata']['labels']['grafana_dashboard'] == '1' for c in of('ConfigMap'))" \
+  "sorted(c['metadata']['name'] for c in of('ConfigMap')) == ['fl-fuselink-access-policy', 'fl-fuselink-dashboard-fuselink-cluster', 'fl-fuselink-dashboard-fuselink-node']" \
+  "all(c['metadata']['labels']['grafana_dashboard'] == '1' for c in of('ConfigMap') if 'dashboard' in c['metadata']['name'])" \
   "of('Pod')[0]['metadata']['annotations']['helm.sh/hook'] == 'test'" \
+  "of('Pod')[0]['spec']['containers'][0]['command'][:2] == ['python3', '-c'] and of('Pod')[0]['spec']['containers'][0]['command'][3:] == ['fl-fuselink.gpu.svc', '17351']"
+case_ok plaintext "--set tls.enabled=false" \
+  "'--plaintext' in args and not any(a.startswith(('--tls', '--access_policy')) for a in args)" \
+  "not any(v['name'] in ('tls', 'access-policy') for v in pod['volumes'])" \
+  "policy is None and '--runtime_dir=/run/fuselink/agent' in args" \
   "'--all=fl-fuselink.gpu.svc' in of('Pod')[0]['spec']['containers'][0]['command']"
 case_ok kube-1.20 "--kube-version 1.20.0" \
-  "agent['livenessProbe']['exec']['command'] == ['fuselink-health'] and 'grpc' not in agent['readinessProbe']"
-case_ok kube-1.30 "--kube-version 1.30.0" \
+  "'httpGet' in agent['livenessProbe'] and 'grpc' not in agent['readinessProbe']"
+case_ok probes-tcp "--set probes.mode=tcp" \
+  "agent['livenessProbe']['tcpSocket'] == {'port': 'grpc'} and agent['readinessProbe']['tcpSocket'] == {'port': 'grpc'}"
+case_ok probes-grpc-plaintext "--kube-version 1.30.0 --set tls.enabled=false --set probes.mode=grpc" \
   "agent['livenessProbe']['grpc'] == {'port': 17350} and agent['readinessProbe']['grpc'] == {'port': 17350}"
-case_ok probes-exec "--kube-version 1.30.0 --set probes.mode=exec" "'exec' in agent['livenessProbe']"
+case_ok probes-exec-plaintext "--set tls.enabled=false --set probes.mode=exec" "agent['livenessProbe']['exec'] == {'command': ['fuselink-health']}"
 case_ok no-monitoring-crds "--set metrics.monitor.enabled=true --set metrics.prometheusRule.enabled=true" \
   "'ServiceMonitor' not in kinds and 'PodMonitor' not in kinds and 'PrometheusRule' not in kinds"
 case_ok monitoring-crds "${MON[*]}" \
@@ -122,20 +145,28 @@ case_ok monitoring-off "${MON[*]} --set metrics.monitor.enabled=false --set metr
 case_ok rdma-off "--set rdma.enabled=false" \
   "not any('rdma' in k for r in agent['resources'].values() for k in r)" \
   "agent['securityContext']['capabilities'] == {'drop': ['ALL']}"
-case_ok tls-secret "--set tls.enabled=true --set tls.secretName=agent-tls" \
-  "'Certificate' not in kinds" \
-  "{'name': 'tls', 'secret': {'secretName': 'agent-tls'}} in pod['volumes']" \
-  "{'name': 'tls', 'mountPath': '/etc/fuselink/tls', 'readOnly': True} in agent['volumeMounts']" \
-  "not any(a.startswith('--tls') for a in args)"
-case_ok tls-cert-manager "${CERT[*]} --set tls.enabled=true --set tls.certManager.issuerRef.name=fleet-ca" \
-  "of('Certificate')[0]['spec']['secretName'] == 'fl-fuselink-tls'" \
-  "of('Certificate')[0]['spec']['issuerRef'] == {'name': 'fleet-ca', 'kind': 'ClusterIssuer', 'group': 'cert-manager.io'}" \
-  "'fl-fuselink.gpu.svc' in of('Certificate')[0]['spec']['dnsNames']" \
-  "{'name': 'tls', 'secret': {'secretName': 'fl-fuselink-tls'}} in pod['volumes']"
-case_ok tls-cert-manager-off "${CERT[*]} --set tls.enabled=true --set tls.certManager.enabled=false --set tls.secretName=mine" \
-  "'Certificate' not in kinds" "{'name': 'tls', 'secret': {'secretName': 'mine'}} in pod['volumes']"
-case_ok tls-agent-flags "--set tls.enabled=true --set tls.secretName=agent-tls --set tls.agentFlags=true" \
-  "'--tls_cert=/etc/fuselink/tls/tls.crt' in args and '--tls_key=/etc/fuselink/tls/tls.key' in args and '--tls_ca=/etc/fuselink/tls/ca.crt' in args"
+case_ok tls-host-dir "--set tls.hostPath.dir=/var/lib/pki/fuselink --set tls.certFile=node.pem --set tls.keyFile=node-key.pem --set tls.caFile=fleet-ca.pem --set tls.refreshSeconds=60" \
+  "{'name': 'tls', 'hostPath': {'path': '/var/lib/pki/fuselink', 'type': 'Directory'}} in pod['volumes']" \
+  "'--tls_cert=/etc/fuselink/tls/node.pem' in args and '--tls_key=/etc/fuselink/tls/node-key.pem' in args" \
+  "'--tls_ca=/etc/fuselink/tls/fleet-ca.pem' in args and '--tls_refresh_s=60' in args"
+case_ok tls-volume "--set tls.source=volume --set-json tls.volume={\"csi\":{\"driver\":\"spiffe.example.com\",\"readOnly\":true}}" \
+  "{'name': 'tls', 'csi': {'driver': 'spiffe.example.com', 'readOnly': True}} in pod['volumes']" \
+  "'--tls_cert=/etc/fuselink/tls/tls.crt' in args"
+case_ok access-policy "--set accessPolicy.peerIdentity=spiffe://gpu.example/agent/{node} --set-json accessPolicy.bindings=[{\"identity\":\"spiffe://gpu.example/agent/*\",\"roles\":[\"peer\"]},{\"identity\":\"spiffe://gpu.example/vllm/router\",\"roles\":[\"router\",\"viewer\"]}]" \
+  "policy == {'peer_identity': 'spiffe://gpu.example/agent/{node}', 'bindings': [{'identity': 'spiffe://gpu.example/agent/*', 'roles': ['peer']}, {'identity': 'spiffe://gpu.example/vllm/router', 'roles': ['router', 'viewer']}]}"
+case_ok metrics-web-tls "${MON[*]} --set-json $WEB_TLS --set-json metrics.monitor.tlsConfig={\"insecureSkipVerify\":true}" \
+  "'--metrics_web_config=/etc/fuselink/metrics/web-config.yml' in args" \
+  "of('Secret')[0]['metadata']['name'] == 'fl-fuselink-metrics-web-config'" \
+  "yaml.safe_load(of('Secret')[0]['stringData']['web-config.yml']) == {'tls_server_config': {'cert_file': '/etc/fuselink/tls/tls.crt', 'key_file': '/etc/fuselink/tls/tls.key', 'client_auth_type': 'NoClientCert'}}" \
+  "{'name': 'metrics-web-config', 'secret': {'secretName': 'fl-fuselink-metrics-web-config'}} in pod['volumes']" \
+  "{'name': 'metrics-web-config', 'mountPath': '/etc/fuselink/metrics', 'readOnly': True} in agent['volumeMounts']" \
+  "of('ServiceMonitor')[0]['spec']['endpoints'][0]['scheme'] == 'https'" \
+  "of('ServiceMonitor')[0]['spec']['endpoints'][0]['tlsConfig'] == {'insecureSkipVerify': True}" \
+  "agent['livenessProbe']['tcpSocket'] == {'port': 'grpc'} and 'Pod' not in kinds"
+case_ok metrics-web-auth "${MON[*]} --set-json $WEB_AUTH --set-json metrics.monitor.basicAuth={\"username\":{\"name\":\"scrape\",\"key\":\"user\"},\"password\":{\"name\":\"scrape\",\"key\":\"password\"}}" \
+  "'scheme' not in of('ServiceMonitor')[0]['spec']['endpoints'][0]" \
+  "of('ServiceMonitor')[0]['spec']['endpoints'][0]['basicAuth']['password'] == {'name': 'scrape', 'key': 'password'}" \
+  "list(yaml.safe_load(of('Secret')[0]['stringData']['web-config.yml'])['basic_auth_users']) == ['prometheus']"
 case_ok topology-per-node "--set topology.source=perNode --set-json topology.nodes={\"gpu-1\":{\"nics\":[{\"name\":\"rail0\",\"address\":\"10.0.0.1\",\"owner_gpu\":0}]}}" \
   "'--topology=/etc/fuselink/topology/\$(NODE_NAME).json' in args" \
   "[c for c in of('ConfigMap') if c['metadata']['name'] == 'fl-fuselink-topology'][0]['data']['gpu-1.json'].startswith('{')" \
@@ -148,7 +179,8 @@ case_ok static-peers "--set peers.discovery=static --set-json peers.static=[{\"n
 case_ok operator-choices "--set priorityClassName=system-node-critical --set updateStrategy.maxUnavailable=25% --set gpu.runtimeClassName= --set dashboards.enabled=false --set test.enabled=false --set rbac.create=false --set agent.policy=static" \
   "pod['priorityClassName'] == 'system-node-critical' and 'runtimeClassName' not in pod" \
   "ds['spec']['updateStrategy']['rollingUpdate']['maxUnavailable'] == '25%'" \
-  "'ConfigMap' not in kinds and 'Pod' not in kinds and 'Role' not in kinds and '--policy=static' in args"
+  "[c['metadata']['name'] for c in of('ConfigMap')] == ['fl-fuselink-access-policy']" \
+  "'Pod' not in kinds and 'Role' not in kinds and '--policy=static' in args"
 
 echo "== type-check of every rendering (tsc --strict)"
 mkdir -p "$run/ts"
@@ -173,8 +205,11 @@ fi
 echo "== the template's own refusals"
 case_refused same-ports "must differ" "--set ports.metrics=17350"
 case_refused discovery-without-account "as a service account" "--set serviceAccount.create=false"
-case_refused tls-without-secret "tls.secretName must name" "--set tls.enabled=true"
-case_refused cert-manager-without-issuer "issuerRef.name" "${CERT[*]} --set tls.enabled=true"
+case_refused tls-volume-empty "set tls.volume" "--set tls.source=volume"
+case_refused grpc-probe-under-tls "mutual TLS refuses" "--set probes.mode=grpc"
+case_refused exec-probe-under-tls "mutual TLS refuses" "--set probes.mode=exec"
+case_refused http-probe-with-web-config "cannot scrape" "--set-json $WEB_TLS --set probes.mode=http"
+case_refused basic-auth-without-scrape-credentials "metrics.monitor.basicAuth" "${MON[*]} --set-json $WEB_AUTH"
 
 echo "== bad values, each refused by values.schema.json"
 S="schema"
@@ -237,10 +272,22 @@ bad peers-discovery "--set peers.discovery=dns"
 bad peer-address "--set-json peers.static=[{\"name\":\"a\",\"address\":\"10.0.0.2\"}]"
 bad peer-no-name "--set-json peers.static=[{\"address\":\"10.0.0.2:17350\"}]"
 bad tls-enabled-string "--set-string tls.enabled=on"
-bad tls-secret-name "--set tls.secretName=Agent_TLS"
-bad tls-duration "--set tls.certManager.duration=90days"
-bad tls-issuer-kind-empty "--set tls.certManager.issuerRef.kind="
-bad probes-mode "--set probes.mode=http"
+bad tls-source "--set tls.source=secret"
+bad tls-old-secret-name "--set tls.secretName=agent-tls"
+bad tls-old-agent-flags "--set tls.agentFlags=true"
+bad tls-host-dir-relative "--set tls.hostPath.dir=etc/fuselink/tls"
+bad tls-cert-file-path "--set tls.certFile=../tls.crt"
+bad tls-refresh-zero "--set tls.refreshSeconds=0"
+bad tls-volume-named "--set-json tls.volume={\"name\":\"x\",\"emptyDir\":{}}"
+bad policy-peer-identity-no-node "--set accessPolicy.peerIdentity=spiffe://fuselink/node"
+bad policy-unknown-role "--set-json accessPolicy.bindings=[{\"identity\":\"spiffe://x/*\",\"roles\":[\"admin\"]}]"
+bad policy-binding-no-roles "--set-json accessPolicy.bindings=[{\"identity\":\"spiffe://x/*\",\"roles\":[]}]"
+bad policy-binding-camel-case "--set-json accessPolicy.bindings=[{\"identity\":\"spiffe://x/*\",\"roles\":[\"peer\"],\"peerIdentity\":\"y\"}]"
+bad runtime-subdir-dotdot "--set handleSocket.runtimeSubdir=.."
+bad web-config-unknown-key "--set-json metrics.webConfig={\"http_server_config\":{}}"
+bad web-config-plain-password "--set-json metrics.webConfig={\"basic_auth_users\":{\"p\":\"secret\"}}"
+bad web-config-client-auth "--set-json metrics.webConfig={\"tls_server_config\":{\"cert_file\":\"/a\",\"key_file\":\"/b\",\"client_auth_type\":\"Sometimes\"}}"
+bad probes-mode "--set probes.mode=https"
 bad probe-period-zero "--set probes.liveness.periodSeconds=0"
 bad probe-unknown-key "--set probes.readiness.successThreshold=2"
 bad resources-quantity "--set resources.requests.cpu=lots"

@@ -6,10 +6,14 @@ expression that must be true. Names at hand:
   of(kind)     the objects of that kind
   ds           the DaemonSet; pod its pod spec; agent its container; args its args
   alerts_file  the plain rules file, parsed
+  policy       the access-policy ConfigMap's policy.json, parsed (None if absent)
+  proto_fields(message)  the field names of a message in api/proto/fuselink/v1/policy.proto
 Prints each failed expression and exits 1 if any failed.
 Usage: render_check.py RENDERED.yaml EXPR...
 """
+import json
 import os
+import re
 import sys
 
 import yaml
@@ -18,7 +22,7 @@ import yaml
 def main() -> int:
     with open(sys.argv[1]) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
-    names = {"docs": docs, "kinds": {d["kind"] for d in docs}}
+    names = {"docs": docs, "kinds": {d["kind"] for d in docs}, "yaml": yaml, "json": json}
     names["of"] = lambda kind: [d for d in docs if d["kind"] == kind]
     daemonsets = names["of"]("DaemonSet")
     if daemonsets:
@@ -30,6 +34,16 @@ def main() -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "../../deploy/helm/fuselink/files/fuselink-alerts.yaml")) as f:
         names["alerts_file"] = yaml.safe_load(f)
+    policies = [c for c in names["of"]("ConfigMap") if c["metadata"]["name"].endswith("-access-policy")]
+    names["policy"] = json.loads(policies[0]["data"]["policy.json"]) if policies else None
+    with open(os.path.join(here, "../../api/proto/fuselink/v1/policy.proto")) as f:
+        proto = f.read()
+
+    def proto_fields(message):
+        body = re.search(r"message %s \{(.*?)\n\}" % message, proto, re.S).group(1)
+        return set(re.findall(r"^\s*(?:repeated\s+)?\w+\s+(\w+)\s*=\s*\d+;", body, re.M))
+
+    names["proto_fields"] = proto_fields
     failed = 0
     for expr in sys.argv[2:]:
         try:

@@ -42,29 +42,34 @@ app.kubernetes.io/component: agent
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{/* Kubernetes' own gRPC probes exist from 1.24 on (beta, on by default). */}}
-{{- define "fuselink.grpcProbes" -}}
-{{- if eq .Values.probes.mode "grpc" -}}true
-{{- else if eq .Values.probes.mode "exec" -}}
-{{- else if semverCompare ">=1.24.0-0" .Capabilities.KubeVersion.Version -}}true
-{{- end -}}
-{{- end -}}
-
-{{/* The secret holding the agent's certificate, key and CA. */}}
-{{- define "fuselink.tlsSecret" -}}
-{{- if .Values.tls.secretName -}}
-{{- .Values.tls.secretName -}}
-{{- else if include "fuselink.certManager" . -}}
-{{- printf "%s-tls" (include "fuselink.fullname" .) -}}
+{{/* The probe kind (see probes.mode in values.yaml): http, tcp, grpc or exec. */}}
+{{- define "fuselink.probeKind" -}}
+{{- $mode := .Values.probes.mode -}}
+{{- if eq $mode "auto" -}}
+{{- if .Values.metrics.webConfig -}}tcp{{- else -}}http{{- end -}}
+{{- else if and (has $mode (list "grpc" "exec")) .Values.tls.enabled -}}
+{{- fail (printf "probes.mode=%s dials gRPC health without a client certificate, which mutual TLS refuses: use auto, http or tcp, or tls.enabled=false" $mode) -}}
+{{- else if and (eq $mode "http") .Values.metrics.webConfig -}}
+{{- fail "probes.mode=http: with metrics.webConfig the kubelet cannot scrape /metrics (no client certificate, no password): use auto or tcp" -}}
 {{- else -}}
-{{- fail "tls.enabled: the cluster has no cert-manager Certificate CRD (or tls.certManager.enabled is false), so tls.secretName must name an existing kubernetes.io/tls secret" -}}
+{{- $mode -}}
 {{- end -}}
 {{- end -}}
 
-{{- define "fuselink.certManager" -}}
-{{- if and .Values.tls.enabled .Values.tls.certManager.enabled (.Capabilities.APIVersions.Has "cert-manager.io/v1/Certificate") -}}true{{- end -}}
+{{/* The agent's private runtime directory and its handle socket, inside hostDir. */}}
+{{- define "fuselink.runtimeDir" -}}
+{{- printf "%s/%s" .Values.handleSocket.hostDir .Values.handleSocket.runtimeSubdir -}}
 {{- end -}}
 
 {{- define "fuselink.handleSocket" -}}
-{{- printf "%s/%s" .Values.handleSocket.hostDir .Values.handleSocket.name -}}
+{{- printf "%s/%s" (include "fuselink.runtimeDir" .) .Values.handleSocket.name -}}
+{{- end -}}
+
+{{/* The AccessPolicy as the agent reads it: protobuf JSON, the proto's field names. */}}
+{{- define "fuselink.accessPolicyJson" -}}
+{{- $bindings := list -}}
+{{- range .Values.accessPolicy.bindings -}}
+{{- $bindings = append $bindings (dict "identity" .identity "roles" .roles) -}}
+{{- end -}}
+{{- dict "peer_identity" .Values.accessPolicy.peerIdentity "bindings" $bindings | toPrettyJson -}}
 {{- end -}}

@@ -43,7 +43,7 @@ std::string MakeCert(const std::string& kind, const std::string& name,
   return stem;
 }
 
-std::vector<std::string> AgentTlsFlags(const std::string& node) {
+std::vector<std::string> AgentTlsFlags(const std::string& node, bool harness_policy) {
   const std::string stem = MakeCert("node", node);
   const std::string policy = absl::StrCat(PkiDir(), "/policy.json");
   {
@@ -66,18 +66,24 @@ std::vector<std::string> AgentTlsFlags(const std::string& node) {
           absl::StrCat("--access_policy=", policy)};
 }
 
-std::shared_ptr<grpc::Channel> ClientChannel(const std::string& address,
-                                             const std::string& kind,
-                                             const std::string& name) {
+std::shared_ptr<grpc::Channel> ChannelWith(const std::string& address,
+                                           const std::string& ca_file,
+                                           const std::string& stem) {
   grpc::SslCredentialsOptions ssl;
-  MakeCert("node", "ca-only");  // makes the CA if nothing has yet
-  ssl.pem_root_certs = ReadAll(absl::StrCat(PkiDir(), "/ca.crt"));
-  if (!kind.empty()) {
-    const std::string stem = MakeCert(kind, name);
+  ssl.pem_root_certs = ReadAll(ca_file);
+  if (!stem.empty()) {
     ssl.pem_cert_chain = ReadAll(stem + ".crt");
     ssl.pem_private_key = ReadAll(stem + ".key");
   }
   return grpc::CreateChannel(address, grpc::SslCredentials(ssl));
+}
+
+std::shared_ptr<grpc::Channel> ClientChannel(const std::string& address,
+                                             const std::string& kind,
+                                             const std::string& name) {
+  MakeCert("node", "ca-only");  // makes the CA if nothing has yet
+  return ChannelWith(address, absl::StrCat(PkiDir(), "/ca.crt"),
+                     kind.empty() ? "" : MakeCert(kind, name));
 }
 
 }  // namespace fuselink::testing

@@ -21,8 +21,15 @@ const std::string& PkiDir();
 // PkiDir CA); returns DIR/<kind>-<name> (add ".crt" or ".key"). `days` -1: expired.
 std::string MakeCert(const std::string& kind, const std::string& name,
                      const std::string& dir = "", int days = 30);
-// The flags an agent needs for mutual TLS as node `node`, with the harness's policy.
-std::vector<std::string> AgentTlsFlags(const std::string& node);
+// The flags an agent needs for mutual TLS as node `node`: with the harness's policy,
+// or (harness_policy false) the agent's built-in default.
+std::vector<std::string> AgentTlsFlags(const std::string& node,
+                                       bool harness_policy = true);
+// A channel to `address` that trusts `ca_file` and presents the certificate
+// `stem`.crt / `stem`.key (none when `stem` is empty).
+std::shared_ptr<grpc::Channel> ChannelWith(const std::string& address,
+                                           const std::string& ca_file,
+                                           const std::string& stem);
 // A channel to the agent at `address` presenting <kind>-<name>'s certificate, or
 // none at all (kind empty).
 std::shared_ptr<grpc::Channel> ClientChannel(const std::string& address,

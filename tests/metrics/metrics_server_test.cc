@@ -20,8 +20,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
-#include <memory>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>

@@ -1,0 +1,302 @@
+// Access control with real agents under the built-in default policy: every attack the
+// threat model names (docs/security.md) is refused with its code and reason, counted,
+// leaves the target's bytes unchanged, and the agent serves on.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "fuselink/v1/peer.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "services/handle_socket.h"
+#include "tests/integration/calls.h"
+#include "tests/integration/cluster.h"
+#include "tests/integration/pki.h"
+#include "tools/client/scrape.h"
+
+namespace fuselink::testing {
+namespace {
+
+constexpr char kR1[] = "spiffe://fuselink/router/r1";
+const v1::Layout kLayout = MakeLayout(2, 8, 16 << 10);
+
+// A memfd tensor registered through `stub` (whose certificate makes it the owner),
+// with `readers` and `writers` grants.
+struct Owned {
+  std::unique_ptr<client::HostBuffer> buffer;
+  grpc::Status status;
+};
+Owned Register(v1::Agent::Stub& stub, AgentProcess& agent, const std::string& name,
+               uint64_t seed, std::vector<std::string> readers = {},
+               std::vector<std::string> writers = {}) {
+  Owned out;
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> buffer =
+      client::HostBuffer::Create(name, 2 * 8 * (16 << 10));
+  EXPECT_TRUE(buffer.ok()) << buffer.status();
+  if (!buffer.ok()) return out;
+  out.buffer = *std::move(buffer);
+  client::FillPattern(out.buffer->span(), seed);
+  absl::StatusOr<uint64_t> token =
+      services::SendFd(agent.handle_socket(), out.buffer->fd());
+  EXPECT_TRUE(token.ok()) << token.status();
+  v1::RegisterTensorRequest request;
+  request.set_name(name);
+  *request.mutable_layout() = kLayout;
+  request.mutable_memory()->mutable_host()->set_fd_token(token.ok() ? *token : 0);
+  request.mutable_memory()->mutable_host()->set_size_bytes(out.buffer->bytes());
+  *request.mutable_readers() = {readers.begin(), readers.end()};
+  *request.mutable_writers() = {writers.begin(), writers.end()};
+  v1::Tensor tensor;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  out.status = stub.RegisterTensor(&context, request, &tensor);
+  return out;
+}
+
+grpc::Status Topology(v1::Agent::Stub& stub) {
+  v1::Topology topology;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return stub.GetTopology(&context, v1::GetTopologyRequest(), &topology);
+}
+
+std::vector<uint32_t> AllBlocks() { return {0, 1, 2, 3, 4, 5, 6, 7}; }
+
+bool SameBytes(const client::HostBuffer& a, const client::HostBuffer& b) {
+  return a.bytes() == b.bytes() &&
+         std::equal(a.span().begin(), a.span().end(), b.span().begin());
+}
+
+double Refusals(AgentProcess& agent, const std::string& reason) {
+  absl::StatusOr<std::string> metrics =
+      client::HttpGet(agent.metrics_url(), kWaitTimeout);
+  EXPECT_TRUE(metrics.ok()) << metrics.status();
+  if (!metrics.ok()) return -1;
+  absl::StatusOr<double> v = client::MetricValue(
+      *metrics, "fuselink_access_refusals_total", {{"reason", reason}});
+  return v.ok() ? *v : -1;
+}
+
+class SecurityTest : public TwoNodeTest {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(
+        StartNodes(AgentTlsFlags(kNodeA, false), AgentTlsFlags(kNodeB, false)));
+  }
+};
+
+TEST_F(SecurityTest, CallersWithoutAGoodCertificateAreRefused) {
+  // No certificate: the call arrives and is refused with a reason.
+  auto anonymous = v1::Agent::NewStub(ClientChannel(b_->grpc_address(), "", ""));
+  EXPECT_TRUE(HasError(Topology(*anonymous), grpc::StatusCode::UNAUTHENTICATED,
+                       "NO_CLIENT_CERTIFICATE"));
+  auto anonymous_peer = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "", ""));
+  v1::HelloResponse hello;
+  grpc::ClientContext context;
+  EXPECT_TRUE(HasError(anonymous_peer->Hello(&context, v1::HelloRequest(), &hello),
+                       grpc::StatusCode::UNAUTHENTICATED, "NO_CLIENT_CERTIFICATE"));
+  EXPECT_EQ(Refusals(*b_, "NO_CLIENT_CERTIFICATE"), 2);
+  // A certificate of another CA, and an expired one of ours, fail the TLS handshake:
+  // no call reaches the agent.
+  TempDir other;
+  const std::string foreign = MakeCert("router", "r1", other.path());
+  auto stranger = v1::Agent::NewStub(
+      ChannelWith(b_->grpc_address(), absl::StrCat(PkiDir(), "/ca.crt"), foreign));
+  EXPECT_EQ(Topology(*stranger).error_code(), grpc::StatusCode::UNAVAILABLE);
+  const std::string old = MakeCert("router", "expired", "", -1);
+  auto expired = v1::Agent::NewStub(
+      ChannelWith(b_->grpc_address(), absl::StrCat(PkiDir(), "/ca.crt"), old));
+  EXPECT_EQ(Topology(*expired).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(Topology(*b_->StubAs("router", "r1")).ok());
+}
+
+TEST_F(SecurityTest, EachRoleDoesOnlyItsOwnCalls) {
+  auto router = b_->StubAs("router", "r1");
+  auto engine = b_->StubAs("engine", "e1");
+  auto peer = b_->StubAs("node", kNodeA);
+  auto viewer = b_->StubAs("viewer", "v1");
+  // A router does not lend memory.
+  Owned by_router = Register(*router, *b_, "kv", 1);
+  EXPECT_TRUE(
+      HasError(by_router.status, grpc::StatusCode::PERMISSION_DENIED, "ROLE_REQUIRED"));
+  // An engine does not move data, nor a viewer, nor a peer through the Agent service.
+  Owned kv = Register(*engine, *b_, "kv", 1);
+  ASSERT_TRUE(kv.status.ok()) << kv.status.error_message();
+  for (v1::Agent::Stub* stub : {engine.get(), viewer.get(), peer.get()}) {
+    TransferResult r = RunTransfer(*stub, MakeRequest("not-mine", "kv", {0}, "kv", {1}));
+    EXPECT_TRUE(HasError(r.status, grpc::StatusCode::PERMISSION_DENIED, "ROLE_REQUIRED"));
+  }
+  // A peer's certificate opens only the Peer service.
+  EXPECT_TRUE(
+      HasError(Topology(*peer), grpc::StatusCode::PERMISSION_DENIED, "ROLE_REQUIRED"));
+  EXPECT_TRUE(Topology(*viewer).ok());
+  EXPECT_TRUE(Topology(*engine).ok());
+  EXPECT_GE(Refusals(*b_, "ROLE_REQUIRED"), 5);
+}
+
+TEST_F(SecurityTest, TensorsAreTheirOwnersAndMoveOnlyAsGranted) {
+  auto e1a = a_->StubAs("engine", "e1"), e1b = b_->StubAs("engine", "e1");
+  auto e2b = b_->StubAs("engine", "e2");
+  auto r1 = a_->StubAs("router", "r1"), r2 = a_->StubAs("router", "r2");
+  // e1 lends a source on node-a that only router r1 may read, and two targets on
+  // node-b: one only r1 may write, one any router may.
+  Owned src = Register(*e1a, *a_, "src", 1, {kR1}, {});
+  Owned open_src = Register(*e1a, *a_, "open-src", 2);
+  Owned dst = Register(*e1b, *b_, "dst", 3, {}, {kR1});
+  Owned open_dst = Register(*e1b, *b_, "open-dst", 4);
+  for (Owned* o : {&src, &open_src, &dst, &open_dst}) ASSERT_TRUE(o->status.ok());
+  const std::vector<uint8_t> dst_before(dst.buffer->span().begin(),
+                                        dst.buffer->span().end());
+
+  // Another engine may neither take e1's tensor away nor read or watch it.
+  grpc::ClientContext c1;
+  v1::UnregisterTensorRequest un;
+  un.set_name("dst");
+  v1::UnregisterTensorResponse unr;
+  EXPECT_TRUE(HasError(e2b->UnregisterTensor(&c1, un, &unr),
+                       grpc::StatusCode::PERMISSION_DENIED, "NOT_OWNER"));
+  grpc::ClientContext c2;
+  v1::GetTensorRequest get;
+  get.set_name("dst");
+  v1::Tensor tensor;
+  EXPECT_TRUE(HasError(e2b->GetTensor(&c2, get, &tensor),
+                       grpc::StatusCode::PERMISSION_DENIED, "NOT_OWNER"));
+  grpc::ClientContext c3;
+  v1::ListTensorsResponse list;
+  ASSERT_TRUE(e2b->ListTensors(&c3, v1::ListTensorsRequest(), &list).ok());
+  EXPECT_EQ(list.tensors_size(), 0);  // it sees its own only
+  grpc::ClientContext c4;
+  ASSERT_TRUE(e1b->GetTensor(&c4, get, &tensor).ok());
+  EXPECT_EQ(tensor.owner(), "spiffe://fuselink/engine/e1");
+
+  // r2 is no reader of `src`: refused at the source.
+  TransferResult r = RunTransfer(
+      *r2, MakeRequest("r2-src", "src", AllBlocks(), "open-dst", AllBlocks()));
+  EXPECT_TRUE(HasError(r.status, grpc::StatusCode::PERMISSION_DENIED, "TENSOR_ACCESS"));
+  // r2 may read `open-src` but is no writer of `dst`: refused by the target, which
+  // checks whom the source says it moves for.
+  r = RunTransfer(*r2,
+                  MakeRequest("r2-dst", "open-src", AllBlocks(), "dst", AllBlocks()));
+  EXPECT_TRUE(HasError(r.status, grpc::StatusCode::PERMISSION_DENIED, "TENSOR_ACCESS"));
+  EXPECT_TRUE(
+      std::equal(dst_before.begin(), dst_before.end(), dst.buffer->span().begin()))
+      << "a refused transfer changed the target";
+  EXPECT_EQ(Refusals(*a_, "TENSOR_ACCESS"), 1);
+  EXPECT_EQ(Refusals(*b_, "TENSOR_ACCESS"), 1);
+  // r1 is granted both: the bytes arrive.
+  r = RunTransfer(*r1, MakeRequest("r1", "src", AllBlocks(), "dst", AllBlocks()));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_TRUE(SameBytes(*src.buffer, *dst.buffer));
+  // A request id names one router's request: another's attempt is another request.
+  r = RunTransfer(*r2, MakeRequest("r1", "src", AllBlocks(), "dst", AllBlocks()));
+  EXPECT_FALSE(r.status.ok());
+}
+
+TEST_F(SecurityTest, APeerSpeaksOnlyForItsOwnNode) {
+  auto x = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "node", "node-x"));
+  v1::HelloRequest hello;
+  hello.set_version(2);
+  hello.mutable_topology()->set_node(kNodeA);  // posing as node-a
+  hello.set_fabric_key(std::string(32, 'k'));
+  v1::HelloResponse hello_response;
+  grpc::ClientContext c1;
+  EXPECT_TRUE(HasError(x->Hello(&c1, hello, &hello_response),
+                       grpc::StatusCode::PERMISSION_DENIED, "NODE_MISMATCH"));
+  EXPECT_TRUE(hello_response.fabric_key().empty());
+  v1::PrepareIncomingRequest prepare;
+  prepare.set_source_node(kNodeA);
+  prepare.set_tensor("kv");
+  v1::PrepareIncomingResponse prepared;
+  grpc::ClientContext c2;
+  EXPECT_TRUE(HasError(x->PrepareIncoming(&c2, prepare, &prepared),
+                       grpc::StatusCode::PERMISSION_DENIED, "NODE_MISMATCH"));
+  v1::GetIncomingRequest query;
+  query.set_source_node(kNodeA);
+  v1::IncomingState state;
+  grpc::ClientContext c3;
+  EXPECT_TRUE(HasError(x->GetIncoming(&c3, query, &state),
+                       grpc::StatusCode::PERMISSION_DENIED, "NODE_MISMATCH"));
+  // A router's certificate is no peer's.
+  auto router = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "router", "r1"));
+  grpc::ClientContext c4;
+  EXPECT_TRUE(HasError(router->PrepareIncoming(&c4, prepare, &prepared),
+                       grpc::StatusCode::PERMISSION_DENIED, "ROLE_REQUIRED"));
+  EXPECT_EQ(Refusals(*b_, "NODE_MISMATCH"), 3);
+  EXPECT_TRUE(Serves(*b_));
+}
+
+// Reads the serial of the certificate the agent at `address` serves.
+std::string ServedSerial(const std::string& address) {
+  const std::string command =
+      absl::StrCat("openssl s_client -connect ", address,
+                   " </dev/null 2>/dev/null | openssl x509 -noout -serial 2>/dev/null");
+  std::string out;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    char buffer[256];
+    while (fgets(buffer, sizeof(buffer), pipe) != nullptr) out += buffer;
+    pclose(pipe);
+  }
+  return out;
+}
+
+TEST_F(SecurityTest, CertificatesRotateUnderARunningTransfer) {
+  auto engine_a = a_->StubAs("engine", "e1"), engine_b = b_->StubAs("engine", "e1");
+  auto router = a_->StubAs("router", "r1");
+  // Big enough to be caught in flight.
+  const v1::Layout big = MakeLayout(4, 64, 1 << 20);
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> src_buffer =
+      client::HostBuffer::Create("src", 256 << 20);
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> dst_buffer =
+      client::HostBuffer::Create("dst", 256 << 20);
+  ASSERT_TRUE(src_buffer.ok() && dst_buffer.ok());
+  client::FillPattern((*src_buffer)->span(), 7);
+  for (auto [agent, stub, buffer] :
+       {std::tuple{a_.get(), engine_a.get(), src_buffer->get()},
+        std::tuple{b_.get(), engine_b.get(), dst_buffer->get()}}) {
+    absl::StatusOr<uint64_t> token =
+        services::SendFd(agent->handle_socket(), buffer->fd());
+    ASSERT_TRUE(token.ok());
+    v1::RegisterTensorRequest request;
+    request.set_name(agent == a_.get() ? "src" : "dst");
+    *request.mutable_layout() = big;
+    request.mutable_memory()->mutable_host()->set_fd_token(*token);
+    request.mutable_memory()->mutable_host()->set_size_bytes(buffer->bytes());
+    v1::Tensor tensor;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->RegisterTensor(&context, request, &tensor).ok());
+  }
+  std::vector<uint32_t> blocks(64);
+  for (uint32_t i = 0; i < 64; ++i) blocks[i] = i;
+  const std::string serial_before = ServedSerial(b_->grpc_address());
+  ASSERT_FALSE(serial_before.empty());
+
+  TransferCall call(*router, MakeRequest("rotating", "src", blocks, "dst", blocks));
+  ASSERT_TRUE(call.WaitUntilMoving());
+  b_->Pause();  // holds the transfer in flight while the certificates change
+  ASSERT_FALSE(call.WaitForEvent(
+      [](const v1::TransferEvent& e) { return e.has_completed() || e.has_failed(); },
+      absl::Milliseconds(300)))
+      << "the transfer ended before the rotation: make it bigger";
+  for (const char* node : {kNodeA, kNodeB}) {
+    const std::string stem = absl::StrCat(PkiDir(), "/node-", node);
+    unlink((stem + ".crt").c_str());
+    MakeCert("node", node);  // a new certificate and key, same identity and CA
+  }
+  absl::SleepFor(absl::Seconds(3));  // past --tls_refresh_s=1
+  b_->Resume();
+  TransferResult done = call.Finish();
+  ASSERT_TRUE(done.status.ok()) << done.status.error_message();
+  EXPECT_TRUE(SameBytes(**src_buffer, **dst_buffer));
+  // New connections see the new certificate, and peers still trust each other.
+  const std::string serial_after = ServedSerial(b_->grpc_address());
+  EXPECT_NE(serial_after, serial_before);
+  TransferResult again =
+      RunTransfer(*router, MakeRequest("after-rotation", "src", blocks, "dst", blocks));
+  EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+}
+
+}  // namespace
+}  // namespace fuselink::testing

@@ -32,20 +32,33 @@ absl::Status Guard::Refuse(Refusal refusal, absl::Status status) {
 
 absl::StatusOr<Caller> Guard::Identify(const grpc::AuthContext* auth) {
   if (open_) return Caller{.open = true};
+  std::vector<absl::string_view> ids;
+  if (auth != nullptr) {
+    for (const grpc::string_ref& id : auth->FindPropertyValues("peer_spiffe_id")) {
+      ids.emplace_back(id.data(), id.size());
+    }
+  }
+  return Identify(auth != nullptr && !auth->FindPropertyValues("x509_pem_cert").empty(),
+                  ids);
+}
+
+absl::StatusOr<Caller> Guard::Identify(bool has_certificate,
+                                       const std::vector<absl::string_view>& spiffe_ids) {
+  if (open_) return Caller{.open = true};
   // The TLS layer verified the chain to our CA before the call began; a peer with
   // no certificate at all gets this far (the server requests, and verifies, one).
-  if (auth == nullptr || auth->FindPropertyValues("x509_pem_cert").empty()) {
+  if (!has_certificate) {
     return Refuse(Refusal::kNoClientCertificate,
                   absl::UnauthenticatedError(
                       "this agent takes calls only with a client certificate of its CA"));
   }
-  std::vector<grpc::string_ref> ids = auth->FindPropertyValues("peer_spiffe_id");
-  if (ids.size() != 1 || ids[0].empty() || ids[0].size() > kMaxIdentityBytes) {
+  if (spiffe_ids.size() != 1 || spiffe_ids[0].empty() ||
+      spiffe_ids[0].size() > kMaxIdentityBytes) {
     return Refuse(Refusal::kNoIdentity,
                   absl::UnauthenticatedError("the client certificate names no SPIFFE ID "
                                              "(one URI SAN spiffe://...)"));
   }
-  return CallerOf(absl::string_view(ids[0].data(), ids[0].size()));
+  return CallerOf(spiffe_ids[0]);
 }
 
 Caller Guard::CallerOf(absl::string_view identity) const {

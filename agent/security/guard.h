@@ -37,6 +37,10 @@ class Guard {
 
   // The caller of a call whose TLS peer is `auth` (null: none).
   absl::StatusOr<Caller> Identify(const grpc::AuthContext* auth);
+  // The same from what the TLS layer found: whether the peer showed a certificate,
+  // and the SPIFFE IDs in it.
+  absl::StatusOr<Caller> Identify(bool has_certificate,
+                                  const std::vector<absl::string_view>& spiffe_ids);
   // A caller known by identity only: the requester a peer relays.
   Caller CallerOf(absl::string_view identity) const;
 

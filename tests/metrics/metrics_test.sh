@@ -15,6 +15,7 @@ run=$(mktemp -d /tmp/fuselink-metrics.XXXXXX)
 prom_pid=""
 trap '[ -n "$prom_pid" ] && kill $prom_pid 2>/dev/null; stop_agents; wait; rm -rf "$run"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+pki_init "$run/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 
 start_agent node-b 12 "" --nics=4
 start_agent node-a 11 "node-b=$(field "$run/node-b.json" grpc)" --nics=4 --policy=stripe
@@ -22,7 +23,7 @@ a=$(field "$run/node-a.json" grpc)
 b=$(field "$run/node-b.json" grpc)
 
 # 4 layers x 16 blocks x 64 KiB = 4 MiB
-"$ctl" --agent="$a" --target_agent="$b" --source_socket="$run/node-a.sock" \
+"$ctl" --agent="$a" --target_agent="$b" "${demo_tls[@]}" --source_socket="$run/node-a.sock" \
   --target_socket="$run/node-b.sock" --demo_layers=4 --demo_blocks=16 \
   --demo_block_bytes=65536 demo >"$run/demo.out" 2>&1 || { cat "$run/demo.out"; fail "demo"; }
 grep -q "bytes match" "$run/demo.out" || fail "demo did not verify"

@@ -34,6 +34,7 @@ tls_flags() {
   printf '%s\n' "--tls_cert=$pki/$1-$2.crt" "--tls_key=$pki/$1-$2.key" "--tls_ca=$pki/ca.crt"
 }
 
+# shellcheck disable=SC2034  # the *_tls arrays are the callers'
 pki_init() {
   pki=$1
   "$_fl_certs" "$pki" ca

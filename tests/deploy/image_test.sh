@@ -45,9 +45,20 @@ got=$(in_image /usr/bin/fuselink-agent --version)
 [ "$got" = "fuselink-agent $version" ] || fail "--version in the image says '$got'"
 echo "ok: the image's fuselink-agent --version says '$got'"
 
+# Every agent here runs over mutual TLS: certificates made on this machine
+# (scripts/certs.sh), read in the image from /tmp/pki.
+for cert in node/img-k node/img-a node/img-b engine/e1 router/r1; do
+  "$here/scripts/certs.sh" "$root/tmp/pki" "${cert%/*}" "${cert#*/}"
+done
+tls() { # KIND NAME: the --tls_* flags of certificate KIND-NAME, as the image sees them
+  echo "--tls_cert=/tmp/pki/$1-$2.crt --tls_key=/tmp/pki/$1-$2.key --tls_ca=/tmp/pki/ca.crt"
+}
+
 # Kubernetes discovery loads libcurl at run time (ldd does not show it): in the image
 # it loads, and the agent gets as far as dialling the API server.
+# shellcheck disable=SC2046  # tls: words
 if in_image /usr/bin/fuselink-agent --node=img-k --nics=1 --loopback_net=63 --gpu=off \
+  $(tls node img-k) \
   --handle_socket=/tmp/img-k/img-k.sock --peer_discovery=kubernetes --k8s_service=fl \
   --k8s_namespace=gpu --k8s_api_server=https://127.0.0.1:1 >"$run/k8s.log" 2>&1; then
   fail "discovery against no API server did not fail"
@@ -57,13 +68,7 @@ grep -q "GET https://127.0.0.1:1/apis/discovery.k8s.io" "$run/k8s.log" ||
 echo "ok: the image's agent loads libcurl for Kubernetes discovery"
 
 # Two agents from the image, on loopback NICs 127.0.61.x and 127.0.62.x, over mutual
-# TLS: certificates made here (scripts/certs.sh), read in the image from /tmp/pki.
-for cert in node/img-a node/img-b engine/e1 router/r1; do
-  "$here/scripts/certs.sh" "$root/tmp/pki" "${cert%/*}" "${cert#*/}"
-done
-tls() { # KIND NAME: the --tls_* flags of certificate KIND-NAME, as the image sees them
-  echo "--tls_cert=/tmp/pki/$1-$2.crt --tls_key=/tmp/pki/$1-$2.key --tls_ca=/tmp/pki/ca.crt"
-}
+# TLS (certificates above).
 start() { # NAME NET [PEER]
   rm -f "$root/tmp/$1.json"
   # shellcheck disable=SC2046  # tls: words

@@ -144,6 +144,9 @@ agent=$AGENT
 # shellcheck disable=SC2034
 agent_prefix=("${RUN[@]}")
 trap stop_agents EXIT
+# Mutual TLS, as deployed (what a measurement should include): certificates per
+# agent, and the router's and engine's for the bench (scripts/lib/agents.sh).
+pki_init "$RESULTS/pki"
 
 # start_pair NICS AGENT_FLAGS...: agents a (source) and b (target), ports from the
 # kernel. Sets A_PID B_PID A_ADDR B_ADDR A_SOCK B_SOCK.
@@ -180,7 +183,7 @@ run_bench() {
   kids0=$(children_ticks)
   own0=$(($(softirqd_ticks) + $(cpu_ticks "$sampler_a") + $(cpu_ticks "$sampler_b")))
   read -r m0 t0 < <(machine_ticks)
-  out=$("${RUN[@]}" "$BENCH" --json --source_agent="$A_ADDR" --target_agent="$B_ADDR" \
+  out=$("${RUN[@]}" "$BENCH" --json "${demo_tls[@]}" --source_agent="$A_ADDR" --target_agent="$B_ADDR" \
     --source_socket="$A_SOCK" --target_socket="$B_SOCK" "$@" 2>>"$RESULTS/bench.stderr")
   cpu1=$(($(cpu_ticks "$A_PID") + $(cpu_ticks "$B_PID")))
   kids1=$(children_ticks) # the bench, reaped
@@ -269,7 +272,7 @@ rpc_cpu0=$(($(cpu_ticks "$A_PID") + $(cpu_ticks "$B_PID")))
 rpc_kids0=$(children_ticks)
 rpc_soft0=$(softirqd_ticks)
 read -r rpc_m0 rpc_t0 < <(machine_ticks)
-"${RUN[@]}" "$BENCH" --json --workload=rpc --rpc_calls=2000 --concurrency=1,4,16 --rpc_seconds=3 \
+"${RUN[@]}" "$BENCH" --json "${demo_tls[@]}" --workload=rpc --rpc_calls=2000 --concurrency=1,4,16 --rpc_seconds=3 \
   --source_agent="$A_ADDR" --target_agent="$B_ADDR" --source_socket="$A_SOCK" \
   --target_socket="$B_SOCK" 2>>"$RESULTS/bench.stderr" >"$RESULTS/rpc.jsonl"
 rpc_own=$(($(cpu_ticks "$A_PID") + $(cpu_ticks "$B_PID") - rpc_cpu0 + $(children_ticks) - rpc_kids0 +

@@ -67,6 +67,11 @@ testbed_down_on_exit "$name"
 "$tb" up --name "$name" --nodes 2 --rails 4 --rate "$rate"
 testbed_load "$name"
 state=$TESTBED_STATE
+# Mutual TLS, as deployed: certificates per agent and for the bench, unless
+# FUSELINK_AGENT_FLAGS runs the agents with --plaintext (scripts/lib/agents.sh).
+pki_init "$state/pki"
+bench_tls=("${demo_tls[@]}")
+case " ${FUSELINK_AGENT_FLAGS:-} " in *" --plaintext "*) bench_tls=(--plaintext) ;; esac
 
 # Agents: <policy>-n<i> in node i's namespace; gRPC on port 7100+p, metrics on
 # 7200+p of node i's management address, peer: the same policy's other node.
@@ -78,6 +83,8 @@ for p in "${!policies[@]}"; do
     agent_prefix=(ip netns exec "$(testbed_ns "$i")")
     # shellcheck disable=SC2034
     agent_dir=$state
+    # shellcheck disable=SC2034  # the address fuselink-bench dials, in the certificate
+    agent_sans=("IP:$(testbed_mgmt "$i")")
     # shellcheck disable=SC2086  # FUSELINK_AGENT_FLAGS: words
     launch_agent "$policy-n$i" --topology="$(testbed_var TOPOLOGY "$i")" \
       --listen="$(testbed_mgmt "$i"):$((7100 + p))" \
@@ -101,7 +108,7 @@ IFS=, read -r -a list <<<"$workloads"
 for w in "${list[@]}"; do
   echo "== $w"
   start=$(date +%s)
-  "$bench" --workload="$w" --cluster_dir="$state" --out_dir="$results" \
+  "$bench" --workload="$w" --cluster_dir="$state" --out_dir="$results" "${bench_tls[@]}" \
     --png="$out/sched-$w.png" --rail_bytes_per_s="$TESTBED_RATE_BYTES_PER_S" \
     --chunk_bytes="$chunk_bytes" "${sizes[@]}" | tee "$results/$w.txt"
   {

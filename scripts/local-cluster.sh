@@ -4,7 +4,10 @@
 # of node-b). Registers a synthetic KV cache on each, asks node-a over gRPC to move
 # every block to node-b, shows the progress with the per-NIC split, verifies the
 # bytes in node-b's memory, shows what node-b's watchers saw and the metrics, and
-# stops the agents.
+# stops the agents. Everything speaks mutual TLS, under the default access policy:
+# a CA and certificates made with scripts/certs.sh in the run's folder, one per agent,
+# an engine's (e1) that registers the KV caches, a router's (r1) that moves them and
+# a viewer's (v1) that looks and watches node-b.
 #   LAYERS, BLOCKS, BLOCK_BYTES  size of the KV cache (default 32 x 64 x 256 KiB)
 #   POLICY                       fuselink, stripe or static (default stripe)
 set -euo pipefail
@@ -18,6 +21,7 @@ ctl="$bin/tools/fuselinkctl/fuselinkctl"
 run=$(mktemp -d /tmp/fuselink-cluster.XXXXXX)
 . scripts/lib/agents.sh
 trap 'stop_agents; rm -rf "$run"' EXIT
+pki_init "$run/pki"
 
 start_agent node-b 2 "" --nics=4 --policy="${POLICY:-stripe}"
 cat "$run/node-b.log"
@@ -27,14 +31,15 @@ cat "$run/node-a.log"
 a=$(field "$run/node-a.json" grpc)
 
 echo
-"$ctl" --agent="$a" topology
+"$ctl" --agent="$a" "${viewer_tls[@]}" topology
 echo
-# An engine on node-b learns when its blocks are ready.
-"$ctl" --agent="$b" watch >"$run/watch.out" 2>&1 &
+# A watcher on node-b learns when blocks are ready: a viewer, since an engine may
+# watch only the tensors it registered, and the demo's does not exist yet.
+"$ctl" --agent="$b" "${viewer_tls[@]}" watch >"$run/watch.out" 2>&1 &
 pids+=($!)
 sleep 0.2
 
-"$ctl" --agent="$a" --target_agent="$b" \
+"$ctl" --agent="$a" --target_agent="$b" "${demo_tls[@]}" \
   --source_socket="$run/node-a.sock" --target_socket="$run/node-b.sock" \
   --demo_layers="${LAYERS:-32}" --demo_blocks="${BLOCKS:-64}" \
   --demo_block_bytes="${BLOCK_BYTES:-262144}" demo

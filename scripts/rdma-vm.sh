@@ -144,6 +144,8 @@ host_check() {
   mkdir -p "$dir"
   echo '{"nics":[{"name":"lo","address":"127.0.0.1"}]}' >"$dir/topology.json"
   "$build_dir/$agent_rel" --node=host-check --topology="$dir/topology.json" \
+    --tls_cert="$ctl/pki/node-host-check.crt" --tls_key="$ctl/pki/node-host-check.key" \
+    --tls_ca="$ctl/pki/ca.crt" \
     --transport=auto --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
     --handle_socket="$dir/agent.sock" --ready_file="$dir/ready" >"$dir/log" 2>&1 &
   host_pid=$!
@@ -163,6 +165,11 @@ host_check() {
     return 1
   fi
 }
+# The agents' and clients' certificates, made here: the guest has no openssl. The
+# guest reads them from the control share (agent_vm_checks.sh's PKI_DIR).
+for cert in node/host-check node/node-a node/node-b node/node-c engine/e1 router/r1; do
+  "$here/scripts/certs.sh" "$ctl/pki" "${cert%/*}" "${cert#*/}"
+done
 host_rc=0
 if [ $fabric_only -eq 0 ]; then
   host_check || host_rc=1
@@ -223,7 +230,7 @@ if [ $fabric_only -eq 1 ]; then
   echo "agent-check: all SKIP --fabric-only: the agents were not run"
   agents_rc=0
 else
-  bash /mnt/ctl/agent_vm_checks.sh /mnt/build
+  bash /mnt/ctl/agent_vm_checks.sh /mnt/build /mnt/ctl/pki
   agents_rc=\$?
 fi
 echo "guest: fabric test rc=\$fabric_rc, agent checks rc=\$agents_rc"

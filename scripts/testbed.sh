@@ -259,6 +259,9 @@ cmd_up() {
 
   rm -rf "$state"
   mkdir -p "$state"
+  # The agents' handle sockets live here, and an agent refuses a runtime directory
+  # that group or others may enter (RUNTIME_DIR_UNSAFE); so do the private keys.
+  chmod 0700 "$state"
   touch "$state/$MARKER"
 
   # Bridge netfilter would send every bridged frame through iptables: off.

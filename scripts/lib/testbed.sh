@@ -15,6 +15,8 @@
 #     (NODE.log) in the state folder, and PEER (name=host:port[,...]) if given;
 #     waits until it serves and appends its pid to pids. The handle socket is a
 #     path: processes in the root namespace reach it, and pass memfds through it.
+#     With mutual TLS (pki_init, scripts/lib/agents.sh) its certificate also names
+#     the management address.
 # testbed_exec I COMMAND...      runs COMMAND in node I's namespace.
 
 if ! declare -F launch_agent >/dev/null; then
@@ -56,7 +58,9 @@ testbed_start_agent() {
   ns=$(testbed_ns "$i") || return 1
   mgmt=$(testbed_mgmt "$i") || return 1
   topology=$(testbed_var TOPOLOGY "$i") || return 1
+  # Clients dial the management address: the agent's certificate names it.
   local agent_prefix=(ip netns exec "$ns") agent_dir=$TESTBED_STATE
+  local agent_sans=("IP:$mgmt")
   launch_agent "$name" --topology="$topology" --listen="$mgmt:0" \
     --metrics_listen="$mgmt:0" ${peer:+--peer="$peer"} "$@"
 }

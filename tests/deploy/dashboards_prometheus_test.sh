@@ -27,6 +27,7 @@ testbed_on_exit_hook() {
 "$tb" up --name "$name" --nodes 2 --rails 4 --rate 1gbit
 testbed_load "$name"
 out=$TESTBED_STATE
+pki_init "$out/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 chunk=1048576
 for i in 0 1; do
   j=$((1 - i))
@@ -34,11 +35,13 @@ for i in 0 1; do
   agent_prefix=(ip netns exec "$(testbed_ns "$i")")
   # shellcheck disable=SC2034
   agent_dir=$out
+  # shellcheck disable=SC2034  # the address fuselinkctl dials, in the certificate
+  agent_sans=("IP:$(testbed_mgmt "$i")")
   launch_agent "fuselink-n$i" --topology="$(testbed_var TOPOLOGY "$i")" \
     --listen="$(testbed_mgmt "$i"):17350" --metrics_listen="$(testbed_mgmt "$i"):17351" \
     --peer="fuselink-n$j=$(testbed_mgmt "$j"):17350" --policy=fuselink --chunk_bytes="$chunk"
 done
-agent_prefix=()
+agent_prefix=() agent_sans=()
 
 # Prometheus as an operator without the operator runs it: job "fuselink", the rules file.
 cat >"$out/prometheus.yml" <<YAML
@@ -79,7 +82,7 @@ sleep 3
 bench_run() { # WORKLOAD OUTPUT [FLAGS...]
   local w=$1 o=$2
   shift 2
-  "$bench" --workload="$w" --policies=fuselink --cluster_dir="$out" --json \
+  "$bench" --workload="$w" --policies=fuselink --cluster_dir="$out" --json "${demo_tls[@]}" \
     --chunk_bytes="$chunk" --rail_bytes_per_s="$TESTBED_RATE_BYTES_PER_S" "$@" >"$o" 2>&1 ||
     { cat "$o"; fail "fuselink-bench --workload=$w"; }
 }
@@ -91,6 +94,7 @@ bench_run owner "$out/owner.json" --owner_borrower_bytes=536870912 --owner_bytes
 echo "workload: rail1 of node 0 goes down mid-transfer"
 a=$(field "$out/fuselink-n0.json" grpc)
 stdbuf -oL "$ctl" --agent="$a" --target_agent="$(field "$out/fuselink-n1.json" grpc)" \
+  "${demo_tls[@]}" \
   --source_socket="$out/fuselink-n0.sock" --target_socket="$out/fuselink-n1.sock" \
   --demo_layers=16 --demo_blocks=64 --demo_block_bytes=1048576 --timeout_s=120 \
   demo >"$out/demo.out" 2>&1 &

@@ -45,9 +45,20 @@ got=$(in_image /usr/bin/fuselink-agent --version)
 [ "$got" = "fuselink-agent $version" ] || fail "--version in the image says '$got'"
 echo "ok: the image's fuselink-agent --version says '$got'"
 
+# Every agent here runs over mutual TLS: certificates made on this machine
+# (scripts/certs.sh), read in the image from /tmp/pki.
+for cert in node/img-k node/img-a node/img-b engine/e1 router/r1; do
+  "$here/scripts/certs.sh" "$root/tmp/pki" "${cert%/*}" "${cert#*/}"
+done
+tls() { # KIND NAME: the --tls_* flags of certificate KIND-NAME, as the image sees them
+  echo "--tls_cert=/tmp/pki/$1-$2.crt --tls_key=/tmp/pki/$1-$2.key --tls_ca=/tmp/pki/ca.crt"
+}
+
 # Kubernetes discovery loads libcurl at run time (ldd does not show it): in the image
 # it loads, and the agent gets as far as dialling the API server.
+# shellcheck disable=SC2046  # tls: words
 if in_image /usr/bin/fuselink-agent --node=img-k --nics=1 --loopback_net=63 --gpu=off \
+  $(tls node img-k) \
   --handle_socket=/tmp/img-k/img-k.sock --peer_discovery=kubernetes --k8s_service=fl \
   --k8s_namespace=gpu --k8s_api_server=https://127.0.0.1:1 >"$run/k8s.log" 2>&1; then
   fail "discovery against no API server did not fail"
@@ -56,10 +67,12 @@ grep -q "GET https://127.0.0.1:1/apis/discovery.k8s.io" "$run/k8s.log" ||
   fail "discovery in the image did not reach its request: $(cat "$run/k8s.log")"
 echo "ok: the image's agent loads libcurl for Kubernetes discovery"
 
-# Two agents from the image, on loopback NICs 127.0.61.x and 127.0.62.x.
+# Two agents from the image, on loopback NICs 127.0.61.x and 127.0.62.x, over mutual
+# TLS (certificates above).
 start() { # NAME NET [PEER]
   rm -f "$root/tmp/$1.json"
-  chroot "$root" /usr/bin/fuselink-agent --node="$1" --loopback_net="$2" --nics=2 \
+  # shellcheck disable=SC2046  # tls: words
+  chroot "$root" /usr/bin/fuselink-agent --node="$1" --loopback_net="$2" --nics=2 $(tls node "$1") \
     --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --handle_socket="/tmp/$1/$1.sock" \
     --ready_file="/tmp/$1.json" --gpu=off ${3:+--peer="$3"} >"$run/$1.log" 2>&1 &
   pids+=($!)
@@ -73,13 +86,17 @@ start() { # NAME NET [PEER]
 grpc() { sed -n 's/.*"grpc":"\([^"]*\)".*/\1/p' "$root/tmp/$1.json"; }
 start img-b 62
 start img-a 61 "img-b=$(grpc img-b)"
+# shellcheck disable=SC2046  # tls: words
 in_image /usr/bin/fuselinkctl --agent="$(grpc img-a)" --target_agent="$(grpc img-b)" \
+  $(tls router r1) --engine_tls_cert=/tmp/pki/engine-e1.crt \
+  --engine_tls_key=/tmp/pki/engine-e1.key \
   --source_socket=/tmp/img-a/img-a.sock --target_socket=/tmp/img-b/img-b.sock --demo_layers=2 \
   --demo_blocks=8 --demo_block_bytes=65536 demo >"$run/demo.out" 2>&1 ||
   { cat "$run/demo.out"; fail "fuselinkctl demo between two agents of the image"; }
 grep -q "bytes match" "$run/demo.out" || fail "the tensor's bytes differ at the target"
 echo "ok: two agents of the image moved a 1 MiB tensor; bytes match"
 
+export FUSELINK_TLS_CA=/tmp/pki/ca.crt  # fuselink-health checks the agents' certificates
 in_image /usr/bin/fuselink-health --address="$(grpc img-a)" >"$run/health.out" ||
   { cat "$run/health.out"; fail "fuselink-health on a serving agent"; }
 grep -q SERVING "$run/health.out" || fail "fuselink-health did not say SERVING"

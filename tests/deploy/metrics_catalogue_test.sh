@@ -13,6 +13,7 @@ run=$(mktemp -d /tmp/fuselink-catalogue.XXXXXX)
 . "$here/scripts/lib/agents.sh"
 trap 'stop_agents; rm -rf "$run"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+pki_init "$run/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 cat_py=$here/tests/deploy/metrics_catalogue.py
 doc=$here/docs/metrics.md
 src=$here/services/metrics.cc
@@ -20,6 +21,7 @@ src=$here/services/metrics.cc
 start_agent cat-b 74 "" --nics=2 --gpu=off
 start_agent cat-a 73 "cat-b=$(field "$run/cat-b.json" grpc)" --nics=2 --gpu=off
 "$ctl" --agent="$(field "$run/cat-a.json" grpc)" --target_agent="$(field "$run/cat-b.json" grpc)" \
+  "${demo_tls[@]}" \
   --source_socket="$run/cat-a.sock" --target_socket="$run/cat-b.sock" --demo_layers=2 \
   --demo_blocks=4 --demo_block_bytes=65536 demo >"$run/demo.out" 2>&1 ||
   { cat "$run/demo.out"; fail "demo transfer"; }

@@ -24,13 +24,14 @@ testbed_on_exit_hook() {
 "$tb" up --name "$name" --nodes 2 --rails 4 --rate 1gbit
 testbed_load "$name"
 out=$TESTBED_STATE
+pki_init "$out/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 testbed_start_agent 1 node-b "" --policy=stripe --chunk_bytes=1048576
 testbed_start_agent 0 node-a "node-b=$(field "$out/node-b.json" grpc)" \
   --policy=stripe --chunk_bytes=1048576
 a=$(field "$out/node-a.json" grpc)
 
 tmux new-session -d -s "$session" -x 132 -y 30 \
-  "$ctl --agent=$a --metrics=$(field "$out/node-a.json" metrics) top"
+  "$ctl --agent=$a ${viewer_tls[*]} --metrics=$(field "$out/node-a.json" metrics) top"
 pane() { tmux capture-pane -p -t "$session"; }
 for _ in $(seq 50); do
   pane | grep -q '^rail3 ' && break
@@ -39,6 +40,7 @@ done
 pane | grep -q '^rail3 ' || { pane; fail "top drew no NIC rows"; }
 
 stdbuf -oL "$ctl" --agent="$a" --target_agent="$(field "$out/node-b.json" grpc)" \
+  "${demo_tls[@]}" \
   --source_socket="$out/node-a.sock" --target_socket="$out/node-b.sock" \
   --demo_layers=32 --demo_blocks=64 --demo_block_bytes=1048576 --timeout_s=120 \
   demo >"$out/demo.out" 2>&1 &

@@ -132,10 +132,23 @@ def same_on_gpu(a, b):
     return bool((wa * weights).sum() == (wb * weights).sum()) and bool(torch.equal(a, b))
 
 
+def connect(args, address, kind, handle_socket=None):
+    """An Agent at `address` speaking as `kind` (engine e1 or router r1 of --tls_dir,
+    the default policy's engine and router), or without TLS under --plaintext."""
+    if args.plaintext:
+        return fuselink.Agent(address, handle_socket=handle_socket, plaintext=True)
+    name = {"engine": "e1", "router": "r1"}[kind]
+    return fuselink.Agent(address, handle_socket=handle_socket,
+                          tls=fuselink.Tls.from_dir(args.tls_dir, kind, name))
+
+
 class Cluster:
+    """The engines on node-a (a) and node-b (b), and a router that asks node-a."""
+
     def __init__(self, args):
-        self.a = fuselink.Agent(args.a, handle_socket=args.a_socket)
-        self.b = fuselink.Agent(args.b, handle_socket=args.b_socket)
+        self.a = connect(args, args.a, "engine", args.a_socket)
+        self.b = connect(args, args.b, "engine", args.b_socket)
+        self.router = connect(args, args.a, "router")
         self.a_metrics = args.a_metrics
         self.b_metrics = args.b_metrics
         self.gpus = torch.cuda.device_count()
@@ -151,7 +164,7 @@ class Cluster:
         self.a.register_kv_cache(name, src, **shape)
         self.b.register_kv_cache(name, dst, **shape)
         start = time.monotonic()
-        done = self.a.transfer(name, self.b.node, name, **kw)
+        done = self.router.transfer(name, self.b.node, name, **kw)
         seconds = time.monotonic() - start
         self.b.wait_for_transfer(name, timeout=60)
         ok = same_on_gpu(src, dst)
@@ -260,7 +273,7 @@ def check(c, args):
     registered = c.b._call(c.b._stub.RegisterTensor, req)
     assert registered.memory_kind == "vmm", registered
     with c.b.watch("vmm-dst") as w:
-        c.a.transfer("vmm-src", c.b.node, "vmm-dst")
+        c.router.transfer("vmm-src", c.b.node, "vmm-dst")
         w.wait(60)
     torch.cuda.synchronize(vmm_gpu)
     assert same_on_gpu(src, vmm.tensor), "bytes differ in the VMM tensor"
@@ -283,7 +296,9 @@ def check(c, args):
     # An engine that exits mid-transfer: its transfer fails, the agent lets go.
     engine = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "engine", "--a", args.a,
-         "--a_socket", args.a_socket, "--gib", "4"], stdout=subprocess.PIPE, text=True)
+         "--a_socket", args.a_socket, "--gib", "4"] +
+        (["--plaintext"] if args.plaintext else ["--tls_dir", args.tls_dir]),
+        stdout=subprocess.PIPE, text=True)
     try:
         assert engine.stdout.readline().strip() == "lent", "the engine did not start"
         dst, shape = kv_cache(0, 4, False)
@@ -292,7 +307,7 @@ def check(c, args):
 
         def run():
             try:
-                c.a.transfer("orphan", c.b.node, "orphan")
+                c.router.transfer("orphan", c.b.node, "orphan")
             except fuselink.FuselinkError as e:
                 failure["error"] = e
         t = threading.Thread(target=run)
@@ -339,7 +354,7 @@ def check(c, args):
 
 def engine(args):
     """A PyTorch engine that lends a cache to node-a and waits to be killed."""
-    agent = fuselink.Agent(args.a, handle_socket=args.a_socket)
+    agent = connect(args, args.a, "engine", args.a_socket)
     src, shape = kv_cache(0, args.gib, True)
     agent.register_kv_cache("orphan", src, **shape)
     print("lent", flush=True)
@@ -368,7 +383,11 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--label", default="")
     p.add_argument("--leave_free_mib", type=int, default=1024)
+    p.add_argument("--tls_dir", help="scripts/certs.sh's folder (engine-e1, router-r1)")
+    p.add_argument("--plaintext", action="store_true")
     args = p.parse_args()
+    if bool(args.tls_dir) == args.plaintext:
+        p.error("give --tls_dir or --plaintext")
     if args.mode == "engine":
         return engine(args)
     c = Cluster(args)

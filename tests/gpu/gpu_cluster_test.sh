@@ -22,6 +22,10 @@ gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null) 
 [ "$gpus" -ge 1 ] || { echo "SKIP: no CUDA GPU visible to torch"; exit 77; }
 python3 -c 'import fuselink' || fail "the fuselink Python package does not import"
 testbed_test_start flg
+# Mutual TLS under the default policy: certificates per agent (with its management
+# address) and for the engines (e1) and the router (r1) the drivers speak as.
+pki_init "$(mktemp -d /tmp/fuselink-gpu-pki.XXXXXX)"
+testbed_on_exit_hook() { rm -rf "$pki"; }
 
 
 # up RAILS: (re)builds the testbed with RAILS rails, one per GPU 0 .. RAILS-1.
@@ -42,7 +46,7 @@ agents() {
   local b
   b=$(field "$out/node-b.json" grpc)
   testbed_start_agent 0 node-a "node-b=$b" "$@"
-  addrs=(--a "$(field "$out/node-a.json" grpc)" --a_socket "$out/node-a.sock"
+  addrs=(--tls_dir "$pki" --a "$(field "$out/node-a.json" grpc)" --a_socket "$out/node-a.sock"
     --a_metrics "$(field "$out/node-a.json" metrics)"
     --b "$b" --b_socket "$out/node-b.sock" --b_metrics "$(field "$out/node-b.json" metrics)")
   grep -h "GPU\|relay" "$out/node-a.log" | head -5
@@ -57,8 +61,9 @@ if [ "${CHECKS:-1}" = 1 ]; then
     python3 "$driver" check "${addrs[@]}" --stage "$stage"
   done
   echo "== the Python client's example"
-  python3 "$here/clients/python/examples/gpu_kv_transfer.py" --source_agent "${addrs[1]}" \
-    --source_socket "${addrs[3]}" --target_agent "${addrs[7]}" --target_socket "${addrs[9]}" \
+  python3 "$here/clients/python/examples/gpu_kv_transfer.py" --tls_dir "$pki" \
+    --source_agent "${addrs[3]}" --source_socket "${addrs[5]}" \
+    --target_agent "${addrs[9]}" --target_socket "${addrs[11]}" \
     --source_gpu 0 --target_gpu $((gpus - 1))
 fi
 

@@ -15,6 +15,7 @@ run=$(mktemp -d /tmp/fuselink-metrics.XXXXXX)
 prom_pid=""
 trap '[ -n "$prom_pid" ] && kill $prom_pid 2>/dev/null; stop_agents; wait; rm -rf "$run"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+pki_init "$run/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 
 start_agent node-b 12 "" --nics=4
 start_agent node-a 11 "node-b=$(field "$run/node-b.json" grpc)" --nics=4 --policy=stripe
@@ -22,7 +23,7 @@ a=$(field "$run/node-a.json" grpc)
 b=$(field "$run/node-b.json" grpc)
 
 # 4 layers x 16 blocks x 64 KiB = 4 MiB
-"$ctl" --agent="$a" --target_agent="$b" --source_socket="$run/node-a.sock" \
+"$ctl" --agent="$a" --target_agent="$b" "${demo_tls[@]}" --source_socket="$run/node-a.sock" \
   --target_socket="$run/node-b.sock" --demo_layers=4 --demo_blocks=16 \
   --demo_block_bytes=65536 demo >"$run/demo.out" 2>&1 || { cat "$run/demo.out"; fail "demo"; }
 grep -q "bytes match" "$run/demo.out" || fail "demo did not verify"
@@ -78,20 +79,21 @@ nics=$(curl -sf "http://127.0.0.1:$port/api/v1/query" \
 [ "$nics" = "4" ] || fail "Prometheus sees bytes on $nics NICs, want 4"
 
 # TLS with a verified client certificate, and basic auth.
-pki=$run/pki
-mkdir -p "$pki"
+# Its own PKI, apart from $pki, the gRPC one that launch_agent issues from.
+web=$run/web-pki
+mkdir -p "$web"
 openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca \
-  -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+  -keyout "$web/ca.key" -out "$web/ca.crt" 2>/dev/null
 sign() {  # sign NAME SUBJECT EXTENSION
-  echo "$3" >"$pki/$1.ext"
-  openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$pki/$1.key" -out "$pki/$1.csr" 2>/dev/null
-  openssl x509 -req -in "$pki/$1.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
-    -days 2 -extfile "$pki/$1.ext" -out "$pki/$1.crt" 2>/dev/null
+  echo "$3" >"$web/$1.ext"
+  openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$web/$1.key" -out "$web/$1.csr" 2>/dev/null
+  openssl x509 -req -in "$web/$1.csr" -CA "$web/ca.crt" -CAkey "$web/ca.key" -CAcreateserial \
+    -days 2 -extfile "$web/$1.ext" -out "$web/$1.crt" 2>/dev/null
 }
 sign server /CN=127.0.0.1 subjectAltName=IP:127.0.0.1
 sign client /CN=prometheus extendedKeyUsage=clientAuth
 hash=$(python3 -W ignore -c 'import crypt; print(crypt.crypt("s3cret", crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16)))')
-cat >"$pki/web.yml" <<YAML
+cat >"$web/web.yml" <<YAML
 tls_server_config:
   cert_file: server.crt
   key_file: server.key
@@ -100,11 +102,11 @@ tls_server_config:
 basic_auth_users:
   prometheus: '$hash'
 YAML
-start_agent node-t 13 "" --nics=1 --metrics_web_config="$pki/web.yml"
+start_agent node-t 13 "" --nics=1 --metrics_web_config="$web/web.yml"
 url=$(field "$run/node-t.json" metrics)
 case "$url" in https://*) ;; *) fail "the TLS agent announces $url" ;; esac
-tls=(--cacert "$pki/ca.crt" --cert "$pki/client.crt" --key "$pki/client.key")
-curl -s --cacert "$pki/ca.crt" -u prometheus:s3cret "$url" >/dev/null 2>&1 &&
+tls=(--cacert "$web/ca.crt" --cert "$web/client.crt" --key "$web/client.key")
+curl -s --cacert "$web/ca.crt" -u prometheus:s3cret "$url" >/dev/null 2>&1 &&
   fail "a scrape without a client certificate succeeded"
 code=$(curl -s -o /dev/null -w '%{http_code}' "${tls[@]}" "$url")
 [ "$code" = 401 ] || fail "no credentials: HTTP $code, want 401"
@@ -119,8 +121,8 @@ grep -q '^fuselink_metrics_http_refusals_total{reason="tls"} [1-9]' "$run/node-t
   fail "the handshake without a client certificate is not counted"
 
 # A mistake in the web config: the agent refuses to start and names the line.
-printf 'tls_server_config:\n  cert_file: server.crt\n  keyfile: server.key\n' >"$pki/bad.yml"
-if "$agent" --node=bad --plaintext --handle_socket="$run/bad.sock" --metrics_web_config="$pki/bad.yml" \
+printf 'tls_server_config:\n  cert_file: server.crt\n  keyfile: server.key\n' >"$web/bad.yml"
+if "$agent" --node=bad --plaintext --handle_socket="$run/bad.sock" --metrics_web_config="$web/bad.yml" \
   >"$run/bad.log" 2>&1; then
   fail "an agent started with a bad web config"
 fi

@@ -5,8 +5,12 @@ node-b, the client waits for them through WatchTransfers, and the bytes are comp
 in node-b's buffer, block by block. Then the errors: each bad input surfaces as a
 FuselinkError with its gRPC code and the agent's reason.
 
+Mutual TLS under the default policy, as a deployment runs it: an engine's certificate
+(engine-e1) lends the buffers on both nodes and waits for them, a router's (router-r1)
+moves them; what each may not do is refused with its reason.
+
 Environment: FL_SOURCE_AGENT, FL_SOURCE_SOCKET (node-a), FL_TARGET_AGENT,
-FL_TARGET_SOCKET, FL_TARGET_NODE (node-b).
+FL_TARGET_SOCKET, FL_TARGET_NODE (node-b), FL_PKI (scripts/certs.sh's folder).
 """
 
 import os
@@ -32,16 +36,26 @@ def block(buffer, layer, index):
 class ClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        pki = os.environ["FL_PKI"]
+        cls.engine_tls = fuselink.Tls.from_dir(pki, "engine", "e1")
+        cls.router_tls = fuselink.Tls.from_dir(pki, "router", "r1")
+        # The engines on node-a and node-b, and the router, which asks node-a.
         cls.source = fuselink.Agent(os.environ["FL_SOURCE_AGENT"],
-                                    handle_socket=os.environ["FL_SOURCE_SOCKET"])
+                                    handle_socket=os.environ["FL_SOURCE_SOCKET"],
+                                    tls=cls.engine_tls)
         cls.target = fuselink.Agent(os.environ["FL_TARGET_AGENT"],
-                                    handle_socket=os.environ["FL_TARGET_SOCKET"])
+                                    handle_socket=os.environ["FL_TARGET_SOCKET"],
+                                    tls=cls.engine_tls)
+        cls.router = fuselink.Agent(os.environ["FL_SOURCE_AGENT"],
+                                    handle_socket=os.environ["FL_SOURCE_SOCKET"],
+                                    tls=cls.router_tls)
         cls.target_node = os.environ["FL_TARGET_NODE"]
 
     @classmethod
     def tearDownClass(cls):
         cls.source.close()
         cls.target.close()
+        cls.router.close()
 
     def lend(self, agent, name, fill, **kwargs):
         """A HostBuffer of random bytes (or zeros) registered as `name` on `agent`."""
@@ -64,11 +78,11 @@ class ClientTest(unittest.TestCase):
     def test_transfer_lands_and_is_seen(self):
         src = self.lend(self.source, "py-lands-src", fill=True)
         dst = self.lend(self.target, "py-lands-dst", fill=False)
-        self.assertEqual(self.source.node, "node-a")
+        self.assertEqual(self.router.node, "node-a")
         # Every block into its mirror image, layers 1 to 3 only; layer 0 stays zero.
         target_blocks = list(reversed(range(BLOCKS)))
         events = []
-        final = self.source.transfer("py-lands-src", self.target_node, "py-lands-dst",
+        final = self.router.transfer("py-lands-src", self.target_node, "py-lands-dst",
                                      target_blocks=target_blocks, layers=(1, LAYERS),
                                      on_event=events.append, timeout=WAIT_S)
         moved = (LAYERS - 1) * BLOCKS * BLOCK_BYTES
@@ -96,7 +110,7 @@ class ClientTest(unittest.TestCase):
         src = self.lend(self.source, "py-watch-src", fill=True)
         dst = self.lend(self.target, "py-watch-dst", fill=False, watch=False)
         with self.target.watch("py-watch-dst") as watch:
-            self.source.transfer("py-watch-src", self.target_node, "py-watch-dst",
+            self.router.transfer("py-watch-src", self.target_node, "py-watch-dst",
                                  blocks=[3, 4], target_blocks=[7, 9], timeout=WAIT_S)
             landed = watch.wait(WAIT_S)
         self.assertEqual(landed.bytes, 2 * LAYERS * BLOCK_BYTES)
@@ -111,18 +125,18 @@ class ClientTest(unittest.TestCase):
         self.lend(self.source, "py-err-src", fill=True)
         self.lend(self.target, "py-err-dst", fill=False)
         node = self.target_node
-        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TENSOR", self.source.transfer,
+        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TENSOR", self.router.transfer,
                          "py-no-such-tensor", node, "py-err-dst", blocks=[0])
         self.assertError(grpc.StatusCode.OUT_OF_RANGE, "BLOCK_OUT_OF_RANGE",
-                         self.source.transfer, "py-err-src", node, "py-err-dst",
+                         self.router.transfer, "py-err-src", node, "py-err-dst",
                          blocks=[BLOCKS])
         # Refused by node-b's agent and passed back by node-a's.
-        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TENSOR", self.source.transfer,
+        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TENSOR", self.router.transfer,
                          "py-err-src", node, "py-no-such-tensor", blocks=[0])
-        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_NODE", self.source.transfer,
+        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_NODE", self.router.transfer,
                          "py-err-src", "node-z", "py-err-dst", blocks=[0])
         self.assertError(grpc.StatusCode.OUT_OF_RANGE, "LAYER_OUT_OF_RANGE",
-                         self.source.transfer, "py-err-src", node, "py-err-dst",
+                         self.router.transfer, "py-err-src", node, "py-err-dst",
                          blocks=[0], layers=(2, 2))
         with fuselink.HostBuffer(SIZE_BYTES) as again:
             self.assertError(grpc.StatusCode.ALREADY_EXISTS, "TENSOR_EXISTS",
@@ -143,6 +157,48 @@ class ClientTest(unittest.TestCase):
             self.source.unregister("py-gone")
         self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TENSOR", self.source.get_tensor,
                          "py-gone")
+
+    def test_each_identity_does_its_part(self):
+        self.lend(self.source, "py-roles-src", fill=True)
+        self.lend(self.target, "py-roles-dst", fill=False)
+        denied = grpc.StatusCode.PERMISSION_DENIED
+        # An engine moves nothing, and watches only what it registered.
+        self.assertError(denied, "ROLE_REQUIRED", self.source.transfer, "py-roles-src",
+                         self.target_node, "py-roles-dst", blocks=[0])
+        self.assertError(denied, "ROLE_REQUIRED", self.target.watch)
+        # A router lends nothing, and may not take an engine's tensor away.
+        with fuselink.HostBuffer(SIZE_BYTES) as buffer:
+            self.assertError(denied, "ROLE_REQUIRED", self.router.register_kv_cache,
+                             "py-roles-router", buffer, LAYERS, BLOCKS, watch=False)
+        self.assertError(denied, "ROLE_REQUIRED", self.router.unregister, "py-roles-src")
+        # A tensor whose owner grants another router alone cannot be moved by this one.
+        other = ["spiffe://fuselink/router/other"]
+        self.lend(self.source, "py-roles-closed", fill=True, readers=other, writers=other)
+        self.assertError(denied, "TENSOR_ACCESS", self.router.transfer, "py-roles-closed",
+                         self.target_node, "py-roles-dst", blocks=[0], timeout=WAIT_S)
+
+    def test_tls_is_required(self):
+        address = os.environ["FL_SOURCE_AGENT"]
+        with self.assertRaises(ValueError):
+            fuselink.Agent(address)
+        with self.assertRaises(ValueError):
+            fuselink.Agent(address, tls=self.router_tls, plaintext=True)
+        # A plaintext client does not get through the agent's TLS.
+        with fuselink.Agent(address, plaintext=True, call_timeout_s=2) as open_client:
+            with self.assertRaises(fuselink.FuselinkError) as caught:
+                open_client.topology()
+            self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        # The agent's certificate names localhost too: a client may check that name.
+        named = fuselink.Tls(self.router_tls.cert, self.router_tls.key, self.router_tls.ca,
+                             server_name="localhost")
+        with fuselink.Agent(address, tls=named) as agent:
+            self.assertEqual(agent.topology().node, "node-a")
+        wrong = fuselink.Tls(self.router_tls.cert, self.router_tls.key, self.router_tls.ca,
+                             server_name="node-z")
+        with fuselink.Agent(address, tls=wrong, call_timeout_s=2) as agent:
+            with self.assertRaises(fuselink.FuselinkError) as caught:
+                agent.topology()
+            self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Starts node-a and node-b, emulated nodes with two NICs each on their own loopback
 # addresses, and runs client_test.py against them with the Python client the build
-# put in PYTHON_DIR. Skips (77) where no python3 has the grpc and protobuf modules.
+# put in PYTHON_DIR, over mutual TLS (certificates from scripts/certs.sh). Skips (77) where no python3 has the grpc and protobuf modules.
 # Usage: client_test.sh AGENT_BINARY PYTHON_DIR
 set -euo pipefail
 agent=$1
@@ -26,6 +26,7 @@ fi
 run=$(mktemp -d /tmp/fuselink-python.XXXXXX)
 . "$here/scripts/lib/agents.sh"
 trap 'stop_agents; rm -rf "$run"' EXIT
+pki_init "$run/pki"
 
 start_agent node-b 2 "" --nics=2
 b=$(field "$run/node-b.json" grpc)
@@ -34,6 +35,7 @@ a=$(field "$run/node-a.json" grpc)
 
 FL_SOURCE_AGENT=$a FL_SOURCE_SOCKET=$run/node-a.sock \
   FL_TARGET_AGENT=$b FL_TARGET_SOCKET=$run/node-b.sock FL_TARGET_NODE=node-b \
+  FL_PKI=$run/pki \
   PYTHONPATH="$pydir${PYTHONPATH:+:$PYTHONPATH}" \
   "$python" "$here/tests/python/client_test.py" -v || {
   rc=$?

@@ -2,7 +2,11 @@
 # Agent-level checks over Soft-RoCE: real fuselink-agents and fuselinkctl, run inside the
 # VM by scripts/rdma-vm.sh (after the fabric test), from the 9p-shared build directory.
 #
-#   agent_vm_checks.sh BUILD_DIR
+#   agent_vm_checks.sh BUILD_DIR [PKI_DIR]
+#
+# Mutual TLS under the default policy, as deployed: PKI_DIR (default: pki beside this
+# script) holds what scripts/certs.sh made on the host (the guest has no openssl):
+# ca.crt, node-{node-a,node-b,node-c}, engine-e1 and router-r1 certificates and keys.
 #
 # Expects the rails scripts/rdma-vm.sh sets up: veth pair vA<i>/vB<i> per rail i with
 # 10.<i>.0.1 / 10.<i>.0.2, accept_local=1, rxe devices rxeA<i>/rxeB<i>. rxe does not work
@@ -20,6 +24,7 @@
 #      --transport=auto with an address that has no RDMA device picks tcp
 set -u
 build=$1
+pki=${2:-$(dirname "$0")/pki}
 agent=$build/services/fuselink-agent
 ctl=$build/tools/fuselinkctl/fuselinkctl
 run=/tmp/fuselink-agents
@@ -41,6 +46,16 @@ show() { # FILE: a command's output without progress-bar redraws
 for bin in "$agent" "$ctl"; do
   [ -x "$bin" ] || { echo "agent-check: all FAIL $bin is not built"; exit 1; }
 done
+for f in ca.crt node-node-a.key node-node-b.key node-node-c.key engine-e1.key router-r1.key; do
+  [ -r "$pki/$f" ] || { echo "agent-check: all FAIL no $pki/$f (scripts/certs.sh)"; exit 1; }
+done
+tls() { # KIND NAME: the --tls_* flags of certificate KIND-NAME
+  echo "--tls_cert=$pki/$1-$2.crt --tls_key=$pki/$1-$2.key --tls_ca=$pki/ca.crt"
+}
+# shellcheck disable=SC2207  # the paths have no spaces
+router_tls=($(tls router r1))
+demo_tls=("${router_tls[@]}" "--engine_tls_cert=$pki/engine-e1.crt"
+  "--engine_tls_key=$pki/engine-e1.key")
 
 # topology FILE A_OR_B: node-a on the vA ends (.1), node-b on the vB ends (.2).
 topology() {
@@ -59,9 +74,10 @@ start() {
   local name=$1 topo=$2
   shift 2
   rm -f "$run/$name.ready"
+  # shellcheck disable=SC2046  # tls: words
   "$agent" --node="$name" --topology="$topo" --listen=127.0.0.1:0 \
     --metrics_listen=127.0.0.1:0 --handle_socket="$run/$name.sock" \
-    --ready_file="$run/$name.ready" "$@" >"$run/$name.log" 2>&1 &
+    --ready_file="$run/$name.ready" $(tls node "$name") "$@" >"$run/$name.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 300); do
     [ -s "$run/$name.ready" ] && return 0
@@ -87,7 +103,7 @@ stop_all() {  # SIGTERM; SIGKILL (and say so) after 15 s
 }
 grpc_of() { sed -n 's/.*"grpc":"\([^"]*\)".*/\1/p' "$run/$1.ready"; }
 ready_transport() { sed -n 's/^fuselink-agent node=.* transport=\([a-z]*\) .*/\1/p' "$run/$1.log"; }
-topo_transport() { "$ctl" --agent="$1" topology 2>&1 | sed -n 's/^node .*, transport \([a-z]*\),.*/\1/p'; }
+topo_transport() { "$ctl" --agent="$1" "${router_tls[@]}" topology 2>&1 | sed -n 's/^node .*, transport \([a-z]*\),.*/\1/p'; }
 
 # pair TRANSPORT: node-b, then node-a (peer node-b), stripe, 3 QPs per NIC, 1 MiB chunks.
 pair() {
@@ -107,7 +123,7 @@ transports() {
 }
 # demo OUT LAYERS BLOCKS BLOCK_BYTES: fuselinkctl demo node-a -> node-b; its exit status.
 demo() {
-  "$ctl" --agent="$a" --target_agent="$b" --source_socket="$run/node-a.sock" \
+  "$ctl" --agent="$a" --target_agent="$b" "${demo_tls[@]}" --source_socket="$run/node-a.sock" \
     --target_socket="$run/node-b.sock" --demo_layers="$2" --demo_blocks="$3" \
     --demo_block_bytes="$4" --timeout_s=60 demo >"$1" 2>&1
 }

@@ -19,6 +19,7 @@ testbed_on_exit_hook() { [ -z "$demo_pid" ] || kill "$demo_pid" 2>/dev/null; }
 "$tb" up --name "$name" --nodes 2 --rails 4 --rate 1gbit
 testbed_load "$name"
 out="$TESTBED_STATE"
+pki_init "$out/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 testbed_start_agent 1 node-b "" --policy=stripe --chunk_bytes=1048576
 testbed_start_agent 0 node-a "node-b=$(field "$out/node-b.json" grpc)" \
   --policy=stripe --chunk_bytes=1048576
@@ -26,6 +27,7 @@ a=$(field "$out/node-a.json" grpc)
 
 # 1 GiB: about 2.3 s over four 1 Gbit/s rails, long enough to cut one mid-way.
 stdbuf -oL "$ctl" --agent="$a" --target_agent="$(field "$out/node-b.json" grpc)" \
+  "${demo_tls[@]}" \
   --source_socket="$out/node-a.sock" --target_socket="$out/node-b.sock" \
   --demo_layers=16 --demo_blocks=64 --demo_block_bytes=1048576 --timeout_s=120 \
   demo >"$out/demo.out" 2>&1 &
@@ -53,7 +55,7 @@ echo "PASS: rail1 failed $failed write(s); the transfer completed on the other r
 # transfer uses it again.
 testbed_exec 0 ip link set rail1 up
 sleep 7
-"$ctl" --agent="$a" --target_agent="$(field "$out/node-b.json" grpc)" \
+"$ctl" --agent="$a" --target_agent="$(field "$out/node-b.json" grpc)" "${demo_tls[@]}" \
   --source_socket="$out/node-a.sock" --target_socket="$out/node-b.sock" \
   --demo_layers=4 --demo_blocks=16 --demo_block_bytes=1048576 demo >"$out/again.out" 2>&1 ||
   { cat "$out/again.out"; fail "the transfer after the rail came back"; }

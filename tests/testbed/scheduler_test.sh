@@ -22,6 +22,7 @@ testbed_test_start fls
 "$tb" up --name "$name" --nodes 2 --rails 4 --rate 1gbit
 testbed_load "$name"
 out=$TESTBED_STATE
+pki_init "$out/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 chunk=1048576
 for i in 0 1; do
   j=$((1 - i))
@@ -29,6 +30,8 @@ for i in 0 1; do
   agent_prefix=(ip netns exec "$(testbed_ns "$i")")
   # shellcheck disable=SC2034
   agent_dir=$out
+  # shellcheck disable=SC2034  # the address fuselink-bench dials, in the certificate
+  agent_sans=("IP:$(testbed_mgmt "$i")")
   launch_agent "fuselink-n$i" --topology="$(testbed_var TOPOLOGY "$i")" \
     --listen="$(testbed_mgmt "$i"):7100" --metrics_listen="$(testbed_mgmt "$i"):7200" \
     --peer="fuselink-n$j=$(testbed_mgmt "$j"):7100" --policy=fuselink \
@@ -37,7 +40,7 @@ done
 run_bench() { # WORKLOAD OUTPUT [FLAGS...]
   local w=$1 o=$2
   shift 2
-  "$bench" --workload="$w" --policies=fuselink --cluster_dir="$out" --json \
+  "$bench" --workload="$w" --policies=fuselink --cluster_dir="$out" --json "${demo_tls[@]}" \
     --chunk_bytes="$chunk" --rail_bytes_per_s="$TESTBED_RATE_BYTES_PER_S" "$@" \
     >"$o" 2>&1 || { cat "$o"; fail "fuselink-bench --workload=$w"; }
   cat "$o"

@@ -46,16 +46,18 @@ awk -v g="$iperf_gbit" -v r="$rate_gbit" 'BEGIN { exit !(g < 1.15 * r) }' ||
 awk -v g="$iperf_gbit" -v r="$rate_gbit" 'BEGIN { exit !(g > 0.5 * r) }' ||
   fail "rail0 carried only $iperf_gbit Gbit/s"
 
-# Agents: node-b in node 1's namespace, node-a (stripe, peer node-b) in node 0's.
+# Agents: node-b in node 1's namespace, node-a (stripe, peer node-b) in node 0's,
+# over mutual TLS (scripts/lib/agents.sh).
+pki_init "$out/pki"
 testbed_start_agent 1 node-b "" --policy=stripe
 b=$(field "$out/node-b.json" grpc)
 testbed_start_agent 0 node-a "node-b=$b" --policy=stripe
 a=$(field "$out/node-a.json" grpc)
 echo "node-a at $a, node-b at $b"
-"$ctl" --agent="$a" topology
+"$ctl" --agent="$a" "${viewer_tls[@]}" topology
 
 demo() { # LAYERS OUTPUT: a demo KV cache of LAYERS x 16 blocks x 256 KiB
-  "$ctl" --agent="$a" --target_agent="$b" --source_socket="$out/node-a.sock" \
+  "$ctl" --agent="$a" --target_agent="$b" "${demo_tls[@]}" --source_socket="$out/node-a.sock" \
     --target_socket="$out/node-b.sock" --demo_layers="$1" --demo_blocks=16 \
     --demo_block_bytes=262144 demo >"$2" 2>&1 || { cat "$2"; fail "demo"; }
   grep -q "bytes match" "$2" || { cat "$2"; fail "demo did not verify"; }

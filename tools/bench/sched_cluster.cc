@@ -13,6 +13,7 @@
 #include "agent/common/status_macros.h"
 #include "agent/common/unique_fd.h"
 #include "grpcpp/grpcpp.h"
+#include "tools/client/dial.h"
 
 namespace fuselink::bench {
 
@@ -32,11 +33,15 @@ absl::StatusOr<Cluster> LoadCluster(const std::string& dir, const std::string& p
     if (agent.grpc.empty() || agent.metrics_url.empty() || agent.handle_socket.empty()) {
       return absl::NotFoundError(absl::StrCat("no agent ready file at ", path));
     }
-    auto channel = grpc::CreateChannel(agent.grpc, grpc::InsecureChannelCredentials());
+    FL_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                        client::DialAgent(agent.grpc));
+    FL_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> engine,
+                        client::DialAgent(agent.grpc, client::Speaker::kEngine));
     if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
       return absl::UnavailableError(absl::StrCat("no agent answers at ", agent.grpc));
     }
     agent.stub = v1::Agent::NewStub(channel);
+    agent.engine = v1::Agent::NewStub(engine);
     v1::Topology topology;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -65,7 +70,7 @@ absl::StatusOr<std::unique_ptr<HomedTensor>> HomedTensor::Create(
   layout.set_layers(layers);
   layout.set_blocks_per_layer(blocks);
   layout.set_block_bytes(block_bytes);
-  FL_RETURN_IF_ERROR(client::RegisterHostTensor(*agent.stub, agent.handle_socket, name,
+  FL_RETURN_IF_ERROR(client::RegisterHostTensor(*agent.engine, agent.handle_socket, name,
                                                 layout, *t->buffer_, home_gpu)
                          .status());
   t->registered_ = true;
@@ -74,7 +79,7 @@ absl::StatusOr<std::unique_ptr<HomedTensor>> HomedTensor::Create(
 
 HomedTensor::~HomedTensor() {
   if (!registered_) return;
-  if (absl::Status s = client::UnregisterTensor(*agent_.stub, name_); !s.ok()) {
+  if (absl::Status s = client::UnregisterTensor(*agent_.engine, name_); !s.ok()) {
     std::fprintf(stderr, "fuselink-bench: unregister %s on %s: %s\n", name_.c_str(),
                  agent_.node.c_str(), s.ToString().c_str());
   }

@@ -20,7 +20,8 @@ namespace fuselink::bench {
 
 // One agent, from the ready file it wrote (--ready_file).
 struct NodeAgent {
-  std::unique_ptr<v1::Agent::Stub> stub;
+  std::unique_ptr<v1::Agent::Stub> stub;    // as the caller (a router): transfers
+  std::unique_ptr<v1::Agent::Stub> engine;  // as the engine: (un)registers tensors
   std::string node;
   std::string grpc;
   std::string metrics_url;  // http://host:port/metrics

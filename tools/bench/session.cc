@@ -10,18 +10,21 @@
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "tools/client/dial.h"
 
 namespace fuselink::bench {
 namespace {
 
 absl::Status Connect(const std::string& address, const std::string& socket,
                      absl::Duration timeout, AgentHandle* agent) {
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  FL_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, client::DialAgent(address));
+  FL_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> engine,
+                      client::DialAgent(address, client::Speaker::kEngine));
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
     return absl::UnavailableError(absl::StrCat("no agent answers at ", address));
   }
   agent->stub = v1::Agent::NewStub(channel);
+  agent->engine = v1::Agent::NewStub(engine);
   agent->address = address;
   agent->handle_socket = socket;
   v1::Topology topology;
@@ -62,12 +65,12 @@ absl::StatusOr<std::unique_ptr<TensorPair>> TensorPair::Create(Agents& agents,
   std::memset(target->data(), 0, bytes);
   std::unique_ptr<TensorPair> pair(
       new TensorPair(agents, name, std::move(source), std::move(target)));
-  FL_RETURN_IF_ERROR(client::RegisterHostTensor(*agents.source.stub,
+  FL_RETURN_IF_ERROR(client::RegisterHostTensor(*agents.source.engine,
                                                 agents.source.handle_socket, name, layout,
                                                 *pair->source_)
                          .status());
   pair->registered_on_source_ = true;
-  FL_RETURN_IF_ERROR(client::RegisterHostTensor(*agents.target.stub,
+  FL_RETURN_IF_ERROR(client::RegisterHostTensor(*agents.target.engine,
                                                 agents.target.handle_socket, name, layout,
                                                 *pair->target_)
                          .status());
@@ -80,7 +83,7 @@ TensorPair::~TensorPair() {
       {registered_on_source_, &agents_.source}, {registered_on_target_, &agents_.target}};
   for (const auto& [registered, agent] : sides) {
     if (!registered) continue;
-    if (absl::Status s = client::UnregisterTensor(*agent->stub, name_); !s.ok()) {
+    if (absl::Status s = client::UnregisterTensor(*agent->engine, name_); !s.ok()) {
       std::fprintf(stderr, "fuselink-bench: unregister %s on %s: %s\n", name_.c_str(),
                    agent->node.c_str(), s.ToString().c_str());
     }

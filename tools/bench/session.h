@@ -12,9 +12,10 @@
 
 namespace fuselink::bench {
 
-// One agent: its stub, node name (from GetTopology) and handle socket.
+// One agent: its stubs, node name (from GetTopology) and handle socket.
 struct AgentHandle {
-  std::unique_ptr<v1::Agent::Stub> stub;
+  std::unique_ptr<v1::Agent::Stub> stub;    // as the caller (a router): transfers
+  std::unique_ptr<v1::Agent::Stub> engine;  // as the engine: (un)registers tensors
   std::string address;
   std::string node;
   std::string handle_socket;

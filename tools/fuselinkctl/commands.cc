@@ -13,6 +13,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "tools/client/client.h"
+#include "tools/client/dial.h"
 
 ABSL_FLAG(std::string, source, "", "transfer: source as node/tensor.");
 ABSL_FLAG(std::string, target, "", "transfer: target as node/tensor.");
@@ -329,9 +330,21 @@ int Watch(Context& ctx) {
   return s.ok() || s.error_code() == grpc::StatusCode::CANCELLED ? 0 : Failed(s);
 }
 
+// Plays both parts a deployment splits: the engines on both nodes register the KV
+// caches (as Speaker::kEngine, which owns them), the router moves them (as the
+// caller, whom the default grants "role:router" let read and write them).
 int Demo(Context& ctx) {
-  auto target_agent = v1::Agent::NewStub(grpc::CreateChannel(
-      absl::GetFlag(FLAGS_target_agent), grpc::InsecureChannelCredentials()));
+  const std::string target_address = absl::GetFlag(FLAGS_target_agent);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channels[] = {
+      client::DialAgent(target_address),
+      client::DialAgent(ctx.agent_address, client::Speaker::kEngine),
+      client::DialAgent(target_address, client::Speaker::kEngine)};
+  for (const auto& channel : channels) {
+    if (!channel.ok()) return FailedStatus(channel.status());
+  }
+  auto target_agent = v1::Agent::NewStub(*channels[0]);
+  auto source_engine = v1::Agent::NewStub(*channels[1]);
+  auto target_engine = v1::Agent::NewStub(*channels[2]);
   v1::Layout layout;
   layout.set_layers(absl::GetFlag(FLAGS_demo_layers));
   layout.set_blocks_per_layer(absl::GetFlag(FLAGS_demo_blocks));
@@ -360,10 +373,10 @@ int Demo(Context& ctx) {
               name.c_str(), layout.layers(), layout.blocks_per_layer(),
               Bytes(layout.block_bytes()).c_str(), Bytes(bytes).c_str(),
               src_topo.node().c_str(), dst_topo.node().c_str());
-  auto reg = client::RegisterHostTensor(*ctx.agent, absl::GetFlag(FLAGS_source_socket),
-                                        name, layout, **source);
+  auto reg = client::RegisterHostTensor(
+      *source_engine, absl::GetFlag(FLAGS_source_socket), name, layout, **source);
   if (!reg.ok()) return FailedStatus(reg.status());
-  reg = client::RegisterHostTensor(*target_agent, absl::GetFlag(FLAGS_target_socket),
+  reg = client::RegisterHostTensor(*target_engine, absl::GetFlag(FLAGS_target_socket),
                                    name, layout, **target);
   if (!reg.ok()) return FailedStatus(reg.status());
 
@@ -385,7 +398,7 @@ int Demo(Context& ctx) {
                 src_topo.node().c_str(), Bytes(bytes).c_str(), dst_topo.node().c_str());
     rc = same ? 0 : 1;
   }
-  for (auto* agent : {ctx.agent.get(), target_agent.get()}) {
+  for (auto* agent : {source_engine.get(), target_engine.get()}) {
     if (absl::Status s = client::UnregisterTensor(*agent, name); !s.ok()) {
       std::fprintf(stderr, "warning: unregister %s: %s\n", name.c_str(),
                    s.ToString().c_str());

@@ -7,12 +7,18 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "grpcpp/grpcpp.h"
+#include "tools/client/dial.h"
 #include "tools/fuselinkctl/commands.h"
 
 ABSL_FLAG(std::string, agent, "127.0.0.1:50051", "The agent's gRPC address.");
 ABSL_FLAG(bool, json, false, "Print JSON instead of text.");
 
-constexpr char kUsage[] = R"(fuselinkctl [--agent=host:port] [--json] COMMAND
+constexpr char kUsage[] = R"(fuselinkctl [--agent=host:port] [--json] TLS COMMAND
+
+TLS: --tls_cert=F --tls_key=F --tls_ca=F [--tls_server_name=NAME] (scripts/certs.sh
+makes them; the certificate's identity decides what it may do: a router's for
+transfer/status/cancel, an engine's for its own tensors, a viewer's to look), or
+--plaintext for an agent started with --plaintext.
 
 Commands:
   topology                      GPUs and NICs of the agent's node
@@ -26,7 +32,9 @@ Commands:
   top [--metrics=host:port]     live view of the node's NICs and transfers, every
                                 --interval_ms (1000); --frames=N to stop after N
   demo                          register synthetic KV caches on --agent (source) and
-                                --target_agent, move them, verify the bytes)";
+                                --target_agent, move them, verify the bytes; as
+                                --engine_tls_cert/--engine_tls_key (default:
+                                --tls_cert) to register, as --tls_cert to move)";
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
@@ -40,8 +48,14 @@ int main(int argc, char** argv) {
   fuselink::ctl::Context ctx;
   ctx.agent_address = absl::GetFlag(FLAGS_agent);
   ctx.json = absl::GetFlag(FLAGS_json);
-  ctx.agent = fuselink::v1::Agent::NewStub(
-      grpc::CreateChannel(ctx.agent_address, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      fuselink::client::DialAgent(ctx.agent_address);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "fuselinkctl: %s\n",
+                 std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  ctx.agent = fuselink::v1::Agent::NewStub(*channel);
   const std::string command = args[0];
   args.erase(args.begin());
   using namespace fuselink::ctl;

@@ -14,7 +14,14 @@ agents of one machine. For two machines, run --role target on the target node fi
 and --role source on the source node once the target prints its ready line; the
 target rebuilds the source's pattern from --seed to know the expected checksum.
 
-    python3 gpu_kv_transfer.py --source_agent=127.0.0.1:50051 \\
+The agents serve mutual TLS: --tls_dir is the folder scripts/certs.sh wrote the CA
+and client certificates to. The KV caches are lent as the engine --engine (its
+certificate engine-<name>), the transfer is asked for as the router --router
+(router-<name>), as the default access policy has it. --plaintext instead talks to
+agents started with --plaintext.
+
+    scripts/certs.sh certs engine e1; scripts/certs.sh certs router r1
+    python3 gpu_kv_transfer.py --tls_dir=certs --source_agent=127.0.0.1:50051 \\
         --source_socket=/run/fuselink/node-a.sock --target_agent=127.0.0.1:50052 \\
         --target_socket=/run/fuselink/node-b.sock --source_gpu=0 --target_gpu=1
 """
@@ -71,10 +78,30 @@ def parse_args():
     p.add_argument("--block_bytes", type=int, default=256 << 10)
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--timeout_s", type=float, default=120)
+    p.add_argument("--tls_dir", help="scripts/certs.sh's folder: ca.crt and the "
+                   "certificates of --engine and --router")
+    p.add_argument("--engine", default="e1", help="engine certificate name")
+    p.add_argument("--router", default="r1", help="router certificate name")
+    p.add_argument("--tls_server_name",
+                   help="name the agents' certificates must carry; default: the host")
+    p.add_argument("--plaintext", action="store_true",
+                   help="agents started with --plaintext: no TLS")
     args = p.parse_args()
     if args.block_bytes % 8:
         p.error("--block_bytes must be a multiple of 8")
+    if bool(args.tls_dir) == args.plaintext:
+        p.error("give --tls_dir (the agents serve mutual TLS) or --plaintext")
     return args
+
+
+def connect(args, address, kind, handle_socket=None):
+    """An Agent at `address` speaking as the `kind` ("engine" or "router") named on
+    the command line."""
+    if args.plaintext:
+        return fuselink.Agent(address, handle_socket=handle_socket, plaintext=True)
+    tls = fuselink.Tls.from_dir(args.tls_dir, kind, getattr(args, kind),
+                                server_name=args.tls_server_name)
+    return fuselink.Agent(address, handle_socket=handle_socket, tls=tls)
 
 
 def run(args):
@@ -82,7 +109,7 @@ def run(args):
     out = {"role": args.role, "bytes": size_bytes}
 
     if args.role in ("both", "target"):
-        target = fuselink.Agent(args.target_agent, handle_socket=args.target_socket)
+        target = connect(args, args.target_agent, "engine", args.target_socket)
         kv_target = torch.zeros(size_bytes, dtype=torch.uint8,
                                 device=f"cuda:{args.target_gpu}")
         target.register_kv_cache(NAME, kv_target, args.layers, args.blocks)
@@ -91,14 +118,16 @@ def run(args):
                   flush=True)
 
     if args.role in ("both", "source"):
-        source = fuselink.Agent(args.source_agent, handle_socket=args.source_socket)
+        source = connect(args, args.source_agent, "engine", args.source_socket)
+        router = connect(args, args.source_agent, "router")
         kv_source = pattern(size_bytes, args.seed, f"cuda:{args.source_gpu}")
         torch.cuda.synchronize(args.source_gpu)  # the agent reads what the GPU wrote
         source.register_kv_cache(NAME, kv_source, args.layers, args.blocks)
         target_node = args.target_node or (
-            target.node if args.role == "both" else fuselink.Agent(args.target_agent).node)
+            target.node if args.role == "both" else
+            connect(args, args.target_agent, "router").node)
         start = time.perf_counter()
-        final = source.transfer(NAME, target_node, NAME, timeout=args.timeout_s)
+        final = router.transfer(NAME, target_node, NAME, timeout=args.timeout_s)
         out["agent_seconds"] = final.completed.seconds
         out["per_nic"] = {n.nic: n.bytes for n in final.completed.per_nic}
 

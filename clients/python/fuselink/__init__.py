@@ -8,7 +8,8 @@ build/python (see clients/python/README.md).
 from .client import DEFAULT_CALL_TIMEOUT_S, Agent
 from .errors import FuselinkError
 from .memory import HostBuffer
+from .tls import Tls
 from .watch import MAX_PENDING_EVENTS, Watch
 
-__all__ = ["Agent", "FuselinkError", "HostBuffer", "Watch", "DEFAULT_CALL_TIMEOUT_S",
+__all__ = ["Agent", "FuselinkError", "HostBuffer", "Tls", "Watch", "DEFAULT_CALL_TIMEOUT_S",
            "MAX_PENDING_EVENTS"]

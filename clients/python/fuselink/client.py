@@ -4,7 +4,8 @@ An engine lends a KV cache (a PyTorch CUDA tensor or a HostBuffer) and waits for
 transfers that land in it; an orchestrator asks the source node's agent to move
 blocks. Every failed call raises FuselinkError with the agent's code and reason.
 
-    agent = fuselink.Agent("127.0.0.1:50051")
+    agent = fuselink.Agent("127.0.0.1:50051",
+                           tls=fuselink.Tls.from_dir("certs", "engine", "e1"))
     agent.register_kv_cache("kv0", kv_cache, layers=32, blocks_per_layer=64)
     event = agent.wait_for_transfer("kv0", timeout=60)
 """
@@ -18,6 +19,7 @@ from fuselink.v1 import agent_pb2, agent_pb2_grpc, tensor_pb2
 
 from .errors import FuselinkError, from_rpc_error
 from .memory import HostBuffer, cuda_ipc_export, is_cuda_tensor, send_fd, send_owner_pidfd
+from .tls import open_channel
 from .watch import Watch
 
 # The agent's --runtime_dir default, where its handle socket is <node>.sock.
@@ -37,11 +39,15 @@ class Agent:
     between threads.
     """
 
-    def __init__(self, address, handle_socket=None, call_timeout_s=DEFAULT_CALL_TIMEOUT_S):
+    def __init__(self, address, handle_socket=None, call_timeout_s=DEFAULT_CALL_TIMEOUT_S,
+                 *, tls=None, plaintext=False):
+        """`tls` (a fuselink.Tls) is the certificate this client speaks as; without
+        it, `plaintext=True` must say that the agent runs with --plaintext. ValueError
+        when neither or both are given."""
         self.address = address
         self._handle_socket = handle_socket
         self._call_timeout_s = call_timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self._channel = open_channel(address, tls, plaintext)
         self._stub = agent_pb2_grpc.AgentStub(self._channel)
         self._node = None
         self._lock = threading.Lock()
@@ -76,7 +82,7 @@ class Agent:
 
     def register_kv_cache(self, name, tensor, layers, blocks_per_layer, block_bytes=None, *,
                           block_stride_bytes=0, layer_stride_bytes=0, home_gpu=0,
-                          owner_pidfd=None, watch=True):
+                          owner_pidfd=None, watch=True, readers=None, writers=None):
         """Lends `tensor` to the agent as `layers` x `blocks_per_layer` blocks.
 
         `tensor` is a contiguous PyTorch CUDA tensor (exported by CUDA IPC; its device
@@ -86,9 +92,13 @@ class Agent:
         blocks; the strides follow fuselink.v1.Layout (0: packed). `home_gpu` picks
         the direct NIC of host memory. `owner_pidfd` (default: on for CUDA tensors)
         hands the agent a pidfd of this process, so it lets go of the memory when the
-        process exits. `watch` starts, before registering, the watch that
-        wait_for_transfer() reads, so no transfer into the tensor can finish unseen.
-        Returns the agent's fuselink.v1.Tensor.
+        process exits. `watch` puts the watch that wait_for_transfer() reads in
+        place before this returns (before registering where the agent lets this
+        client watch a tensor it does not own yet, else right after), so no transfer
+        started after it returns can finish unseen.
+        `readers` and `writers` are who may move data out of and into it besides this
+        client (identities, prefixes ending in "*", or "role:<role>"; the agent's
+        default: ["role:router"]). Returns the agent's fuselink.v1.Tensor.
         """
         cuda = is_cuda_tensor(tensor)
         if cuda:
@@ -109,6 +119,8 @@ class Agent:
                                      block_bytes=block_bytes,
                                      block_stride_bytes=block_stride_bytes,
                                      layer_stride_bytes=layer_stride_bytes))
+        request.readers.extend(readers or [])
+        request.writers.extend(writers or [])
         if cuda:
             request.memory.cuda_ipc.CopyFrom(tensor_pb2.CudaIpcMemory(
                 handle=handle, offset_bytes=offset_bytes, size_bytes=size_bytes, gpu=gpu))
@@ -120,18 +132,39 @@ class Agent:
         if owner_pidfd:
             request.owner_fd_token = send_owner_pidfd(self.handle_socket)
 
-        watcher = Watch(self._stub, name) if watch else None
+        watcher = self._watch_before_registering(name) if watch else None
         try:
             registered = self._call(self._stub.RegisterTensor, request)
         except BaseException:
             if watcher is not None:
                 watcher.close()
             raise
+        if watch and watcher is None:
+            # An engine may watch only the tensors it owns, so its watch starts once
+            # the tensor is registered, still before this call returns: a transfer
+            # that whoever it tells next starts cannot finish unseen.
+            try:
+                watcher = Watch(self._stub, name)
+            except BaseException:
+                self._call(self._stub.UnregisterTensor,
+                           agent_pb2.UnregisterTensorRequest(name=name))
+                raise
         with self._lock:
             self._lent[name] = tensor
             if watcher is not None:
                 self._watches[name] = watcher
         return registered
+
+    def _watch_before_registering(self, name):
+        """A Watch on `name` in place before it is registered, or None where the
+        agent refuses a watch on a tensor this client does not own yet (an engine's
+        certificate: NOT_FOUND)."""
+        try:
+            return Watch(self._stub, name)
+        except FuselinkError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
 
     def watch(self, tensor=""):
         """A Watch on transfers into `tensor` ("" for all), in place when it returns.

@@ -141,7 +141,7 @@ trap '[ -z "$host_pid" ] || kill "$host_pid" 2>/dev/null; rm -rf "$ctl"' EXIT
 # On this machine (no RDMA device on loopback): --transport=auto must pick tcp.
 host_check() {
   local dir=$ctl/host
-  mkdir -p "$dir"
+  mkdir -p -m 0700 "$dir"  # the handle socket's directory must be private
   echo '{"nics":[{"name":"lo","address":"127.0.0.1"}]}' >"$dir/topology.json"
   "$build_dir/$agent_rel" --node=host-check --topology="$dir/topology.json" \
     --tls_cert="$ctl/pki/node-host-check.crt" --tls_key="$ctl/pki/node-host-check.key" \

@@ -19,7 +19,7 @@
 # Then agents run outside the cluster with exactly the arguments of the DaemonSet the
 # server stored ($(NODE_NAME), $(POD_IP), $(POD_NAMESPACE) filled in as the kubelet
 # would; the runtime dir and emulated NIC addresses made distinct because all share
-# this host; plaintext, as fuselinkctl has no TLS client yet), each with its own token
+# this host; plaintext (tls.enabled=false), the chart's explicit open mode; the TLS default is checked below), each with its own token
 # bound to its pod, while the test reports their pods running at their addresses as a
 # kubelet would: they pass the chart's probe, find
 # each other through the EndpointSlices and move a tensor; a third node's agent joins
@@ -311,7 +311,7 @@ start_agent_as() {
 }
 knows() { grep -q "peer $2 at $3" "$run/$1-agent.log"; } # NODE PEER ADDRESS
 demo() { # FROM_NODE FROM_IP TO_NODE TO_IP
-  "$ctl" --agent="$2:17350" --target_agent="$4:17350" --source_socket="$run/rt-$1/agent/agent.sock" \
+  "$ctl" --plaintext --agent="$2:17350" --target_agent="$4:17350" --source_socket="$run/rt-$1/agent/agent.sock" \
     --target_socket="$run/rt-$3/agent/agent.sock" --demo_layers=2 --demo_blocks=8 --demo_block_bytes=65536 \
     demo >"$run/demo-$1-$3.out" 2>&1 && grep -q "bytes match" "$run/demo-$1-$3.out"
 }

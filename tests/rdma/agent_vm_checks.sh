@@ -28,7 +28,8 @@ pki=${2:-$(dirname "$0")/pki}
 agent=$build/services/fuselink-agent
 ctl=$build/tools/fuselinkctl/fuselinkctl
 run=/tmp/fuselink-agents
-mkdir -p "$run"
+mkdir -p -m 0700 "$run" # the handle sockets' directory must be private
+chmod 0700 "$run"
 failed=0
 pids=()
 

@@ -135,14 +135,15 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
   WatchHub::Watcher* watcher_ = nullptr;
 };
 
+// The caller's own transfers only: another router's are NOT_FOUND, as if none.
 absl::StatusOr<std::shared_ptr<transfer::Transfer>> FindTransfer(
     transfer::Engine& engine, const std::string& transfer_id,
-    const std::string& request_id) {
+    const std::string& request_id, const security::Caller& caller) {
   if (transfer_id.empty() && request_id.empty()) {
     return WithReason(absl::InvalidArgumentError("give transfer_id or request_id"),
                       "MISSING_ID");
   }
-  return engine.Find(transfer_id, request_id);
+  return engine.Find(transfer_id, request_id, caller.identity);
 }
 
 // A handle the driver refused: INVALID_ARGUMENT (BAD_GPU_HANDLE) with the driver's
@@ -346,18 +347,29 @@ grpc::ServerUnaryReactor* AgentService::ListTensors(grpc::CallbackServerContext*
   constexpr uint32_t kDefaultPage = 100, kMaxPage = 1000;
   const uint32_t page =
       request->page_size() == 0 ? kDefaultPage : std::min(request->page_size(), kMaxPage);
-  bool more = false;
-  // The page token is the last name of the previous page.
-  std::vector<memory::TensorInfo> tensors =
-      node_->registry().List(request->page_token(), page, &more);
-  // An engine sees its own tensors only: its pages may hold fewer.
+  // The page token is the last name of the previous page. An engine sees its own
+  // tensors only: the registry is read on past others' (whose names its tokens never
+  // carry) until the page is full or nothing follows.
   const bool all = caller->Has(kSeeAll);
-  for (const auto& info : tensors) {
-    if (all || info.owner == caller->identity) {
-      ToProto(info, node_->name(), response->add_tensors());
+  std::string after = request->page_token();
+  bool more = true;
+  while (more && static_cast<uint32_t>(response->tensors_size()) < page) {
+    std::vector<memory::TensorInfo> tensors = node_->registry().List(after, page, &more);
+    if (tensors.empty()) break;
+    after = tensors.back().name;
+    for (const auto& info : tensors) {
+      if (static_cast<uint32_t>(response->tensors_size()) == page) {
+        more = true;
+        break;
+      }
+      if (all || info.owner == caller->identity) {
+        ToProto(info, node_->name(), response->add_tensors());
+      }
     }
   }
-  if (more && !tensors.empty()) response->set_next_page_token(tensors.back().name);
+  if (more && response->tensors_size() > 0) {
+    response->set_next_page_token(response->tensors(response->tensors_size() - 1).name());
+  }
   return Answer(context, absl::OkStatus());
 }
 
@@ -386,7 +398,8 @@ grpc::ServerUnaryReactor* AgentService::GetTransfer(grpc::CallbackServerContext*
   absl::StatusOr<security::Caller> caller =
       Authorize(context, Bit(Role::kRouter), "follow transfers");
   if (!caller.ok()) return Answer(context, caller.status());
-  auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id());
+  auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id(),
+                        *caller);
   if (t.ok()) *response = (*t)->Status();
   return Answer(context, t.status());
 }
@@ -397,7 +410,8 @@ grpc::ServerUnaryReactor* AgentService::CancelTransfer(
   absl::StatusOr<security::Caller> caller =
       Authorize(context, Bit(Role::kRouter), "cancel transfers");
   if (!caller.ok()) return Answer(context, caller.status());
-  auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id());
+  auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id(),
+                        *caller);
   if (!t.ok()) return Answer(context, t.status());
   absl::Status s = node_->engine().Cancel(*t);
   *response = (*t)->Status();

@@ -217,6 +217,12 @@ int main(int argc, char** argv) {
     options.access_policy = *std::move(policy);
   }
   std::unique_ptr<security::TlsCredentials> tls;
+  if (plaintext &&
+      (!absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty() ||
+       !absl::GetFlag(FLAGS_tls_ca).empty())) {
+    return Fail(absl::InvalidArgumentError(
+        "--plaintext and --tls_* contradict each other: give one or the other"));
+  }
   if (!plaintext) {
     security::TlsFiles files{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                              absl::GetFlag(FLAGS_tls_ca),

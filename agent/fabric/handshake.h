@@ -31,6 +31,12 @@
 
 namespace fuselink::fabric::handshake {
 
+// Accepted connections of one fabric that have not proved themselves yet (each gets
+// the hello timeout). Past it, the oldest of them is closed for the new one: a
+// stranger holding many half-open connections costs a real peer at most a retry,
+// and never fills the fabric's connection table.
+inline constexpr size_t kMaxUnprovenConnections = 64;
+
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kMacBytes = 32;  // SHA-256
 using Nonce = std::array<uint8_t, kNonceBytes>;

@@ -367,7 +367,25 @@ void TcpFabric::OnAccepted(int nic, UniqueFd socket) {
       *this, next_connection_id_.fetch_add(1), nic, TcpConnection::Role::kInbound,
       std::move(socket), 0);
   absl::MutexLock lock(&mu_);
-  if (shutting_down_ || connections_.size() >= kMaxConnections) return;
+  if (shutting_down_) return;
+  // Inbound connections not yet attached to a peer (peer 0), oldest first (ids grow).
+  size_t unproven = 0;
+  ConnectionEntry* oldest = nullptr;
+  for (auto& [id, entry] : connections_) {
+    if (entry.peer != 0 || entry.connection->role() != TcpConnection::Role::kInbound) {
+      continue;
+    }
+    ++unproven;
+    if (oldest == nullptr) oldest = &entry;
+  }
+  if (unproven >= handshake::kMaxUnprovenConnections && oldest != nullptr) {
+    // Counted here: a connection this side closed does not count itself.
+    stats_[oldest->connection->nic()].auth_failures.fetch_add(1,
+                                                              std::memory_order_relaxed);
+    oldest->connection->Close(absl::UnavailableError(
+        "closed unproven for a newer connection (too many in their handshake)"));
+  }
+  if (connections_.size() >= kMaxConnections) return;
   connections_.emplace(connection->id(), ConnectionEntry{connection, 0});
   connection->Start();
 }

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
+#include "agent/fabric/handshake.h"
 
 namespace fuselink::fabric {
 
@@ -42,6 +43,7 @@ inline constexpr int kMaxConnectionsPerNic = 16;
 inline constexpr int kMaxQueueDepthPerNic = 1 << 16;
 // Connections (accepted and opened) one fabric holds at once.
 inline constexpr size_t kMaxConnections = 4096;
+static_assert(handshake::kMaxUnprovenConnections < kMaxConnections);
 // How long Connect waits for one TCP handshake.
 inline constexpr int kConnectTimeoutMs = 10'000;
 

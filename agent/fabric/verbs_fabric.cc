@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/checks.h"
+#include "agent/fabric/handshake.h"
 #include "agent/fabric/region_table.h"
 #include "agent/fabric/verbs_device.h"
 #include "agent/fabric/verbs_fabric_impl.h"
@@ -397,7 +398,25 @@ void VerbsFabric::MaybeReap(uint64_t id, LinkEntry& entry) {
 
 void VerbsFabric::OnAccepted(int nic, UniqueFd socket) {
   absl::MutexLock lock(&mu_);
-  if (shutting_down_ || links_.size() >= kMaxVerbsLinks) return;  // drops the client
+  if (shutting_down_) return;  // drops the client
+  // As the TCP fabric: at most handshake::kMaxUnprovenConnections inbound links in their
+  // handshake; the oldest goes for the new one.
+  size_t unproven = 0;
+  LinkEntry* oldest = nullptr;
+  for (auto& [id, entry] : links_) {
+    if (entry.peer != 0 || entry.finished ||
+        entry.link->role() != ControlLink::Role::kInbound) {
+      continue;
+    }
+    ++unproven;
+    if (oldest == nullptr) oldest = &entry;
+  }
+  if (unproven >= handshake::kMaxUnprovenConnections && oldest != nullptr) {
+    oldest->link->nic().CountAuthFailure();
+    oldest->link->Close(absl::UnavailableError(
+        "closed unproven for a newer connection (too many in their handshake)"));
+  }
+  if (links_.size() >= kMaxVerbsLinks) return;  // drops the client
   NewLink(nic, ControlLink::Role::kInbound, std::move(socket))->Start();
 }
 

@@ -91,9 +91,10 @@ absl::Status Guard::RequireNode(const Caller& caller, absl::string_view claimed)
 absl::Status Guard::RequireOwner(const Caller& caller, absl::string_view owner,
                                  absl::string_view name) {
   if (caller.open || caller.identity == owner) return absl::OkStatus();
-  return Refuse(Refusal::kNotOwner,
-                absl::PermissionDeniedError(absl::StrCat(
-                    "tensor '", name, "' belongs to ", BoundedForMessage(owner))));
+  // The owner is not named: one engine learns nothing of another.
+  return Refuse(Refusal::kNotOwner, absl::PermissionDeniedError(
+                                        absl::StrCat("tensor '", BoundedForMessage(name),
+                                                     "' belongs to another identity")));
 }
 
 absl::Status Guard::RequireGrant(const Caller& caller, absl::string_view owner,

@@ -80,9 +80,10 @@ absl::StatusOr<std::shared_ptr<Transfer>> Engine::Submit(
     const Requester& requester) {
   const std::string& rid = request.request_id();
   FL_RETURN_IF_ERROR(CheckRequestId(rid));
-  // The requester is part of what a request id names: nobody attaches to another's.
-  std::string fingerprint = absl::StrCat(Fingerprint(request), "\n", requester.identity);
-  FL_ASSIGN_OR_RETURN(JobPtr existing, transfers_.Existing(rid, fingerprint));
+  // A request id is its requester's own: nobody attaches to, or blocks, another's.
+  const std::string key = TransferRegistry::RequestKey(requester.identity, rid);
+  std::string fingerprint = Fingerprint(request);
+  FL_ASSIGN_OR_RETURN(JobPtr existing, transfers_.Existing(key, fingerprint));
   if (existing != nullptr) return existing->transfer();
   FL_RETURN_IF_ERROR(CheckNodes(request, options_.node, *peers_));
   const absl::Time deadline = std::min(RequestDeadline(request), call_deadline);
@@ -98,7 +99,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> Engine::Submit(
                                  direct_nic, &ctx_, requester.identity);
   };
   bool fresh = false;
-  FL_ASSIGN_OR_RETURN(JobPtr job, transfers_.Admit(rid, fingerprint, make, &fresh));
+  FL_ASSIGN_OR_RETURN(JobPtr job, transfers_.Admit(key, fingerprint, make, &fresh));
   if (!fresh) return job->transfer();  // raced an identical request
   Run(job, [](Job& j, JobEffects* fx)
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { j.Refresh(fx); });
@@ -258,8 +259,19 @@ void Engine::OnIdleNics(fabric::PeerId peer, uint32_t idle_mask) {
 }
 
 absl::StatusOr<std::shared_ptr<Transfer>> Engine::Find(
-    absl::string_view transfer_id, absl::string_view request_id) const {
-  FL_ASSIGN_OR_RETURN(JobPtr job, transfers_.Find(transfer_id, request_id));
+    absl::string_view transfer_id, absl::string_view request_id,
+    absl::string_view requester) const {
+  FL_ASSIGN_OR_RETURN(
+      JobPtr job,
+      transfers_.Find(transfer_id, request_id.empty() ? std::string()
+                                                      : TransferRegistry::RequestKey(
+                                                            requester, request_id)));
+  if (job->requester() != requester) {
+    // Another requester's: as if there were none, so that ids tell nothing.
+    return WithReason(absl::NotFoundError(absl::StrCat(
+                          "no transfer '", BoundedForMessage(transfer_id), "' of yours")),
+                      "UNKNOWN_TRANSFER");
+  }
   return job->transfer();
 }
 

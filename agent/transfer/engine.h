@@ -110,9 +110,11 @@ class Engine {
   absl::StatusOr<std::shared_ptr<Transfer>> Submit(const v1::TransferRequest& request,
                                                    absl::Time call_deadline,
                                                    const Requester& requester = {});
-  // By transfer id, else by request id. NOT_FOUND (UNKNOWN_TRANSFER).
+  // By transfer id, else by request id, among `requester`'s transfers (Requester::
+  // identity). NOT_FOUND (UNKNOWN_TRANSFER), also for another requester's.
   absl::StatusOr<std::shared_ptr<Transfer>> Find(absl::string_view transfer_id,
-                                                 absl::string_view request_id) const;
+                                                 absl::string_view request_id,
+                                                 absl::string_view requester = "") const;
   // FAILED_PRECONDITION (TRANSFER_FINISHED) once it has ended, or once it is the
   // target's to end (committed, or refused).
   absl::Status Cancel(const std::shared_ptr<Transfer>& transfer);

@@ -78,6 +78,12 @@ size_t Landing::active() const {
   return open_;
 }
 
+std::string Landing::TransferKey(absl::string_view source_node,
+                                 absl::string_view transfer_id) {
+  // Length-prefixed: two different pairs never make one key.
+  return absl::StrCat(source_node.size(), ":", source_node, transfer_id);
+}
+
 absl::Status Landing::CheckRoomLocked(const std::string& source) {
   if (free_.empty()) {
     return WithReason(
@@ -160,7 +166,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       free_.pop_front();
       Slot& slot = slots_[index];
       if (!slot.transfer_id.empty()) {
-        auto it = by_transfer_.find(slot.transfer_id);
+        auto it = by_transfer_.find(TransferKey(slot.source_node, slot.transfer_id));
         if (it != by_transfer_.end() && it->second == index) by_transfer_.erase(it);
       }
       slot.generation = (slot.generation + 1) & ((1u << kImmGenerationBits) - 1);
@@ -180,7 +186,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       slot.started = false;
       slot.commit_deadline = absl::InfiniteFuture();
       slot.verdict = absl::OkStatus();
-      by_transfer_[slot.transfer_id] = index;
+      by_transfer_[TransferKey(slot.source_node, slot.transfer_id)] = index;
       ++per_source_[slot.source_node];
       ++owner_slots_[rail];
       ++open_;
@@ -402,7 +408,7 @@ void Landing::Shutdown() {
 absl::StatusOr<v1::IncomingState> Landing::Query(absl::string_view source_node,
                                                  absl::string_view transfer_id) const {
   absl::MutexLock lock(&mu_);
-  auto it = by_transfer_.find(transfer_id);
+  auto it = by_transfer_.find(TransferKey(source_node, transfer_id));
   if (it != by_transfer_.end()) {
     const Slot& slot = slots_[it->second];
     if (slot.source_node == source_node && slot.transfer_id == transfer_id) {

@@ -184,7 +184,10 @@ class Landing {
   // Free slots, oldest first: reuse in FIFO order spreads generations (imm.h).
   std::deque<uint32_t> free_ ABSL_GUARDED_BY(mu_);
   // Slots that still remember their transfer (open, closing, or closed and not yet
-  // reused), by transfer id.
+  // reused), by source node and transfer id (TransferKey): one source cannot shadow
+  // another's transfer by naming its id.
+  static std::string TransferKey(absl::string_view source_node,
+                                 absl::string_view transfer_id);
   absl::flat_hash_map<std::string, uint32_t> by_transfer_ ABSL_GUARDED_BY(mu_);
   std::array<uint32_t, topo::kMaxNics> owner_slots_ ABSL_GUARDED_BY(mu_) = {};
   size_t open_ ABSL_GUARDED_BY(mu_) = 0;

@@ -62,6 +62,13 @@ TransferRegistry::JobPtr TransferRegistry::FindLive(uint32_t serial) const {
   return it == live_.end() ? nullptr : it->second;
 }
 
+std::string TransferRegistry::RequestKey(absl::string_view requester,
+                                         absl::string_view request_id) {
+  // A request id is at most 128 bytes of UTF-8 (CheckRequestId); the length prefix
+  // keeps two different pairs from making one key.
+  return absl::StrCat(requester.size(), ":", requester, request_id);
+}
+
 absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::Find(
     absl::string_view transfer_id, absl::string_view request_id) const {
   absl::ReaderMutexLock lock(&mu_);
@@ -118,7 +125,8 @@ void TransferRegistry::Finished(const JobPtr& job, bool free_request_id, absl::T
     if (jobs.empty()) by_target_.erase(it);
   }
   if (free_request_id) {
-    auto it = by_request_.find(job->transfer()->request_id());
+    auto it =
+        by_request_.find(RequestKey(job->requester(), job->transfer()->request_id()));
     if (it != by_request_.end() && it->second.job == job) it->second.free = true;
   }
   finished_.emplace_back(now, job);
@@ -136,7 +144,7 @@ void TransferRegistry::Collect(absl::Time now) {
     if (auto it = by_id_.find(t->id()); it != by_id_.end() && it->second == job) {
       by_id_.erase(it);
     }
-    if (auto it = by_request_.find(t->request_id());
+    if (auto it = by_request_.find(RequestKey(job->requester(), t->request_id()));
         it != by_request_.end() && it->second.job == job) {
       by_request_.erase(it);
     }

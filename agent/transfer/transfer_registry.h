@@ -46,6 +46,11 @@ class TransferRegistry {
 
   explicit TransferRegistry(RegistryOptions options) : options_(options) {}
 
+  // What a request id names is the requester's own: two requesters' equal ids are
+  // two keys. Existing, Admit and Find take this key.
+  static std::string RequestKey(absl::string_view requester,
+                                absl::string_view request_id);
+
   // The transfer `request_id` names now: one with `fingerprint`, or ALREADY_EXISTS
   // (REQUEST_ID_REUSED) for another; null when the id names none (or a freed one).
   absl::StatusOr<JobPtr> Existing(const std::string& request_id,

@@ -70,6 +70,9 @@ struct Connection {
   absl::Time deadline;
   absl::Time active;  // last accept or response: the eviction order
   bool closed = false;
+  // A pipelined request may be buffered already: served on the next round of the
+  // loop, one request per connection per round, never by recursion.
+  bool pending = false;
 };
 
 const char* StatusText(int code) {
@@ -242,7 +245,7 @@ void MetricsServer::Loop::Run() {
     fds.push_back({listen_fd_, POLLIN, 0});
     for (Connection& c : connections_) {
       fds.push_back({c.fd, c.events, 0});
-      next = std::min(next, c.deadline);
+      next = std::min(next, c.pending ? now : c.deadline);
     }
     const int timeout_ms =
         static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(next - now) + 1));
@@ -254,7 +257,12 @@ void MetricsServer::Loop::Run() {
     now = absl::Now();
     for (size_t i = 0; i < connections_.size(); ++i) {
       Connection& c = connections_[i];
-      if (fds[i + 2].revents != 0) Drive(c, fds[i + 2].revents, now);
+      if (fds[i + 2].revents != 0) {
+        Drive(c, fds[i + 2].revents, now);
+      } else if (c.pending && c.phase == Phase::kReading) {
+        c.pending = false;
+        Read(c, now);
+      }
       if (c.closed || now < c.deadline) continue;
       // Quietly: a kept-alive connection waiting for its next scrape, or a lingering
       // close. Counted: a request, handshake or response that did not finish.
@@ -280,13 +288,23 @@ void MetricsServer::Loop::Accept(absl::Time now) {
     }
     if (static_cast<int>(connections_.size()) >= options_.max_connections) {
       // Room for the new one: close the connection that has waited longest without
-      // a response in progress; refuse the new one if every one has a response.
+      // a response in progress; else the oldest one still being answered.
       auto oldest = connections_.end();
       for (auto it = connections_.begin(); it != connections_.end(); ++it) {
         if ((it->phase == Phase::kReading || it->phase == Phase::kHandshake ||
              it->phase == Phase::kLingering) &&
             (oldest == connections_.end() || it->active < oldest->active)) {
           oldest = it;
+        }
+      }
+      // Else the oldest client that does not read its response: a response waits
+      // at most response_timeout anyway.
+      if (oldest == connections_.end()) {
+        for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+          if (it->phase == Phase::kWriting &&
+              (oldest == connections_.end() || it->active < oldest->active)) {
+            oldest = it;
+          }
         }
       }
       Refuse(Refusal::kTooManyConnections);
@@ -412,6 +430,7 @@ void MetricsServer::Loop::TakeRequest(Connection& c, absl::Time now) {
   const bool head_only = request->method == "HEAD";
   if (!Authorized(*request)) {
     Refuse(Refusal::kUnauthorized);
+    c.close_after = true;  // one guess per connection
     Respond(c, 401, "unauthorized\n", head_only,
             "WWW-Authenticate: Basic realm=\"fuselink metrics\"\r\n", now);
     return;
@@ -518,8 +537,9 @@ void MetricsServer::Loop::Finish(Connection& c, absl::Time now) {
   c.phase = Phase::kReading;
   c.events = POLLIN;
   c.deadline = now + options_.request_timeout;
-  // A pipelined request may already be here (or, for TLS, inside OpenSSL's buffer).
-  if (!c.in.empty() || (c.ssl != nullptr && SSL_pending(c.ssl.get()) > 0)) Read(c, now);
+  // A pipelined request may already be here (or, for TLS, inside OpenSSL's buffer):
+  // the loop serves it next round.
+  c.pending = !c.in.empty() || (c.ssl != nullptr && SSL_pending(c.ssl.get()) > 0);
 }
 
 void MetricsServer::Loop::Linger(Connection& c, absl::Time now) {

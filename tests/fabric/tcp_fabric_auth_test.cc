@@ -204,6 +204,39 @@ TEST_F(TcpFabricAuthTest, SilenceAfterHelloIsClosedInTime) {
   ExpectNothingLandedAndTheRealPeerIsServed();
 }
 
+// A stranger holding many silent connections (more than may wait in their handshake)
+// does not keep a real peer out: the oldest unproven ones are closed for newer ones,
+// each counted, and the real peer's connections prove themselves at once.
+TEST_F(TcpFabricAuthTest, ManySilentConnectionsDoNotKeepARealPeerOut) {
+  constexpr size_t kExtra = 8;
+  std::vector<UniqueFd> silent;
+  for (size_t i = 0; i < handshake::kMaxUnprovenConnections + kExtra; ++i) {
+    absl::StatusOr<UniqueFd> raw = RawConnect(9, b_->endpoints()[0]);
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    silent.push_back(*std::move(raw));
+  }
+  // The first kExtra were closed to make room, oldest first, each counted.
+  for (size_t i = 0; i < kExtra; ++i) EXPECT_TRUE(WaitUntilClosed(silent[i].get())) << i;
+  EXPECT_TRUE(WaitForAuthFailures(kExtra));
+  std::vector<uint8_t> source(16, 'R');  // outlives the fabric that sends it
+  RecordingHandler a_events;
+  std::unique_ptr<Fabric> a = *CreateTcpFabric(LoopbackOptions("a", 1, keys_), &a_events);
+  const RegionKey source_key = *a->RegisterRegion(source.data(), source.size(), nullptr);
+  absl::StatusOr<PeerId> peer = a->Connect("b", b_->endpoints());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  ASSERT_TRUE(a->PostWrite(*peer, 0,
+                           {.local_key = source_key,
+                            .remote_key = window_,
+                            .remote_offset = 64,
+                            .bytes = 16,
+                            .wr_id = 7})
+                  .ok());
+  ASSERT_TRUE(a_events.WaitForCompletions(1));
+  EXPECT_TRUE(a_events.completions()[0].status.ok()) << a_events.completions()[0].status;
+  EXPECT_EQ(std::memcmp(&region_[64], source.data(), 16), 0);
+  EXPECT_EQ(b_->counters(0).received_bytes, 16u);
+}
+
 TEST_F(TcpFabricAuthTest, ConnectToAnImpostorAcceptorFails) {
   // "a" holds a connect key for "b" that b never made: whoever answers on b's
   // endpoints cannot prove it.

@@ -190,9 +190,31 @@ TEST_F(SecurityTest, TensorsAreTheirOwnersAndMoveOnlyAsGranted) {
   r = RunTransfer(*r1, MakeRequest("r1", "src", AllBlocks(), "dst", AllBlocks()));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_TRUE(SameBytes(*src.buffer, *dst.buffer));
-  // A request id names one router's request: another's attempt is another request.
-  r = RunTransfer(*r2, MakeRequest("r1", "src", AllBlocks(), "dst", AllBlocks()));
-  EXPECT_FALSE(r.status.ok());
+  // A request id names one router's request: another router neither sees nor cancels
+  // it by its request id or its transfer id (NOT_FOUND, as if there were none).
+  ASSERT_FALSE(r.events.empty());
+  for (bool by_request_id : {true, false}) {
+    v1::GetTransferRequest get_t;
+    v1::CancelTransferRequest cancel_t;
+    if (by_request_id) {
+      get_t.set_request_id("r1");
+      cancel_t.set_request_id("r1");
+    } else {
+      get_t.set_transfer_id(r.events[0].transfer_id());
+      cancel_t.set_transfer_id(r.events[0].transfer_id());
+    }
+    v1::TransferStatus status;
+    grpc::ClientContext g1, g2, g3;
+    EXPECT_TRUE(HasError(r2->GetTransfer(&g1, get_t, &status),
+                         grpc::StatusCode::NOT_FOUND, "UNKNOWN_TRANSFER"));
+    EXPECT_TRUE(HasError(r2->CancelTransfer(&g2, cancel_t, &status),
+                         grpc::StatusCode::NOT_FOUND, "UNKNOWN_TRANSFER"));
+    EXPECT_TRUE(r1->GetTransfer(&g3, get_t, &status).ok());
+  }
+  // Nor does its own use of the same id collide with r1's.
+  r = RunTransfer(*r2,
+                  MakeRequest("r1", "open-src", AllBlocks(), "open-dst", AllBlocks()));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
 }
 
 TEST_F(SecurityTest, APeerSpeaksOnlyForItsOwnNode) {

@@ -210,6 +210,28 @@ TEST(MetricsServer, RefusalsAnswerTheirStatus) {
   EXPECT_TRUE(absl::EndsWith(head, "\r\n\r\n")) << "HEAD has no body";
 }
 
+// Thousands of requests pipelined on one connection are answered one by one, as the
+// client reads them: the server never serves a connection's next request from inside
+// the last one (no recursion to overflow its stack), and serves the others meanwhile.
+TEST(MetricsServer, ThousandsOfPipelinedRequestsAreAnsweredInTurn) {
+  Counts counts;
+  auto server = Serve(&counts);
+  constexpr int kRequests = 5000;
+  const int fd = Connect(server->port());
+  std::string all;
+  for (int i = 0; i < kRequests; ++i) absl::StrAppend(&all, Get("/nope"));
+  std::thread sender([&] { SendAll(fd, all); });
+  int answered = 0;
+  for (; answered < kRequests; ++answered) {
+    const std::string response = ReadResponse(fd);
+    if (!absl::StartsWith(response, "HTTP/1.1 404")) break;
+  }
+  sender.join();
+  EXPECT_EQ(answered, kRequests);
+  EXPECT_TRUE(absl::EndsWith(Request(server->port(), Get("/metrics")), kBody));
+  close(fd);
+}
+
 TEST(MetricsServer, KeepAliveServesSeveralRequestsOnOneConnection) {
   Counts counts;
   auto server = Serve(&counts);

@@ -289,7 +289,7 @@ class RegistryTest : public ::testing::Test {
   absl::StatusOr<std::shared_ptr<Job>> Admit(TransferRegistry& r, const std::string& rid,
                                              const std::string& fp, bool* fresh) {
     return r.Admit(
-        rid, fp,
+        TransferRegistry::RequestKey("", rid), fp,
         [&](uint32_t serial, uint64_t number) {
           v1::TransferRequest request = testing::MakeRequest(rid, "s", {0}, "d", {0});
           auto t = std::make_shared<Transfer>(absl::StrCat("t", number), request, fp,
@@ -323,7 +323,7 @@ TEST_F(RegistryTest, RequestIdsNameOneTransferUntilFreed) {
   ASSERT_TRUE(again.ok() && fresh);
   EXPECT_NE((*again)->serial(), (*a)->serial());
   EXPECT_EQ(*r.Find((*a)->transfer()->id(), ""), *a);  // still there by its id
-  EXPECT_EQ(*r.Find("", "r"), *again);
+  EXPECT_EQ(*r.Find("", TransferRegistry::RequestKey("", "r")), *again);
   EXPECT_TRUE(r.Close());
   EXPECT_FALSE(r.Close());
   EXPECT_EQ(ReasonOf(Admit(r, "z", "fp", &fresh).status()), "SHUTTING_DOWN");
@@ -341,7 +341,7 @@ TEST_F(RegistryTest, ForgetsOldestFirstPastTheCapAndTheKeepingTime) {
   r.Collect(kT0 + absl::Seconds(3));
   EXPECT_EQ(r.kept(), 2u);
   EXPECT_FALSE(r.Find(jobs[0]->transfer()->id(), "").ok());
-  EXPECT_TRUE(r.Find("", "r1").ok());
+  EXPECT_TRUE(r.Find("", TransferRegistry::RequestKey("", "r1")).ok());
   r.Collect(kT0 + absl::Seconds(61));
   EXPECT_EQ(r.kept(), 1u);
   r.Collect(kT0 + absl::Seconds(62));

@@ -59,9 +59,73 @@ PeerDirectory::Call::~Call() {
 }
 
 void PeerDirectory::Shutdown() {
-  absl::MutexLock lock(&calls_mu_);
-  shut_down_ = true;
-  for (grpc::ClientContext* context : calls_) context->TryCancel();
+  std::vector<Bootstrapper> bootstrappers;
+  {
+    absl::MutexLock lock(&calls_mu_);
+    shut_down_ = true;
+    for (grpc::ClientContext* context : calls_) context->TryCancel();
+    bootstrappers.swap(bootstrappers_);
+  }
+  for (Bootstrapper& b : bootstrappers) b.thread.join();
+}
+
+PeerDirectory::~PeerDirectory() { Shutdown(); }
+
+bool PeerDirectory::SessionUp(absl::string_view node) const {
+  std::shared_ptr<Session> session = Find(node);
+  if (session == nullptr) return true;  // PrepareIncoming says UNKNOWN_NODE at once
+  absl::MutexLock lock(&session->mu);
+  return session->connected;
+}
+
+void PeerDirectory::Bootstrap(absl::string_view node, absl::Time deadline,
+                              BootstrapDone done) {
+  std::shared_ptr<Session> session = Find(node);
+  if (session == nullptr) {
+    std::move(done)(WithReason(
+        absl::NotFoundError(absl::StrCat("unknown node '", BoundedForMessage(node), "'")),
+        "UNKNOWN_NODE"));
+    return;
+  }
+  bool up_already = false;
+  {
+    absl::MutexLock lock(&session->mu);
+    up_already = session->connected;
+    if (!up_already) {
+      session->waiting.push_back(std::move(done));
+      if (session->bootstrapping) return;  // the thread under way tells it too
+      session->bootstrapping = true;
+    }
+  }
+  if (up_already) {
+    std::move(done)(absl::OkStatus());
+    return;
+  }
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  auto run = [this, session, deadline, finished] {
+    const absl::Status up = Connect(*session, deadline).status();
+    std::vector<BootstrapDone> waiting;
+    {
+      absl::MutexLock lock(&session->mu);
+      session->bootstrapping = false;
+      waiting.swap(session->waiting);
+    }
+    for (BootstrapDone& d : waiting) std::move(d)(up);
+    finished->store(true);
+  };
+  {
+    absl::MutexLock lock(&calls_mu_);
+    std::erase_if(bootstrappers_, [](Bootstrapper& b) {
+      if (!b.finished->load()) return false;
+      b.thread.join();  // it has returned, or is returning
+      return true;
+    });
+    if (!shut_down_) {
+      bootstrappers_.push_back(Bootstrapper{std::thread(run), finished});
+      return;
+    }
+  }
+  run();  // shutting down: Connect refuses at once (SHUTTING_DOWN)
 }
 
 absl::StatusOr<fabric::SessionKey> ParseFabricKey(absl::string_view bytes) {

@@ -4,12 +4,14 @@
 // and removed while it runs (Kubernetes discovery). Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -43,6 +45,11 @@ class PeerDirectory final : public transfer::PeerLink {
                 const std::map<std::string, std::string>& peers);
 
   bool Knows(absl::string_view node) const override;
+  bool SessionUp(absl::string_view node) const override;
+  // One thread per session bootstrapping at a time; every caller waiting for it is
+  // told when it ends. Shutdown cancels its Hello and joins it.
+  void Bootstrap(absl::string_view node, absl::Time deadline,
+                 BootstrapDone done) override;
   // Adds `node` at gRPC `address`, or moves it there (a new session, bootstrapped on
   // next use). False when it was known at that address already.
   bool SetPeer(const std::string& node, const std::string& address);
@@ -72,8 +79,11 @@ class PeerDirectory final : public transfer::PeerLink {
   std::optional<fabric::PeerId> ConnectedPeer(absl::string_view node) const;
 
   // Cancels every peer call in progress and refuses new ones (UNAVAILABLE,
-  // SHUTTING_DOWN), so that shutdown never waits on a peer that does not answer.
+  // SHUTTING_DOWN), so that shutdown never waits on a peer that does not answer;
+  // joins the bootstrap threads (a fabric connect under way still runs to its own
+  // timeout). Their waiters are told before it returns.
   void Shutdown();
+  ~PeerDirectory() override;
 
  private:
   // Registers a call's context for Shutdown to cancel; refuses it once shut down.
@@ -92,6 +102,13 @@ class PeerDirectory final : public transfer::PeerLink {
   absl::Mutex calls_mu_;
   bool shut_down_ ABSL_GUARDED_BY(calls_mu_) = false;
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mu_);
+  // Bootstrap threads, at most one per session at a time; a finished one is joined
+  // when the next starts, the rest at Shutdown.
+  struct Bootstrapper {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::vector<Bootstrapper> bootstrappers_ ABSL_GUARDED_BY(calls_mu_);
 
   // FAILED_PRECONDITION (RAIL_MISMATCH) unless `node` has as many NICs as this node.
   absl::Status CheckRails(absl::string_view node,
@@ -106,6 +123,9 @@ class PeerDirectory final : public transfer::PeerLink {
     // Guards the session's state; never held across a call to the network.
     mutable absl::Mutex mu;
     bool connected ABSL_GUARDED_BY(mu) = false;
+    // A Bootstrap thread runs for this session; these wait for its end.
+    bool bootstrapping ABSL_GUARDED_BY(mu) = false;
+    std::vector<BootstrapDone> waiting ABSL_GUARDED_BY(mu);
     fabric::PeerId peer ABSL_GUARDED_BY(mu) = 0;
     std::vector<fabric::Endpoint> remote ABSL_GUARDED_BY(mu);  // its NICs, from Hello
   };

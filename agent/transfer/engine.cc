@@ -117,7 +117,30 @@ void Engine::PrepareJob(const JobPtr& job) {
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { spec = j.BeginPrepare(fx); });
   if (!spec) return;  // ended while it queued
   spec->requester = job->requester();
-  absl::StatusOr<Prepared> prepared = peers_->PrepareIncoming(*spec);
+  if (!peers_->SessionUp(spec->target_node)) {
+    // Not on this thread: a target that does not answer would hold it for the
+    // bootstrap's timeout, and with it every transfer queued behind.
+    const std::string target = spec->target_node;  // read before spec moves below
+    const absl::Time deadline = spec->deadline;
+    peers_->Bootstrap(
+        target, deadline, [this, job, spec = *std::move(spec)](absl::Status up) mutable {
+          if (up.ok() && preparers_.Post([this, job, spec]() mutable {
+                Prepare(job, std::move(spec));
+              })) {
+            return;
+          }
+          if (up.ok()) up = ShuttingDownStatus();
+          Run(job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
+            j.OnPrepared(up, absl::UnknownError("not prepared"), fx);
+          });
+        });
+    return;
+  }
+  Prepare(job, *std::move(spec));
+}
+
+void Engine::Prepare(const JobPtr& job, IncomingSpec spec) {
+  absl::StatusOr<Prepared> prepared = peers_->PrepareIncoming(spec);
   absl::StatusOr<std::vector<Extent>> plan = absl::UnknownError("not prepared");
   if (prepared.ok()) {
     // Planned here, off the lock: the extents grow with the request's blocks.

@@ -160,6 +160,8 @@ class Engine {
   void Run(const JobPtr& job, Event event);
   void Apply(const JobPtr& job, JobEffects& fx);
   void PrepareJob(const JobPtr& job);
+  // Asks the target (its session up) to accept `job`, on a preparer thread.
+  void Prepare(const JobPtr& job, IncomingSpec spec);
   void AskVerdict(const JobPtr& job, absl::Time deadline);
   void ReleaseAfterFence(const relay::Slot& slot);
   void GrowRelay(int nic);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -43,8 +44,23 @@ struct Prepared {
 
 class PeerLink {
  public:
+  // Told once how a Bootstrap ended.
+  using BootstrapDone = absl::AnyInvocable<void(absl::Status) &&>;
+
   virtual ~PeerLink() = default;
   virtual bool Knows(absl::string_view node) const = 0;
+  // Whether the session with `node` is up, so that PrepareIncoming starts with no
+  // bootstrap (a Hello and the fabric's connects, which a target that does not answer
+  // makes last seconds). Never blocks. A link without sessions is always up.
+  virtual bool SessionUp(absl::string_view node) const { return true; }
+  // Brings the session with `node` up off the caller's thread, then calls `done` once
+  // with how it went (from a thread of the link's own, or at once when it cannot
+  // start: unknown node, shutting down). Never blocks. A bootstrap already under way
+  // for `node` is joined, not repeated.
+  virtual void Bootstrap(absl::string_view node, absl::Time deadline,
+                         BootstrapDone done) {
+    std::move(done)(absl::OkStatus());
+  }
   // Connects to the target if needed, then asks it to accept. Blocks up to the
   // spec's deadline. The target's own errors come back with their codes; the
   // deadline passing is DEADLINE_EXCEEDED (reason DEADLINE); an unreachable target

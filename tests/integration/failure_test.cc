@@ -115,6 +115,42 @@ TEST_F(FailureTest, UnreachablePeerIsUnavailable) {
   EXPECT_TRUE(MovesSmallTransfer("to-b"));
 }
 
+// A peer whose port takes connections and never answers (a hung host behind a live
+// kernel): transfers to it wait out their bootstrap off the engine's prepare threads,
+// so a transfer to a healthy peer completes while they still wait; then they fail
+// UNAVAILABLE.
+TEST_F(FailureTest, ATargetThatNeverAnswersHoldsUpNoOtherTransfer) {
+  uint16_t port = 0;
+  absl::StatusOr<UniqueFd> hole = ReserveClosedPort(&port);
+  ASSERT_TRUE(hole.ok()) << hole.status();
+  ASSERT_EQ(listen(hole->get(), 64), 0);  // connections queue; nobody reads them
+  ASSERT_NO_FATAL_FAILURE(StartNodes({}, {}, absl::StrCat("node-h=127.0.0.1:", port)));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout, &small_));
+  std::vector<std::unique_ptr<TransferCall>> stuck;
+  for (int i = 0; i < 4; ++i) {  // more than the engine has prepare threads
+    v1::TransferRequest request =
+        MakeRequest(absl::StrCat("to-h-", i), "small", {0}, "small", {0});
+    request.mutable_target()->set_node("node-h");
+    stuck.push_back(std::make_unique<TransferCall>(a_->stub(), request));
+  }
+  EXPECT_TRUE(MovesSmallTransfer("to-b"));
+  for (int i = 0; i < 4; ++i) {
+    v1::GetTransferRequest get;
+    get.set_request_id(absl::StrCat("to-h-", i));
+    v1::TransferStatus status;
+    grpc::ClientContext context;
+    ASSERT_TRUE(a_->stub().GetTransfer(&context, get, &status).ok());
+    EXPECT_EQ(status.state(), v1::TRANSFER_STATE_RUNNING)
+        << "transfer " << i << " ended before the healthy one completed";
+  }
+  for (auto& call : stuck) {
+    TransferResult r = call->Finish();
+    EXPECT_TRUE(HasError(r.status, grpc::StatusCode::UNAVAILABLE, "PEER_UNREACHABLE"))
+        << r.status.error_message();
+  }
+  EXPECT_TRUE(Serves(*a_));
+}
+
 TEST_F(FailureTest, TransfersPastTheLimitAreRefusedUntilOneEnds) {
   std::vector<std::string> flags = kSlowFlags;
   flags.push_back("--max_transfers=1");

@@ -207,16 +207,11 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
             "gRPC.",
             static_cast<double>(node.notices_dropped()));
     // Access control (agent/security, docs/security.md).
+    gauge("fuselink_plaintext",
+          "1 when the agent runs with --plaintext: no TLS and no authentication; anyone "
+          "may do anything.",
+          node.guard().open() ? 1 : 0);
     {
-      prometheus::MetricFamily f{"fuselink_plaintext",
-                                 "1 when the agent runs with --plaintext: no TLS and no "
-                                 "authentication; anyone may do anything.",
-                                 MetricType::Gauge,
-                                 {}};
-      prometheus::ClientMetric m;
-      m.gauge.value = node.guard().open() ? 1 : 0;
-      f.metric.push_back(std::move(m));
-      out.push_back(std::move(f));
       prometheus::MetricFamily refusals{
           "fuselink_access_refusals_total",
           "gRPC calls refused by access control, by reason (UNAUTHENTICATED: "

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "services/handle_protocol.h"
 #include "services/handle_socket.h"
+#include "tests/common/fd_passing.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
 
@@ -304,22 +305,7 @@ TEST_F(TensorTest, HandleSocketRefusesAnythingButOneDescriptorWithF) {
   ASSERT_TRUE(file.valid());
   // Sends `data` with `fds` attached and reads the 16-byte reply.
   auto send = [&](const std::string& data, std::vector<int> fds) {
-    iovec iov{const_cast<char*>(data.data()), data.size()};
-    std::vector<uint8_t> control(CMSG_SPACE(fds.size() * sizeof(int)));
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (!fds.empty()) {
-      msg.msg_control = control.data();
-      msg.msg_controllen = control.size();
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
-      std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
-    }
-    EXPECT_EQ(sendmsg(socket_fd.get(), &msg, MSG_NOSIGNAL),
-              static_cast<ssize_t>(data.size()));
+    EXPECT_EQ(SendWithFds(socket_fd.get(), data, fds), static_cast<ssize_t>(data.size()));
     services::handle_protocol::Reply reply{};
     EXPECT_EQ(recv(socket_fd.get(), reply.data(), reply.size(), MSG_WAITALL),
               static_cast<ssize_t>(reply.size()));

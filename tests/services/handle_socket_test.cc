@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
 #include "gtest/gtest.h"
+#include "tests/common/fd_passing.h"
 
 namespace fuselink::services {
 namespace {
@@ -78,24 +79,7 @@ bool StillOpen(int fd) {
   return poll(&p, 1, 0) == 0;
 }
 
-// Sends `data` with `fds` attached on `socket_fd`.
-ssize_t SendWith(int socket_fd, const std::string& data, const std::vector<int>& fds) {
-  iovec iov{const_cast<char*>(data.data()), data.size()};
-  std::vector<uint8_t> control(CMSG_SPACE(fds.size() * sizeof(int)));
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (!fds.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
-    std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
-  }
-  return sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
-}
+using fuselink::testing::SendWithFds;
 
 absl::StatusOr<uint64_t> ReadReply(int socket_fd) {
   handle_protocol::Reply reply{};
@@ -137,7 +121,7 @@ TEST_F(HandleSocketTest, ASilentClientDoesNotDelayAnother) {
   // A client trickling bytes without descriptors, too.
   UniqueFd trickle = Connect(path_);
   ASSERT_TRUE(trickle.valid());
-  ASSERT_EQ(SendWith(trickle.get(), "x", {}), 1);
+  ASSERT_EQ(SendWithFds(trickle.get(), "x", {}), 1);
   const absl::Time start = absl::Now();
   UniqueFd memfd = Memfd();
   absl::StatusOr<uint64_t> token = SendFd(path_, memfd.get());
@@ -161,7 +145,7 @@ TEST_F(HandleSocketTest, AClientRefusedTooOftenIsClosed) {
   // Each bad message is answered; the kMaxHandleRefusals-th answer is the last.
   UniqueFd client = Connect(path_);
   ASSERT_TRUE(client.valid());
-  for (int i = 0; i < kMaxHandleRefusals + 1; ++i) SendWith(client.get(), "x", {});
+  for (int i = 0; i < kMaxHandleRefusals + 1; ++i) SendWithFds(client.get(), "x", {});
   ASSERT_TRUE(ClosedWithin(client.get(), kGenerous));
   EXPECT_EQ(socket_->stats().bad_messages, static_cast<uint64_t>(kMaxHandleRefusals));
 }
@@ -211,7 +195,7 @@ TEST_F(HandleSocketTest, StrayDescriptorsAreClosed) {
     ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
     UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
     std::vector<int> fds(c.copies, read_end.get());
-    ASSERT_EQ(SendWith(client.get(), c.data, fds), 1);
+    ASSERT_EQ(SendWithFds(client.get(), c.data, fds), 1);
     read_end.reset();  // only the agent's copies are left
     EXPECT_EQ(ReadReply(client.get()).status().code(), absl::StatusCode::kInvalidArgument)
         << c.data << " " << c.copies;
@@ -221,7 +205,7 @@ TEST_F(HandleSocketTest, StrayDescriptorsAreClosed) {
   EXPECT_EQ(socket_->stats().descriptors_taken, 0u);
   // The connection still takes a good message.
   UniqueFd memfd = Memfd();
-  ASSERT_EQ(SendWith(client.get(), "F", {memfd.get()}), 1);
+  ASSERT_EQ(SendWithFds(client.get(), "F", {memfd.get()}), 1);
   EXPECT_TRUE(ReadReply(client.get()).ok());
 }
 

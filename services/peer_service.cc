@@ -7,8 +7,6 @@
 namespace fuselink::services {
 namespace {
 
-constexpr uint32_t kProtocolVersion = 2;  // 2: fabric keys in Hello
-
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
                                  const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -37,7 +35,7 @@ grpc::ServerUnaryReactor* PeerService::Hello(grpc::CallbackServerContext* contex
       !caller.ok()) {
     return Answer(context, caller.status());
   }
-  if (request->version() != kProtocolVersion) {
+  if (request->version() != peer::kPeerProtocolVersion) {
     return Answer(
         context,
         WithReason(absl::FailedPreconditionError("peer speaks another protocol version"),
@@ -48,7 +46,7 @@ grpc::ServerUnaryReactor* PeerService::Hello(grpc::CallbackServerContext* contex
   const std::string& caller_node = request->topology().node();
   node_->fabric_keys().SetConnectKey(caller_node, *theirs);
   node_->peers().Remember(request->topology());
-  response->set_version(kProtocolVersion);
+  response->set_version(peer::kPeerProtocolVersion);
   *response->mutable_topology() = node_->topology();
   const fabric::SessionKey ours = node_->fabric_keys().AcceptKey(caller_node);
   response->set_fabric_key(ours.data(), ours.size());

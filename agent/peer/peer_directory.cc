@@ -13,7 +13,6 @@ namespace {
 
 // Bound on one bootstrap call, whatever the transfer's own deadline.
 constexpr absl::Duration kBootstrapTimeout = absl::Seconds(5);
-constexpr uint32_t kProtocolVersion = 2;  // 2: fabric keys in Hello
 
 void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
   context.set_deadline(
@@ -224,7 +223,7 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
     if (session.connected) return session.peer;  // another caller got there first
   }
   v1::HelloRequest request;
-  request.set_version(kProtocolVersion);
+  request.set_version(kPeerProtocolVersion);
   *request.mutable_topology() = local_;
   const fabric::SessionKey ours = keys_->AcceptKey(session.name);
   request.set_fabric_key(ours.data(), ours.size());

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "fuselink/v1/peer.grpc.pb.h"
@@ -264,6 +265,49 @@ TEST_F(SecurityTest, APeerSpeaksOnlyForItsOwnNode) {
                        grpc::StatusCode::PERMISSION_DENIED, "ROLE_REQUIRED"));
   EXPECT_EQ(Refusals(*b_, "NODE_MISMATCH"), 3);
   EXPECT_TRUE(Serves(*b_));
+}
+
+// Bad security input is refused with its reason, and the agent serves on: a grant
+// naming no role, a Hello whose fabric key is not 32 bytes.
+TEST_F(SecurityTest, MalformedGrantsAndFabricKeysAreRefused) {
+  auto engine = b_->StubAs("engine", "e1");
+  Owned bad = Register(*engine, *b_, "kv", 1, {"role:admin"});
+  EXPECT_TRUE(HasError(bad.status, grpc::StatusCode::INVALID_ARGUMENT, "BAD_GRANT"));
+  bad = Register(*engine, *b_, "kv", 1, {}, {"two words"});
+  EXPECT_TRUE(HasError(bad.status, grpc::StatusCode::INVALID_ARGUMENT, "BAD_GRANT"));
+  auto peer = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "node", "node-c"));
+  v1::HelloRequest hello;
+  hello.set_version(2);
+  hello.mutable_topology()->set_node("node-c");
+  hello.set_fabric_key("short");
+  v1::HelloResponse response;
+  grpc::ClientContext context;
+  EXPECT_TRUE(HasError(peer->Hello(&context, hello, &response),
+                       grpc::StatusCode::INVALID_ARGUMENT, "PROTOCOL"));
+  EXPECT_TRUE(response.fabric_key().empty());
+  EXPECT_TRUE(Register(*engine, *b_, "kv", 1).status.ok());  // serves on
+}
+
+// An agent does not start on TLS files it cannot use, nor on contradictory flags; it
+// says why.
+TEST_F(SecurityTest, AgentRefusesUnusableTlsFlags) {
+  const std::string stem = MakeCert("node", "node-x");
+  const std::vector<std::vector<std::string>> refused = {
+      {"--tls_cert=/nonexistent.crt", absl::StrCat("--tls_key=", stem, ".key"),
+       absl::StrCat("--tls_ca=", PkiDir(), "/ca.crt")},
+      {absl::StrCat("--tls_cert=", stem, ".crt"),
+       absl::StrCat("--tls_key=", stem, ".key"),
+       "--tls_ca=/dev/null"},  // a CA file that holds no PEM
+      {absl::StrCat("--tls_cert=", stem, ".crt"), "--plaintext"},
+  };
+  const std::vector<std::string> why = {"BAD_TLS_FILES", "BAD_TLS_FILES", "contradict"};
+  for (size_t i = 0; i < refused.size(); ++i) {
+    absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
+        AgentProcess::Start(dir_.path(), "node-x", refused[i]);
+    ASSERT_FALSE(agent.ok()) << i;
+    EXPECT_TRUE(absl::StrContains(agent.status().message(), why[i]))
+        << i << ": " << agent.status().message();
+  }
 }
 
 // Reads the serial of the certificate the agent at `address` serves.

@@ -358,10 +358,8 @@ int main(int argc, char** argv) {
   // data plane goes, the metrics stop reading it first.
   std::printf("fuselink-agent node=%s stopping\n", options.node.c_str());
   std::fflush(stdout);
-  discovery.reset();            // its callback uses the node's peers
-  (*node)->peers().Shutdown();  // no peer call holds the engine's threads up
-  (*node)->engine().Shutdown();
-  (*node)->landing().Shutdown();
+  discovery.reset();  // its callback uses the node's peers
+  (*node)->StopTransfers();
   (*node)->watch_hub().Close();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   handles->reset();

@@ -100,10 +100,15 @@ absl::Status Node::Start() {
   return absl::OkStatus();
 }
 
-Node::~Node() {
+void Node::StopTransfers() {
+  if (fabric_) fabric_->CancelConnects();  // ends the connects the threads below wait on
   if (peers_) peers_->Shutdown();    // cancels peer calls the engine's threads wait on
   if (engine_) engine_->Shutdown();  // joins its threads: nothing posts after this
   if (landing_) landing_->Shutdown();
+}
+
+Node::~Node() {
+  StopTransfers();
   stop_.store(true);
   if (expirer_.joinable()) expirer_.join();
   if (repairer_.joinable()) repairer_.join();

@@ -59,6 +59,11 @@ class Node final : public fabric::Handler {
                                                       transfer::EngineObserver* observer);
   ~Node() override;
 
+  // Stops moving data: connects under way end, peer calls are cancelled, the engine
+  // stops admitting, fails what runs (SHUTTING_DOWN) and joins its threads, and the
+  // landing tells every open slot's end. Idempotent; the destructor calls it too.
+  void StopTransfers();
+
   const std::string& name() const { return options_.node; }
   // The topology with transport and listening ports filled in.
   const v1::Topology& topology() const { return topology_; }

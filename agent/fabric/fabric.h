@@ -217,6 +217,9 @@ class Fabric {
                                          const std::vector<Endpoint>& remote) = 0;
   // Closes every connection with the peer; its writes in flight fail UNAVAILABLE.
   virtual void Disconnect(PeerId peer) = 0;
+  // For shutdown: ends every Connect under way (CANCELLED) without waiting out its
+  // timeouts, and refuses new ones. Connections already made stay up.
+  virtual void CancelConnects() = 0;
   // The peer's name (given to Connect or in its HELLO), or empty once it is lost.
   virtual std::string PeerName(PeerId peer) const = 0;
   // The id of the live peer called `name`, if there is one. Never blocks.

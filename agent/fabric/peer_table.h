@@ -3,7 +3,7 @@
 // live peer; a retired peer (disconnected here, or found with nothing left) is out of
 // the name index but keeps its id until its last link is gone, so that its loss is
 // still reported once. Ids are never reused. Not thread-safe: the fabric's lock
-// guards it.
+// guards it. And the per-name locks both fabrics' Connects take.
 #pragma once
 
 #include <map>
@@ -12,9 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/fabric/fabric.h"
 
 namespace fuselink::fabric {
@@ -94,6 +97,24 @@ class PeerTable {
   PeerId next_id_ = 1;
   std::map<PeerId, Peer> peers_;
   std::map<std::string, PeerId, std::less<>> by_name_;
+};
+
+// One Connect at a time per peer name (its handshakes may take seconds), so that an
+// unreachable peer never holds up Connects to the others. Taken before the fabric's
+// lock; the map only grows, by the names this node connects to. Thread-safe.
+class ConnectLocks {
+ public:
+  absl::Mutex& For(absl::string_view peer_name) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<absl::Mutex>& m = locks_[peer_name];
+    if (m == nullptr) m = std::make_unique<absl::Mutex>();
+    return *m;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<absl::Mutex>> locks_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // What OnPeerLost reports for a peer whose last link closed with `why`: CANCELLED

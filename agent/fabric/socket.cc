@@ -131,22 +131,57 @@ absl::StatusOr<SocketAddress> LocalAddress(int fd) {
   return out;
 }
 
-absl::StatusOr<UniqueFd> ConnectFrom(const SocketAddress& local,
-                                     const SocketAddress& remote, int timeout_ms) {
+absl::StatusOr<UniqueFd> BoundDataSocket(const SocketAddress& local,
+                                         const SocketAddress& remote) {
   FL_ASSIGN_OR_RETURN(UniqueFd fd, NewTcpSocket(remote));
   FL_RETURN_IF_ERROR(ConfigureDataSocket(fd.get()));
   if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&local.storage), local.length) !=
       0) {
     return ErrnoStatus("bind", errno);
   }
-  FL_RETURN_IF_ERROR(SetBlocking(fd.get(), false));
-  if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&remote.storage),
-              remote.length) != 0) {
-    if (errno != EINPROGRESS) return ErrnoStatus("connect", errno);
-    FL_RETURN_IF_ERROR(AwaitConnect(fd.get(), timeout_ms));
-  }
-  FL_RETURN_IF_ERROR(SetBlocking(fd.get(), true));
   return fd;
+}
+
+absl::Status ConnectSocket(int fd, const SocketAddress& remote, int timeout_ms) {
+  FL_RETURN_IF_ERROR(SetBlocking(fd, false));
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&remote.storage), remote.length) !=
+      0) {
+    if (errno != EINPROGRESS) return ErrnoStatus("connect", errno);
+    FL_RETURN_IF_ERROR(AwaitConnect(fd, timeout_ms));
+  }
+  return SetBlocking(fd, true);
+}
+
+absl::StatusOr<UniqueFd> ConnectFrom(const SocketAddress& local,
+                                     const SocketAddress& remote, int timeout_ms) {
+  FL_ASSIGN_OR_RETURN(UniqueFd fd, BoundDataSocket(local, remote));
+  FL_RETURN_IF_ERROR(ConnectSocket(fd.get(), remote, timeout_ms));
+  return fd;
+}
+
+PendingSockets::Ticket::~Ticket() {
+  if (owner_ == nullptr) return;
+  absl::MutexLock lock(&owner_->mu_);
+  owner_->fds_.erase(fd_);
+}
+
+absl::StatusOr<PendingSockets::Ticket> PendingSockets::Track(int fd) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return absl::CancelledError("fabric shutting down");
+  fds_.insert(fd);
+  return Ticket(this, fd);
+}
+
+void PendingSockets::CancelAll() {
+  absl::MutexLock lock(&mu_);  // held: no tracked fd is closed while we shut it down
+  cancelled_ = true;
+  for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+}
+
+absl::Status PendingSockets::OrCancelled(absl::Status failure) const {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return absl::CancelledError("fabric shutting down");
+  return failure;
 }
 
 absl::StatusOr<UniqueFd> Accept(int listener) {

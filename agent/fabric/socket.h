@@ -10,10 +10,14 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/common/unique_fd.h"
 
@@ -52,9 +56,46 @@ absl::StatusOr<UniqueFd> Listen(const SocketAddress& local);
 absl::StatusOr<SocketAddress> LocalAddress(int fd);
 
 // A TCP connection from `local` (port 0: any) to `remote`, configured for the data
-// path; gives up after timeout_ms.
+// path; gives up after timeout_ms. The two halves: a socket bound to `local` and
+// configured, then its connect.
 absl::StatusOr<UniqueFd> ConnectFrom(const SocketAddress& local,
                                      const SocketAddress& remote, int timeout_ms);
+absl::StatusOr<UniqueFd> BoundDataSocket(const SocketAddress& local,
+                                         const SocketAddress& remote);
+absl::Status ConnectSocket(int fd, const SocketAddress& remote, int timeout_ms);
+
+// The sockets whose connect or handshake is under way, so that a shutdown can end
+// them at once rather than wait out their timeouts: shutdown(2) aborts a connect
+// whose SYN is still unanswered and wakes a read blocked in a handshake. Once
+// cancelled, it refuses to track more (CANCELLED), so no new connect starts.
+class PendingSockets {
+ public:
+  // Keeps `fd` tracked while it lives; must be destroyed before `fd` is closed.
+  class Ticket {
+   public:
+    Ticket(Ticket&& other) noexcept
+        : owner_(std::exchange(other.owner_, nullptr)), fd_(other.fd_) {}
+    Ticket& operator=(Ticket&&) = delete;
+    ~Ticket();
+
+   private:
+    friend class PendingSockets;
+    Ticket(PendingSockets* owner, int fd) : owner_(owner), fd_(fd) {}
+    PendingSockets* owner_;
+    int fd_;
+  };
+
+  absl::StatusOr<Ticket> Track(int fd);
+  // Shuts every tracked socket down; later Tracks fail.
+  void CancelAll();
+  // `failure`, or CANCELLED when it came of CancelAll.
+  absl::Status OrCancelled(absl::Status failure) const;
+
+ private:
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<int> fds_ ABSL_GUARDED_BY(mu_);
+};
 // Accepts one connection on a listener; UNAVAILABLE when none is pending.
 absl::StatusOr<UniqueFd> Accept(int listener);
 

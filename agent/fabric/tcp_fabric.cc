@@ -112,6 +112,7 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
                                  const std::vector<Endpoint>& remote) override;
   void Disconnect(PeerId peer) override;
+  void CancelConnects() override { pending_.CancelAll(); }
   std::string PeerName(PeerId peer) const override;
   std::optional<PeerId> FindPeer(absl::string_view name) const override {
     absl::ReaderMutexLock lock(&mu_);
@@ -170,12 +171,8 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   WindowTable windows_;
   std::atomic<uint64_t> next_connection_id_{1};
 
-  // One Connect at a time per peer name (its TCP handshakes may take
-  // kConnectTimeoutMs), so that an unreachable peer never holds up the others.
-  // Taken before mu_; the map only grows, by the names this node connects to.
-  absl::Mutex connect_locks_mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<absl::Mutex>> connect_locks_
-      ABSL_GUARDED_BY(connect_locks_mu_);
+  ConnectLocks connect_locks_;  // taken before mu_
+  PendingSockets pending_;      // the sockets of the Connects under way
   mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -233,18 +230,17 @@ absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
         absl::StrCat("Connect to '", peer_name, "': NIC ", nic, " (",
                      endpoints_[nic].address, " -> ", target.ToString(), ")");
     for (int i = 0; i < options_.connections_per_nic; ++i) {
-      absl::StatusOr<UniqueFd> socket =
-          ConnectFrom(local_[nic], target, kConnectTimeoutMs);
-      if (!socket.ok()) return WithContext(socket.status(), context);
-      if (absl::Status proven =
-              ProveToAcceptor(socket->get(), static_cast<uint32_t>(nic),
-                              options_.node_name, peer_name, *key, kHelloTimeoutMs);
-          !proven.ok()) {
-        return WithContext(proven, context);
+      FL_ASSIGN_OR_RETURN(UniqueFd socket, BoundDataSocket(local_[nic], target));
+      FL_ASSIGN_OR_RETURN(PendingSockets::Ticket pending, pending_.Track(socket.get()));
+      absl::Status made = ConnectSocket(socket.get(), target, kConnectTimeoutMs);
+      if (made.ok()) {
+        made = ProveToAcceptor(socket.get(), static_cast<uint32_t>(nic),
+                               options_.node_name, peer_name, *key, kHelloTimeoutMs);
       }
+      if (!made.ok()) return pending_.OrCancelled(WithContext(made, context));
       opened.push_back(std::make_shared<TcpConnection>(
           *this, next_connection_id_.fetch_add(1), static_cast<int>(nic),
-          TcpConnection::Role::kOutbound, *std::move(socket),
+          TcpConnection::Role::kOutbound, std::move(socket),
           options_.queue_depth_per_nic));
     }
   }
@@ -255,14 +251,7 @@ absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
                                           const std::vector<Endpoint>& remote) {
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
   FL_RETURN_IF_ERROR(CheckRemoteEndpoints(remote, endpoints_.size()));
-  absl::Mutex* peer_lock;
-  {
-    absl::MutexLock lock(&connect_locks_mu_);
-    std::unique_ptr<absl::Mutex>& m = connect_locks_[peer_name];
-    if (m == nullptr) m = std::make_unique<absl::Mutex>();
-    peer_lock = m.get();
-  }
-  absl::MutexLock connect_lock(peer_lock);
+  absl::MutexLock connect_lock(&connect_locks_.For(peer_name));
   NicSet missing = FirstNics(remote.size());  // NICs without a live connection
   std::optional<PeerId> existing;
   {

@@ -166,7 +166,7 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
                                             const std::vector<Endpoint>& remote) {
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
   FL_RETURN_IF_ERROR(CheckRemoteEndpoints(remote, endpoints_.size()));
-  absl::MutexLock connect_lock(&connect_mu_);
+  absl::MutexLock connect_lock(&connect_locks_.For(peer_name));
   NicSet missing = FirstNics(remote.size());  // NICs without live QPs to the peer
   std::optional<PeerId> existing;
   {
@@ -219,10 +219,18 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
         remote[nic].address, ":", remote[nic].port, ")");
     absl::StatusOr<SocketAddress> target =
         ParseSocketAddress(remote[nic].address, remote[nic].port);
-    absl::StatusOr<UniqueFd> socket =
-        target.ok() ? ConnectFrom(local_[nic], *target, kControlConnectTimeoutMs)
-                    : absl::StatusOr<UniqueFd>(target.status());
+    absl::StatusOr<UniqueFd> socket = target.ok()
+                                          ? BoundDataSocket(local_[nic], *target)
+                                          : absl::StatusOr<UniqueFd>(target.status());
     if (!socket.ok()) return fail(WithContext(socket.status(), context));
+    // Tracked until the handshake ends; the link closes the socket only later.
+    absl::StatusOr<PendingSockets::Ticket> pending = pending_.Track(socket->get());
+    if (!pending.ok()) return fail(pending.status());
+    if (absl::Status made =
+            ConnectSocket(socket->get(), *target, kControlConnectTimeoutMs);
+        !made.ok()) {
+      return fail(pending_.OrCancelled(WithContext(made, context)));
+    }
     LinkPtr link;
     {
       absl::MutexLock lock(&mu_);
@@ -239,7 +247,7 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
     absl::Status shaken =
         link->Handshake(options_.node_name, peer_name, *key,
                         static_cast<uint32_t>(options_.qps_per_peer_nic));
-    if (!shaken.ok()) return fail(WithContext(shaken, context));
+    if (!shaken.ok()) return fail(pending_.OrCancelled(WithContext(shaken, context)));
   }
   absl::MutexLock lock(&mu_);
   if (shutting_down_)

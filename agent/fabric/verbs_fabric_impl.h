@@ -85,6 +85,7 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
                                  const std::vector<Endpoint>& remote) override;
   void Disconnect(PeerId peer) override;
+  void CancelConnects() override { pending_.CancelAll(); }
   std::string PeerName(PeerId peer) const override;
   std::optional<PeerId> FindPeer(absl::string_view name) const override {
     absl::ReaderMutexLock lock(&mu_);
@@ -169,7 +170,8 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   // The software half of every window: who may write where, arrivals being delivered.
   WindowTable window_table_;
 
-  absl::Mutex connect_mu_;  // one Connect at a time; taken before mu_
+  ConnectLocks connect_locks_;  // taken before mu_
+  PendingSockets pending_;      // the control sockets of the Connects under way
   mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool reaper_stop_ ABSL_GUARDED_BY(mu_) = false;

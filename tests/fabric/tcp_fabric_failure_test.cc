@@ -370,6 +370,46 @@ TEST(TcpFabricFailureTest, SilentClientDoesNotHoldUpDestruction) {
   EXPECT_TRUE(events.peers_lost().empty());  // it never became a peer
 }
 
+// The peer's kernel completes the TCP handshake, and nobody reads the HELLO: the
+// fabric waits in its own handshake.
+TEST(TcpFabricFailureTest, CancelConnectsEndsAHandshakeNobodyAnswers) {
+  KeyRing keys;
+  keys.For("hole");
+  RecordingHandler events;
+  std::unique_ptr<Fabric> fabric =
+      *CreateTcpFabric(LoopbackOptions("a", 1, keys), &events);
+  Endpoint hole;
+  absl::StatusOr<UniqueFd> listener =
+      testing::DeafListener(testing::LoopbackAddress(7), 64, &hole);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  testing::ExpectCancelEndsTheConnect(*fabric, hole);
+}
+
+// The peer's accept queue is full, so its kernel drops the SYN: the connect itself
+// waits, as it does for a host that is down behind a black hole.
+TEST(TcpFabricFailureTest, CancelConnectsEndsAConnectWhoseSynIsUnanswered) {
+  KeyRing keys;
+  keys.For("hole");
+  RecordingHandler events;
+  std::unique_ptr<Fabric> fabric =
+      *CreateTcpFabric(LoopbackOptions("a", 1, keys), &events);
+  Endpoint hole;
+  absl::StatusOr<UniqueFd> listener =
+      testing::DeafListener(testing::LoopbackAddress(7), 0, &hole);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::StatusOr<UniqueFd> filler = RawConnect(8, hole);  // fills the queue
+  ASSERT_TRUE(filler.ok()) << filler.status();
+  // The precondition: a further connect is left waiting for the SYN's answer.
+  SocketAddress from = *ParseSocketAddress(testing::LoopbackAddress(8), 0);
+  SocketAddress to = *ParseSocketAddress(hole.address, hole.port);
+  absl::StatusOr<UniqueFd> probe = BoundDataSocket(from, to);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  EXPECT_EQ(ConnectSocket(probe->get(), to, 300).code(),
+            absl::StatusCode::kUnavailable)  // ETIMEDOUT
+      << "the SYN was answered; this kernel does not drop it on a full queue";
+  testing::ExpectCancelEndsTheConnect(*fabric, hole);
+}
+
 TEST(TcpFabricFailureTest, RejectsBadOptions) {
   KeyRing keys;
   RecordingHandler events;

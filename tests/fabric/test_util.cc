@@ -4,9 +4,13 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "agent/common/status_macros.h"
 #include "agent/fabric/tcp_handshake.h"
+#include "gtest/gtest.h"
 
 namespace fuselink::fabric::testing {
 
@@ -190,6 +194,37 @@ absl::Status SilentPeer::ResetAll(int count) {
   }
   held_.clear();
   return absl::OkStatus();
+}
+
+absl::StatusOr<UniqueFd> DeafListener(const std::string& address, int backlog,
+                                      Endpoint* endpoint) {
+  FL_ASSIGN_OR_RETURN(SocketAddress local, ParseSocketAddress(address, 0));
+  FL_ASSIGN_OR_RETURN(UniqueFd listener, Listen(local));
+  if (listen(listener.get(), backlog) != 0) return ErrnoStatus("listen", errno);
+  FL_ASSIGN_OR_RETURN(SocketAddress bound, LocalAddress(listener.get()));
+  *endpoint = Endpoint{.nic = 0, .address = address, .port = bound.port()};
+  return listener;
+}
+
+void ExpectCancelEndsTheConnect(Fabric& fabric, const Endpoint& hole) {
+  std::vector<Endpoint> remote(fabric.nic_count(), hole);
+  for (int nic = 0; nic < fabric.nic_count(); ++nic) remote[nic].nic = nic;
+  absl::Notification returned;
+  absl::StatusOr<PeerId> result = absl::UnknownError("not returned");
+  std::thread connecting([&] {
+    result = fabric.Connect("hole", remote);
+    returned.Notify();
+  });
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "the connect should hang: " << result.status();
+  const absl::Time cancelled = absl::Now();
+  fabric.CancelConnects();
+  const bool ended = returned.WaitForNotificationWithTimeout(absl::Seconds(5));
+  EXPECT_TRUE(ended) << "Connect still waits " << absl::Now() - cancelled
+                     << " after CancelConnects";
+  connecting.join();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+  EXPECT_EQ(fabric.Connect("hole", remote).status().code(), absl::StatusCode::kCancelled);
 }
 
 }  // namespace fuselink::fabric::testing

@@ -87,6 +87,16 @@ absl::Status SendRaw(int fd, const void* data, size_t bytes);
 // True when the peer closes the connection (EOF or reset) within kWaitTimeout.
 bool WaitUntilClosed(int fd);
 
+// A listener at `address` (a free port) that never accepts, with a kernel backlog of
+// `backlog`: with room in it, connects complete and nobody reads their HELLO; with
+// it full (backlog 0 and one connection queued), the kernel drops their SYNs.
+absl::StatusOr<UniqueFd> DeafListener(const std::string& address, int backlog,
+                                      Endpoint* endpoint);
+// Connects `fabric` to "hole" at `hole` on every NIC, on a thread: the connect must
+// hang, and CancelConnects must end it with CANCELLED well before its 10 s timeouts
+// would, and refuse the next one. Needs a key for "hole" (KeyRing::For).
+void ExpectCancelEndsTheConnect(Fabric& fabric, const Endpoint& hole);
+
 // Listens like a fabric's NICs and authenticates what connects, as `name` with
 // `keys`, then never reads or answers again: a peer that hangs.
 class SilentPeer {

@@ -14,13 +14,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "agent/fabric/handshake.h"
 #include "agent/fabric/wire.h"
+#include "fuselink/v1/peer.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/net_util.h"
+#include "tests/integration/pki.h"
 #include "tools/client/scrape.h"
 
 namespace fuselink::testing {
@@ -149,6 +152,76 @@ TEST_F(FailureTest, ATargetThatNeverAnswersHoldsUpNoOtherTransfer) {
         << r.status.error_message();
   }
   EXPECT_TRUE(Serves(*a_));
+}
+
+// The gRPC half of a peer whose fabric hangs: it answers Hello as node `name`, and
+// names for every NIC a fabric port whose kernel takes connections that nobody reads.
+class HelloOnlyPeer final : public v1::Peer::Service {
+ public:
+  HelloOnlyPeer(std::string name, uint16_t fabric_port)
+      : name_(std::move(name)), fabric_port_(fabric_port) {}
+
+  grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest* request,
+                     v1::HelloResponse* response) override {
+    response->set_version(request->version());
+    response->mutable_topology()->set_node(name_);
+    for (const v1::Nic& theirs : request->topology().nics()) {
+      v1::Nic* nic = response->mutable_topology()->add_nics();
+      nic->set_name(theirs.name());
+      nic->set_index(theirs.index());
+      nic->set_address("127.0.0.1");
+      nic->set_port(fabric_port_);
+    }
+    response->set_fabric_key(std::string(32, '\x5a'));
+    answered_.Notify();
+    return grpc::Status::OK;
+  }
+  bool WaitUntilAnswered() {
+    return answered_.WaitForNotificationWithTimeout(kWaitTimeout);
+  }
+
+ private:
+  const std::string name_;
+  const uint16_t fabric_port_;
+  absl::Notification answered_;
+};
+
+// SIGTERM while a fabric connect to a peer waits out its 10 s handshake timeout: the
+// agent ends it and exits within 2 s, and the transfer waiting on it fails.
+TEST_F(FailureTest, ShutdownEndsAFabricConnectUnderWay) {
+  uint16_t fabric_port = 0;
+  absl::StatusOr<UniqueFd> deaf = ReserveClosedPort(&fabric_port);
+  ASSERT_TRUE(deaf.ok()) << deaf.status();
+  ASSERT_EQ(listen(deaf->get(), 64), 0);  // connections queue; nobody reads them
+  HelloOnlyPeer peer("node-h", fabric_port);
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", ServerCredentialsAs("node", "node-h"),
+                           &grpc_port);
+  builder.RegisterService(&peer);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ASSERT_NO_FATAL_FAILURE(
+      StartNodes({}, {}, absl::StrCat("node-h=127.0.0.1:", grpc_port)));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair("small", kSmallLayout, &small_));
+
+  v1::TransferRequest request = MakeRequest("to-h", "small", {0}, "small", {0});
+  request.mutable_target()->set_node("node-h");
+  TransferCall call(a_->stub(), request);
+  ASSERT_TRUE(peer.WaitUntilAnswered());
+  absl::SleepFor(absl::Milliseconds(300));  // into the fabric's handshake
+  a_->Terminate();
+  const absl::Time terminated = absl::Now();
+  absl::Status stopped = a_->Stop();
+  const absl::Duration took = absl::Now() - terminated;
+  EXPECT_TRUE(stopped.ok()) << stopped;
+  // 2 s is the rule; the margin is for sanitizer builds on a loaded machine. Waiting
+  // out the connect took over 10 s.
+  EXPECT_LT(took, absl::Seconds(4)) << "the agent took " << took << " to exit";
+  TransferResult result = call.Finish();
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << result.status.error_message();
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 
 TEST_F(FailureTest, TransfersPastTheLimitAreRefusedUntilOneEnds) {

@@ -86,4 +86,14 @@ std::shared_ptr<grpc::Channel> ClientChannel(const std::string& address,
                      kind.empty() ? "" : MakeCert(kind, name));
 }
 
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsAs(const std::string& kind,
+                                                             const std::string& name) {
+  const std::string stem = MakeCert(kind, name);
+  grpc::SslServerCredentialsOptions options(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = ReadAll(PkiDir() + "/ca.crt");
+  options.pem_key_cert_pairs.push_back({ReadAll(stem + ".key"), ReadAll(stem + ".crt")});
+  return grpc::SslServerCredentials(options);
+}
+
 }  // namespace fuselink::testing

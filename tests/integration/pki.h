@@ -36,4 +36,10 @@ std::shared_ptr<grpc::Channel> ClientChannel(const std::string& address,
                                              const std::string& kind = "test",
                                              const std::string& name = "client");
 
+// Mutual-TLS credentials for a server of the test's own that speaks as
+// <kind>-<name> (a stand-in peer): it trusts the PkiDir CA and requires a client
+// certificate, as an agent does.
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsAs(const std::string& kind,
+                                                             const std::string& name);
+
 }  // namespace fuselink::testing

@@ -992,6 +992,18 @@ TEST_F(VerbsFabricTest, ConnectToATargetThatCannotProveItsKeyFails) {
   EXPECT_FALSE(b_->FindPeer("a").has_value());
 }
 
+// A target whose kernel takes the control connection and nobody answers: shutdown's
+// CancelConnects ends the handshake at once.
+TEST_F(VerbsFabricTest, CancelConnectsEndsAControlHandshakeNobodyAnswers) {
+  FL_MAKE_UNCONNECTED(1, 1);
+  keys_.For("hole");
+  Endpoint hole;
+  absl::StatusOr<UniqueFd> listener =
+      testing::DeafListener(b_->endpoints()[0].address, 64, &hole);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  testing::ExpectCancelEndsTheConnect(*a_, hole);
+}
+
 TEST_F(VerbsFabricTest, Throughput) {
   FL_MAKE(1, 2);
   for (uint32_t chunk : {64u << 10, 1u << 20}) {

@@ -88,6 +88,7 @@ class FakeFabric final : public fabric::Fabric {
   absl::StatusOr<fabric::PeerId> Connect(
       absl::string_view peer_name, const std::vector<fabric::Endpoint>& remote) override;
   void Disconnect(fabric::PeerId peer) override {}
+  void CancelConnects() override {}
   std::string PeerName(fabric::PeerId peer) const override { return ""; }
   std::optional<fabric::PeerId> FindPeer(absl::string_view name) const override {
     return std::nullopt;

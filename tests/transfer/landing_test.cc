@@ -60,6 +60,7 @@ class FakeFabric final : public fabric::Fabric {
     return 1;
   }
   void Disconnect(fabric::PeerId) override {}
+  void CancelConnects() override {}
   std::string PeerName(fabric::PeerId) const override { return "node-a"; }
   std::optional<fabric::PeerId> FindPeer(absl::string_view) const override {
     return std::nullopt;

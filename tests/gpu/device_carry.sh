@@ -7,13 +7,70 @@
 #   there: run tool, carry [".gpu-carry"], command `bash .gpu-carry/run.sh [size_mib]`
 #          -> logs under $OUT (env.txt, one .txt per test binary, bench.txt,
 #             relay.txt, cluster.txt); RUN= picks parts: unit,bench,relay,cluster
+# And for scripts/bench-ab.sh on that machine's 16 quiet cores:
+#   here:  tests/gpu/device_carry.sh pack-bench NAME=BUILD_DIR:MODE...
+#          -> .bench-carry/: each build's agent and fuselink-bench, their libraries, jq
+#   there: carry [".bench-carry"], command `bash .bench-carry/run.sh` (ROUNDS, PARTS as
+#          bench-ab.sh takes them) -> the table on stdout and in $OUT/ab.txt
 # Binaries built on Debian 12 (glibc 2.36) run on the machine's Ubuntu 24.04 (glibc 2.39).
 set -euo pipefail
-[ "${1:-}" = pack ] || { echo "usage: $0 pack [BUILD_DIR]" >&2; exit 2; }
 top=$(git rev-parse --show-toplevel)
+
+# copy_libs CARRY BINARY...: the Debian libraries the binaries link into CARRY/lib,
+# and the build's libstdc++ into CARRY/lib-cxx (used only where the machine's is
+# older).
+copy_libs() {
+  local carry=$1
+  shift
+  mkdir -p "$carry/lib" "$carry/lib-cxx"
+  ldd "$@" | awk '/=>/{print $3}' | sort -u |
+    grep -vE 'libc.so|libm.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl.so|librt.so' |
+    while read -r lib; do cp -L "$lib" "$carry/lib/"; done
+  cp -L "$(g++ -print-file-name=libstdc++.so.6)" "$(g++ -print-file-name=libgcc_s.so.1)" \
+    "$carry/lib-cxx/"
+}
+
+if [ "${1:-}" = pack-bench ]; then
+  shift
+  carry=$top/.bench-carry variants=()
+  grep -qx '/.bench-carry/' "$top/.git/info/exclude" 2>/dev/null ||
+    echo '/.bench-carry/' >>"$top/.git/info/exclude"
+  rm -rf "$carry" && mkdir -p "$carry"
+  for v in "$@"; do
+    name=${v%%=*} build=${v#*=} mode=${v##*:}
+    build=${build%:*}
+    for b in services/fuselink-agent tools/bench/fuselink-bench; do
+      mkdir -p "$carry/$name/$(dirname "$b")"
+      cp "$build/$b" "$carry/$name/$b" && strip "$carry/$name/$b"
+    done
+    variants+=("$name=.bench-carry/$name:$mode")
+  done
+  copy_libs "$carry" "$carry"/*/services/fuselink-agent "$carry"/*/tools/bench/fuselink-bench
+  (cd "$carry" && apt-get download -q=2 jq libjq1 libonig5 openssl 2>&1 |
+    grep -v "^W: Download is performed unsandboxed" || true)
+  cat >"$carry/run.sh" <<RUN
+#!/bin/bash
+C=\$(cd "\$(dirname "\$0")" && pwd)
+mkdir -p /tmp/debs && for f in \$C/*.deb; do dpkg -x "\$f" /tmp/debs; done
+export PATH=/tmp/debs/usr/bin:\$PATH
+export LD_LIBRARY_PATH=\$C/lib:/tmp/debs/usr/lib/x86_64-linux-gnu
+\$C/${variants[0]%%=*}/tools/bench/fuselink-bench --help >/dev/null 2>&1 ||
+  export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$C/lib-cxx
+{ nproc; uptime; } | tee \$OUT/env.txt
+VARIANTS="\${VARIANTS:-${variants[*]}}" bash scripts/bench-ab.sh 2>&1 | tee \$OUT/ab.txt
+RUN
+  chmod +x "$carry/run.sh"
+  du -sh "$carry"
+  exit 0
+fi
+
+[ "${1:-}" = pack ] || {
+  echo "usage: $0 pack [BUILD_DIR] | pack-bench NAME=BUILD_DIR:MODE..." >&2
+  exit 2
+}
 build=${2:-$top/build-gpu}
 carry=$top/.gpu-carry
-rm -rf "$carry" && mkdir -p "$carry/lib" "$carry/lib-cxx"
+rm -rf "$carry" && mkdir -p "$carry"
 for b in gpu_unit_test gpu_test gpu_peer_test gpu_child gpu_bench; do
   cp "$build/tests/gpu/$b" "$carry/" && strip "$carry/$b"
 done
@@ -24,12 +81,7 @@ cp -r "$build/python" "$carry/python"
 # The GPU machine has no ip/tc: Debian's iproute2 (and what it links) goes along.
 (cd "$carry" && apt-get download -q=2 iproute2 libbpf1 libmnl0 libxtables12 libelf1 \
   2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
-ldd "$carry"/gpu_* "$carry"/fuselink-* | awk '/=>/{print $3}' | sort -u |
-  grep -vE 'libc.so|libm.so|libstdc\+\+|libgcc_s|ld-linux|libpthread|libdl.so|librt.so' |
-  while read -r lib; do cp -L "$lib" "$carry/lib/"; done
-# Used only where the machine's libstdc++ is older than the build's.
-cp -L "$(g++ -print-file-name=libstdc++.so.6)" "$(g++ -print-file-name=libgcc_s.so.1)" \
-  "$carry/lib-cxx/"
+copy_libs "$carry" "$carry"/gpu_* "$carry"/fuselink-*
 cat >"$carry/run.sh" <<'RUN'
 #!/bin/bash
 C=$(cd "$(dirname "$0")" && pwd)

@@ -136,7 +136,8 @@ class QueuePair {
   static absl::StatusOr<QueuePair> Create(ibv_pd* pd, ibv_cq* cq, const Caps& caps);
 
   ibv_qp* get() const { return qp_.get(); }
-  uint32_t qpn() const { return qp_->qp_num; }
+  // Kept from creation: still readable, for messages, once Reset destroyed the QP.
+  uint32_t qpn() const { return qpn_; }
   absl::Status ToInit(const RcParams& params);
   absl::Status ToRtr(const RcParams& params, const RemoteQp& remote);
   absl::Status ToRts(const RcParams& params, uint32_t local_psn);
@@ -148,7 +149,8 @@ class QueuePair {
   absl::Status Reset() { return qp_.Reset(); }
 
  private:
-  explicit QueuePair(QueuePairHandle qp) : qp_(std::move(qp)) {}
+  explicit QueuePair(QueuePairHandle qp) : qpn_(qp->qp_num), qp_(std::move(qp)) {}
+  uint32_t qpn_;
   QueuePairHandle qp_;
 };
 

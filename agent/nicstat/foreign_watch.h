@@ -33,8 +33,9 @@
 namespace fuselink::nicstat {
 
 inline constexpr int kMaxNics = 16;  // as sched::kMaxNics: masks are one bit a NIC
-// Looks kept per NIC and direction for the rate window: enough for the window at the
-// shortest check period the agent allows (window / period <= kRateSamples - 1).
+// Looks kept per NIC and direction for the rate window: enough for the default 50 ms
+// window at checks every 2 ms or slower; at faster checks the rate is taken over the
+// looks kept (a shorter window).
 inline constexpr int kRateSamples = 32;
 
 enum Direction { kTx = 0, kRx = 1 };

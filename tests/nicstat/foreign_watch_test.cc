@@ -68,6 +68,14 @@ TEST(ForeignWatch, TheLoopbackIsNotWatched) {
   EXPECT_FALSE(w->any_watched());
   EXPECT_TRUE(absl::StrContains(w->why(0), "loopback")) << w->why(0);
   EXPECT_TRUE(absl::StrContains(w->Describe(), "nic0: off")) << w->Describe();
+  // The emulated node's addresses are the loopback's subnet, not its address.
+  auto routed = ForeignWatch::Create(
+      {{"nic0", "127.0.1.1", 1'000'000'000}, {"nic1", "10.9.0.1", 1'000'000'000}},
+      Options(sys),
+      Interfaces({{"lo", "127.0.0.1", true, 8}, {"eth9", "10.9.0.2", false, 24}}));
+  EXPECT_TRUE(absl::StrContains(routed->why(0), "loopback")) << routed->why(0);
+  // A subnet match is the loopback's privilege: another interface's is no match.
+  EXPECT_TRUE(absl::StrContains(routed->why(1), "no interface")) << routed->why(1);
 }
 
 TEST(ForeignWatch, NicsSharingANetdevAreNotWatched) {

@@ -68,6 +68,18 @@ std::unique_ptr<ForeignWatch> ForeignWatch::Create(const std::vector<WatchedNic>
     absl::StatusOr<CounterSource> source =
         options.rdma ? CounterSource::RdmaPortOf(options.sysfs_root, netdev[k]->name)
                      : CounterSource::Netdev(options.sysfs_root, netdev[k]->name);
+    std::string fallback;
+    if (options.rdma && !source.ok()) {
+      // A port without data counters (Soft-RoCE has packet counts only): the netdev's
+      // counters instead. Safe either way: where RDMA bypasses the netdev (ConnectX),
+      // they hold none of our bytes, and subtracting ours only under-counts.
+      absl::StatusOr<CounterSource> netdev_source =
+          CounterSource::Netdev(options.sysfs_root, netdev[k]->name);
+      if (netdev_source.ok()) {
+        fallback = absl::StrCat(" (", source.status().message(), ")");
+        source = std::move(netdev_source);
+      }
+    }
     if (!source.ok()) {
       n.why = absl::StrCat("off: ", source.status().message());
       continue;
@@ -75,7 +87,7 @@ std::unique_ptr<ForeignWatch> ForeignWatch::Create(const std::vector<WatchedNic>
     n.rule = sched::ForeignRule{.busy_bytes_per_s = busy,
                                 .release_fraction = options.release_fraction,
                                 .hold = options.hold};
-    n.why = absl::StrCat(source->description(), ", busy at ",
+    n.why = absl::StrCat(source->description(), fallback, ", busy at ",
                          static_cast<uint64_t>(std::llround(busy)), " B/s");
     n.source = *std::move(source);
   }

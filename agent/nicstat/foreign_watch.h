@@ -9,8 +9,9 @@
 //    loopback's counters carry every local process's traffic);
 //  - its netdev shared with another NIC (whose bytes would count as each other's
 //    foreign traffic: fuselink's per-NIC counts cannot be told apart on one counter);
-//  - no counter files, no RDMA port for the netdev (verbs), no line rate to take the
-//    default threshold from, or a threshold of 0.
+//  - no counter files, no line rate to take the default threshold from, or a
+//    threshold of 0.
+// Verbs NICs whose RDMA port has no data counters are watched through their netdev.
 // Thread safety: Sample from one thread at a time; the accessors from any thread.
 #pragma once
 

@@ -260,11 +260,21 @@ TEST(ForeignWatch, RdmaPortCountersCountFourByteWords) {
   sys.Write("class/infiniband/mlx5_1/ports/1/counters/port_xmit_data", "350\n");
   w->Sample(t0 + absl::Milliseconds(10), own);
   EXPECT_EQ(w->foreign_bytes(0, kTx), 1000u);  // 250 words
-  // A netdev with no RDMA port: off, saying so.
+  // A netdev with no RDMA port and no counters of its own: off, saying so.
   auto none = ForeignWatch::Create({{"nic0", "10.0.0.3", 125'000'000}}, o,
                                    Interfaces({{"ens3", "10.0.0.3", false}}));
   EXPECT_FALSE(none->watched(0));
   EXPECT_TRUE(absl::StrContains(none->why(0), "no RDMA port")) << none->why(0);
+  // A port without data counters (Soft-RoCE): its netdev's counters, saying why.
+  sys.Write("class/infiniband/rxe0/ports/1/gid_attrs/ndevs/0", "veth0\n");
+  sys.Write("class/infiniband/rxe0/ports/1/hw_counters/sent_pkts", "0\n");
+  sys.Netdev("veth0", 0, 0);
+  auto rxe = ForeignWatch::Create({{"nic0", "10.0.0.4", 125'000'000}}, o,
+                                  Interfaces({{"veth0", "10.0.0.4", false}}));
+  ASSERT_TRUE(rxe->watched(0)) << rxe->why(0);
+  EXPECT_TRUE(
+      absl::StrContains(rxe->why(0), "netdev veth0 (RDMA rxe0 port 1 has no data"))
+      << rxe->why(0);
 }
 
 }  // namespace

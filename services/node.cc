@@ -235,8 +235,14 @@ void Node::WatchForeignTraffic() {
   const int nics = foreign_->nic_count();
   std::array<nicstat::OwnBytes, nicstat::kMaxNics> own{};
   uint32_t told_tx = 0;
+  // A node moving nothing lends nothing: its NICs' states matter again only when a
+  // transfer starts, so it looks this many times less often meanwhile (the rate
+  // window and the hold still see every look).
+  constexpr int kIdleSlowdown = 10;
   while (!stop_.load()) {
-    const uint64_t sources = landing_->ActiveSources().size();
+    const bool receiving = landing_->active() > 0;
+    const bool moving = receiving || engine_->active() > 0;
+    const uint64_t sources = receiving ? landing_->ActiveSources().size() : 0;
     for (int k = 0; k < nics; ++k) {
       const fabric::NicCounters c = fabric_->counters(k);
       own[k] = nicstat::OwnBytes{.tx = c.transmitted_bytes,
@@ -251,7 +257,8 @@ void Node::WatchForeignTraffic() {
     // A NIC free again: chunks waiting for a completion may take it now.
     if ((told_tx & ~tx) != 0) engine_->Kick();
     told_tx = tx;
-    absl::SleepFor(options_.foreign_check);
+    absl::SleepFor(moving ? options_.foreign_check
+                          : options_.foreign_check * kIdleSlowdown);
   }
 }
 

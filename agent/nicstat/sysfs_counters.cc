@@ -14,43 +14,43 @@
 #include "agent/common/status_macros.h"
 
 namespace fuselink::nicstat {
-namespace {
 
-// A counter file's value: one decimal number and a newline. No allocation beyond
-// the path the caller holds; a counter file is far under 64 bytes.
-absl::StatusOr<uint64_t> ReadCounter(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return WithReason(
-        absl::UnavailableError(absl::StrCat("open ", path, ": ", std::strerror(errno))),
-        "COUNTER_READ");
-  }
+CounterSource::CounterSource(std::string tx_path, std::string rx_path,
+                             uint64_t unit_bytes, std::string description)
+    : tx_{std::move(tx_path), UniqueFd()},
+      rx_{std::move(rx_path), UniqueFd()},
+      unit_bytes_(unit_bytes),
+      description_(std::move(description)) {}
+
+// A counter file's value: one decimal number and a newline, far under 64 bytes.
+absl::StatusOr<uint64_t> CounterSource::ReadFile(File& file) {
   char text[64];
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
-  const int read_errno = errno;
-  ::close(fd);
+  ssize_t n = -1;
+  int error = 0;
+  for (int attempt = 0; attempt < 2 && n < 0; ++attempt) {
+    if (!file.fd.valid() || attempt > 0) {
+      file.fd.reset(::open(file.path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!file.fd.valid()) {
+        error = errno;
+        continue;
+      }
+    }
+    n = ::pread(file.fd.get(), text, sizeof text - 1, 0);  // sysfs: a fresh value
+    if (n < 0) error = errno;
+  }
   if (n < 0) {
     return WithReason(absl::UnavailableError(
-                          absl::StrCat("read ", path, ": ", std::strerror(read_errno))),
+                          absl::StrCat("read ", file.path, ": ", std::strerror(error))),
                       "COUNTER_READ");
   }
   uint64_t value = 0;
   if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::string_view(text, n)), &value)) {
     return WithReason(
-        absl::UnavailableError(absl::StrCat(path, " does not hold a counter")),
+        absl::UnavailableError(absl::StrCat(file.path, " does not hold a counter")),
         "COUNTER_READ");
   }
   return value;
 }
-
-}  // namespace
-
-CounterSource::CounterSource(std::string tx_path, std::string rx_path,
-                             uint64_t unit_bytes, std::string description)
-    : tx_path_(std::move(tx_path)),
-      rx_path_(std::move(rx_path)),
-      unit_bytes_(unit_bytes),
-      description_(std::move(description)) {}
 
 absl::StatusOr<CounterSource> CounterSource::Netdev(absl::string_view sysfs_root,
                                                     absl::string_view netdev) {
@@ -110,9 +110,9 @@ absl::StatusOr<CounterSource> CounterSource::RdmaPortOf(absl::string_view sysfs_
                     "NO_RDMA_PORT");
 }
 
-absl::StatusOr<KernelBytes> CounterSource::Read() const {
-  FL_ASSIGN_OR_RETURN(uint64_t tx, ReadCounter(tx_path_));
-  FL_ASSIGN_OR_RETURN(uint64_t rx, ReadCounter(rx_path_));
+absl::StatusOr<KernelBytes> CounterSource::Read() {
+  FL_ASSIGN_OR_RETURN(uint64_t tx, ReadFile(tx_));
+  FL_ASSIGN_OR_RETURN(uint64_t rx, ReadFile(rx_));
   return KernelBytes{tx * unit_bytes_, rx * unit_bytes_};
 }
 

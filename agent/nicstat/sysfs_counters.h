@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "agent/common/unique_fd.h"
 
 namespace fuselink::nicstat {
 
@@ -34,15 +35,23 @@ class CounterSource {
                                                   absl::string_view netdev);
 
   // Both counters now, in bytes. UNAVAILABLE (COUNTER_READ) naming the file when one
-  // cannot be read or parsed.
-  absl::StatusOr<KernelBytes> Read() const;
+  // cannot be read or parsed. The files stay open between reads (a read from offset
+  // 0 is a fresh value: two syscalls a look, not six); one that fails is opened
+  // again by its path once (a re-created netdev). One caller at a time.
+  absl::StatusOr<KernelBytes> Read();
   // Where the counters come from, e.g. "netdev eth0" or "RDMA mlx5_0 port 1".
   const std::string& description() const { return description_; }
 
  private:
   CounterSource(std::string tx_path, std::string rx_path, uint64_t unit_bytes,
                 std::string description);
-  std::string tx_path_, rx_path_;
+  // One counter file and its descriptor (opened on first use).
+  struct File {
+    std::string path;
+    UniqueFd fd;
+  };
+  static absl::StatusOr<uint64_t> ReadFile(File& file);
+  File tx_, rx_;
   uint64_t unit_bytes_;
   std::string description_;
 };

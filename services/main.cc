@@ -63,6 +63,18 @@ ABSL_FLAG(uint32_t, incoming_per_source, fuselink::transfer::kMaxIncoming / 4,
 ABSL_FLAG(uint32_t, incoming_start_timeout_ms, 5000,
           "An incoming transfer whose source sends nothing this long after preparing "
           "it fails SOURCE_IDLE, letting go of its tensor.");
+ABSL_FLAG(int64_t, foreign_busy_bytes_per_s, -1,
+          "Foreign traffic (bytes on a NIC that fuselink did not move, from the "
+          "kernel's counters) at or above this rate makes the NIC busy for lending; "
+          "-1: 5% of the NIC's line rate (the topology's rate_bytes_per_s); 0: off.");
+ABSL_FLAG(double, foreign_overhead_pct, 5,
+          "Kernel bytes that fuselink's own payload costs on top of itself (frame "
+          "headers, acknowledgements), in percent of its payload both ways: not "
+          "counted as foreign.");
+ABSL_FLAG(uint32_t, foreign_check_ms, 10, "How often NIC counters are read (1 to 1000).");
+ABSL_FLAG(uint32_t, foreign_hold_ms, 300,
+          "A foreign-busy NIC lends again once its foreign rate stayed under half the "
+          "threshold this long.");
 ABSL_FLAG(std::string, transport, "auto",
           "auto (verbs where every NIC address is an active RDMA port, else tcp), tcp or "
           "verbs.");
@@ -209,6 +221,19 @@ int main(int argc, char** argv) {
         "1024, --borrow_depth 0 to 1024"));
   }
 
+  options.foreign.busy_bytes_per_s = absl::GetFlag(FLAGS_foreign_busy_bytes_per_s);
+  options.foreign.overhead_fraction = absl::GetFlag(FLAGS_foreign_overhead_pct) / 100;
+  options.foreign.hold = absl::Milliseconds(absl::GetFlag(FLAGS_foreign_hold_ms));
+  options.foreign_check = absl::Milliseconds(absl::GetFlag(FLAGS_foreign_check_ms));
+  if (options.foreign.busy_bytes_per_s < -1 || options.foreign.overhead_fraction < 0 ||
+      options.foreign.overhead_fraction > 1 ||
+      absl::GetFlag(FLAGS_foreign_check_ms) == 0 ||
+      absl::GetFlag(FLAGS_foreign_check_ms) > 1000) {
+    return Fail(absl::InvalidArgumentError(
+        "--foreign_busy_bytes_per_s must be -1 or more, --foreign_overhead_pct 0 to 100, "
+        "--foreign_check_ms 1 to 1000"));
+  }
+
   const bool plaintext = absl::GetFlag(FLAGS_plaintext);
   options.open_access = plaintext;
   if (std::string path = absl::GetFlag(FLAGS_access_policy); !path.empty()) {
@@ -304,6 +329,7 @@ int main(int argc, char** argv) {
                  grpc_address.c_str());
   }
   if ((*node)->gpu() != nullptr) std::printf("%s", (*node)->gpu()->Describe().c_str());
+  std::printf("%s", (*node)->foreign().Describe().c_str());
   std::fflush(stdout);
   std::unique_ptr<services::K8sDiscovery> discovery;
   if (absl::GetFlag(FLAGS_peer_discovery) == "kubernetes") {

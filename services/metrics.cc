@@ -110,6 +110,48 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
                   "outside it.",
                   MetricType::Counter,
                   [&](int k) { return node.fabric().counters(k).refused_writes; });
+    // Traffic that is not ours (agent/nicstat): per watched NIC and direction.
+    // NICs not watched (loopback, a shared netdev, no counters) export no series
+    // here: a zero would claim an idle link that nobody looked at.
+    const nicstat::ForeignWatch& foreign = node.foreign();
+    per_nic_value("fuselink_nic_foreign_watched",
+                  "1 while the kernel's counters of the NIC are read for traffic that "
+                  "is not fuselink's; 0 where they cannot be told apart (the agent logs "
+                  "why at start-up).",
+                  MetricType::Gauge, [&](int k) { return foreign.watched(k) ? 1 : 0; });
+    if (foreign.any_watched()) {
+      auto per_direction = [&](const char* name, const char* help, MetricType type,
+                               auto value) {
+        prometheus::MetricFamily f{name, help, type, {}};
+        for (const v1::Nic& nic : topology.nics()) {
+          const int k = static_cast<int>(nic.index());
+          if (!foreign.watched(k)) continue;
+          for (nicstat::Direction d : {nicstat::kTx, nicstat::kRx}) {
+            prometheus::ClientMetric m;
+            m.label = {{"nic", nic.name()},
+                       {"owner_gpu", absl::StrCat(nic.owner_gpu())},
+                       {"direction", d == nicstat::kTx ? "tx" : "rx"}};
+            const double v = static_cast<double>(value(k, d));
+            (type == MetricType::Gauge ? m.gauge.value : m.counter.value) = v;
+            f.metric.push_back(std::move(m));
+          }
+        }
+        out.push_back(std::move(f));
+      };
+      per_direction("fuselink_nic_foreign_bytes_total",
+                    "Bytes the kernel counted on the NIC that fuselink did not move "
+                    "(NCCL, storage, anyone's), its own frames' overhead allowed for.",
+                    MetricType::Counter, [&](int k, nicstat::Direction d) {
+                      return foreign.foreign_bytes(k, d);
+                    });
+      per_direction(
+          "fuselink_nic_foreign_busy",
+          "1 while foreign traffic on the NIC is above --foreign_busy_bytes_per_s "
+          "that way: tx, the NIC lends nothing to this node's GPUs; rx, sources "
+          "are told it is not idle here.",
+          MetricType::Gauge,
+          [&](int k, nicstat::Direction d) { return foreign.busy_mask(d) >> k & 1; });
+    }
     auto gauge = [&](const char* name, const char* help, double value) {
       prometheus::MetricFamily f{name, help, MetricType::Gauge, {}};
       prometheus::ClientMetric m;

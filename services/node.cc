@@ -76,6 +76,16 @@ absl::Status Node::Start() {
   engine_ = std::make_unique<transfer::Engine>(
       engine_options, topology_, registry_.get(), fabric_.get(), peers_.get(),
       scheduler_.get(), relay_.get(), gpu_relay_.get(), observer_);
+  nicstat::ForeignOptions foreign = options_.foreign;
+  foreign.rdma = fabric_->transport() == "verbs";
+  std::vector<nicstat::WatchedNic> watched;
+  for (const v1::Nic& nic : topology_.nics()) {
+    watched.push_back({nic.name(), nic.address(), nic.rate_bytes_per_s()});
+  }
+  foreign_ = nicstat::ForeignWatch::Create(watched, foreign);
+  if (foreign_->any_watched()) {
+    foreign_watcher_ = std::thread([this] { WatchForeignTraffic(); });
+  }
   expirer_ = std::thread([this] {
     while (!stop_.load()) {
       absl::SleepFor(absl::Milliseconds(200));
@@ -112,6 +122,7 @@ Node::~Node() {
   stop_.store(true);
   if (expirer_.joinable()) expirer_.join();
   if (repairer_.joinable()) repairer_.join();
+  if (foreign_watcher_.joinable()) foreign_watcher_.join();
   notifier_->Stop();  // posts nothing more; late verdicts are dropped
   fabric_.reset();    // flushes every write in flight into the engine
   notifier_.reset();
@@ -209,6 +220,45 @@ void Node::OnArrival(const fabric::Arrival& arrival) {
 void Node::TellIdleNics(uint32_t idle_mask) {
   for (const std::string& source : landing_->ActiveSources()) {
     notifier_->Send(source, transfer::EncodeIdleNics(idle_mask));
+  }
+}
+
+void Node::WatchForeignTraffic() {
+  // Our bytes the kernel may have counted and we not yet, per NIC. Sending: the
+  // chunks in flight there (the fabric counts a write when it is acknowledged).
+  // Receiving: the writes in flight towards us, at most direct_depth + borrow_depth
+  // chunks on a NIC from each source whose transfers are open here (a source's
+  // scheduler bounds them; the fabric counts a write once all of it was read).
+  const uint64_t chunk = options_.engine.chunk_bytes;
+  const uint64_t per_source =
+      uint64_t{options_.limits.direct_depth + options_.limits.borrow_depth} * chunk;
+  const int nics = foreign_->nic_count();
+  std::array<nicstat::OwnBytes, nicstat::kMaxNics> own{};
+  uint32_t told_tx = 0;
+  // A node moving nothing lends nothing: its NICs' states matter again only when a
+  // transfer starts, so it looks this many times less often meanwhile (the rate
+  // window and the hold still see every look).
+  constexpr int kIdleSlowdown = 10;
+  while (!stop_.load()) {
+    const bool receiving = landing_->active() > 0;
+    const bool moving = receiving || engine_->active() > 0;
+    const uint64_t sources = receiving ? landing_->ActiveSources().size() : 0;
+    for (int k = 0; k < nics; ++k) {
+      const fabric::NicCounters c = fabric_->counters(k);
+      own[k] = nicstat::OwnBytes{.tx = c.transmitted_bytes,
+                                 .rx = c.received_bytes,
+                                 .tx_slack = scheduler_->Stats(k).in_flight * chunk,
+                                 .rx_slack = sources * per_source};
+    }
+    foreign_->Sample(absl::Now(), std::span(own.data(), static_cast<size_t>(nics)));
+    const uint32_t tx = foreign_->busy_mask(nicstat::kTx);
+    scheduler_->SetForeignBusy(tx);
+    landing_->SetForeignBusy(foreign_->busy_mask(nicstat::kRx));
+    // A NIC free again: chunks waiting for a completion may take it now.
+    if ((told_tx & ~tx) != 0) engine_->Kick();
+    told_tx = tx;
+    absl::SleepFor(moving ? options_.foreign_check
+                          : options_.foreign_check * kIdleSlowdown);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "agent/gpu/runtime.h"
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/registry.h"
+#include "agent/nicstat/foreign_watch.h"
 #include "agent/peer/notifier.h"
 #include "agent/peer/peer_directory.h"
 #include "agent/relay/device_stager.h"
@@ -51,6 +52,10 @@ struct NodeOptions {
   bool open_access = false;
   // Calls to peer agents; null: plaintext.
   peer::PeerCredentials peer_credentials;
+  // Traffic that is not ours (agent/nicstat): how it is judged, how often looked at.
+  // `foreign.rdma` is set by the node from the transport it picks.
+  nicstat::ForeignOptions foreign;
+  absl::Duration foreign_check = absl::Milliseconds(10);
 };
 
 class Node final : public fabric::Handler {
@@ -84,6 +89,8 @@ class Node final : public fabric::Handler {
   const sched::Scheduler& scheduler() const { return *scheduler_; }
   const relay::RelayPool& relay() const { return *relay_; }
   uint64_t notices_dropped() const { return notifier_->dropped(); }
+  // Which NICs' foreign traffic is watched, and what it counted.
+  const nicstat::ForeignWatch& foreign() const { return *foreign_; }
   // Null without GPUs; then gpu_status() says why.
   const gpu::Runtime* gpu() const { return gpu_.get(); }
   const std::string& gpu_status() const { return gpu_status_; }
@@ -109,6 +116,10 @@ class Node final : public fabric::Handler {
   void ReapExitedOwners();
   // Tells the sources of incoming transfers which NICs are idle here.
   void TellIdleNics(uint32_t idle_mask);
+  // Every foreign_check until stop_: the kernel's counters against ours; NICs with
+  // foreign traffic going out lend nothing here (the scheduler), those with foreign
+  // traffic coming in are not advertised idle to sources (the landing).
+  void WatchForeignTraffic();
 
   const NodeOptions options_;
   transfer::EngineObserver* const observer_;
@@ -133,11 +144,14 @@ class Node final : public fabric::Handler {
   std::unique_ptr<transfer::Landing> landing_;
   std::unique_ptr<transfer::Engine> engine_;
   std::unique_ptr<fabric::Fabric> fabric_;
+  std::unique_ptr<nicstat::ForeignWatch> foreign_;
   std::atomic<bool> stop_{false};
   // Expires slots, reaps exited lenders, maintains the GPU relay: never blocks.
   std::thread expirer_;
   // Re-opens failed NICs of peer sessions: its connects may take seconds.
   std::thread repairer_;
+  // WatchForeignTraffic; only where some NIC is watched.
+  std::thread foreign_watcher_;
 };
 
 }  // namespace fuselink::services

@@ -96,8 +96,7 @@ Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle, uint32_t usable
   for (int i = 0; i < nics_; ++i) {
     const int k = static_cast<int>((start + i) % nics_);
     const Nic& n = nic_[k];
-    if (k == direct || !((remote_idle & usable) >> k & 1) ||
-        n.busy.load(std::memory_order_acquire) ||
+    if (k == direct || !((remote_idle & usable) >> k & 1) || !Lendable(k) ||
         n.borrowed_in_flight.load(std::memory_order_relaxed) >= limits_.borrow_depth) {
       continue;
     }
@@ -108,8 +107,9 @@ Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle, uint32_t usable
   Nic& lent = nic_[best];
   uint32_t before = 0;
   if (!Reserve(lent.borrowed_in_flight, limits_.borrow_depth, &before)) return Choice{};
-  // The owner may have returned since the scan: take the reservation back.
-  if (lent.busy.load(std::memory_order_acquire)) {
+  // The owner (or foreign traffic) may have come since the scan: take the
+  // reservation back.
+  if (!Lendable(best)) {
     lent.borrowed_in_flight.fetch_sub(1, std::memory_order_acq_rel);
     return Choice{};
   }
@@ -133,12 +133,31 @@ int64_t Scheduler::Complete(Choice choice, uint64_t bytes, bool failed) {
   return since == 0 ? 0 : std::max<int64_t>(1, absl::GetCurrentTimeNanos() - since);
 }
 
+bool Scheduler::Lendable(int k) const {
+  return !nic_[k].busy.load(std::memory_order_acquire) &&
+         !(foreign_busy_.load(std::memory_order_acquire) >> k & 1);
+}
+
+void Scheduler::BeginGiveBack(Nic& n) {
+  if (n.borrowed_in_flight.load(std::memory_order_acquire) == 0) return;
+  n.give_back_events.fetch_add(1, std::memory_order_relaxed);
+  int64_t none = 0;
+  n.give_back_since_ns.compare_exchange_strong(none, absl::GetCurrentTimeNanos());
+}
+
 void Scheduler::SetBusy(Nic& n, bool busy) {
   const bool was = n.busy.exchange(busy, std::memory_order_acq_rel);
-  if (busy && !was && n.borrowed_in_flight.load(std::memory_order_acquire) > 0) {
-    n.give_back_events.fetch_add(1, std::memory_order_relaxed);
-    int64_t none = 0;
-    n.give_back_since_ns.compare_exchange_strong(none, absl::GetCurrentTimeNanos());
+  if (busy && !was) BeginGiveBack(n);
+}
+
+void Scheduler::SetForeignBusy(uint32_t mask) {
+  mask &= (1u << nics_) - 1;
+  const uint32_t was = foreign_busy_.exchange(mask, std::memory_order_acq_rel);
+  for (int k = 0; k < nics_; ++k) {
+    // A NIC whose owner is busy already gave back; foreign traffic adds nothing.
+    if ((mask & ~was) >> k & 1 && !nic_[k].busy.load(std::memory_order_acquire)) {
+      BeginGiveBack(nic_[k]);
+    }
   }
 }
 
@@ -163,7 +182,7 @@ void Scheduler::Look() {
 uint32_t Scheduler::IdleMask() const {
   uint32_t mask = 0;
   for (int k = 0; k < nics_; ++k) {
-    if (!nic_[k].busy.load(std::memory_order_acquire)) mask |= 1u << k;
+    if (Lendable(k)) mask |= 1u << k;
   }
   return mask;
 }
@@ -172,6 +191,7 @@ NicStats Scheduler::Stats(int nic) const {
   const Nic& n = nic_[nic];
   NicStats s;
   s.owner_busy = n.busy.load(std::memory_order_relaxed);
+  s.foreign_busy = foreign_busy_.load(std::memory_order_relaxed) >> nic & 1;
   s.in_flight = n.in_flight.load(std::memory_order_relaxed);
   s.borrowed_in_flight = n.borrowed_in_flight.load(std::memory_order_relaxed);
   s.own_bytes = n.own_bytes.load(std::memory_order_relaxed);

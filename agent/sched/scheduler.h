@@ -14,6 +14,11 @@
 //    and at once when an owner's transfer starts. A busy owner's NIC takes no new
 //    borrowed chunk; those in flight drain, at most `borrow_depth` of them: the
 //    owner waits for at most that many.
+//  - A NIC whose link carries foreign traffic (bytes fuselink did not move, above a
+//    threshold: agent/nicstat and foreign_rule.h) is busy for lending the same way:
+//    SetForeignBusy names those NICs, they take no new borrowed chunk and their
+//    borrowed chunks in flight drain. Their owners' own chunks still go: foreign
+//    traffic does not take a GPU's own NIC away from it.
 // static: the direct NIC only (NIC binding, as clusters run today).
 // stripe: the least loaded NIC, owners ignored.
 // Every policy keeps to the NICs a transfer can still use (`usable`): a NIC whose
@@ -62,6 +67,7 @@ struct Choice {
 // Counters of one NIC, for metrics. Monotonic except the gauges.
 struct NicStats {
   bool owner_busy = false;
+  bool foreign_busy = false;        // SetForeignBusy's last mask
   uint32_t in_flight = 0;           // gauge
   uint32_t borrowed_in_flight = 0;  // gauge
   uint64_t own_bytes = 0;           // completed chunks of the owner
@@ -91,11 +97,16 @@ class Scheduler {
   void OwnerStarted(int nic);
   void OwnerStopped(int nic);
 
+  // Bit k set: NIC k carries foreign traffic and lends nothing (fuselink policy).
+  // Replaces the previous mask; a NIC newly set while lent begins a give-back.
+  void SetForeignBusy(uint32_t mask);
+  uint32_t foreign_busy() const { return foreign_busy_.load(std::memory_order_acquire); }
+
   // Re-reads every owner's state now; the engine calls it on a timer so that states
   // settle when no chunk is being picked.
   void Refresh() { Look(); }
 
-  // Bit k set when this node's NIC k has an idle owner.
+  // Bit k set when this node's NIC k has an idle owner and no foreign traffic.
   uint32_t IdleMask() const;
   NicStats Stats(int nic) const;
 
@@ -115,6 +126,11 @@ class Scheduler {
   // Re-reads every owner's state.
   void Look();
   void SetBusy(Nic& nic, bool busy);
+  // A lending NIC stopped lending: counts a give-back and starts its clock if
+  // borrowed chunks are in flight there.
+  static void BeginGiveBack(Nic& nic);
+  // Neither its owner nor foreign traffic keeps NIC k from lending.
+  bool Lendable(int k) const;
   // Raises `counter` if it is under `bound`; `*before` gets its old value.
   static bool Reserve(std::atomic<uint32_t>& counter, uint32_t bound, uint32_t* before);
   Choice PickFuselink(int direct, uint32_t remote_idle, uint32_t usable);
@@ -126,6 +142,7 @@ class Scheduler {
   const Limits limits_;
   std::atomic<uint32_t> picks_{0};
   std::atomic<uint32_t> rotate_{0};
+  std::atomic<uint32_t> foreign_busy_{0};
   std::array<Nic, kMaxNics> nic_;
 };
 

@@ -35,12 +35,20 @@ Landing::Landing(memory::Registry* registry, fabric::Fabric* fabric, int nic_cou
 
 Landing::~Landing() { Shutdown(); }
 
-uint32_t Landing::IdleMaskLocked() const {
+uint32_t Landing::OwnerIdleMaskLocked() const {
   uint32_t mask = 0;
   for (int k = 0; k < nic_count_; ++k) {
     if (owner_slots_[k] == 0) mask |= 1u << k;
   }
   return mask;
+}
+
+uint32_t Landing::IdleMaskLocked() const {
+  return OwnerIdleMaskLocked() & ~foreign_busy_.load(std::memory_order_acquire);
+}
+
+void Landing::SetForeignBusy(uint32_t mask) {
+  if (foreign_busy_.exchange(mask, std::memory_order_acq_rel) != mask) TellIdle();
 }
 
 uint32_t Landing::IdleMask() const {
@@ -69,7 +77,8 @@ LandingNicStats Landing::Stats(int nic) const {
   LandingNicStats s;
   s.own_bytes = nic_bytes_[nic].own.load(std::memory_order_relaxed);
   s.borrowed_bytes = nic_bytes_[nic].borrowed.load(std::memory_order_relaxed);
-  s.owner_busy = !(IdleMask() >> nic & 1);
+  absl::MutexLock lock(&mu_);
+  s.owner_busy = !(OwnerIdleMaskLocked() >> nic & 1);
   return s;
 }
 

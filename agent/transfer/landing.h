@@ -114,8 +114,13 @@ class Landing {
   size_t active() const;
   // Bit k set when no open slot has rail k as its source's direct NIC: no owner
   // traffic arrives on NIC k, and sources may borrow it. (With rails, GPU s on the
-  // source reaches any GPU here through NIC s; that is the NIC it loads.)
+  // source reaches any GPU here through NIC s; that is the NIC it loads.) A NIC
+  // receiving foreign traffic (SetForeignBusy) is not idle either.
   uint32_t IdleMask() const;
+  // Bit k set: NIC k receives foreign traffic (agent/nicstat), so sources must not
+  // borrow it towards this node. Replaces the previous mask; a change of the idle
+  // mask is told to the sources at once.
+  void SetForeignBusy(uint32_t mask);
   // Nodes with open slots here: the ones to tell of idle-mask changes.
   std::vector<std::string> ActiveSources() const;
   LandingNicStats Stats(int nic) const;
@@ -159,6 +164,8 @@ class Landing {
   std::optional<Ending> OnDataLocked(const fabric::Arrival& arrival, Slot& slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t IdleMaskLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same from owner traffic alone.
+  uint32_t OwnerIdleMaskLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls on_idle_ if the mask moved since it was last told.
   void TellIdle();
 
@@ -177,6 +184,7 @@ class Landing {
   };
   std::array<NicBytes, topo::kMaxNics> nic_bytes_;
   std::atomic<uint32_t> told_mask_{UINT32_MAX};
+  std::atomic<uint32_t> foreign_busy_{0};
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

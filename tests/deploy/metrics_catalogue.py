@@ -3,15 +3,16 @@
 
 Usage: metrics_catalogue.py CATALOGUE.md SCRAPE.txt METRICS_SOURCE.cc
 For every family in the scrape: listed, same type, same label names (le aside).
-For every family listed for all nodes: in the scrape. GPU-only families: when the
-scrape has any (an agent with GPUs), every one must be there like the others; when it
-has none (a CPU agent), each must be named in the source. Prints each difference;
-exits 1 if there is any.
+For every family listed for all nodes: in the scrape. Families of a class of agents
+(GPU: agents with GPUs; watched: agents that read some NIC's kernel counters for
+foreign traffic): when the scrape has any family of the class, every one of it must
+be there like the others; when it has none, each must be named in the source. Prints
+each difference; exits 1 if there is any.
 """
 import re
 import sys
 
-ROW = re.compile(r"^\|\s*`([a-z_:][a-z0-9_:]*)`\s*\|\s*(\w+)\s*\|([^|]*)\|[^|]*\|\s*(all|GPU)\s*\|")
+ROW = re.compile(r"^\|\s*`([a-z_:][a-z0-9_:]*)`\s*\|\s*(\w+)\s*\|([^|]*)\|[^|]*\|\s*(all|GPU|watched)\s*\|")
 SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count", "")}
 
 
@@ -61,7 +62,8 @@ def main() -> int:
     with open(sys.argv[3]) as f:
         source = f.read()
     problems = []
-    gpu_agent = any(rows.get(name, ("", set(), ""))[2] == "GPU" for name in families)
+    present = {rows[name][2] for name in families if name in rows}
+    gpu_agent = "GPU" in present
     for name in sorted(labels):
         if name.startswith("?"):
             problems.append("sample %s belongs to no # TYPE family" % name[1:])
@@ -77,10 +79,10 @@ def main() -> int:
             problems.append("%s: exported labels {%s}, catalogued {%s}" % (
                 name, ", ".join(sorted(labels[name])), ", ".join(sorted(want_labels))))
     for name, (kind, _, nodes) in sorted(rows.items()):
-        if (nodes == "all" or gpu_agent) and name not in families:
+        if (nodes == "all" or nodes in present) and name not in families:
             problems.append("catalogued but not exported: %s" % name)
-        if nodes == "GPU" and not gpu_agent and '"%s"' % name not in source:
-            problems.append("catalogued GPU-only, but %s is not named in %s" % (name, sys.argv[3]))
+        if nodes != "all" and nodes not in present and '"%s"' % name not in source:
+            problems.append("catalogued %s-only, but %s is not named in %s" % (nodes, name, sys.argv[3]))
     for p in problems:
         print("  " + p)
     gpu = sum(1 for r in rows.values() if r[2] == "GPU")

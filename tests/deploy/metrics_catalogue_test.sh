@@ -3,7 +3,8 @@
 # after a small transfer so that every family has moved; the scrape also passes
 # promtool check metrics. Then the checker itself is shown to catch drift: a catalogue
 # with a row removed, one with a label renamed, one with an extra row, and a scrape
-# with a GPU family in a CPU-only shape all fail.
+# with a GPU family in a CPU-only shape, and one with only one of the foreign-traffic
+# families, all fail.
 # Usage: metrics_catalogue_test.sh AGENT_BINARY FUSELINKCTL_BINARY
 set -euo pipefail
 agent=$1
@@ -39,12 +40,18 @@ sed 's/^| `fuselink_relay_paused` | gauge | gpu | 0 or 1 | GPU |/| `fuselink_rel
 fuselink_relay_paused{device="0"} 0
 '; } >"$run/gpu-scrape.txt"
 cp "$doc" "$run/gpu-scrape.md"
-for drift in missing relabel extra gpu gpu-scrape; do
+# An agent that watches NIC counters but exports only one of their families.
+{ cat "$run/scrape.txt"; printf '# TYPE fuselink_nic_foreign_busy gauge
+fuselink_nic_foreign_busy{nic="rail0",owner_gpu="0",direction="tx"} 0
+'; } >"$run/watched-scrape.txt"
+cp "$doc" "$run/watched-scrape.md"
+for drift in missing relabel extra gpu gpu-scrape watched-scrape; do
   scrape=$run/scrape.txt
   [ "$drift" = gpu-scrape ] && scrape=$run/gpu-scrape.txt
+  [ "$drift" = watched-scrape ] && scrape=$run/watched-scrape.txt
   if "$cat_py" "$run/$drift.md" "$scrape" "$src" >"$run/$drift.out"; then
     fail "the checker passed a catalogue with drift '$drift'"
   fi
   grep -q "difference" "$run/$drift.out" || fail "no report for drift '$drift'"
 done
-echo "PASS: docs/metrics.md matches the live agent both ways; removed, relabelled, extra and mis-placed rows and a partial GPU scrape are caught"
+echo "PASS: docs/metrics.md matches the live agent both ways; removed, relabelled, extra and mis-placed rows and partial GPU and foreign-traffic scrapes are caught"

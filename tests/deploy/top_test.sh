@@ -3,7 +3,8 @@
 # testbed (four 1 Gbit/s rails, the stripe policy so that GPU 0's chunks cross every
 # rail), 2 GiB moved from node-a to node-b (about 5 s). While it runs, the pane (read
 # with tmux capture-pane) must show rail0 sending own traffic and rails 1-3 borrowed
-# traffic at a measured rate, and one outgoing transfer active; after it, one
+# traffic at a measured rate, a FOREIGN column (the rails are watched for traffic
+# that is not fuselink's), and one outgoing transfer active; after it, one
 # completed transfer and idle rails. Skips (77) where no testbed can be built.
 # Usage: top_test.sh AGENT FUSELINKCTL
 set -euo pipefail
@@ -70,6 +71,12 @@ for f in "$out"/during-*.txt; do
   [ -n "$ok" ] && { seen=$f; break; }
 done
 [ -n "$seen" ] || { cat "$out/during-$((i / 2)).txt"; fail "no frame of $i showed own and borrowed traffic during the transfer"; }
+# The testbed's rails are netdevs of their own: the agent watches them for foreign
+# traffic, and top shows that column (last, so the columns above keep their places).
+head -n 3 "$seen" | grep -Eq 'FAILED +FOREIGN$' || fail "top shows no FOREIGN column"
+moving_or_idle() { case "$1" in *bit/s) return 0 ;; *) return 1 ;; esac; }
+moving_or_idle "$(awk '$1 == "rail1" { print $(NF - 1) " " $NF }' "$seen")" ||
+  fail "top shows no foreign rate for rail1"
 echo "ok: during the transfer ($i frames captured), e.g.:"
 sed -n '3,7p' "$seen"
 grep -Eq "^ +completed +1 " "$out/after.txt" || { cat "$out/after.txt"; fail "top does not count the completed transfer"; }

@@ -1,10 +1,11 @@
 // The scheduler's decisions on scripted NIC states: every rule of the FuseLink
-// policy, and the two it is compared with.
+// policy, and the two it is compared with; the foreign-traffic rule.
 #include "agent/sched/scheduler.h"
 
 #include <vector>
 
 #include "agent/common/status_macros.h"
+#include "agent/sched/foreign_rule.h"
 #include "gtest/gtest.h"
 
 namespace fuselink::sched {
@@ -163,6 +164,89 @@ TEST(Scheduler, FailoverKeepsToUsableNics) {
     EXPECT_FALSE(s.Pick(0, kAllIdle, 0).ok());  // nothing left
     EXPECT_EQ(s.Stats(1).failed_chunks + s.Stats(3).failed_chunks, 6u);
   }
+}
+
+TEST(Scheduler, ForeignBusyNicLendsNothingAndGivesBack) {
+  Scheduler s = Make(Policy::kFuselink, 3, 2);
+  for (int i = 0; i < 3; ++i) s.Pick(0, kAllIdle);  // NIC 0 full
+  const Choice a = s.Pick(0, 1u << 1), b = s.Pick(0, 1u << 1);
+  ASSERT_EQ(a.nic, 1);
+  ASSERT_EQ(b.nic, 1);
+  // Foreign traffic on NIC 1: a give-back begins, like an owner's return.
+  s.SetForeignBusy(1u << 1);
+  EXPECT_EQ(s.foreign_busy(), 1u << 1);
+  EXPECT_TRUE(s.Stats(1).foreign_busy);
+  EXPECT_FALSE(s.Stats(1).owner_busy);  // the owner itself is idle
+  EXPECT_EQ(s.Stats(1).give_back_events, 1u);
+  EXPECT_EQ(s.IdleMask() >> 1 & 1, 0u);
+  // No new borrowed chunk goes there, even after both borrowed ones finished.
+  EXPECT_EQ(s.Complete(a, 10), 0);
+  EXPECT_GT(s.Complete(b, 10), 0);  // the give-back is timed
+  for (int i = 0; i < 8; ++i) EXPECT_FALSE(s.Pick(0, 1u << 1).ok());
+  // The owner's own chunks still go on its NIC.
+  const Choice own = s.Pick(1, kAllIdle);
+  EXPECT_EQ(own.nic, 1);
+  EXPECT_FALSE(own.borrowed);
+  s.Complete(own, 10);
+  s.Refresh();
+  s.Refresh();  // the owner's chunk is a look old: its owner is idle again
+  // Foreign traffic gone: NIC 1 lends again.
+  s.SetForeignBusy(0);
+  const Choice again = s.Pick(0, 1u << 1);
+  EXPECT_EQ(again.nic, 1);
+  EXPECT_TRUE(again.borrowed);
+}
+
+TEST(Scheduler, ForeignBusyMaskKeepsOtherNicsLending) {
+  Scheduler s = Make(Policy::kFuselink, 1, 4);
+  s.SetForeignBusy(1u << 2 | 1u << 30);  // bits past the node's NICs are dropped
+  EXPECT_EQ(s.foreign_busy(), 1u << 2);
+  EXPECT_EQ(s.Stats(2).give_back_events, 0u);  // nothing was lent there
+  ASSERT_TRUE(s.Pick(0, kAllIdle).ok());
+  std::vector<int> per_nic(kNics, 0);
+  for (int i = 0; i < 8; ++i) {
+    Choice c = s.Pick(0, kAllIdle);
+    ASSERT_TRUE(c.ok()) << "pick " << i;
+    ++per_nic[c.nic];
+  }
+  EXPECT_EQ(per_nic, (std::vector<int>{0, 4, 0, 4}));
+}
+
+TEST(Scheduler, StripeAndStaticIgnoreForeignTraffic) {
+  Scheduler stripe = Make(Policy::kStripe);
+  stripe.SetForeignBusy(kAllIdle);
+  std::vector<int> count(4);
+  for (int i = 0; i < 8; ++i) ++count[stripe.Pick(0, kAllIdle).nic];
+  EXPECT_EQ(count, (std::vector<int>{2, 2, 2, 2}));
+  Scheduler fixed = Make(Policy::kStatic);
+  fixed.SetForeignBusy(kAllIdle);
+  EXPECT_EQ(fixed.Pick(2, kAllIdle).nic, 2);
+}
+
+TEST(ForeignRule, BusyAtOnceIdleOnlyAfterAQuietHold) {
+  const ForeignRule rule{
+      .busy_bytes_per_s = 1000, .release_fraction = 0.5, .hold = absl::Milliseconds(100)};
+  ForeignState st;
+  const absl::Time t0 = absl::UnixEpoch();
+  EXPECT_FALSE(ForeignStep(rule, 999, t0, st));
+  EXPECT_TRUE(ForeignStep(rule, 1000, t0, st));  // at the threshold: busy at once
+  // Between the release level and the threshold: stays busy, however long.
+  EXPECT_TRUE(ForeignStep(rule, 600, t0 + absl::Seconds(5), st));
+  // Quiet, but not long enough; a burst in the middle starts the hold again.
+  EXPECT_TRUE(ForeignStep(rule, 100, t0 + absl::Milliseconds(5010), st));
+  EXPECT_TRUE(ForeignStep(rule, 100, t0 + absl::Milliseconds(5090), st));
+  EXPECT_TRUE(ForeignStep(rule, 700, t0 + absl::Milliseconds(5100), st));
+  EXPECT_TRUE(ForeignStep(rule, 0, t0 + absl::Milliseconds(5150), st));
+  EXPECT_TRUE(ForeignStep(rule, 0, t0 + absl::Milliseconds(5249), st));
+  EXPECT_FALSE(ForeignStep(rule, 0, t0 + absl::Milliseconds(5250), st));
+  // Idle: a rate under the threshold does not make it busy again.
+  EXPECT_FALSE(ForeignStep(rule, 900, t0 + absl::Seconds(6), st));
+}
+
+TEST(ForeignRule, ZeroThresholdIsOff) {
+  ForeignState st;
+  EXPECT_FALSE(ForeignStep(ForeignRule{}, 1e12, absl::UnixEpoch(), st));
+  EXPECT_FALSE(st.busy);
 }
 
 }  // namespace

@@ -198,6 +198,31 @@ TEST_F(LandingTest, OpensAWindowOverExactlyTheBlocksForTheSource) {
   EXPECT_EQ(landing_->IdleMask(), 0b1110u);  // rail 0 carries the source's own traffic
 }
 
+TEST_F(LandingTest, ForeignTrafficKeepsANicFromBeingAdvertisedIdle) {
+  Prepare();  // rail 0: the source's own traffic
+  ASSERT_EQ(landing_->IdleMask(), 0b1110u);
+  idle_.clear();
+  // Rail 2 receives foreign traffic: not idle, and the sources hear it at once.
+  landing_->SetForeignBusy(1u << 2);
+  EXPECT_EQ(landing_->IdleMask(), 0b1010u);
+  ASSERT_EQ(idle_.size(), 1u);
+  EXPECT_EQ(idle_.back(), 0b1010u);
+  // A transfer prepared now is answered the same mask.
+  absl::StatusOr<v1::PrepareIncomingResponse> r = landing_->Prepare(Request("t2"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->idle_nic_mask(), 0b1010u);
+  // The owner-busy statistic stays about owners.
+  EXPECT_FALSE(landing_->Stats(2).owner_busy);
+  EXPECT_TRUE(landing_->Stats(0).owner_busy);
+  // The same mask again tells nothing; clearing it tells the sources again.
+  const size_t told = idle_.size();
+  landing_->SetForeignBusy(1u << 2);
+  EXPECT_EQ(idle_.size(), told);
+  landing_->SetForeignBusy(0);
+  EXPECT_EQ(landing_->IdleMask(), 0b1110u);
+  EXPECT_EQ(idle_.back(), 0b1110u);
+}
+
 TEST_F(LandingTest, CompletesOnlyWithACommitAndEveryByte) {
   Prepared p = Prepare();
   AllData(p);

@@ -38,6 +38,8 @@ struct NicSample {
   double tx_own = 0, tx_borrowed = 0, rx_own = 0, rx_borrowed = 0;  // bytes
   double owner_busy = 0, receive_owner_busy = 0, borrowed_in_flight = 0;
   double failed_writes = 0;
+  // Foreign bytes both ways; -1: the agent does not watch this NIC (or is older).
+  double foreign = -1;
 };
 struct Sample {
   absl::Time at;
@@ -74,6 +76,11 @@ Sample Reduce(const std::string& body, const v1::Topology& topology, absl::Time 
     x.borrowed_in_flight =
         Value(body, "fuselink_nic_borrowed_chunks_in_flight", {{"nic", n}});
     x.failed_writes = Value(body, "fuselink_nic_failed_writes_total", {{"nic", n}});
+    absl::StatusOr<double> foreign_tx = client::MetricValue(
+        body, "fuselink_nic_foreign_bytes_total", {{"nic", n}, {"direction", "tx"}});
+    absl::StatusOr<double> foreign_rx = client::MetricValue(
+        body, "fuselink_nic_foreign_bytes_total", {{"nic", n}, {"direction", "rx"}});
+    if (foreign_tx.ok() && foreign_rx.ok()) x.foreign = *foreign_tx + *foreign_rx;
     s.nics.push_back(x);
   }
   s.relay_host_bytes = Value(body, "fuselink_relay_memory_bytes");
@@ -115,9 +122,12 @@ std::string Render(const v1::Topology& t, const Sample& prev, const Sample& cur)
       t.node(), t.transport(), t.nics_size(), t.gpus_size(),
       absl::GetFlag(FLAGS_interval_ms) / 1000.0,
       absl::FormatTime("%H:%M:%S", cur.at, absl::LocalTimeZone()));
-  absl::StrAppendFormat(&out, "%-8s %-4s %13s %13s %13s %13s %5s %5s %9s %7s\n", "NIC",
+  bool any_foreign = false;
+  for (const NicSample& x : cur.nics) any_foreign = any_foreign || x.foreign >= 0;
+  absl::StrAppendFormat(&out, "%-8s %-4s %13s %13s %13s %13s %5s %5s %9s %7s%s\n", "NIC",
                         "GPU", "TX OWN", "TX BORROWED", "RX OWN", "RX BORROWED", "UTIL",
-                        "BUSY", "BORROWED", "FAILED");
+                        "BUSY", "BORROWED", "FAILED",
+                        any_foreign ? absl::StrFormat(" %13s", "FOREIGN") : "");
   for (int k = 0; k < t.nics_size() && k < static_cast<int>(cur.nics.size()); ++k) {
     const NicSample &a = prev.nics[k], &b = cur.nics[k];
     const v1::Nic& nic = t.nics(k);
@@ -129,12 +139,19 @@ std::string Render(const v1::Topology& t, const Sample& prev, const Sample& cur)
             : "-";
     const char* busy = b.owner_busy > 0 ? (b.receive_owner_busy > 0 ? "tx+rx" : "tx")
                                         : (b.receive_owner_busy > 0 ? "rx" : "-");
-    absl::StrAppendFormat(&out, "%-8s %-4u %13s %13s %13s %13s %5s %5s %9.0f %7.0f\n",
+    // Foreign traffic, both ways: "-" where the agent does not watch the NIC.
+    std::string foreign;
+    if (any_foreign) {
+      foreign = absl::StrFormat(" %13s", b.foreign >= 0 && a.foreign >= 0
+                                             ? Bits(rate(a.foreign, b.foreign))
+                                             : "-");
+    }
+    absl::StrAppendFormat(&out, "%-8s %-4u %13s %13s %13s %13s %5s %5s %9.0f %7.0f%s\n",
                           nic.name(), nic.owner_gpu(), Bits(rate(a.tx_own, b.tx_own)),
                           Bits(rate(a.tx_borrowed, b.tx_borrowed)),
                           Bits(rate(a.rx_own, b.rx_own)),
                           Bits(rate(a.rx_borrowed, b.rx_borrowed)), util, busy,
-                          b.borrowed_in_flight, b.failed_writes);
+                          b.borrowed_in_flight, b.failed_writes, foreign);
   }
   absl::StrAppendFormat(&out, "\nrelay   host %s", MiB(cur.relay_host_bytes));
   if (cur.relay_cap_bytes >= 0) {

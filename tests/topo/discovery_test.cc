@@ -1,0 +1,607 @@
+// Discovery on sysfs trees built here, modelled on real machines: a DGX H100/H200-like
+// node, a 4-GPU PCIe server, a two-socket box with PCIe switches under switches, a
+// node without RDMA devices; malformed trees; and this machine's own /sys.
+#include "agent/topo/discovery.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "agent/common/status_macros.h"
+#include "agent/topo/affinity.h"
+#include "agent/topo/render.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/topo/sysfs_fixture.h"
+
+namespace fuselink::topo {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::RdmaPortSpec;
+using testing::SysfsFixture;
+
+constexpr PathClass PIX = v1::PATH_CLASS_PIX;
+constexpr PathClass PXB = v1::PATH_CLASS_PXB;
+constexpr PathClass PHB = v1::PATH_CLASS_PHB;
+constexpr PathClass NODE = v1::PATH_CLASS_NODE;
+constexpr PathClass SYS = v1::PATH_CLASS_SYS;
+constexpr PathClass UNKNOWN = v1::PATH_CLASS_UNSPECIFIED;
+
+std::string Bdf(int bus, int dev = 0, int fn = 0) {
+  return absl::StrFormat("0000:%02x:%02x.%x", bus, dev, fn);
+}
+std::string Root(int bus) { return absl::StrFormat("pci0000:%02x", bus); }
+
+// DGX H100/H200-like: 2 sockets, on each 4 host bridges, each with one PCIe switch
+// holding one GPU and one ConnectX-7 (InfiniBand NDR); a dual-port management /
+// storage ConnectX on a host bridge of socket 0 without GPUs. RDMA names as the
+// kernel gives them in PCI order: mlx5_0-3 (socket 0), mlx5_4-5 (management),
+// mlx5_6-9 (socket 1). GPU i sits at bus kDgxBus[i] + 3, its NIC at + 4.
+constexpr int kDgxBus[8] = {0x15, 0x26, 0x37, 0x48, 0x97, 0xa8, 0xb9, 0xca};
+
+void BuildDgx(SysfsFixture& f) {
+  for (int i = 0; i < 8; ++i) {
+    const int b = kDgxBus[i];
+    const std::vector<std::string> to_switch = {Bdf(b, 1), Bdf(b + 1)};
+    auto below = [&](int port) {
+      std::vector<std::string> v = to_switch;
+      v.push_back(Bdf(b + 2, port));
+      return v;
+    };
+    f.AddGpu(Root(b), below(0), Bdf(b + 3), i / 4);
+    const std::string rdma = absl::StrCat("mlx5_", i < 4 ? i : i + 2);
+    f.AddMlxNic(Root(b), below(1), Bdf(b + 4), i / 4, rdma, absl::StrCat("ib", i));
+  }
+  RdmaPortSpec eth;
+  eth.link_layer = "Ethernet";
+  eth.rate = "200 Gb/sec (4X HDR)";
+  eth.gid_netdev = "enp81s0f0np0";
+  f.AddMlxNic(Root(0x50), {Bdf(0x50, 1)}, Bdf(0x51, 0, 0), 0, "mlx5_4", "enp81s0f0np0",
+              eth);
+  eth.gid_netdev = "enp81s0f1np1";
+  f.AddMlxNic(Root(0x50), {Bdf(0x50, 1)}, Bdf(0x51, 0, 1), 0, "mlx5_5", "enp81s0f1np1",
+              eth);
+}
+
+InterfaceAddresses DgxAddresses() {
+  InterfaceAddresses a;
+  for (int i = 0; i < 8; ++i)
+    a[absl::StrCat("ib", i)] = {absl::StrCat("10.10.", i, ".2")};
+  a["enp81s0f0np0"] = {"192.168.1.10"};
+  a["enp81s0f1np1"] = {"192.168.1.11"};
+  a["lo"] = {"127.0.0.1"};
+  return a;
+}
+
+DiscoveryOptions Options(const SysfsFixture& f, InterfaceAddresses addresses) {
+  DiscoveryOptions o;
+  o.sysfs_root = f.root();
+  o.addresses = [addresses] { return addresses; };
+  return o;
+}
+
+std::vector<std::string> NicNames(const Topology& t) {
+  std::vector<std::string> names;
+  for (const v1::Nic& n : t.nics()) names.push_back(n.name());
+  return names;
+}
+
+std::map<std::string, std::string> Excluded(const Topology& t) {
+  std::map<std::string, std::string> out;
+  for (const v1::ExcludedNic& x : t.excluded_nics()) out[x.name()] = x.reason();
+  return out;
+}
+
+std::vector<int> Owners(const Topology& t) {
+  std::vector<int> out;
+  for (const v1::Nic& n : t.nics()) out.push_back(n.owner_gpu());
+  return out;
+}
+
+std::vector<int> DirectNics(const Topology& t) {
+  std::vector<int> out;
+  for (const v1::Gpu& g : t.gpus())
+    out.push_back(g.has_direct_nic() ? g.direct_nic() : -1);
+  return out;
+}
+
+std::vector<PathClass> Row(const v1::Nic& n) {
+  std::vector<PathClass> row;
+  for (int g = 0; g < n.gpu_distance_size(); ++g) row.push_back(n.gpu_distance(g));
+  return row;
+}
+
+TEST(Discovery, DgxNodeFindsEachGpusNicAndLeavesOutManagementPorts) {
+  SysfsFixture f;
+  BuildDgx(f);
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, DgxAddresses()));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->source(), "discovered");
+  ASSERT_EQ(t->gpus_size(), 8);
+  EXPECT_THAT(NicNames(*t), ElementsAre("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_6",
+                                        "mlx5_7", "mlx5_8", "mlx5_9"));
+  EXPECT_EQ(Excluded(*t), (std::map<std::string, std::string>{{"mlx5_4", "MANAGEMENT"},
+                                                              {"mlx5_5", "MANAGEMENT"}}));
+  for (int n = 0; n < 8; ++n) {
+    const v1::Nic& nic = t->nics(n);
+    ASSERT_EQ(nic.gpu_distance_size(), 8) << nic.name();
+    for (int g = 0; g < 8; ++g) {
+      const PathClass want = n == g ? PIX : n / 4 == g / 4 ? NODE : SYS;
+      EXPECT_EQ(nic.gpu_distance(g), want) << nic.name() << " GPU" << g;
+    }
+    EXPECT_EQ(nic.pci_bus_id(), Bdf(kDgxBus[n] + 4));
+    EXPECT_EQ(nic.numa_node(), n / 4);
+    EXPECT_EQ(nic.netdev(), absl::StrCat("ib", n));
+    EXPECT_EQ(nic.address(), absl::StrCat("10.10.", n, ".2"));
+    EXPECT_EQ(nic.link_layer(), "InfiniBand");
+    EXPECT_EQ(nic.rdma_port(), 1u);
+    EXPECT_EQ(nic.rate_bytes_per_s(), 50'000'000'000u);
+  }
+  EXPECT_THAT(Owners(*t), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  EXPECT_THAT(DirectNics(*t), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int g = 0; g < 8; ++g) {
+    EXPECT_EQ(t->gpus(g).pci_bus_id(), Bdf(kDgxBus[g] + 3));
+    EXPECT_EQ(t->gpus(g).numa_node(), g / 4);
+  }
+  for (const v1::ExcludedNic& x : t->excluded_nics()) {
+    EXPECT_EQ(x.pci_bus_id().substr(0, 10), "0000:51:00");
+    EXPECT_THAT(x.detail(), HasSubstr("PCIe switch"));
+  }
+  EXPECT_EQ(t->excluded_nics(0).netdev(), "enp81s0f0np0");  // from gid_attrs/ndevs
+  Topology checked = *t;
+  EXPECT_TRUE(ValidateTopology(checked).ok());
+  EXPECT_EQ(DirectNic(checked, 5), 5);
+}
+
+TEST(Discovery, DownPortsAndOperatorExclusionsAreLeftOutWithReasons) {
+  SysfsFixture f;
+  BuildDgx(f);
+  const std::string port =
+      absl::StrCat("devices/", Root(kDgxBus[3]), "/", Bdf(kDgxBus[3], 1), "/",
+                   Bdf(kDgxBus[3] + 1), "/", Bdf(kDgxBus[3] + 2, 1), "/",
+                   Bdf(kDgxBus[3] + 4), "/infiniband/mlx5_3/ports/1");
+  f.Write(port + "/state", "1: DOWN");
+  f.Write(port + "/phys_state", "3: Disabled");
+  DiscoveryOptions o = Options(f, DgxAddresses());
+  o.exclude_nics = {"mlx5_7", "enp81s0f1np1"};  // an RDMA device and a netdev
+  absl::StatusOr<Topology> t = DiscoverTopology(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(NicNames(*t),
+              ElementsAre("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_6", "mlx5_8", "mlx5_9"));
+  EXPECT_EQ(Excluded(*t),
+            (std::map<std::string, std::string>{
+                {"mlx5_3", "PORT_DOWN"},
+                {"mlx5_4", "MANAGEMENT"},
+                {"mlx5_5", "OPERATOR_EXCLUDED"},  // the operator's word first
+                {"mlx5_7", "OPERATOR_EXCLUDED"}}));
+  for (const v1::ExcludedNic& x : t->excluded_nics()) {
+    if (x.name() == "mlx5_3") {
+      EXPECT_THAT(x.detail(), HasSubstr("1: DOWN"));
+    }
+  }
+  EXPECT_THAT(Owners(*t), ElementsAre(0, 1, 2, 4, 6, 7));
+  // GPU 3 and GPU 5 lost their NICs: each starts on a NIC of its own socket (NODE),
+  // the one fewest GPUs start on, the lowest index among those.
+  EXPECT_THAT(DirectNics(*t), ElementsAre(0, 1, 2, 0, 3, 4, 4, 5));
+}
+
+TEST(Discovery, NoDataNicIsAnErrorNamingEachReason) {
+  SysfsFixture f;
+  BuildDgx(f);
+  InterfaceAddresses only_management = {{"enp81s0f0np0", {"192.168.1.10"}}};
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, only_management));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->nics_size(), 0);
+  const absl::Status s = RequireDataNics(*t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(s), "NO_DATA_NIC");
+  EXPECT_THAT(s.message(), HasSubstr("mlx5_0: NO_IPV4 (ib0 has no IPv4 address)"));
+  EXPECT_THAT(s.message(), HasSubstr("mlx5_4: MANAGEMENT"));
+
+  SysfsFixture empty;
+  t = DiscoverTopology(Options(empty, {}));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(RequireDataNics(*t).message(), HasSubstr("no RDMA port"));
+  DiscoveryOptions missing = Options(empty, {});
+  missing.sysfs_root = empty.root() + "/no-such-dir";
+  t = DiscoverTopology(missing);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->nics_size() + t->gpus_size() + t->excluded_nics_size(), 0);
+}
+
+TEST(Discovery, CudaVisibleDevicesByIndexRenumbersGpusAndKeepsTheMachinesView) {
+  SysfsFixture f;
+  BuildDgx(f);
+  DiscoveryOptions o = Options(f, DgxAddresses());
+  o.cuda.visible_devices = "6,2";
+  o.cuda.device_order = "PCI_BUS_ID";
+  absl::StatusOr<Topology> t = DiscoverTopology(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->gpus_size(), 2);
+  EXPECT_EQ(t->gpus(0).pci_bus_id(), Bdf(kDgxBus[6] + 3));  // CUDA device 0
+  EXPECT_EQ(t->gpus(1).pci_bus_id(), Bdf(kDgxBus[2] + 3));
+  // Management is judged against every GPU of the machine: the socket-0 NICs of
+  // hidden GPUs stay data NICs.
+  EXPECT_EQ(t->nics_size(), 8);
+  EXPECT_EQ(Excluded(*t).size(), 2u);
+  EXPECT_EQ(Row(t->nics(2)), (std::vector<PathClass>{SYS, PIX}));   // mlx5_2
+  EXPECT_EQ(Row(t->nics(6)), (std::vector<PathClass>{PIX, SYS}));   // mlx5_8
+  EXPECT_EQ(Row(t->nics(4)), (std::vector<PathClass>{NODE, SYS}));  // mlx5_6
+  EXPECT_THAT(Owners(*t), ElementsAre(1, 1, 1, 1, 0, 0, 0, 0));
+  EXPECT_THAT(DirectNics(*t), ElementsAre(6, 2));
+  EXPECT_THAT(absl::StrJoin(t->notes(), "\n"), HasSubstr("CUDA_VISIBLE_DEVICES=6,2"));
+}
+
+TEST(Discovery, CudaVisibleDevicesEntriesTheDriverWouldIgnoreAreIgnored) {
+  SysfsFixture f;
+  BuildDgx(f);
+  for (const auto& [value, want] : std::vector<std::pair<std::string, int>>{
+           {"1,x,2", 1}, {"0,0,1", 1}, {"3,99,1", 1}, {"", 0}, {"7,-1,0", 1}}) {
+    DiscoveryOptions o = Options(f, DgxAddresses());
+    o.cuda.visible_devices = value;
+    absl::StatusOr<Topology> t = DiscoverTopology(o);
+    ASSERT_TRUE(t.ok()) << value << ": " << t.status();
+    EXPECT_EQ(t->gpus_size(), want) << value;
+  }
+  DiscoveryOptions o = Options(f, DgxAddresses());
+  o.cuda.visible_devices = "MIG-GPU-8cf0d4c4-1d2e-b3f5-0a0c-8d2bd6dd5a4f/1/0";
+  absl::StatusOr<Topology> t = DiscoverTopology(o);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(t.status()), "MIG_UNSUPPORTED");
+  o.cuda.visible_devices = "GPU-8cf0d4c4";  // sysfs knows no UUIDs
+  t = DiscoverTopology(o);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(t.status()), "CUDA_VISIBLE_DEVICES");
+}
+
+// Stands in for the CUDA driver: knows UUIDs and peers, and applies
+// CUDA_VISIBLE_DEVICES to its base order as the driver does.
+class FakeCuda : public GpuProbe {
+ public:
+  FakeCuda(std::vector<ProbedGpu> base, CudaEnvironment env)
+      : base_(std::move(base)), env_(std::move(env)) {}
+  absl::StatusOr<GpuEnumeration> Enumerate() const override {
+    GpuEnumeration out;
+    FL_ASSIGN_OR_RETURN(std::vector<int> visible, SelectVisible(base_, env_, &out.notes));
+    for (size_t i = 0; i < visible.size(); ++i) {
+      ProbedGpu g = base_[visible[i]];
+      g.ordinal = static_cast<int>(i);
+      g.peers.clear();
+      for (size_t j = 0; j < visible.size(); ++j) {
+        if (j != i) g.peers.push_back(static_cast<int>(j));
+      }
+      out.gpus.push_back(std::move(g));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<ProbedGpu> base_;
+  CudaEnvironment env_;
+};
+
+std::vector<ProbedGpu> DgxCudaGpus() {
+  std::vector<ProbedGpu> gpus;
+  for (int i = 0; i < 8; ++i) {
+    ProbedGpu g;
+    g.ordinal = i;
+    g.pci_bus_id = Bdf(kDgxBus[i] + 3);
+    g.uuid = absl::StrFormat("GPU-%08x-7d1f-4c2b-9a3e-0123456789ab", 0xa0 + i);
+    g.name = "NVIDIA H200";
+    gpus.push_back(g);
+  }
+  return gpus;
+}
+
+TEST(Discovery, CudaVisibleDevicesByUuidAndTheDriversPeers) {
+  SysfsFixture f;
+  BuildDgx(f);
+  CudaEnvironment env;
+  env.visible_devices = "GPU-000000a3,1";  // a UUID prefix, then an index
+  FakeCuda cuda(DgxCudaGpus(), env);
+  DiscoveryOptions o = Options(f, DgxAddresses());
+  o.gpus = &cuda;
+  absl::StatusOr<Topology> t = DiscoverTopology(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->gpus_size(), 2);
+  EXPECT_EQ(t->gpus(0).uuid(), "GPU-000000a3-7d1f-4c2b-9a3e-0123456789ab");
+  EXPECT_EQ(t->gpus(0).pci_bus_id(), Bdf(kDgxBus[3] + 3));
+  EXPECT_EQ(t->gpus(0).name(), "NVIDIA H200");
+  EXPECT_THAT(t->gpus(0).peer_gpus(), ElementsAre(1));
+  EXPECT_EQ(t->gpus(1).pci_bus_id(), Bdf(kDgxBus[1] + 3));
+  EXPECT_EQ(Row(t->nics(3)), (std::vector<PathClass>{PIX, NODE}));  // mlx5_3
+  EXPECT_EQ(t->nics(3).owner_gpu(), 0u);
+  EXPECT_EQ(t->gpus(0).direct_nic(), 3u);
+  EXPECT_EQ(t->gpus(1).direct_nic(), 1u);
+
+  env.visible_devices = "GPU-000000a";  // a prefix of all eight
+  FakeCuda ambiguous(DgxCudaGpus(), env);
+  o.gpus = &ambiguous;
+  EXPECT_EQ(ReasonOf(DiscoverTopology(o).status()), "CUDA_VISIBLE_DEVICES");
+}
+
+// A 4-GPU PCIe server without switches, one socket with two host bridges: GPU 0, 1
+// and a RoCE NIC on pci0000:00, GPU 2, 3 and the other NIC on pci0000:80. An onboard
+// 1 GbE port (no RDMA) is not a candidate where RDMA devices exist.
+TEST(Discovery, PcieServerSharesEachNicBetweenTheGpusOfItsHostBridge) {
+  SysfsFixture f;
+  for (int half = 0; half < 2; ++half) {
+    const int rb = half * 0x80;
+    f.AddGpu(Root(rb), {Bdf(rb, 1)}, Bdf(rb + 1), 0);
+    f.AddGpu(Root(rb), {Bdf(rb, 2)}, Bdf(rb + 2), 0);
+    RdmaPortSpec roce;
+    roce.link_layer = "Ethernet";
+    roce.rate = "100 Gb/sec (4X EDR)";
+    roce.gid_netdev = absl::StrCat("ens", half + 3, "np0");
+    f.AddMlxNic(Root(rb), {Bdf(rb, 3)}, Bdf(rb + 3), 0, absl::StrCat("mlx5_", half),
+                roce.gid_netdev, roce);
+  }
+  const std::string onboard =
+      f.AddPci(Root(0), {Bdf(0, 0x1c)}, Bdf(0x10), 0, 0x8086, 0x020000);
+  f.AddNetdev(onboard, "eno1");
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(
+      f,
+      {{"ens3np0", {"10.1.0.5"}}, {"ens4np0", {"10.1.1.5"}}, {"eno1", {"172.16.0.5"}}}));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(NicNames(*t), ElementsAre("mlx5_0", "mlx5_1"));
+  EXPECT_TRUE(t->excluded_nics().empty());  // no NIC is GPU-local: none is management
+  EXPECT_EQ(Row(t->nics(0)), (std::vector<PathClass>{PHB, PHB, NODE, NODE}));
+  EXPECT_EQ(Row(t->nics(1)), (std::vector<PathClass>{NODE, NODE, PHB, PHB}));
+  EXPECT_THAT(Owners(*t), ElementsAre(0, 2));
+  EXPECT_THAT(DirectNics(*t), ElementsAre(0, 0, 1, 1));
+  EXPECT_EQ(t->nics(0).link_layer(), "Ethernet");
+  EXPECT_EQ(t->nics(1).netdev(), "ens4np0");
+  EXPECT_EQ(t->nics(1).address(), "10.1.1.5");
+  EXPECT_EQ(t->nics(1).rate_bytes_per_s(), 12'500'000'000u);
+}
+
+// Two sockets: on socket 0 a PCIe switch holds GPU 0, GPU 1 and an InfiniBand NIC; on
+// socket 1 GPU 2 sits in a root port, and GPU 3 two switch levels below another root
+// port whose top switch also holds a dual-port RoCE NIC (one PCI function, port 2
+// down). Pairs across the sockets are SYS.
+TEST(Discovery, TwoSocketBoxCrossesTheSocketLinkAndSwitchesUnderSwitches) {
+  SysfsFixture f;
+  const std::vector<std::string> sw0 = {Bdf(0, 1), Bdf(1)};
+  auto port0 = [&](int p) {
+    auto v = sw0;
+    v.push_back(Bdf(2, p));
+    return v;
+  };
+  f.AddGpu(Root(0), port0(0), Bdf(3), 0);
+  f.AddGpu(Root(0), port0(1), Bdf(4), 0);
+  f.AddMlxNic(Root(0), port0(2), Bdf(5), 0, "mlx5_0", "ibs5");
+  f.AddGpu(Root(0x80), {Bdf(0x80, 1)}, Bdf(0x81), 1);
+  const std::vector<std::string> top = {Bdf(0x80, 2), Bdf(0x83)};
+  auto under_top = [&](std::vector<std::string> tail) {
+    auto v = top;
+    v.insert(v.end(), tail.begin(), tail.end());
+    return v;
+  };
+  f.AddGpu(Root(0x80), under_top({Bdf(0x84, 0), Bdf(0x85), Bdf(0x86)}), Bdf(0x87), 1);
+  const std::string nic =
+      f.AddPci(Root(0x80), under_top({Bdf(0x84, 1)}), Bdf(0x88), 1, 0x15b3, 0x020000);
+  f.AddNetdev(nic, "enp136s0", true, 0);
+  f.AddNetdev(nic, "enp136s0d1", true, 1);
+  RdmaPortSpec p1, p2;
+  p1.link_layer = p2.link_layer = "Ethernet";
+  p1.rate = p2.rate = "40 Gb/sec (4X QDR)";
+  p2.port = 2;
+  p2.state = "1: DOWN";
+  p2.phys_state = "2: Polling";
+  f.AddRdma(nic, "mlx4_0", {p1, p2});
+  absl::StatusOr<Topology> t =
+      DiscoverTopology(Options(f, {{"ibs5", {"10.2.0.1"}},
+                                   {"enp136s0", {"10.3.0.1"}},
+                                   {"enp136s0d1", {"10.3.1.1"}}}));
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_THAT(NicNames(*t), ElementsAre("mlx4_0", "mlx5_0"));
+  EXPECT_EQ(Row(t->nics(0)), (std::vector<PathClass>{SYS, SYS, PHB, PXB}));
+  EXPECT_EQ(Row(t->nics(1)), (std::vector<PathClass>{PIX, PIX, SYS, SYS}));
+  EXPECT_THAT(Owners(*t), ElementsAre(3, 0));
+  EXPECT_THAT(DirectNics(*t), ElementsAre(1, 1, 0, 0));
+  EXPECT_EQ(t->nics(0).link_layer(), "Ethernet");
+  EXPECT_EQ(t->nics(0).netdev(), "enp136s0");
+  EXPECT_EQ(t->nics(1).link_layer(), "InfiniBand");
+  EXPECT_EQ(t->nics(0).numa_node(), 1);
+  ASSERT_EQ(t->excluded_nics_size(), 1);
+  const v1::ExcludedNic& down = t->excluded_nics(0);
+  EXPECT_EQ(down.name(), "mlx4_0-p2");
+  EXPECT_EQ(down.rdma_port(), 2u);
+  EXPECT_EQ(down.netdev(), "enp136s0d1");  // by dev_port
+  EXPECT_EQ(down.reason(), "PORT_DOWN");
+  EXPECT_THAT(down.detail(), HasSubstr("2: Polling"));
+}
+
+// No RDMA device: the data NICs are the physical interfaces that are up with IPv4.
+TEST(Discovery, TcpNodeUsesPhysicalInterfacesThatAreUpWithIpv4) {
+  SysfsFixture f;
+  f.AddGpu(Root(0), {Bdf(0, 2)}, Bdf(1), -1);
+  // virtio under a PCI function, as on a VM: the function is the position.
+  const std::string virtio = f.AddPci(Root(0), {}, Bdf(0, 3), -1, 0x1af4, 0x020000);
+  f.AddNetdev(virtio + "/virtio2", "eth0", true, 0, 25000);
+  f.Symlink(virtio + "/virtio2/net/eth0", "class/net/eth0");
+  f.AddNetdev(f.AddPci(Root(0), {}, Bdf(0, 4), -1, 0x8086, 0x020000), "eth1", false);
+  f.AddNetdev(f.AddPci(Root(0), {}, Bdf(0, 5), -1, 0x8086, 0x020000), "eth2");
+  f.Write("devices/virtual/net/docker0/flags", "0x1003");
+  f.Symlink("devices/virtual/net/docker0", "class/net/docker0");
+  f.Write("devices/virtual/net/lo/flags", "0x9");
+  f.Symlink("devices/virtual/net/lo", "class/net/lo");
+  absl::StatusOr<Topology> t =
+      DiscoverTopology(Options(f, {{"eth0", {"192.0.2.7", "192.0.2.8"}},
+                                   {"docker0", {"172.17.0.1"}},
+                                   {"lo", {"127.0.0.1"}}}));
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_THAT(NicNames(*t), ElementsAre("eth0"));
+  EXPECT_EQ(t->nics(0).address(), "192.0.2.7");  // the primary address
+  EXPECT_EQ(t->nics(0).pci_bus_id(), Bdf(0, 3));
+  EXPECT_EQ(t->nics(0).rate_bytes_per_s(), 25000ull * 1000000 / 8);
+  EXPECT_EQ(t->nics(0).rdma_device(), "");
+  EXPECT_EQ(Row(t->nics(0)), (std::vector<PathClass>{PHB}));  // a flat VM tree
+  EXPECT_EQ(Excluded(*t), (std::map<std::string, std::string>{{"eth1", "NETDEV_DOWN"},
+                                                              {"eth2", "NO_IPV4"}}));
+  Topology checked = *t;
+  EXPECT_TRUE(ValidateTopology(checked).ok());
+}
+
+TEST(Discovery, MalformedSysfsGivesReasonsOrUnknownsNeverAnError) {
+  SysfsFixture f;
+  BuildDgx(f);
+  auto nic_dir = [](int i) {
+    const int b = kDgxBus[i];
+    return absl::StrCat("devices/", Root(b), "/", Bdf(b, 1), "/", Bdf(b + 1), "/",
+                        Bdf(b + 2, 1), "/", Bdf(b + 4));
+  };
+  f.Write(nic_dir(1) + "/infiniband/mlx5_1/ports/1/state", "garbage");
+  f.Write(nic_dir(2) + "/infiniband/mlx5_2/ports/1/rate", "fast");
+  f.Write(nic_dir(0) + "/numa_node", "not-a-number");
+  f.Write(nic_dir(0) + "/infiniband/mlx5_0/ports/xyz/state", "4: ACTIVE");
+  // mlx5_6 loses its device link (as Soft-RoCE has none): its netdev comes from
+  // gid_attrs, its position from the netdev.
+  f.Remove(nic_dir(4) + "/infiniband/mlx5_6/device");
+  f.Write(nic_dir(4) + "/infiniband/mlx5_6/ports/1/gid_attrs/ndevs/0", "ib4");
+  // mlx5_7's device link dangles and it has no netdev: position unknown.
+  f.Remove(nic_dir(5) + "/infiniband/mlx5_7/device");
+  f.Remove(nic_dir(5) + "/net");
+  f.Remove("class/net/ib5");
+  std::filesystem::create_directory_symlink(
+      "../no/such/device", f.root() + "/" + nic_dir(5) + "/infiniband/mlx5_7/device");
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, DgxAddresses()));
+  ASSERT_TRUE(t.ok()) << t.status();
+  const auto excluded = Excluded(*t);
+  EXPECT_EQ(excluded.at("mlx5_1"), "BAD_SYSFS");
+  EXPECT_EQ(excluded.at("mlx5_0-pxyz"), "BAD_SYSFS");
+  EXPECT_EQ(excluded.at("mlx5_7"), "NO_NETDEV");
+  EXPECT_FALSE(excluded.contains("mlx5_0"));
+  const std::vector<std::string> names = NicNames(*t);
+  ASSERT_THAT(names,
+              ElementsAre("mlx5_0", "mlx5_2", "mlx5_3", "mlx5_6", "mlx5_8", "mlx5_9"));
+  EXPECT_EQ(t->nics(0).numa_node(), -1);
+  EXPECT_EQ(t->nics(1).rate_bytes_per_s(), 0u);
+  EXPECT_EQ(t->nics(3).pci_bus_id(), Bdf(kDgxBus[4] + 4));  // mlx5_6, via ib4
+  EXPECT_EQ(t->nics(3).gpu_distance(4), PIX);
+
+  // A GPU the probe names but sysfs does not hold: its classes are unknown, noted.
+  std::vector<ProbedGpu> gpus = DgxCudaGpus();
+  gpus[7].pci_bus_id = "0000:ee:00.0";
+  FakeCuda cuda(gpus, {});
+  DiscoveryOptions o = Options(f, DgxAddresses());
+  o.gpus = &cuda;
+  t = DiscoverTopology(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->gpus(7).numa_node(), -1);
+  for (const v1::Nic& n : t->nics()) EXPECT_EQ(n.gpu_distance(7), UNKNOWN) << n.name();
+  EXPECT_THAT(absl::StrJoin(t->notes(), "\n"), HasSubstr("0000:ee:00.0"));
+}
+
+TEST(Affinity, ClassesFromPciPaths) {
+  auto at = [](absl::string_view path, int numa) {
+    absl::StatusOr<PciPosition> p = ParsePciPath(path);
+    EXPECT_TRUE(p.ok()) << path;
+    PciPosition out = p.ok() ? *p : PciPosition{};
+    out.numa_node = numa;
+    return out;
+  };
+  const PciPosition gpu =
+      at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:00.0/0000:1a:00.0", 0);
+  EXPECT_EQ(gpu.root, "pci0000:17");
+  EXPECT_THAT(gpu.bridges, ElementsAre("0000:17:01.0", "0000:18:00.0", "0000:19:00.0"));
+  EXPECT_EQ(gpu.function, "0000:1a:00.0");
+  EXPECT_EQ(
+      Classify(
+          gpu,
+          at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/0000:1b:00.0",
+             0)),
+      PIX);
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/"
+                             "0000:1b:00.0/0000:1c:00.0/0000:1d:00.0",
+                             0)),
+            PXB);
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:02.0/0000:30:00.0", 0)), PHB);
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", 0)), NODE);
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", 1)), SYS);
+  EXPECT_EQ(Classify(gpu, PciPosition{}), UNKNOWN);
+  EXPECT_FALSE(ParsePciPath("devices/virtual/net/lo").ok());
+  EXPECT_EQ(ParsePciPath("devices/pci0000:00/0000:00:03.0/virtio2")->function,
+            "0000:00:03.0");
+  EXPECT_STREQ(PathClassName(NODE), "NODE");
+}
+
+TEST(Render, ShowsTheMatrixOwnersAndReasons) {
+  SysfsFixture f;
+  BuildDgx(f);
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, DgxAddresses()));
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::string text = RenderTopology(*t);
+  EXPECT_THAT(text, HasSubstr("source discovered"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("  mlx5_0     PIX*   NODE   NODE   NODE   SYS    SYS    SYS    SYS"));
+  EXPECT_THAT(text, HasSubstr("mlx5_4"));
+  EXPECT_THAT(text, HasSubstr("MANAGEMENT"));
+}
+
+// This machine's own /sys and addresses: whatever is found must hang together, and
+// the interfaces must be exactly what a plain reading of /sys and getifaddrs gives.
+TEST(Discovery, ThisMachine) {
+  DiscoveryOptions o;
+  absl::StatusOr<Topology> t = DiscoverTopology(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<InterfaceAddresses> addresses = SystemIpv4Addresses();
+  ASSERT_TRUE(addresses.ok());
+  std::set<std::string> names;
+  for (const v1::Nic& n : t->nics()) {
+    EXPECT_TRUE(names.insert(n.name()).second) << n.name();
+    EXPECT_EQ(n.gpu_distance_size(), t->gpus_size()) << n.name();
+    EXPECT_LT(n.owner_gpu(), std::max(1, t->gpus_size()));
+    ASSERT_TRUE(addresses->contains(n.netdev())) << n.name();
+    EXPECT_EQ(addresses->at(n.netdev()).front(), n.address());
+    EXPECT_TRUE(std::filesystem::exists("/sys/class/net/" + n.netdev() + "/device"));
+  }
+  static const std::set<std::string> kReasons = {
+      "PORT_DOWN",  "NETDEV_DOWN",       "NO_NETDEV",     "NO_IPV4",
+      "MANAGEMENT", "OPERATOR_EXCLUDED", "TOO_MANY_NICS", "BAD_SYSFS"};
+  for (const v1::ExcludedNic& x : t->excluded_nics()) {
+    EXPECT_TRUE(kReasons.contains(x.reason())) << x.name() << " " << x.reason();
+    EXPECT_TRUE(names.insert(x.name()).second)
+        << x.name() << " is both used and excluded";
+  }
+  for (const v1::Gpu& g : t->gpus()) {
+    EXPECT_TRUE(std::filesystem::exists("/sys/bus/pci/devices/" + g.pci_bus_id()));
+    if (t->nics_size() > 0) {
+      EXPECT_LT(g.direct_nic(), static_cast<uint32_t>(t->nics_size()));
+    }
+  }
+  if (!std::filesystem::exists("/sys/class/infiniband") ||
+      std::filesystem::is_empty("/sys/class/infiniband")) {
+    // No RDMA: the candidates are the physical interfaces, read here independently.
+    std::set<std::string> expected, found;
+    for (const auto& e : std::filesystem::directory_iterator("/sys/class/net")) {
+      const std::string name = e.path().filename();
+      if (name == "lo" || !std::filesystem::exists(e.path() / "device")) continue;
+      std::ifstream flags(e.path() / "flags"), oper(e.path() / "operstate");
+      unsigned long value = 0;
+      std::string state;
+      flags >> std::hex >> value;
+      oper >> state;
+      if ((value & 1) && state != "down" && addresses->contains(name))
+        expected.insert(name);
+    }
+    for (const v1::Nic& n : t->nics()) found.insert(n.netdev());
+    EXPECT_EQ(found, expected);
+  }
+  if (t->nics_size() == 0) {
+    EXPECT_EQ(ReasonOf(RequireDataNics(*t)), "NO_DATA_NIC");
+  } else {
+    Topology checked = *t;
+    EXPECT_TRUE(ValidateTopology(checked).ok()) << ValidateTopology(checked);
+  }
+  std::printf("%s", RenderTopology(*t).c_str());
+}
+
+}  // namespace
+}  // namespace fuselink::topo

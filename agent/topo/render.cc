@@ -33,7 +33,8 @@ std::string RenderTopology(const Topology& t) {
             ? t.nics(g.direct_nic()).name()
             : "-";
     absl::StrAppendFormat(&out, "  %-4u %-13s %-4s %-10s %-6s %-40s %s\n", g.index(),
-                          OrDash(g.pci_bus_id()), Numa(g.numa_node()), direct,
+                          OrDash(g.pci_bus_id()),
+                          g.pci_bus_id().empty() ? "-" : Numa(g.numa_node()), direct,
                           g.peer_gpus_size() ? absl::StrJoin(g.peer_gpus(), ",") : "-",
                           OrDash(g.uuid()), OrDash(g.name()));
   }

@@ -2,7 +2,8 @@
 # shellcheck disable=SC2154  # $agent and $run are the caller's
 # Shell helpers to run local agents; sourced by scripts and tests.
 # Needs: $agent (the fuselink-agent binary) and $run (a scratch folder).
-# start_agent NAME LOOPBACK_NET [PEER [EXTRA FLAGS...]] starts one in the background,
+# start_agent NAME LOOPBACK_NET [PEER [EXTRA FLAGS...]] starts an emulated node
+# (--topology=emulated, NICs on 127.0.LOOPBACK_NET.x) in the background,
 # waits until it serves, and appends its pid to the pids array.
 # launch_agent NAME [FLAGS...] is the general form: --node, --handle_socket,
 # --ready_file and the log are set (in ${agent_dir:-$run}), every other flag is the
@@ -90,6 +91,6 @@ launch_agent() {
 start_agent() {
   local name=$1 net=$2 peer=${3:-}
   shift $(($# < 3 ? $# : 3))
-  launch_agent "$name" --loopback_net="$net" --listen=127.0.0.1:0 \
+  launch_agent "$name" --topology=emulated --loopback_net="$net" --listen=127.0.0.1:0 \
     --metrics_listen=127.0.0.1:0 ${peer:+--peer="$peer"} "$@"
 }

@@ -3,6 +3,8 @@
 // node without RDMA devices; malformed trees; and this machine's own /sys.
 #include "agent/topo/discovery.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -10,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "agent/common/status_macros.h"
 #include "agent/topo/affinity.h"
 #include "agent/topo/render.h"
@@ -328,8 +332,7 @@ TEST(Discovery, CudaVisibleDevicesByUuidAndTheDriversPeers) {
 // A 4-GPU PCIe server without switches, one socket with two host bridges: GPU 0, 1
 // and a RoCE NIC on pci0000:00, GPU 2, 3 and the other NIC on pci0000:80. An onboard
 // 1 GbE port (no RDMA) is not a candidate where RDMA devices exist.
-TEST(Discovery, PcieServerSharesEachNicBetweenTheGpusOfItsHostBridge) {
-  SysfsFixture f;
+void BuildPcieServer(SysfsFixture& f) {
   for (int half = 0; half < 2; ++half) {
     const int rb = half * 0x80;
     f.AddGpu(Root(rb), {Bdf(rb, 1)}, Bdf(rb + 1), 0);
@@ -344,9 +347,16 @@ TEST(Discovery, PcieServerSharesEachNicBetweenTheGpusOfItsHostBridge) {
   const std::string onboard =
       f.AddPci(Root(0), {Bdf(0, 0x1c)}, Bdf(0x10), 0, 0x8086, 0x020000);
   f.AddNetdev(onboard, "eno1");
-  absl::StatusOr<Topology> t = DiscoverTopology(Options(
-      f,
-      {{"ens3np0", {"10.1.0.5"}}, {"ens4np0", {"10.1.1.5"}}, {"eno1", {"172.16.0.5"}}}));
+}
+
+InterfaceAddresses PcieServerAddresses() {
+  return {{"ens3np0", {"10.1.0.5"}}, {"ens4np0", {"10.1.1.5"}}, {"eno1", {"172.16.0.5"}}};
+}
+
+TEST(Discovery, PcieServerSharesEachNicBetweenTheGpusOfItsHostBridge) {
+  SysfsFixture f;
+  BuildPcieServer(f);
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, PcieServerAddresses()));
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_THAT(NicNames(*t), ElementsAre("mlx5_0", "mlx5_1"));
   EXPECT_TRUE(t->excluded_nics().empty());  // no NIC is GPU-local: none is management
@@ -364,8 +374,7 @@ TEST(Discovery, PcieServerSharesEachNicBetweenTheGpusOfItsHostBridge) {
 // socket 1 GPU 2 sits in a root port, and GPU 3 two switch levels below another root
 // port whose top switch also holds a dual-port RoCE NIC (one PCI function, port 2
 // down). Pairs across the sockets are SYS.
-TEST(Discovery, TwoSocketBoxCrossesTheSocketLinkAndSwitchesUnderSwitches) {
-  SysfsFixture f;
+void BuildTwoSocket(SysfsFixture& f) {
   const std::vector<std::string> sw0 = {Bdf(0, 1), Bdf(1)};
   auto port0 = [&](int p) {
     auto v = sw0;
@@ -394,10 +403,17 @@ TEST(Discovery, TwoSocketBoxCrossesTheSocketLinkAndSwitchesUnderSwitches) {
   p2.state = "1: DOWN";
   p2.phys_state = "2: Polling";
   f.AddRdma(nic, "mlx4_0", {p1, p2});
-  absl::StatusOr<Topology> t =
-      DiscoverTopology(Options(f, {{"ibs5", {"10.2.0.1"}},
-                                   {"enp136s0", {"10.3.0.1"}},
-                                   {"enp136s0d1", {"10.3.1.1"}}}));
+}
+
+InterfaceAddresses TwoSocketAddresses() {
+  return {
+      {"ibs5", {"10.2.0.1"}}, {"enp136s0", {"10.3.0.1"}}, {"enp136s0d1", {"10.3.1.1"}}};
+}
+
+TEST(Discovery, TwoSocketBoxCrossesTheSocketLinkAndSwitchesUnderSwitches) {
+  SysfsFixture f;
+  BuildTwoSocket(f);
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, TwoSocketAddresses()));
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_THAT(NicNames(*t), ElementsAre("mlx4_0", "mlx5_0"));
   EXPECT_EQ(Row(t->nics(0)), (std::vector<PathClass>{SYS, SYS, PHB, PXB}));
@@ -543,6 +559,34 @@ TEST(Render, ShowsTheMatrixOwnersAndReasons) {
       HasSubstr("  mlx5_0     PIX*   NODE   NODE   NODE   SYS    SYS    SYS    SYS"));
   EXPECT_THAT(text, HasSubstr("mlx5_4"));
   EXPECT_THAT(text, HasSubstr("MANAGEMENT"));
+}
+
+// Not a check: how long one discovery takes on each fixture (docs/benchmarks.md).
+TEST(DiscoveryTime, OnEachFixture) {
+  struct Case {
+    const char* name;
+    void (*build)(SysfsFixture&);
+    InterfaceAddresses (*addresses)();
+  };
+  for (const Case& c :
+       {Case{"dgx (8 GPUs, 10 RDMA ports)", BuildDgx, DgxAddresses},
+        Case{"pcie-server (4 GPUs, 2 ports)", BuildPcieServer, PcieServerAddresses},
+        Case{"two-socket (4 GPUs, 3 ports)", BuildTwoSocket, TwoSocketAddresses}}) {
+    SysfsFixture f;
+    c.build(f);
+    const DiscoveryOptions o = Options(f, c.addresses());
+    constexpr int kRuns = 50;
+    std::vector<double> ms;
+    for (int i = 0; i < kRuns; ++i) {
+      const absl::Time start = absl::Now();
+      ASSERT_TRUE(DiscoverTopology(o).ok());
+      ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf(
+        "discovery time, %-30s median %.3f ms, min %.3f ms, max %.3f ms (%d runs)\n",
+        c.name, ms[kRuns / 2], ms.front(), ms.back(), kRuns);
+  }
 }
 
 // This machine's own /sys and addresses: whatever is found must hang together, and

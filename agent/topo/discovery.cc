@@ -2,90 +2,21 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
-#include <string_view>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "agent/common/status_macros.h"
 #include "agent/topo/affinity.h"
+#include "agent/topo/nic_scan.h"
 
 namespace fuselink::topo {
 namespace {
-
-// One port or interface that might carry data, before the choice.
-struct Candidate {
-  v1::ExcludedNic id;  // name, rdma device/port, netdev, pci bus id; reason if left out
-  std::optional<PciPosition> position;
-  std::string link_layer;
-  uint64_t rate_bytes_per_s = 0;
-  std::string address;
-};
-
-void Exclude(Candidate& c, absl::string_view reason, absl::string_view detail) {
-  if (!c.id.reason().empty()) return;  // the first reason found stands
-  c.id.set_reason(std::string(reason));
-  c.id.set_detail(std::string(detail));
-}
-
-// "4: ACTIVE" -> {4, "ACTIVE"}; nullopt when malformed.
-std::optional<std::pair<int, std::string>> ParseNumberedState(absl::string_view text) {
-  std::vector<absl::string_view> parts = absl::StrSplit(text, absl::MaxSplits(':', 1));
-  int n = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &n)) return std::nullopt;
-  return std::make_pair(n, std::string(absl::StripAsciiWhitespace(parts[1])));
-}
-
-// "400 Gb/sec (4X NDR)" -> bytes per second; 0 when malformed.
-uint64_t ParseRdmaRate(absl::string_view text) {
-  std::vector<absl::string_view> words = absl::StrSplit(text, ' ', absl::SkipEmpty());
-  double gbit = 0;
-  if (words.size() < 2 || !absl::SimpleAtod(words[0], &gbit) || gbit <= 0 ||
-      !absl::StartsWith(words[1], "Gb/s")) {
-    return 0;
-  }
-  return static_cast<uint64_t>(gbit * 1e9 / 8);
-}
-
-// "mlx5_2" before "mlx5_10": names compared by their digit runs as numbers.
-bool NaturalLess(const std::string& a, const std::string& b) {
-  size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    if (absl::ascii_isdigit(a[i]) && absl::ascii_isdigit(b[j])) {
-      size_t ie = i, je = j;
-      while (ie < a.size() && absl::ascii_isdigit(a[ie])) ++ie;
-      while (je < b.size() && absl::ascii_isdigit(b[je])) ++je;
-      const std::string_view da(a.data() + i, ie - i), db(b.data() + j, je - j);
-      const std::string_view ta =
-          da.substr(std::min(da.find_first_not_of('0'), da.size()));
-      const std::string_view tb =
-          db.substr(std::min(db.find_first_not_of('0'), db.size()));
-      if (ta.size() != tb.size()) return ta.size() < tb.size();
-      if (ta != tb) return ta < tb;
-      i = ie, j = je;
-      continue;
-    }
-    if (a[i] != b[j]) return a[i] < b[j];
-    ++i, ++j;
-  }
-  return a.size() - i < b.size() - j;
-}
-
-std::vector<std::string> NaturalList(const Sysfs& sysfs, absl::string_view path) {
-  std::vector<std::string> names = sysfs.List(path);
-  std::sort(names.begin(), names.end(), NaturalLess);
-  return names;
-}
 
 // Every NVIDIA GPU function in sysfs, visible to this process or not.
 std::vector<PciPosition> AllGpuPositions(const Sysfs& sysfs) {
@@ -109,148 +40,28 @@ class Discoverer {
   absl::StatusOr<Topology> Run();
 
  private:
-  void AddRdmaPorts();
-  void AddInterfaces();
-  // The netdev of RDMA port `port` of `dev`: gid_attrs/ndevs, else the device's only
-  // netdev, else the one whose dev_port is port - 1. Empty when none.
-  std::string RdmaNetdev(const std::string& dev, int port) const;
-  void CheckAddress(Candidate& c) const;
-  bool OperatorExcluded(const Candidate& c) const;
+  void CheckAddress(NicCandidate& c) const;
 
   const DiscoveryOptions& options_;
   Sysfs sysfs_;
   const InterfaceAddresses& addresses_;
-  std::vector<Candidate> candidates_;
+  std::vector<NicCandidate> candidates_;
   std::vector<std::string> notes_;
 };
 
-bool Discoverer::OperatorExcluded(const Candidate& c) const {
-  for (const std::string& x : options_.exclude_nics) {
-    if (x.empty()) continue;
-    if (x == c.id.name() || x == c.id.rdma_device() || x == c.id.netdev()) return true;
-  }
-  return false;
-}
-
-void Discoverer::CheckAddress(Candidate& c) const {
+void Discoverer::CheckAddress(NicCandidate& c) const {
   if (c.id.netdev().empty()) {
-    Exclude(c, "NO_NETDEV",
-            "no network interface: fuselink's connections need an IPv4 "
-            "address");
+    ExcludeNic(c, "NO_NETDEV",
+               "no network interface: fuselink's connections need an IPv4 "
+               "address");
     return;
   }
   auto it = addresses_.find(c.id.netdev());
   if (it == addresses_.end() || it->second.empty()) {
-    Exclude(c, "NO_IPV4", absl::StrCat(c.id.netdev(), " has no IPv4 address"));
+    ExcludeNic(c, "NO_IPV4", absl::StrCat(c.id.netdev(), " has no IPv4 address"));
     return;
   }
   c.address = it->second.front();
-}
-
-std::string Discoverer::RdmaNetdev(const std::string& dev, int port) const {
-  const std::string ndevs =
-      absl::StrCat("class/infiniband/", dev, "/ports/", port, "/gid_attrs/ndevs");
-  if (absl::StatusOr<std::string> n = sysfs_.Read(ndevs + "/0"); n.ok() && !n->empty()) {
-    return *n;
-  }
-  for (const std::string& i : sysfs_.List(ndevs)) {
-    if (absl::StatusOr<std::string> n = sysfs_.Read(absl::StrCat(ndevs, "/", i));
-        n.ok() && !n->empty()) {
-      return *n;
-    }
-  }
-  const std::string net = absl::StrCat("class/infiniband/", dev, "/device/net");
-  const std::vector<std::string> netdevs = sysfs_.List(net);
-  if (netdevs.size() == 1) return netdevs[0];
-  for (const std::string& n : netdevs) {
-    absl::StatusOr<long long> dev_port =
-        sysfs_.ReadInt(absl::StrCat(net, "/", n, "/dev_port"));
-    if (dev_port.ok() && *dev_port == port - 1) return n;
-  }
-  return "";
-}
-
-void Discoverer::AddRdmaPorts() {
-  for (const std::string& dev : NaturalList(sysfs_, "class/infiniband")) {
-    const std::string dir = absl::StrCat("class/infiniband/", dev);
-    absl::StatusOr<PciPosition> device_position = sysfs_.Position(dir + "/device");
-    std::vector<std::string> ports = sysfs_.List(dir + "/ports");
-    std::sort(ports.begin(), ports.end(), [](const std::string& a, const std::string& b) {
-      return a.size() != b.size() ? a.size() < b.size() : a < b;
-    });
-    for (const std::string& port_name : ports) {
-      int port = 0;
-      Candidate c;
-      c.id.set_rdma_device(dev);
-      if (!absl::SimpleAtoi(port_name, &port) || port <= 0) {
-        c.id.set_name(absl::StrCat(dev, "-p", port_name));
-        Exclude(c, "BAD_SYSFS",
-                absl::StrCat(dir, "/ports/", port_name, ": not a port number"));
-        candidates_.push_back(std::move(c));
-        continue;
-      }
-      c.id.set_rdma_port(port);
-      c.id.set_name(port == 1 ? dev : absl::StrCat(dev, "-p", port));
-      const std::string pdir = absl::StrCat(dir, "/ports/", port);
-      c.id.set_netdev(RdmaNetdev(dev, port));
-      c.position = device_position.ok() ? std::optional(*device_position) : std::nullopt;
-      if (!c.position && !c.id.netdev().empty()) {  // Soft-RoCE: the netdev's position
-        absl::StatusOr<PciPosition> p =
-            sysfs_.Position(absl::StrCat("class/net/", c.id.netdev(), "/device"));
-        if (p.ok()) c.position = *p;
-      }
-      if (c.position) c.id.set_pci_bus_id(c.position->function);
-      c.link_layer = sysfs_.Read(pdir + "/link_layer").value_or("");
-      c.rate_bytes_per_s = ParseRdmaRate(sysfs_.Read(pdir + "/rate").value_or(""));
-      if (OperatorExcluded(c)) Exclude(c, "OPERATOR_EXCLUDED", "named by --exclude_nics");
-      absl::StatusOr<std::string> state_text = sysfs_.Read(pdir + "/state");
-      auto state = state_text.ok() ? ParseNumberedState(*state_text) : std::nullopt;
-      if (!state) {
-        Exclude(c, "BAD_SYSFS",
-                state_text.ok()
-                    ? absl::StrCat(pdir, "/state: '", *state_text, "' is not 'N: NAME'")
-                    : std::string(state_text.status().message()));
-      } else if (state->second != "ACTIVE") {
-        const std::string phys = sysfs_.Read(pdir + "/phys_state").value_or("unknown");
-        Exclude(c, "PORT_DOWN",
-                absl::StrCat("port state ", *state_text, ", physical state ", phys));
-      }
-      candidates_.push_back(std::move(c));
-    }
-  }
-}
-
-void Discoverer::AddInterfaces() {
-  for (const std::string& ifname : NaturalList(sysfs_, "class/net")) {
-    const std::string dir = absl::StrCat("class/net/", ifname);
-    // Loopback and virtual interfaces (bridges, veth, bonds' masters) have no device.
-    if (ifname == "lo" || !sysfs_.Exists(dir + "/device")) continue;
-    Candidate c;
-    c.id.set_name(ifname);
-    c.id.set_netdev(ifname);
-    absl::StatusOr<PciPosition> p = sysfs_.Position(dir + "/device");
-    if (p.ok()) {
-      c.position = *p;
-      c.id.set_pci_bus_id(p->function);
-    }
-    absl::StatusOr<long long> type = sysfs_.ReadInt(dir + "/type");
-    c.link_layer = type.ok() && *type == 32 ? "InfiniBand" : "Ethernet";  // ARPHRD_*
-    absl::StatusOr<long long> speed_mbit = sysfs_.ReadInt(dir + "/speed");
-    if (speed_mbit.ok() && *speed_mbit > 0) {
-      c.rate_bytes_per_s = static_cast<uint64_t>(*speed_mbit) * 1000000 / 8;
-    }
-    if (OperatorExcluded(c)) Exclude(c, "OPERATOR_EXCLUDED", "named by --exclude_nics");
-    absl::StatusOr<long long> flags = sysfs_.ReadInt(dir + "/flags");
-    const std::string operstate = sysfs_.Read(dir + "/operstate").value_or("unknown");
-    if (!flags.ok()) {
-      Exclude(c, "BAD_SYSFS", std::string(flags.status().message()));
-    } else if ((*flags & IFF_UP) == 0 || operstate == "down") {
-      Exclude(c, "NETDEV_DOWN",
-              absl::StrCat(ifname, ": flags ", *flags & IFF_UP ? "up" : "down",
-                           ", operstate ", operstate));
-    }
-    candidates_.push_back(std::move(c));
-  }
 }
 
 absl::StatusOr<Topology> Discoverer::Run() {
@@ -293,12 +104,12 @@ absl::StatusOr<Topology> Discoverer::Run() {
 
   // Candidates: RDMA ports where there are RDMA devices, else physical interfaces.
   if (!sysfs_.List("class/infiniband").empty()) {
-    AddRdmaPorts();
+    candidates_ = ScanRdmaPorts(sysfs_, options_.exclude_nics);
   } else {
-    AddInterfaces();
+    candidates_ = ScanInterfaces(sysfs_, options_.exclude_nics);
   }
   DistanceMatrix distance;
-  for (const Candidate& c : candidates_) {
+  for (const NicCandidate& c : candidates_) {
     std::vector<PathClass> row;
     for (const PciPosition& g : gpu_positions) {
       row.push_back(c.position ? Classify(*c.position, g) : v1::PATH_CLASS_UNSPECIFIED);
@@ -316,7 +127,7 @@ absl::StatusOr<Topology> Discoverer::Run() {
     }
   }
   DistanceMatrix machine_distance;
-  for (const Candidate& c : candidates_) {
+  for (const NicCandidate& c : candidates_) {
     std::vector<PathClass> row;
     for (const PciPosition& g : machine_gpus) {
       row.push_back(c.position ? Classify(*c.position, g) : v1::PATH_CLASS_UNSPECIFIED);
@@ -325,22 +136,22 @@ absl::StatusOr<Topology> Discoverer::Run() {
   }
   const std::vector<bool> management = ManagementNics(machine_distance);
   for (size_t i = 0; i < candidates_.size(); ++i) {
-    Candidate& c = candidates_[i];
+    NicCandidate& c = candidates_[i];
     if (management[i]) {
-      Exclude(c, "MANAGEMENT",
-              "not under any GPU's PCIe switch while other NICs are (PIX or PXB to a "
-              "GPU)");
+      ExcludeNic(c, "MANAGEMENT",
+                 "not under any GPU's PCIe switch while other NICs are (PIX or PXB to a "
+                 "GPU)");
     }
     CheckAddress(c);
   }
 
   DistanceMatrix data_distance;
-  std::vector<const Candidate*> data;
+  std::vector<const NicCandidate*> data;
   for (size_t i = 0; i < candidates_.size(); ++i) {
-    Candidate& c = candidates_[i];
+    NicCandidate& c = candidates_[i];
     if (c.id.reason().empty() && static_cast<int>(data.size()) >= kMaxNics) {
-      Exclude(c, "TOO_MANY_NICS",
-              absl::StrCat("fuselink drives at most ", kMaxNics, " NICs a node"));
+      ExcludeNic(c, "TOO_MANY_NICS",
+                 absl::StrCat("fuselink drives at most ", kMaxNics, " NICs a node"));
     }
     if (!c.id.reason().empty()) {
       *t.add_excluded_nics() = c.id;
@@ -351,7 +162,7 @@ absl::StatusOr<Topology> Discoverer::Run() {
   }
   const Affinity affinity = ChooseAffinity(data_distance, t.gpus_size());
   for (size_t n = 0; n < data.size(); ++n) {
-    const Candidate& c = *data[n];
+    const NicCandidate& c = *data[n];
     v1::Nic* nic = t.add_nics();
     nic->set_name(c.id.name());
     nic->set_address(c.address);

@@ -19,15 +19,25 @@
 #include "agent/topo/render.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/topo/machines.h"
 #include "tests/topo/sysfs_fixture.h"
 
 namespace fuselink::topo {
 namespace {
 
+using testing::Bdf;
+using testing::BuildDgx;
+using testing::BuildPcieServer;
+using testing::BuildTwoSocket;
+using testing::DgxAddresses;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing::kDgxBus;
+using testing::PcieServerAddresses;
 using testing::RdmaPortSpec;
+using testing::Root;
 using testing::SysfsFixture;
+using testing::TwoSocketAddresses;
 
 constexpr PathClass PIX = v1::PATH_CLASS_PIX;
 constexpr PathClass PXB = v1::PATH_CLASS_PXB;
@@ -35,52 +45,6 @@ constexpr PathClass PHB = v1::PATH_CLASS_PHB;
 constexpr PathClass NODE = v1::PATH_CLASS_NODE;
 constexpr PathClass SYS = v1::PATH_CLASS_SYS;
 constexpr PathClass UNKNOWN = v1::PATH_CLASS_UNSPECIFIED;
-
-std::string Bdf(int bus, int dev = 0, int fn = 0) {
-  return absl::StrFormat("0000:%02x:%02x.%x", bus, dev, fn);
-}
-std::string Root(int bus) { return absl::StrFormat("pci0000:%02x", bus); }
-
-// DGX H100/H200-like: 2 sockets, on each 4 host bridges, each with one PCIe switch
-// holding one GPU and one ConnectX-7 (InfiniBand NDR); a dual-port management /
-// storage ConnectX on a host bridge of socket 0 without GPUs. RDMA names as the
-// kernel gives them in PCI order: mlx5_0-3 (socket 0), mlx5_4-5 (management),
-// mlx5_6-9 (socket 1). GPU i sits at bus kDgxBus[i] + 3, its NIC at + 4.
-constexpr int kDgxBus[8] = {0x15, 0x26, 0x37, 0x48, 0x97, 0xa8, 0xb9, 0xca};
-
-void BuildDgx(SysfsFixture& f) {
-  for (int i = 0; i < 8; ++i) {
-    const int b = kDgxBus[i];
-    const std::vector<std::string> to_switch = {Bdf(b, 1), Bdf(b + 1)};
-    auto below = [&](int port) {
-      std::vector<std::string> v = to_switch;
-      v.push_back(Bdf(b + 2, port));
-      return v;
-    };
-    f.AddGpu(Root(b), below(0), Bdf(b + 3), i / 4);
-    const std::string rdma = absl::StrCat("mlx5_", i < 4 ? i : i + 2);
-    f.AddMlxNic(Root(b), below(1), Bdf(b + 4), i / 4, rdma, absl::StrCat("ib", i));
-  }
-  RdmaPortSpec eth;
-  eth.link_layer = "Ethernet";
-  eth.rate = "200 Gb/sec (4X HDR)";
-  eth.gid_netdev = "enp81s0f0np0";
-  f.AddMlxNic(Root(0x50), {Bdf(0x50, 1)}, Bdf(0x51, 0, 0), 0, "mlx5_4", "enp81s0f0np0",
-              eth);
-  eth.gid_netdev = "enp81s0f1np1";
-  f.AddMlxNic(Root(0x50), {Bdf(0x50, 1)}, Bdf(0x51, 0, 1), 0, "mlx5_5", "enp81s0f1np1",
-              eth);
-}
-
-InterfaceAddresses DgxAddresses() {
-  InterfaceAddresses a;
-  for (int i = 0; i < 8; ++i)
-    a[absl::StrCat("ib", i)] = {absl::StrCat("10.10.", i, ".2")};
-  a["enp81s0f0np0"] = {"192.168.1.10"};
-  a["enp81s0f1np1"] = {"192.168.1.11"};
-  a["lo"] = {"127.0.0.1"};
-  return a;
-}
 
 DiscoveryOptions Options(const SysfsFixture& f, InterfaceAddresses addresses) {
   DiscoveryOptions o;
@@ -329,30 +293,7 @@ TEST(Discovery, CudaVisibleDevicesByUuidAndTheDriversPeers) {
   EXPECT_EQ(ReasonOf(DiscoverTopology(o).status()), "CUDA_VISIBLE_DEVICES");
 }
 
-// A 4-GPU PCIe server without switches, one socket with two host bridges: GPU 0, 1
-// and a RoCE NIC on pci0000:00, GPU 2, 3 and the other NIC on pci0000:80. An onboard
-// 1 GbE port (no RDMA) is not a candidate where RDMA devices exist.
-void BuildPcieServer(SysfsFixture& f) {
-  for (int half = 0; half < 2; ++half) {
-    const int rb = half * 0x80;
-    f.AddGpu(Root(rb), {Bdf(rb, 1)}, Bdf(rb + 1), 0);
-    f.AddGpu(Root(rb), {Bdf(rb, 2)}, Bdf(rb + 2), 0);
-    RdmaPortSpec roce;
-    roce.link_layer = "Ethernet";
-    roce.rate = "100 Gb/sec (4X EDR)";
-    roce.gid_netdev = absl::StrCat("ens", half + 3, "np0");
-    f.AddMlxNic(Root(rb), {Bdf(rb, 3)}, Bdf(rb + 3), 0, absl::StrCat("mlx5_", half),
-                roce.gid_netdev, roce);
-  }
-  const std::string onboard =
-      f.AddPci(Root(0), {Bdf(0, 0x1c)}, Bdf(0x10), 0, 0x8086, 0x020000);
-  f.AddNetdev(onboard, "eno1");
-}
-
-InterfaceAddresses PcieServerAddresses() {
-  return {{"ens3np0", {"10.1.0.5"}}, {"ens4np0", {"10.1.1.5"}}, {"eno1", {"172.16.0.5"}}};
-}
-
+// machines.h: BuildPcieServer.
 TEST(Discovery, PcieServerSharesEachNicBetweenTheGpusOfItsHostBridge) {
   SysfsFixture f;
   BuildPcieServer(f);
@@ -370,46 +311,7 @@ TEST(Discovery, PcieServerSharesEachNicBetweenTheGpusOfItsHostBridge) {
   EXPECT_EQ(t->nics(1).rate_bytes_per_s(), 12'500'000'000u);
 }
 
-// Two sockets: on socket 0 a PCIe switch holds GPU 0, GPU 1 and an InfiniBand NIC; on
-// socket 1 GPU 2 sits in a root port, and GPU 3 two switch levels below another root
-// port whose top switch also holds a dual-port RoCE NIC (one PCI function, port 2
-// down). Pairs across the sockets are SYS.
-void BuildTwoSocket(SysfsFixture& f) {
-  const std::vector<std::string> sw0 = {Bdf(0, 1), Bdf(1)};
-  auto port0 = [&](int p) {
-    auto v = sw0;
-    v.push_back(Bdf(2, p));
-    return v;
-  };
-  f.AddGpu(Root(0), port0(0), Bdf(3), 0);
-  f.AddGpu(Root(0), port0(1), Bdf(4), 0);
-  f.AddMlxNic(Root(0), port0(2), Bdf(5), 0, "mlx5_0", "ibs5");
-  f.AddGpu(Root(0x80), {Bdf(0x80, 1)}, Bdf(0x81), 1);
-  const std::vector<std::string> top = {Bdf(0x80, 2), Bdf(0x83)};
-  auto under_top = [&](std::vector<std::string> tail) {
-    auto v = top;
-    v.insert(v.end(), tail.begin(), tail.end());
-    return v;
-  };
-  f.AddGpu(Root(0x80), under_top({Bdf(0x84, 0), Bdf(0x85), Bdf(0x86)}), Bdf(0x87), 1);
-  const std::string nic =
-      f.AddPci(Root(0x80), under_top({Bdf(0x84, 1)}), Bdf(0x88), 1, 0x15b3, 0x020000);
-  f.AddNetdev(nic, "enp136s0", true, 0);
-  f.AddNetdev(nic, "enp136s0d1", true, 1);
-  RdmaPortSpec p1, p2;
-  p1.link_layer = p2.link_layer = "Ethernet";
-  p1.rate = p2.rate = "40 Gb/sec (4X QDR)";
-  p2.port = 2;
-  p2.state = "1: DOWN";
-  p2.phys_state = "2: Polling";
-  f.AddRdma(nic, "mlx4_0", {p1, p2});
-}
-
-InterfaceAddresses TwoSocketAddresses() {
-  return {
-      {"ibs5", {"10.2.0.1"}}, {"enp136s0", {"10.3.0.1"}}, {"enp136s0d1", {"10.3.1.1"}}};
-}
-
+// machines.h: BuildTwoSocket.
 TEST(Discovery, TwoSocketBoxCrossesTheSocketLinkAndSwitchesUnderSwitches) {
   SysfsFixture f;
   BuildTwoSocket(f);
@@ -535,6 +437,11 @@ TEST(Affinity, ClassesFromPciPaths) {
       PIX);
   EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/"
                              "0000:1b:00.0/0000:1c:00.0/0000:1d:00.0",
+                             0)),
+            PXB);
+  // One switch below the GPU's switch: two bridges below the common one.
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/"
+                             "0000:1b:00.0/0000:1c:00.0",
                              0)),
             PXB);
   EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:02.0/0000:30:00.0", 0)), PHB);

@@ -88,9 +88,19 @@ launch_agent() {
   return 1
 }
 
+# --topology=emulated where $agent has it: builds from before topology discovery
+# (issue 13) were emulated by default and read "emulated" as a file's name, and
+# scripts/bench-ab.sh runs such builds beside new ones.
+emulated_flag() {
+  local help
+  help=$("$agent" --helpfull 2>&1 || true)
+  [[ $help != *topology=emulated* ]] || echo --topology=emulated
+}
+
 start_agent() {
   local name=$1 net=$2 peer=${3:-}
   shift $(($# < 3 ? $# : 3))
-  launch_agent "$name" --topology=emulated --loopback_net="$net" --listen=127.0.0.1:0 \
+  # shellcheck disable=SC2046  # emulated_flag: one word or none
+  launch_agent "$name" $(emulated_flag) --loopback_net="$net" --listen=127.0.0.1:0 \
     --metrics_listen=127.0.0.1:0 ${peer:+--peer="$peer"} "$@"
 }

@@ -104,8 +104,9 @@ echo "ok: no data NIC, every NIC excluded, and --nics without emulated are refus
 echo "== an emulated agent, and this machine"
 start_agent emu 57 "" --nics=2
 "$ctl" --agent="$(field "$run/emu.json" grpc)" "${viewer_tls[@]}" topology >"$run/emu.txt"
-grep -q "source emulated" "$run/emu.txt" && grep -Eq "^  rail1 +127.0.57.2" "$run/emu.txt" ||
+if ! grep -q "source emulated" "$run/emu.txt" || ! grep -Eq "^  rail1 +127.0.57.2" "$run/emu.txt"; then
   fail "emulated topology: $(cat "$run/emu.txt")"
+fi
 "$ctl" topology --sysfs=/sys >"$run/here.txt" || fail "discovery on /sys: $(cat "$run/here.txt")"
 grep -q "source discovered" "$run/here.txt" || fail "discovery on /sys printed nothing"
 echo "PASS: fuselinkctl topology offline and over gRPC; the agent's --topology modes"

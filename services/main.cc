@@ -168,8 +168,11 @@ absl::StatusOr<fuselink::topo::Topology> MakeTopology(bool gpus_on) {
     if (!found.ok()) return found.status();
     if (absl::Status s = topo::RequireDataNics(*found); !s.ok()) return s;
     topology = *std::move(found);
+  } else if (source.empty()) {  // once the emulated default; now a mistake
+    return absl::InvalidArgumentError(
+        "--topology is empty: give discover, emulated or a topology file");
   } else {
-    return topo::LoadTopologyFile(source);
+    return topo::LoadTopologyFile(source);  // ./discover is a file named discover
   }
   if (absl::Status s = topo::ValidateTopology(topology); !s.ok()) return s;
   return topology;

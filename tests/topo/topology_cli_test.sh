@@ -15,6 +15,7 @@ agent=$1
 ctl=$2
 here=$(cd "$(dirname "$0")/../.." && pwd)
 run=$(mktemp -d /tmp/fuselink-topo-cli.XXXXXX)
+# shellcheck source=scripts/lib/agents.sh
 . "$here/scripts/lib/agents.sh"
 trap 'stop_agents; rm -rf "$run"' EXIT
 fail() {
@@ -99,7 +100,11 @@ if "$agent" --node=old --plaintext --runtime_dir="$run/rt" --gpu=off --nics=2 >"
   fail "--nics without --topology=emulated started"
 fi
 grep -q "add --topology=emulated" "$run/old.log" || fail "--nics refusal unclear: $(cat "$run/old.log")"
-echo "ok: no data NIC, every NIC excluded, and --nics without emulated are refused, with reasons"
+if "$agent" --node=empty --plaintext --runtime_dir="$run/rt" --gpu=off --topology= >"$run/empty.log" 2>&1; then
+  fail "--topology= (the old emulated default) started"
+fi
+grep -q "topology is empty" "$run/empty.log" || fail "--topology= refusal unclear: $(cat "$run/empty.log")"
+echo "ok: no data NIC, every NIC excluded, --nics without emulated and an empty --topology are refused, with reasons"
 
 echo "== an emulated agent, and this machine"
 start_agent emu 57 "" --nics=2

@@ -3,6 +3,8 @@
 // node without RDMA devices; malformed trees; and this machine's own /sys.
 #include "agent/topo/discovery.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -344,6 +346,7 @@ TEST(Discovery, TcpNodeUsesPhysicalInterfacesThatAreUpWithIpv4) {
   f.AddNetdev(virtio + "/virtio2", "eth0", true, 0, 25000);
   f.Symlink(virtio + "/virtio2/net/eth0", "class/net/eth0");
   f.AddNetdev(f.AddPci(Root(0), {}, Bdf(0, 4), -1, 0x8086, 0x020000), "eth1", false);
+  // eth2 is up with only an IPv6 address: the lookup (IPv4 only) has no entry for it.
   f.AddNetdev(f.AddPci(Root(0), {}, Bdf(0, 5), -1, 0x8086, 0x020000), "eth2");
   f.Write("devices/virtual/net/docker0/flags", "0x1003");
   f.Symlink("devices/virtual/net/docker0", "class/net/docker0");
@@ -504,6 +507,12 @@ TEST(Discovery, ThisMachine) {
   ASSERT_TRUE(t.ok()) << t.status();
   absl::StatusOr<InterfaceAddresses> addresses = SystemIpv4Addresses();
   ASSERT_TRUE(addresses.ok());
+  for (const auto& [name, list] : *addresses) {  // lo's ::1 and the like are left out
+    for (const std::string& a : list) {
+      in_addr v4{};
+      EXPECT_EQ(inet_pton(AF_INET, a.c_str(), &v4), 1) << name << " " << a;
+    }
+  }
   std::set<std::string> names;
   for (const v1::Nic& n : t->nics()) {
     EXPECT_TRUE(names.insert(n.name()).second) << n.name();

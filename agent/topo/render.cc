@@ -20,10 +20,12 @@ std::string OrDash(const std::string& s) { return s.empty() ? "-" : s; }
 }  // namespace
 
 std::string RenderTopology(const Topology& t) {
+  // The first line keeps the form scripts read ("node N, transport T, ..."):
+  // tests/rdma/agent_vm_checks.sh takes the transport from it.
   std::string out =
-      absl::StrFormat("node %s  source %s  transport %s  %d GPUs  %d NICs  %d excluded\n",
-                      OrDash(t.node()), OrDash(t.source()), OrDash(t.transport()),
-                      t.gpus_size(), t.nics_size(), t.excluded_nics_size());
+      absl::StrFormat("node %s, transport %s, %d GPUs, %d NICs, %d excluded, source %s\n",
+                      OrDash(t.node()), OrDash(t.transport()), t.gpus_size(),
+                      t.nics_size(), t.excluded_nics_size(), OrDash(t.source()));
   out += "\nGPUs\n";
   absl::StrAppendFormat(&out, "  %-4s %-13s %-4s %-10s %-6s %-40s %s\n", "GPU", "PCI",
                         "NUMA", "DIRECT_NIC", "PEERS", "UUID", "NAME");

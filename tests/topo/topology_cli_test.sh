@@ -63,7 +63,7 @@ rdma "$(pci pci0000:30 0000:30:01.0 0000:31:00.0 0x15b3 0x020700)" mlx5_2
 echo "== offline discovery on the tree"
 "$ctl" topology --sysfs="$fx" >"$run/offline.txt" || fail "offline topology: $(cat "$run/offline.txt")"
 cat "$run/offline.txt"
-grep -q "source discovered .* 2 GPUs  2 NICs  1 excluded" "$run/offline.txt" || fail "wrong summary"
+grep -q "^node -, transport -, 2 GPUs, 2 NICs, 1 excluded, source discovered$" "$run/offline.txt" || fail "wrong summary"
 grep -Eq "^  mlx5_0 +PIX\* +NODE" "$run/offline.txt" || fail "mlx5_0's row is not PIX (owner) / NODE"
 grep -Eq "^  mlx5_1 +NODE +PIX\*" "$run/offline.txt" || fail "mlx5_1's row is not NODE / PIX (owner)"
 grep -Eq "^  mlx5_2 .*MANAGEMENT" "$run/offline.txt" || fail "mlx5_2 is not left out as MANAGEMENT"
@@ -75,11 +75,11 @@ echo "ok: offline discovery prints the matrix, owners and reasons"
 echo "== an agent discovering the tree"
 launch_agent disc --topology=discover --sysfs_root="$fx" --gpu=off \
   --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0
-grep -q "source discovered" "$run/disc.log" || fail "the agent did not print its discovered topology"
+grep -q "source discovered$" "$run/disc.log" || fail "the agent did not print its discovered topology"
 "$ctl" --agent="$(field "$run/disc.json" grpc)" "${viewer_tls[@]}" topology >"$run/online.txt" ||
   fail "fuselinkctl topology as a viewer: $(cat "$run/online.txt")"
 cat "$run/online.txt"
-grep -q "node disc  source discovered  transport tcp" "$run/online.txt" || fail "wrong summary over gRPC"
+grep -q "^node disc, transport tcp, 2 GPUs, 2 NICs, 1 excluded, source discovered$" "$run/online.txt" || fail "wrong summary over gRPC"
 grep -Eq "^  mlx5_1 +NODE +PIX\*" "$run/online.txt" || fail "the matrix did not come over GetTopology"
 grep -Eq "^  mlx5_2 .*MANAGEMENT" "$run/online.txt" || fail "the exclusions did not come over GetTopology"
 echo "ok: the agent serves the discovered topology"

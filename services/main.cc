@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/security/credentials.h"
+#include "agent/topo/discovery.h"
+#include "agent/topo/render.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -43,9 +46,22 @@ ABSL_FLAG(std::string, runtime_dir, "/run/fuselink",
 ABSL_FLAG(std::string, handle_socket, "",
           "Unix socket for memfds; default <runtime_dir>/<node>.sock. Its directory "
           "passes the --runtime_dir checks.");
-ABSL_FLAG(std::string, topology, "", "Topology JSON file; empty: an emulated node.");
-ABSL_FLAG(int, nics, 4, "Emulated node: number of NICs (one GPU each).");
-ABSL_FLAG(int, loopback_net, 1, "Emulated node: NIC i at 127.0.<loopback_net>.<i+1>.");
+ABSL_FLAG(
+    std::string, topology, "discover",
+    "Where the node's GPUs and NICs come from: discover (sysfs, the CUDA driver and "
+    "the interfaces' addresses; the agent refuses to start when no NIC can carry "
+    "data), emulated (--nics loopback NICs, one GPU each, for testbeds), or the "
+    "path of a topology JSON file.");
+ABSL_FLAG(std::vector<std::string>, exclude_nics, {},
+          "discover: NICs that must not carry data, by RDMA device, NIC name or netdev, "
+          "comma-separated (e.g. mlx5_4,mlx5_5).");
+ABSL_FLAG(std::string, sysfs_root, "/sys", "discover: the sysfs to read.");
+// Optional so that giving them with --topology=discover can be refused: a script
+// written for the old emulated default fails at once instead of binding to real NICs.
+ABSL_FLAG(std::optional<int>, nics, std::nullopt,
+          "--topology=emulated: number of NICs (one GPU each); default 4.");
+ABSL_FLAG(std::optional<int>, loopback_net, std::nullopt,
+          "--topology=emulated: NIC i at 127.0.<loopback_net>.<i+1>; default 1.");
 ABSL_FLAG(std::vector<std::string>, peer, {},
           "Peers as name=host:port, comma-separated.");
 ABSL_FLAG(std::string, policy, "fuselink",
@@ -136,6 +152,44 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// The node's topology as --topology says: discovered, emulated or from a file.
+absl::StatusOr<fuselink::topo::Topology> MakeTopology(bool gpus_on) {
+  using namespace fuselink;
+  const std::string source = absl::GetFlag(FLAGS_topology);
+  topo::Topology topology;
+  if (source == "emulated") {
+    topology = topo::EmulatedTopology(absl::GetFlag(FLAGS_nics).value_or(4),
+                                      absl::GetFlag(FLAGS_loopback_net).value_or(1), 0);
+  } else if (source == "discover") {
+    // Flags of an emulated node on a discovered one would be silently ignored: a
+    // script that relied on the old emulated default must say --topology=emulated.
+    if (absl::GetFlag(FLAGS_nics) || absl::GetFlag(FLAGS_loopback_net)) {
+      return absl::InvalidArgumentError(
+          "--nics and --loopback_net describe an emulated node: add --topology=emulated "
+          "(the default is --topology=discover)");
+    }
+    topo::DiscoveryOptions options;
+    options.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);
+    options.exclude_nics = absl::GetFlag(FLAGS_exclude_nics);
+    options.cuda = topo::CudaEnvironment::FromProcess();
+    topo::Sysfs sysfs(options.sysfs_root);
+    std::unique_ptr<topo::GpuProbe> probe = topo::MakeSysfsGpuProbe(&sysfs, options.cuda);
+    if (gpus_on) probe = topo::MakeCudaGpuProbe(options.cuda, std::move(probe));
+    options.gpus = probe.get();
+    absl::StatusOr<topo::Topology> found = topo::DiscoverTopology(options);
+    if (!found.ok()) return found.status();
+    if (absl::Status s = topo::RequireDataNics(*found); !s.ok()) return s;
+    topology = *std::move(found);
+  } else if (source.empty()) {  // once the emulated default; now a mistake
+    return absl::InvalidArgumentError(
+        "--topology is empty: give discover, emulated or a topology file");
+  } else {
+    return topo::LoadTopologyFile(source);  // ./discover is a file named discover
+  }
+  if (absl::Status s = topo::ValidateTopology(topology); !s.ok()) return s;
+  return topology;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -165,15 +219,11 @@ int main(int argc, char** argv) {
     return Fail(
         absl::InvalidArgumentError("--node: a name of [A-Za-z0-9._/-] is required"));
   }
-  if (std::string path = absl::GetFlag(FLAGS_topology); !path.empty()) {
-    absl::StatusOr<topo::Topology> t = topo::LoadTopologyFile(path);
-    if (!t.ok()) return Fail(t.status());
+  if (absl::StatusOr<topo::Topology> t = MakeTopology(absl::GetFlag(FLAGS_gpu) != "off");
+      t.ok()) {
     options.topology = *std::move(t);
   } else {
-    options.topology = topo::EmulatedTopology(absl::GetFlag(FLAGS_nics),
-                                              absl::GetFlag(FLAGS_loopback_net), 0);
-    if (absl::Status s = topo::ValidateTopology(options.topology); !s.ok())
-      return Fail(s);
+    return Fail(t.status());
   }
   for (const std::string& p : absl::GetFlag(FLAGS_peer)) {
     std::vector<std::string> kv = absl::StrSplit(p, absl::MaxSplits('=', 1));
@@ -329,6 +379,9 @@ int main(int argc, char** argv) {
                  grpc_address.c_str());
   }
   if ((*node)->gpu() != nullptr) std::printf("%s", (*node)->gpu()->Describe().c_str());
+  if ((*node)->topology().source() == "discovered") {
+    std::printf("%s", topo::RenderTopology((*node)->topology()).c_str());
+  }
   std::printf("%s", (*node)->foreign().Describe().c_str());
   std::fflush(stdout);
   std::unique_ptr<services::K8sDiscovery> discovery;

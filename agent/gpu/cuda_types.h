@@ -103,6 +103,11 @@ inline constexpr unsigned int CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1;
 
 // CUDA IPC: what cudaIpcGetMemHandle / cuIpcGetMemHandle produce, 64 opaque bytes.
 inline constexpr size_t CU_IPC_HANDLE_SIZE = 64;
+// A device's UUID (cuDeviceGetUuid): 16 bytes.
+struct CUuuid {
+  char bytes[16];
+};
+
 struct CUipcMemHandle {
   char reserved[CU_IPC_HANDLE_SIZE];
 };

@@ -184,6 +184,10 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Open(const std::string& library)
   FL_RESOLVE(cuModuleGetFunction);
   FL_RESOLVE(cuLaunchKernel);
 #undef FL_RESOLVE
+  // Optional entry points: discovery reports an empty UUID without them.
+  if (!Resolve(lib, "cuDeviceGetUuid_v2", api.cuDeviceGetUuid)) {
+    Resolve(lib, "cuDeviceGetUuid", api.cuDeviceGetUuid);
+  }
 
   // Every failure here means "no usable GPU on this node": fix the node, not the call.
   if (absl::Status s = driver->Check(api.cuInit(0), "cuInit"); !s.ok()) {

@@ -14,7 +14,8 @@ namespace fuselink::gpu {
 
 // The driver entry points fuselink calls, resolved by their versioned ABI names (the
 // names cuda.h's macros expand to for CUDA 12/13, e.g. cuMemAlloc -> cuMemAlloc_v2).
-// Every one is resolved at load; a driver lacking one does not load.
+// Every one is resolved at load and a driver lacking one does not load, except those
+// marked optional, which are null on a driver without them.
 struct DriverApi {
   using R = cu::CUresult;
   // Setup and errors.
@@ -30,6 +31,8 @@ struct DriverApi {
   R (*cuDeviceGetAttribute)(int* value, cu::CUdevice_attribute attr, cu::CUdevice device);
   R (*cuDeviceTotalMem_v2)(size_t* bytes, cu::CUdevice device);
   R (*cuDeviceCanAccessPeer)(int* can, cu::CUdevice device, cu::CUdevice peer);
+  // Optional: cuDeviceGetUuid_v2 (CUDA 11.4+), else cuDeviceGetUuid (CUDA 9.2+).
+  R (*cuDeviceGetUuid)(cu::CUuuid* uuid, cu::CUdevice device);
   R (*cuDevicePrimaryCtxRetain)(cu::CUcontext* ctx, cu::CUdevice device);
   R (*cuDevicePrimaryCtxRelease_v2)(cu::CUdevice device);
   R (*cuCtxGetCurrent)(cu::CUcontext* ctx);

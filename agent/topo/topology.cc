@@ -25,7 +25,9 @@ absl::StatusOr<Topology> LoadTopologyFile(absl::string_view path) {
   if (!in) return BadTopology(absl::StrCat("cannot read '", path, "'"));
   std::stringstream text;
   text << in.rdbuf();
-  return ParseTopologyJson(text.str());
+  absl::StatusOr<Topology> topology = ParseTopologyJson(text.str());
+  if (topology.ok() && topology->source().empty()) topology->set_source("file");
+  return topology;
 }
 
 absl::StatusOr<Topology> ParseTopologyJson(absl::string_view json) {
@@ -41,6 +43,7 @@ absl::StatusOr<Topology> ParseTopologyJson(absl::string_view json) {
 
 Topology EmulatedTopology(int nics, int loopback_net, uint64_t rate_bytes_per_s) {
   Topology topology;
+  topology.set_source("emulated");
   for (int i = 0; i < nics; ++i) {
     v1::Gpu* gpu = topology.add_gpus();
     gpu->set_index(i);
@@ -89,11 +92,27 @@ absl::Status ValidateTopology(Topology& topology) {
                                       nic.owner_gpu(), " does not exist"));
     }
     if (nic.port() > 65535) return BadTopology("port above 65535");
+    if (nic.gpu_distance_size() != 0 && nic.gpu_distance_size() != topology.gpus_size()) {
+      return BadTopology(
+          absl::StrCat("NIC '", nic.name(), "' has ", nic.gpu_distance_size(),
+                       " gpu_distance entries for ", topology.gpus_size(), " GPUs"));
+    }
+  }
+  for (const v1::Gpu& gpu : topology.gpus()) {
+    if (gpu.has_direct_nic() &&
+        gpu.direct_nic() >= static_cast<uint32_t>(topology.nics_size())) {
+      return BadTopology(absl::StrCat("GPU ", gpu.index(), " direct_nic ",
+                                      gpu.direct_nic(), " does not exist"));
+    }
   }
   return absl::OkStatus();
 }
 
 int DirectNic(const Topology& topology, uint32_t gpu) {
+  if (gpu < static_cast<uint32_t>(topology.gpus_size()) &&
+      topology.gpus(gpu).has_direct_nic()) {
+    return static_cast<int>(topology.gpus(gpu).direct_nic());
+  }
   for (const v1::Nic& nic : topology.nics()) {
     if (nic.owner_gpu() == gpu) return static_cast<int>(nic.index());
   }

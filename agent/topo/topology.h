@@ -1,6 +1,7 @@
-// A node's GPUs and NICs, and who owns which NIC. Read from a JSON topology file
-// (fuselink.v1.Topology in protobuf's JSON form) on emulated nodes, or built as the
-// default emulated node: one GPU per NIC, each NIC on its own loopback address.
+// A node's GPUs and NICs, and who owns which NIC. Discovered (discovery.h), read from
+// a JSON topology file (fuselink.v1.Topology in protobuf's JSON form; source "file"),
+// or built as the emulated node (source "emulated"): one GPU per NIC, each NIC on its
+// own loopback address.
 #pragma once
 
 #include <string>
@@ -25,12 +26,13 @@ absl::StatusOr<Topology> ParseTopologyJson(absl::string_view json);
 // `rate_bytes_per_s`.
 Topology EmulatedTopology(int nics, int loopback_net, uint64_t rate_bytes_per_s);
 
-// Checks names unique, addresses IPv4, owners existing, counts within bounds; fills
-// NIC indices. INVALID_ARGUMENT (reason BAD_TOPOLOGY) otherwise.
+// Checks names unique, addresses IPv4, owners and direct NICs existing, one
+// gpu_distance entry per GPU (or none), counts within bounds; fills NIC indices.
+// INVALID_ARGUMENT (reason BAD_TOPOLOGY) otherwise.
 absl::Status ValidateTopology(Topology& topology);
 
-// The NIC owned by `gpu` (its direct NIC); the first such NIC if several, NIC 0 if
-// none.
+// The NIC `gpu` starts on: its direct_nic where discovery set one, else the NIC it
+// owns (the first such NIC if several), else NIC 0.
 int DirectNic(const Topology& topology, uint32_t gpu);
 
 }  // namespace fuselink::topo

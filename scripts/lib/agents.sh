@@ -2,7 +2,8 @@
 # shellcheck disable=SC2154  # $agent and $run are the caller's
 # Shell helpers to run local agents; sourced by scripts and tests.
 # Needs: $agent (the fuselink-agent binary) and $run (a scratch folder).
-# start_agent NAME LOOPBACK_NET [PEER [EXTRA FLAGS...]] starts one in the background,
+# start_agent NAME LOOPBACK_NET [PEER [EXTRA FLAGS...]] starts an emulated node
+# (--topology=emulated, NICs on 127.0.LOOPBACK_NET.x) in the background,
 # waits until it serves, and appends its pid to the pids array.
 # launch_agent NAME [FLAGS...] is the general form: --node, --handle_socket,
 # --ready_file and the log are set (in ${agent_dir:-$run}), every other flag is the
@@ -87,9 +88,19 @@ launch_agent() {
   return 1
 }
 
+# --topology=emulated where $agent has it: builds from before topology discovery
+# (issue 13) were emulated by default and read "emulated" as a file's name, and
+# scripts/bench-ab.sh runs such builds beside new ones.
+emulated_flag() {
+  local help
+  help=$("$agent" --helpfull 2>&1 || true)
+  [[ $help != *topology=emulated* ]] || echo --topology=emulated
+}
+
 start_agent() {
   local name=$1 net=$2 peer=${3:-}
   shift $(($# < 3 ? $# : 3))
-  launch_agent "$name" --loopback_net="$net" --listen=127.0.0.1:0 \
+  # shellcheck disable=SC2046  # emulated_flag: one word or none
+  launch_agent "$name" $(emulated_flag) --loopback_net="$net" --listen=127.0.0.1:0 \
     --metrics_listen=127.0.0.1:0 ${peer:+--peer="$peer"} "$@"
 }

@@ -104,7 +104,8 @@ case_ok defaults "" \
   "'checksum/access-policy' in ds['spec']['template']['metadata']['annotations']" \
   "agent['livenessProbe']['httpGet'] == {'path': '/metrics', 'port': 'metrics'} and agent['readinessProbe']['httpGet'] == {'path': '/metrics', 'port': 'metrics'}" \
   "not any(a.startswith('--metrics_web_config') for a in args) and 'Secret' not in kinds" \
-  "'--topology=/etc/fuselink/host/topology.json' in args" \
+  "'--topology=discover' in args and not any(a.startswith('--exclude_nics') for a in args)" \
+  "not any(v['name'] == 'topology' for v in pod['volumes'])" \
   "not any(a.startswith('--peer=') for a in args)" \
   "'--peer_discovery=kubernetes' in args and '--k8s_service=fl-fuselink' in args and '--k8s_namespace=\$(POD_NAMESPACE)' in args" \
   "pod['automountServiceAccountToken'] is True and pod['serviceAccountName'] == 'fl-fuselink'" \
@@ -172,7 +173,12 @@ case_ok topology-per-node "--set topology.source=perNode --set-json topology.nod
   "[c for c in of('ConfigMap') if c['metadata']['name'] == 'fl-fuselink-topology'][0]['data']['gpu-1.json'].startswith('{')" \
   "'checksum/topology' in ds['spec']['template']['metadata']['annotations']"
 case_ok topology-emulated "--set topology.source=emulated --set topology.emulatedNics=2" \
-  "'--nics=2' in args and not any(v['name'] == 'topology' for v in pod['volumes'])"
+  "'--topology=emulated' in args and '--nics=2' in args and not any(v['name'] == 'topology' for v in pod['volumes'])"
+case_ok topology-host-file "--set topology.source=hostPath" \
+  "'--topology=/etc/fuselink/host/topology.json' in args and '--topology=discover' not in args" \
+  "any(v['name'] == 'topology' for v in pod['volumes'])"
+case_ok topology-discover-exclude "--set-json topology.excludeNics=[\"mlx5_4\",\"mlx5_5\"]" \
+  "'--topology=discover' in args and '--exclude_nics=mlx5_4,mlx5_5' in args"
 case_ok static-peers "--set peers.discovery=static --set-json peers.static=[{\"name\":\"gpu-2\",\"address\":\"10.0.0.2:17350\"},{\"name\":\"gpu-3\",\"address\":\"10.0.0.3:17350\"}]" \
   "'--peer=gpu-2=10.0.0.2:17350,gpu-3=10.0.0.3:17350' in args" \
   "not any(a.startswith('--peer_discovery') for a in args) and pod['automountServiceAccountToken'] is False"
@@ -265,6 +271,8 @@ bad topology-per-node-empty "--set topology.source=perNode"
 bad topology-nic-address "--set topology.source=perNode --set-json topology.nodes={\"g\":{\"nics\":[{\"name\":\"r\",\"address\":\"10.0.0.300\"}]}}"
 bad topology-no-nics "--set topology.source=perNode --set-json topology.nodes={\"g\":{\"gpus\":[]}}"
 bad emulated-nics-high "--set topology.emulatedNics=17"
+bad topology-source-unknown "--set topology.source=guess"
+bad_yaml topology-exclude-nic-space "topology: {excludeNics: ['mlx5 4']}"
 bad handle-dir-relative "--set handleSocket.hostDir=run/fuselink"
 bad handle-name-slash "--set handleSocket.name=a/b.sock"
 bad host-ipc-string "--set-string hostIPC=true"

@@ -57,7 +57,7 @@ tls() { # KIND NAME: the --tls_* flags of certificate KIND-NAME, as the image se
 # Kubernetes discovery loads libcurl at run time (ldd does not show it): in the image
 # it loads, and the agent gets as far as dialling the API server.
 # shellcheck disable=SC2046  # tls: words
-if in_image /usr/bin/fuselink-agent --node=img-k --nics=1 --loopback_net=63 --gpu=off \
+if in_image /usr/bin/fuselink-agent --node=img-k --topology=emulated --nics=1 --loopback_net=63 --gpu=off \
   $(tls node img-k) \
   --handle_socket=/tmp/img-k/img-k.sock --peer_discovery=kubernetes --k8s_service=fl \
   --k8s_namespace=gpu --k8s_api_server=https://127.0.0.1:1 >"$run/k8s.log" 2>&1; then
@@ -72,7 +72,7 @@ echo "ok: the image's agent loads libcurl for Kubernetes discovery"
 start() { # NAME NET [PEER]
   rm -f "$root/tmp/$1.json"
   # shellcheck disable=SC2046  # tls: words
-  chroot "$root" /usr/bin/fuselink-agent --node="$1" --loopback_net="$2" --nics=2 $(tls node "$1") \
+  chroot "$root" /usr/bin/fuselink-agent --node="$1" --topology=emulated --loopback_net="$2" --nics=2 $(tls node "$1") \
     --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --handle_socket="/tmp/$1/$1.sock" \
     --ready_file="/tmp/$1.json" --gpu=off ${3:+--peer="$3"} >"$run/$1.log" 2>&1 &
   pids+=($!)

@@ -105,6 +105,7 @@ FL_SAME_LAYOUT(CUdevice, CUdevice);
 FL_SAME_LAYOUT(CUdeviceptr, CUdeviceptr);
 FL_SAME_LAYOUT(CUmemGenericAllocationHandle, CUmemGenericAllocationHandle);
 FL_SAME_LAYOUT(CUipcMemHandle, CUipcMemHandle);
+FL_SAME_LAYOUT(CUuuid, CUuuid);
 FL_SAME_LAYOUT(CUmemLocation, CUmemLocation);
 FL_SAME_LAYOUT(CUmemAllocationProp, CUmemAllocationProp);
 FL_SAME_LAYOUT(CUmemAccessDesc, CUmemAccessDesc);

@@ -98,6 +98,8 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(
       absl::StrCat("--node=", node),
       absl::StrCat("--handle_socket=", dir, "/", node, ".sock"),
       absl::StrCat("--ready_file=", ready_path),
+      // An emulated node unless the test gives --topology itself (a later flag wins).
+      "--topology=emulated",
       absl::StrCat("--loopback_net=", NextLoopbackNet()),
       "--gpu=off",  // host memory only, on every machine
   };

@@ -45,8 +45,8 @@ class TempDir {
 class AgentProcess {
  public:
   // Starts `fuselink-agent --node=<node>` with --listen=127.0.0.1:0 (unless `flags`
-  // give --listen), a handle socket, ready file and log in `dir`, a loopback net of
-  // its own, and `flags`. Returns once the agent has written its ready file;
+  // give --listen), a handle socket, ready file and log in `dir`, an emulated node
+  // (--topology=emulated) on a loopback net of its own, and `flags`. Returns once the agent has written its ready file;
   // UNAVAILABLE with the agent's log when it exits or is not ready within
   // kWaitTimeout.
   static absl::StatusOr<std::unique_ptr<AgentProcess>> Start(

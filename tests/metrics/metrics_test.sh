@@ -122,7 +122,7 @@ grep -q '^fuselink_metrics_http_refusals_total{reason="tls"} [1-9]' "$run/node-t
 
 # A mistake in the web config: the agent refuses to start and names the line.
 printf 'tls_server_config:\n  cert_file: server.crt\n  keyfile: server.key\n' >"$web/bad.yml"
-if "$agent" --node=bad --plaintext --handle_socket="$run/bad.sock" --metrics_web_config="$web/bad.yml" \
+if "$agent" --node=bad --topology=emulated --plaintext --handle_socket="$run/bad.sock" --metrics_web_config="$web/bad.yml" \
   >"$run/bad.log" 2>&1; then
   fail "an agent started with a bad web config"
 fi

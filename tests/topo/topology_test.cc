@@ -43,3 +43,37 @@ TEST(Topology, EmulatedNodeHasOneGpuPerNic) {
 
 }  // namespace
 }  // namespace fuselink::topo
+
+namespace fuselink::topo {
+namespace {
+
+TEST(Topology, FilesMayCarryDiscoveredFields) {
+  auto t = ParseTopologyJson(R"({
+    "gpus": [{"index": 0, "pci_bus_id": "0000:1b:00.0", "numa_node": 0, "direct_nic": 1,
+              "peer_gpus": [1]},
+             {"index": 1}],
+    "nics": [{"name": "mlx5_0", "address": "10.0.0.1", "owner_gpu": 1,
+              "gpu_distance": ["PATH_CLASS_SYS", "PATH_CLASS_PIX"]},
+             {"name": "mlx5_1", "address": "10.0.1.1", "rdma_device": "mlx5_1",
+              "link_layer": "InfiniBand"}],
+    "excluded_nics": [{"name": "mlx5_4", "reason": "MANAGEMENT"}]})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->nics(0).gpu_distance(1), v1::PATH_CLASS_PIX);
+  EXPECT_EQ(DirectNic(*t, 0), 1);  // direct_nic wins over ownership
+  EXPECT_EQ(DirectNic(*t, 1), 0);  // no direct_nic: the NIC it owns
+  for (const char* bad : {
+           R"({"gpus": [{"index": 0, "direct_nic": 2}],
+               "nics": [{"name": "a", "address": "1.2.3.4"}]})",
+           R"({"gpus": [{"index": 0}, {"index": 1}],
+               "nics": [{"name": "a", "address": "1.2.3.4", "gpu_distance": ["PATH_CLASS_PIX"]}]})",
+       }) {
+    EXPECT_EQ(ReasonOf(ParseTopologyJson(bad).status()), "BAD_TOPOLOGY") << bad;
+  }
+}
+
+TEST(Topology, SourceSaysWhereItCameFrom) {
+  EXPECT_EQ(EmulatedTopology(1, 1, 0).source(), "emulated");
+}
+
+}  // namespace
+}  // namespace fuselink::topo

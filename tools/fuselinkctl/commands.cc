@@ -1,5 +1,6 @@
 #include "tools/fuselinkctl/commands.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -10,6 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "agent/topo/discovery.h"
+#include "agent/topo/render.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "tools/client/client.h"
@@ -32,6 +35,12 @@ ABSL_FLAG(std::string, target_socket, "/run/fuselink/node-b.sock",
 ABSL_FLAG(uint32_t, demo_layers, 32, "demo: layers of the KV cache.");
 ABSL_FLAG(uint32_t, demo_blocks, 64, "demo: blocks per layer.");
 ABSL_FLAG(uint64_t, demo_block_bytes, 256 << 10, "demo: bytes per block.");
+ABSL_FLAG(std::string, sysfs, "",
+          "topology: run discovery here, on this sysfs (e.g. /sys), instead of asking an "
+          "agent.");
+ABSL_FLAG(std::vector<std::string>, exclude_nics, {},
+          "topology --sysfs: NICs to leave out, as the agent's --exclude_nics.");
+ABSL_FLAG(bool, time, false, "topology --sysfs: also time discovery (to stderr).");
 
 namespace fuselink::ctl {
 namespace {
@@ -176,14 +185,52 @@ int Topology(Context& ctx) {
   });
   if (!s.ok()) return Failed(s);
   if (ctx.json) return std::printf("%s\n", Json(t).c_str()), 0;
-  std::printf("node %s, transport %s, %d GPUs\n", t.node().c_str(), t.transport().c_str(),
-              t.gpus_size());
-  std::printf("%-8s %-16s %-6s %-9s %s\n", "NIC", "ADDRESS", "PORT", "OWNER_GPU", "RATE");
+  std::printf("%s", topo::RenderTopology(t).c_str());
+  std::printf("\n%-10s %-16s %s\n", "NIC", "ADDRESS", "PORT");
   for (const v1::Nic& n : t.nics()) {
-    std::printf(
-        "%-8s %-16s %-6u %-9u %s\n", n.name().c_str(), n.address().c_str(), n.port(),
-        n.owner_gpu(),
-        n.rate_bytes_per_s() ? (Bytes(n.rate_bytes_per_s()) + "/s").c_str() : "unset");
+    std::printf("%-10s %-16s %u\n", n.name().c_str(), n.address().c_str(), n.port());
+  }
+  return 0;
+}
+
+int OfflineTopology(bool json) {
+  topo::DiscoveryOptions options;
+  options.sysfs_root = absl::GetFlag(FLAGS_sysfs);
+  options.exclude_nics = absl::GetFlag(FLAGS_exclude_nics);
+  options.cuda = topo::CudaEnvironment::FromProcess();
+  topo::Sysfs sysfs(options.sysfs_root);
+  std::unique_ptr<topo::GpuProbe> probe =
+      topo::MakeCudaGpuProbe(options.cuda, topo::MakeSysfsGpuProbe(&sysfs, options.cuda));
+  options.gpus = probe.get();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<topo::Topology> t = topo::DiscoverTopology(options);
+  const absl::Duration first = absl::Now() - start;
+  if (!t.ok()) return FailedStatus(t.status());
+  if (json) {
+    std::printf("%s\n", Json(*t).c_str());
+  } else {
+    std::printf("%s", topo::RenderTopology(*t).c_str());
+    if (absl::Status usable = topo::RequireDataNics(*t); !usable.ok()) {
+      std::printf("\nthe agent would not start here: %s\n",
+                  std::string(usable.message()).c_str());
+    }
+  }
+  if (absl::GetFlag(FLAGS_time)) {
+    // The first run reads sysfs cold (and loads the CUDA driver where there is one);
+    // the repeats show the steady cost of one discovery.
+    constexpr int kRepeats = 20;
+    std::vector<double> ms;
+    for (int i = 0; i < kRepeats; ++i) {
+      const absl::Time t0 = absl::Now();
+      if (!topo::DiscoverTopology(options).ok()) break;
+      ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    }
+    std::sort(ms.begin(), ms.end());
+    std::fprintf(
+        stderr,
+        "discovery of %s: first %.2f ms, median of %zu repeats %.2f ms, min %.2f ms\n",
+        options.sysfs_root.c_str(), absl::ToDoubleMilliseconds(first), ms.size(),
+        ms.empty() ? 0.0 : ms[ms.size() / 2], ms.empty() ? 0.0 : ms.front());
   }
   return 0;
 }

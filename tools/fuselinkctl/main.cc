@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -12,6 +13,7 @@
 
 ABSL_FLAG(std::string, agent, "127.0.0.1:50051", "The agent's gRPC address.");
 ABSL_FLAG(bool, json, false, "Print JSON instead of text.");
+ABSL_DECLARE_FLAG(std::string, sysfs);
 
 constexpr char kUsage[] = R"(fuselinkctl [--agent=host:port] [--json] TLS COMMAND
 
@@ -21,7 +23,9 @@ transfer/status/cancel, an engine's for its own tensors, a viewer's to look), or
 --plaintext for an agent started with --plaintext.
 
 Commands:
-  topology                      GPUs and NICs of the agent's node
+  topology                      the agent's GPUs, NICs, GPU x NIC classes, owners and
+                                excluded NICs; --sysfs=/sys runs discovery here
+                                without an agent ([--exclude_nics=..] [--time])
   tensors                       registered tensors
   tensor get|unregister NAME    one tensor
   transfer                      move blocks: --source=node/tensor --target=node/tensor
@@ -44,6 +48,9 @@ int main(int argc, char** argv) {
   if (args.empty()) {
     std::fprintf(stderr, "%s\n", kUsage);
     return 2;
+  }
+  if (args[0] == "topology" && !absl::GetFlag(FLAGS_sysfs).empty()) {
+    return fuselink::ctl::OfflineTopology(absl::GetFlag(FLAGS_json));
   }
   fuselink::ctl::Context ctx;
   ctx.agent_address = absl::GetFlag(FLAGS_agent);

@@ -1,0 +1,102 @@
+#include "agent/topo/affinity.h"
+
+#include <algorithm>
+#include <tuple>
+
+namespace fuselink::topo {
+
+PathClass Classify(const PciPosition& a, const PciPosition& b) {
+  if (a.root.empty() || b.root.empty()) return v1::PATH_CLASS_UNSPECIFIED;
+  if (a.root != b.root) {
+    return a.numa_node == b.numa_node ? v1::PATH_CLASS_NODE : v1::PATH_CLASS_SYS;
+  }
+  size_t common = 0;
+  while (common < a.bridges.size() && common < b.bridges.size() &&
+         a.bridges[common] == b.bridges[common]) {
+    ++common;
+  }
+  if (common == 0) return v1::PATH_CLASS_PHB;
+  // Bridges each side crosses below the common one. A switch shows in sysfs as its
+  // upstream port with one downstream port per slot, so two slots of one switch are
+  // each one bridge below the upstream port.
+  const size_t below_a = a.bridges.size() - common;
+  const size_t below_b = b.bridges.size() - common;
+  return below_a <= 1 && below_b <= 1 ? v1::PATH_CLASS_PIX : v1::PATH_CLASS_PXB;
+}
+
+const char* PathClassName(PathClass c) {
+  switch (c) {
+    case v1::PATH_CLASS_PIX:
+      return "PIX";
+    case v1::PATH_CLASS_PXB:
+      return "PXB";
+    case v1::PATH_CLASS_PHB:
+      return "PHB";
+    case v1::PATH_CLASS_NODE:
+      return "NODE";
+    case v1::PATH_CLASS_SYS:
+      return "SYS";
+    default:
+      return "?";
+  }
+}
+
+int PathRank(PathClass c) {
+  return c == v1::PATH_CLASS_UNSPECIFIED || c > v1::PATH_CLASS_SYS
+             ? v1::PATH_CLASS_SYS + 1
+             : c;
+}
+
+Affinity ChooseAffinity(const DistanceMatrix& distance, int gpus) {
+  Affinity out;
+  const int nics = static_cast<int>(distance.size());
+  out.owner_gpu.assign(nics, 0);
+  if (gpus <= 0) return out;
+  std::vector<int> owned(gpus, 0);
+  for (int n = 0; n < nics; ++n) {
+    int best = 0;
+    for (int g = 1; g < gpus; ++g) {
+      const int r = PathRank(distance[n][g]), rb = PathRank(distance[n][best]);
+      if (r < rb || (r == rb && owned[g] < owned[best])) best = g;
+    }
+    out.owner_gpu[n] = best;
+    ++owned[best];
+  }
+  out.direct_nic.assign(gpus, 0);
+  if (nics == 0) return out;
+  std::vector<int> starters(nics, 0);
+  for (int g = 0; g < gpus; ++g) {
+    int best = 0;
+    auto key = [&](int n) {
+      return std::make_tuple(PathRank(distance[n][g]), out.owner_gpu[n] == g ? 0 : 1,
+                             starters[n], n);
+    };
+    for (int n = 1; n < nics; ++n) {
+      if (key(n) < key(best)) best = n;
+    }
+    out.direct_nic[g] = best;
+    ++starters[best];
+  }
+  return out;
+}
+
+std::vector<bool> ManagementNics(const DistanceMatrix& distance) {
+  auto gpu_local = [](const std::vector<PathClass>& row) {
+    return std::any_of(row.begin(), row.end(), [](PathClass c) {
+      return c == v1::PATH_CLASS_PIX || c == v1::PATH_CLASS_PXB;
+    });
+  };
+  const bool any_local = std::any_of(distance.begin(), distance.end(), gpu_local);
+  std::vector<bool> management(distance.size(), false);
+  if (!any_local) return management;
+  for (size_t n = 0; n < distance.size(); ++n) {
+    // A NIC whose position is unknown is not judged: nothing says it is far.
+    const bool unknown =
+        std::all_of(distance[n].begin(), distance[n].end(),
+                    [](PathClass c) { return c == v1::PATH_CLASS_UNSPECIFIED; });
+    management[n] = !unknown && !gpu_local(distance[n]);
+  }
+  return management;
+}
+
+}  // namespace fuselink::topo

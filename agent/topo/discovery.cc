@@ -1,0 +1,238 @@
+#include "agent/topo/discovery.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agent/common/status_macros.h"
+#include "agent/topo/affinity.h"
+#include "agent/topo/nic_scan.h"
+
+namespace fuselink::topo {
+namespace {
+
+// Every NVIDIA GPU function in sysfs, visible to this process or not.
+std::vector<PciPosition> AllGpuPositions(const Sysfs& sysfs) {
+  std::vector<PciPosition> out;
+  for (const std::string& bdf : sysfs.List("bus/pci/devices")) {
+    const std::string dir = absl::StrCat("bus/pci/devices/", bdf);
+    absl::StatusOr<long long> vendor = sysfs.ReadInt(dir + "/vendor");
+    absl::StatusOr<long long> klass = sysfs.ReadInt(dir + "/class");
+    if (!vendor.ok() || !klass.ok() || *vendor != 0x10de) continue;
+    if ((*klass >> 8) != 0x0300 && (*klass >> 8) != 0x0302) continue;
+    if (absl::StatusOr<PciPosition> p = sysfs.Position(dir); p.ok()) out.push_back(*p);
+  }
+  return out;
+}
+
+class Discoverer {
+ public:
+  Discoverer(const DiscoveryOptions& options, const InterfaceAddresses& addresses)
+      : options_(options), sysfs_(options.sysfs_root), addresses_(addresses) {}
+
+  absl::StatusOr<Topology> Run();
+
+ private:
+  void CheckAddress(NicCandidate& c) const;
+
+  const DiscoveryOptions& options_;
+  Sysfs sysfs_;
+  const InterfaceAddresses& addresses_;
+  std::vector<NicCandidate> candidates_;
+  std::vector<std::string> notes_;
+};
+
+void Discoverer::CheckAddress(NicCandidate& c) const {
+  if (c.id.netdev().empty()) {
+    ExcludeNic(c, "NO_NETDEV",
+               "no network interface: fuselink's connections need an IPv4 "
+               "address");
+    return;
+  }
+  auto it = addresses_.find(c.id.netdev());
+  if (it == addresses_.end() || it->second.empty()) {
+    ExcludeNic(c, "NO_IPV4", absl::StrCat(c.id.netdev(), " has no IPv4 address"));
+    return;
+  }
+  c.address = it->second.front();
+}
+
+absl::StatusOr<Topology> Discoverer::Run() {
+  // GPUs, in CUDA ordinal order, each placed in the PCIe tree.
+  std::unique_ptr<GpuProbe> own_probe;
+  const GpuProbe* probe = options_.gpus;
+  if (probe == nullptr) {
+    own_probe = MakeSysfsGpuProbe(&sysfs_, options_.cuda);
+    probe = own_probe.get();
+  }
+  FL_ASSIGN_OR_RETURN(GpuEnumeration found, probe->Enumerate());
+  if (static_cast<int>(found.gpus.size()) > kMaxGpus) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          found.gpus.size(), " GPUs found, more than the ", kMaxGpus,
+                          " fuselink supports; narrow CUDA_VISIBLE_DEVICES")),
+                      "TOO_MANY_GPUS");
+  }
+  notes_ = std::move(found.notes);
+  Topology t;
+  t.set_source("discovered");
+  std::vector<PciPosition> gpu_positions;
+  for (const ProbedGpu& g : found.gpus) {
+    v1::Gpu* gpu = t.add_gpus();
+    gpu->set_index(t.gpus_size() - 1);
+    gpu->set_name(g.name.empty() ? g.pci_bus_id : g.name);
+    gpu->set_pci_bus_id(g.pci_bus_id);
+    gpu->set_uuid(g.uuid);
+    for (int peer : g.peers) gpu->add_peer_gpus(peer);
+    absl::StatusOr<PciPosition> p =
+        sysfs_.Position(absl::StrCat("bus/pci/devices/", g.pci_bus_id));
+    if (!p.ok()) {
+      notes_.push_back(absl::StrCat("GPU ", gpu->index(), " (", g.pci_bus_id,
+                                    ") is not in sysfs: ", p.status().message()));
+      gpu_positions.emplace_back();
+    } else {
+      gpu_positions.push_back(*p);
+    }
+    gpu->set_numa_node(gpu_positions.back().numa_node);
+  }
+
+  // Candidates: RDMA ports where there are RDMA devices, else physical interfaces.
+  if (!sysfs_.List("class/infiniband").empty()) {
+    candidates_ = ScanRdmaPorts(sysfs_, options_.exclude_nics);
+  } else {
+    candidates_ = ScanInterfaces(sysfs_, options_.exclude_nics);
+  }
+  DistanceMatrix distance;
+  for (const NicCandidate& c : candidates_) {
+    std::vector<PathClass> row;
+    for (const PciPosition& g : gpu_positions) {
+      row.push_back(c.position ? Classify(*c.position, g) : v1::PATH_CLASS_UNSPECIFIED);
+    }
+    distance.push_back(std::move(row));
+  }
+  // Management ports are judged by position among all candidates, up or down, against
+  // every GPU of the machine, visible here or not: a storage or in-band port stays one
+  // when the GPU-local ports are down or CUDA_VISIBLE_DEVICES hides their GPUs.
+  std::vector<PciPosition> machine_gpus = gpu_positions;
+  for (PciPosition& p : AllGpuPositions(sysfs_)) {
+    if (std::none_of(machine_gpus.begin(), machine_gpus.end(),
+                     [&](const PciPosition& g) { return g.function == p.function; })) {
+      machine_gpus.push_back(std::move(p));
+    }
+  }
+  DistanceMatrix machine_distance;
+  for (const NicCandidate& c : candidates_) {
+    std::vector<PathClass> row;
+    for (const PciPosition& g : machine_gpus) {
+      row.push_back(c.position ? Classify(*c.position, g) : v1::PATH_CLASS_UNSPECIFIED);
+    }
+    machine_distance.push_back(std::move(row));
+  }
+  const std::vector<bool> management = ManagementNics(machine_distance);
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    NicCandidate& c = candidates_[i];
+    if (management[i]) {
+      ExcludeNic(c, "MANAGEMENT",
+                 "not under any GPU's PCIe switch while other NICs are (PIX or PXB to a "
+                 "GPU)");
+    }
+    CheckAddress(c);
+  }
+
+  DistanceMatrix data_distance;
+  std::vector<const NicCandidate*> data;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    NicCandidate& c = candidates_[i];
+    if (c.id.reason().empty() && static_cast<int>(data.size()) >= kMaxNics) {
+      ExcludeNic(c, "TOO_MANY_NICS",
+                 absl::StrCat("fuselink drives at most ", kMaxNics, " NICs a node"));
+    }
+    if (!c.id.reason().empty()) {
+      *t.add_excluded_nics() = c.id;
+      continue;
+    }
+    data.push_back(&c);
+    data_distance.push_back(distance[i]);
+  }
+  const Affinity affinity = ChooseAffinity(data_distance, t.gpus_size());
+  for (size_t n = 0; n < data.size(); ++n) {
+    const NicCandidate& c = *data[n];
+    v1::Nic* nic = t.add_nics();
+    nic->set_name(c.id.name());
+    nic->set_address(c.address);
+    nic->set_rate_bytes_per_s(c.rate_bytes_per_s);
+    nic->set_owner_gpu(affinity.owner_gpu[n]);
+    nic->set_index(n);
+    nic->set_rdma_device(c.id.rdma_device());
+    nic->set_rdma_port(c.id.rdma_port());
+    nic->set_link_layer(c.link_layer);
+    nic->set_netdev(c.id.netdev());
+    nic->set_pci_bus_id(c.id.pci_bus_id());
+    nic->set_numa_node(c.position ? c.position->numa_node : -1);
+    for (PathClass d : data_distance[n]) nic->add_gpu_distance(d);
+  }
+  for (int g = 0; g < t.gpus_size() && !data.empty(); ++g) {
+    t.mutable_gpus(g)->set_direct_nic(affinity.direct_nic[g]);
+  }
+  for (std::string& note : notes_) t.add_notes(std::move(note));
+  return t;
+}
+
+}  // namespace
+
+absl::StatusOr<InterfaceAddresses> SystemIpv4Addresses() {
+  struct ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) {
+    return WithReason(
+        absl::UnavailableError(absl::StrCat("getifaddrs: ", std::strerror(errno))),
+        "GETIFADDRS");
+  }
+  InterfaceAddresses out;
+  for (struct ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN];
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr) {
+      out[a->ifa_name].push_back(text);
+    }
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+absl::StatusOr<Topology> DiscoverTopology(const DiscoveryOptions& options) {
+  InterfaceAddresses addresses;
+  if (options.addresses) {
+    FL_ASSIGN_OR_RETURN(addresses, options.addresses());
+  } else {
+    FL_ASSIGN_OR_RETURN(addresses, SystemIpv4Addresses());
+  }
+  return Discoverer(options, addresses).Run();
+}
+
+absl::Status RequireDataNics(const Topology& discovered) {
+  if (discovered.nics_size() > 0) return absl::OkStatus();
+  std::string why;
+  for (const v1::ExcludedNic& x : discovered.excluded_nics()) {
+    absl::StrAppend(&why, why.empty() ? "" : "; ", x.name(), ": ", x.reason(), " (",
+                    x.detail(), ")");
+  }
+  if (why.empty()) {
+    why =
+        "no RDMA port (class/infiniband) and no physical network interface "
+        "(class/net/*/device) found";
+  }
+  return WithReason(
+      absl::FailedPreconditionError(
+          absl::StrCat("topology discovery found no NIC that can carry data: ", why,
+                       ". Fix the NICs, change --exclude_nics, or give --topology=FILE")),
+      "NO_DATA_NIC");
+}
+
+}  // namespace fuselink::topo

@@ -1,0 +1,53 @@
+// Topology discovery: a node's GPUs (CUDA, or sysfs), its RDMA ports (sysfs
+// class/infiniband) or, on a node without RDMA devices, its physical network
+// interfaces (class/net), the PCIe tree and NUMA nodes between them (the resolved
+// bus/pci/devices paths), every GPU-NIC pair's class, each NIC's owner GPU and each
+// GPU's direct NIC, and the NICs left out with their reasons. The rules are in
+// affinity.h and docs/design.md "Topology discovery".
+//
+// Reads a sysfs tree rooted anywhere (tests pass a fixture directory) and interface
+// addresses from an injectable lookup, so every input can be faked. Thread-compatible;
+// no state outlives a call.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "agent/topo/gpu_probe.h"
+#include "agent/topo/topology.h"
+
+namespace fuselink::topo {
+
+// netdev name -> its IPv4 addresses, primary first.
+using InterfaceAddresses = absl::flat_hash_map<std::string, std::vector<std::string>>;
+
+// This host's IPv4 addresses by interface (getifaddrs). UNAVAILABLE when it fails.
+absl::StatusOr<InterfaceAddresses> SystemIpv4Addresses();
+
+struct DiscoveryOptions {
+  std::string sysfs_root = "/sys";
+  // Left out as OPERATOR_EXCLUDED: matched against the NIC's name, its RDMA device
+  // and its netdev (--exclude_nics=mlx5_4,mlx5_5 or =eth0).
+  std::vector<std::string> exclude_nics;
+  // Where GPUs come from. Null: the sysfs probe of sysfs_root under `cuda`.
+  const GpuProbe* gpus = nullptr;
+  CudaEnvironment cuda;
+  // Interface addresses. Null: SystemIpv4Addresses.
+  std::function<absl::StatusOr<InterfaceAddresses>()> addresses;
+};
+
+// The node as found, source "discovered". Its NICs are the data NICs (possibly none:
+// see RequireDataNics); it passes ValidateTopology when it has any. Errors only when
+// an input cannot be read at all (the GPU probe fails, CUDA_VISIBLE_DEVICES names a
+// MIG instance, getifaddrs fails); a malformed or missing sysfs attribute makes that
+// NIC an exclusion (BAD_SYSFS) or that field unknown, never an error.
+absl::StatusOr<Topology> DiscoverTopology(const DiscoveryOptions& options);
+
+// OK when `discovered` has a data NIC; else FAILED_PRECONDITION, reason NO_DATA_NIC,
+// naming every excluded NIC and its reason (or saying that none was found).
+absl::Status RequireDataNics(const Topology& discovered);
+
+}  // namespace fuselink::topo

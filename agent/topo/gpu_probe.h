@@ -1,0 +1,83 @@
+// Where discovery's GPUs come from: the CUDA driver on a GPU node, sysfs where the
+// driver is absent (fuselinkctl on a node without libcuda, a fixture), a fake in
+// tests. Every probe answers in CUDA ordinal order, so that the agent's GPU i is CUDA
+// device i in this process's environment, as the rest of the agent assumes.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "agent/topo/sysfs.h"
+
+namespace fuselink::topo {
+
+struct ProbedGpu {
+  int ordinal = 0;         // CUDA device ordinal; equals the position in the answer
+  std::string pci_bus_id;  // "0000:1b:00.0", lower case, 4-digit domain
+  std::string uuid;        // "GPU-...", empty when unknown
+  std::string name;        // product name, empty when unknown
+  std::vector<int> peers;  // ordinals it reaches by peer access
+};
+
+struct GpuEnumeration {
+  std::vector<ProbedGpu> gpus;
+  std::vector<std::string> notes;  // for people: what the probe assumed
+};
+
+// The two variables the CUDA driver reads; nullopt when unset.
+struct CudaEnvironment {
+  std::optional<std::string> visible_devices;  // CUDA_VISIBLE_DEVICES
+  std::optional<std::string> device_order;     // CUDA_DEVICE_ORDER
+  static CudaEnvironment FromProcess();
+};
+
+class GpuProbe {
+ public:
+  virtual ~GpuProbe() = default;
+  virtual absl::StatusOr<GpuEnumeration> Enumerate() const = 0;
+};
+
+// One entry of CUDA_VISIBLE_DEVICES: an index into the driver's order, or a UUID
+// ("GPU-..." or a unique prefix of one).
+struct VisibleEntry {
+  int index = -1;    // >= 0 for an index entry
+  std::string uuid;  // non-empty for a UUID entry, lower case, with "gpu-" prefix
+};
+
+// Parses CUDA_VISIBLE_DEVICES the way the driver reads it: comma-separated entries,
+// up to the first that is not an index or a GPU UUID (the driver ignores that one and
+// every later one; `*stopped_at` says which, if given). MIG instances ("MIG-...") are
+// refused: FAILED_PRECONDITION, reason MIG_UNSUPPORTED — a MIG slice has no peer
+// access or CUDA IPC, which the agent's GPU paths need.
+absl::StatusOr<std::vector<VisibleEntry>> ParseCudaVisibleDevices(
+    absl::string_view value, std::string* stopped_at = nullptr);
+
+// Which of `base` (GPUs in the driver's enumeration order) are visible, in CUDA
+// ordinal order: indices into `base`. Entries past the first one that names no GPU, or
+// names one a second time, are dropped as the driver drops them (noted in `notes`).
+// A UUID entry that matches several GPUs' UUIDs, or any UUID entry when `base` has no
+// UUIDs, is FAILED_PRECONDITION (reason CUDA_VISIBLE_DEVICES).
+absl::StatusOr<std::vector<int>> SelectVisible(const std::vector<ProbedGpu>& base,
+                                               const CudaEnvironment& env,
+                                               std::vector<std::string>* notes);
+
+// NVIDIA display and 3D controllers (vendor 0x10de, class 0x0300 or 0x0302) under
+// bus/pci/devices, in PCI bus order, CUDA_VISIBLE_DEVICES applied by index. Without
+// the driver it knows no UUIDs, names or peers, and cannot rank by speed: it notes
+// that its ordinals assume CUDA_DEVICE_ORDER=PCI_BUS_ID.
+std::unique_ptr<GpuProbe> MakeSysfsGpuProbe(const Sysfs* sysfs, CudaEnvironment env);
+
+// The CUDA driver (agent/gpu's loader), which applies CUDA_VISIBLE_DEVICES and
+// CUDA_DEVICE_ORDER itself; peers from cuDeviceCanAccessPeer. Where the driver does
+// not load (no libcuda, no device), falls back to `fallback` and notes why.
+std::unique_ptr<GpuProbe> MakeCudaGpuProbe(CudaEnvironment env,
+                                           std::unique_ptr<GpuProbe> fallback);
+
+// "0000:1B:00.0" or "00000000:1b:00.0" -> "0000:1b:00.0".
+std::string NormalizeBusId(absl::string_view bus_id);
+
+}  // namespace fuselink::topo

@@ -1,0 +1,567 @@
+// Discovery on sysfs trees built here, modelled on real machines: a DGX H100/H200-like
+// node, a 4-GPU PCIe server, a two-socket box with PCIe switches under switches, a
+// node without RDMA devices; malformed trees; and this machine's own /sys.
+#include "agent/topo/discovery.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "agent/common/status_macros.h"
+#include "agent/topo/affinity.h"
+#include "agent/topo/render.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/topo/machines.h"
+#include "tests/topo/sysfs_fixture.h"
+
+namespace fuselink::topo {
+namespace {
+
+using testing::Bdf;
+using testing::BuildDgx;
+using testing::BuildPcieServer;
+using testing::BuildTwoSocket;
+using testing::DgxAddresses;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::kDgxBus;
+using testing::PcieServerAddresses;
+using testing::RdmaPortSpec;
+using testing::Root;
+using testing::SysfsFixture;
+using testing::TwoSocketAddresses;
+
+constexpr PathClass PIX = v1::PATH_CLASS_PIX;
+constexpr PathClass PXB = v1::PATH_CLASS_PXB;
+constexpr PathClass PHB = v1::PATH_CLASS_PHB;
+constexpr PathClass NODE = v1::PATH_CLASS_NODE;
+constexpr PathClass SYS = v1::PATH_CLASS_SYS;
+constexpr PathClass UNKNOWN = v1::PATH_CLASS_UNSPECIFIED;
+
+DiscoveryOptions Options(const SysfsFixture& f, InterfaceAddresses addresses) {
+  DiscoveryOptions o;
+  o.sysfs_root = f.root();
+  o.addresses = [addresses] { return addresses; };
+  return o;
+}
+
+std::vector<std::string> NicNames(const Topology& t) {
+  std::vector<std::string> names;
+  for (const v1::Nic& n : t.nics()) names.push_back(n.name());
+  return names;
+}
+
+std::map<std::string, std::string> Excluded(const Topology& t) {
+  std::map<std::string, std::string> out;
+  for (const v1::ExcludedNic& x : t.excluded_nics()) out[x.name()] = x.reason();
+  return out;
+}
+
+std::vector<int> Owners(const Topology& t) {
+  std::vector<int> out;
+  for (const v1::Nic& n : t.nics()) out.push_back(n.owner_gpu());
+  return out;
+}
+
+std::vector<int> DirectNics(const Topology& t) {
+  std::vector<int> out;
+  for (const v1::Gpu& g : t.gpus())
+    out.push_back(g.has_direct_nic() ? g.direct_nic() : -1);
+  return out;
+}
+
+std::vector<PathClass> Row(const v1::Nic& n) {
+  std::vector<PathClass> row;
+  for (int g = 0; g < n.gpu_distance_size(); ++g) row.push_back(n.gpu_distance(g));
+  return row;
+}
+
+TEST(Discovery, DgxNodeFindsEachGpusNicAndLeavesOutManagementPorts) {
+  SysfsFixture f;
+  BuildDgx(f);
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, DgxAddresses()));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->source(), "discovered");
+  ASSERT_EQ(t->gpus_size(), 8);
+  EXPECT_THAT(NicNames(*t), ElementsAre("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_6",
+                                        "mlx5_7", "mlx5_8", "mlx5_9"));
+  EXPECT_EQ(Excluded(*t), (std::map<std::string, std::string>{{"mlx5_4", "MANAGEMENT"},
+                                                              {"mlx5_5", "MANAGEMENT"}}));
+  for (int n = 0; n < 8; ++n) {
+    const v1::Nic& nic = t->nics(n);
+    ASSERT_EQ(nic.gpu_distance_size(), 8) << nic.name();
+    for (int g = 0; g < 8; ++g) {
+      const PathClass want = n == g ? PIX : n / 4 == g / 4 ? NODE : SYS;
+      EXPECT_EQ(nic.gpu_distance(g), want) << nic.name() << " GPU" << g;
+    }
+    EXPECT_EQ(nic.pci_bus_id(), Bdf(kDgxBus[n] + 4));
+    EXPECT_EQ(nic.numa_node(), n / 4);
+    EXPECT_EQ(nic.netdev(), absl::StrCat("ib", n));
+    EXPECT_EQ(nic.address(), absl::StrCat("10.10.", n, ".2"));
+    EXPECT_EQ(nic.link_layer(), "InfiniBand");
+    EXPECT_EQ(nic.rdma_port(), 1u);
+    EXPECT_EQ(nic.rate_bytes_per_s(), 50'000'000'000u);
+  }
+  EXPECT_THAT(Owners(*t), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  EXPECT_THAT(DirectNics(*t), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int g = 0; g < 8; ++g) {
+    EXPECT_EQ(t->gpus(g).pci_bus_id(), Bdf(kDgxBus[g] + 3));
+    EXPECT_EQ(t->gpus(g).numa_node(), g / 4);
+  }
+  for (const v1::ExcludedNic& x : t->excluded_nics()) {
+    EXPECT_EQ(x.pci_bus_id().substr(0, 10), "0000:51:00");
+    EXPECT_THAT(x.detail(), HasSubstr("PCIe switch"));
+  }
+  EXPECT_EQ(t->excluded_nics(0).netdev(), "enp81s0f0np0");  // from gid_attrs/ndevs
+  Topology checked = *t;
+  EXPECT_TRUE(ValidateTopology(checked).ok());
+  EXPECT_EQ(DirectNic(checked, 5), 5);
+}
+
+TEST(Discovery, DownPortsAndOperatorExclusionsAreLeftOutWithReasons) {
+  SysfsFixture f;
+  BuildDgx(f);
+  const std::string port =
+      absl::StrCat("devices/", Root(kDgxBus[3]), "/", Bdf(kDgxBus[3], 1), "/",
+                   Bdf(kDgxBus[3] + 1), "/", Bdf(kDgxBus[3] + 2, 1), "/",
+                   Bdf(kDgxBus[3] + 4), "/infiniband/mlx5_3/ports/1");
+  f.Write(port + "/state", "1: DOWN");
+  f.Write(port + "/phys_state", "3: Disabled");
+  DiscoveryOptions o = Options(f, DgxAddresses());
+  o.exclude_nics = {"mlx5_7", "enp81s0f1np1"};  // an RDMA device and a netdev
+  absl::StatusOr<Topology> t = DiscoverTopology(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(NicNames(*t),
+              ElementsAre("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_6", "mlx5_8", "mlx5_9"));
+  EXPECT_EQ(Excluded(*t),
+            (std::map<std::string, std::string>{
+                {"mlx5_3", "PORT_DOWN"},
+                {"mlx5_4", "MANAGEMENT"},
+                {"mlx5_5", "OPERATOR_EXCLUDED"},  // the operator's word first
+                {"mlx5_7", "OPERATOR_EXCLUDED"}}));
+  for (const v1::ExcludedNic& x : t->excluded_nics()) {
+    if (x.name() == "mlx5_3") {
+      EXPECT_THAT(x.detail(), HasSubstr("1: DOWN"));
+    }
+  }
+  EXPECT_THAT(Owners(*t), ElementsAre(0, 1, 2, 4, 6, 7));
+  // GPU 3 and GPU 5 lost their NICs: each starts on a NIC of its own socket (NODE),
+  // the one fewest GPUs start on, the lowest index among those.
+  EXPECT_THAT(DirectNics(*t), ElementsAre(0, 1, 2, 0, 3, 4, 4, 5));
+}
+
+TEST(Discovery, NoDataNicIsAnErrorNamingEachReason) {
+  SysfsFixture f;
+  BuildDgx(f);
+  InterfaceAddresses only_management = {{"enp81s0f0np0", {"192.168.1.10"}}};
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, only_management));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->nics_size(), 0);
+  const absl::Status s = RequireDataNics(*t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(s), "NO_DATA_NIC");
+  EXPECT_THAT(s.message(), HasSubstr("mlx5_0: NO_IPV4 (ib0 has no IPv4 address)"));
+  EXPECT_THAT(s.message(), HasSubstr("mlx5_4: MANAGEMENT"));
+
+  SysfsFixture empty;
+  t = DiscoverTopology(Options(empty, {}));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(RequireDataNics(*t).message(), HasSubstr("no RDMA port"));
+  DiscoveryOptions missing = Options(empty, {});
+  missing.sysfs_root = empty.root() + "/no-such-dir";
+  t = DiscoverTopology(missing);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->nics_size() + t->gpus_size() + t->excluded_nics_size(), 0);
+}
+
+TEST(Discovery, CudaVisibleDevicesByIndexRenumbersGpusAndKeepsTheMachinesView) {
+  SysfsFixture f;
+  BuildDgx(f);
+  DiscoveryOptions o = Options(f, DgxAddresses());
+  o.cuda.visible_devices = "6,2";
+  o.cuda.device_order = "PCI_BUS_ID";
+  absl::StatusOr<Topology> t = DiscoverTopology(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->gpus_size(), 2);
+  EXPECT_EQ(t->gpus(0).pci_bus_id(), Bdf(kDgxBus[6] + 3));  // CUDA device 0
+  EXPECT_EQ(t->gpus(1).pci_bus_id(), Bdf(kDgxBus[2] + 3));
+  // Management is judged against every GPU of the machine: the socket-0 NICs of
+  // hidden GPUs stay data NICs.
+  EXPECT_EQ(t->nics_size(), 8);
+  EXPECT_EQ(Excluded(*t).size(), 2u);
+  EXPECT_EQ(Row(t->nics(2)), (std::vector<PathClass>{SYS, PIX}));   // mlx5_2
+  EXPECT_EQ(Row(t->nics(6)), (std::vector<PathClass>{PIX, SYS}));   // mlx5_8
+  EXPECT_EQ(Row(t->nics(4)), (std::vector<PathClass>{NODE, SYS}));  // mlx5_6
+  EXPECT_THAT(Owners(*t), ElementsAre(1, 1, 1, 1, 0, 0, 0, 0));
+  EXPECT_THAT(DirectNics(*t), ElementsAre(6, 2));
+  EXPECT_THAT(absl::StrJoin(t->notes(), "\n"), HasSubstr("CUDA_VISIBLE_DEVICES=6,2"));
+}
+
+TEST(Discovery, CudaVisibleDevicesEntriesTheDriverWouldIgnoreAreIgnored) {
+  SysfsFixture f;
+  BuildDgx(f);
+  for (const auto& [value, want] : std::vector<std::pair<std::string, int>>{
+           {"1,x,2", 1}, {"0,0,1", 1}, {"3,99,1", 1}, {"", 0}, {"7,-1,0", 1}}) {
+    DiscoveryOptions o = Options(f, DgxAddresses());
+    o.cuda.visible_devices = value;
+    absl::StatusOr<Topology> t = DiscoverTopology(o);
+    ASSERT_TRUE(t.ok()) << value << ": " << t.status();
+    EXPECT_EQ(t->gpus_size(), want) << value;
+  }
+  DiscoveryOptions o = Options(f, DgxAddresses());
+  o.cuda.visible_devices = "MIG-GPU-8cf0d4c4-1d2e-b3f5-0a0c-8d2bd6dd5a4f/1/0";
+  absl::StatusOr<Topology> t = DiscoverTopology(o);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(t.status()), "MIG_UNSUPPORTED");
+  o.cuda.visible_devices = "GPU-8cf0d4c4";  // sysfs knows no UUIDs
+  t = DiscoverTopology(o);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(t.status()), "CUDA_VISIBLE_DEVICES");
+}
+
+// Stands in for the CUDA driver: knows UUIDs and peers, and applies
+// CUDA_VISIBLE_DEVICES to its base order as the driver does.
+class FakeCuda : public GpuProbe {
+ public:
+  FakeCuda(std::vector<ProbedGpu> base, CudaEnvironment env)
+      : base_(std::move(base)), env_(std::move(env)) {}
+  absl::StatusOr<GpuEnumeration> Enumerate() const override {
+    GpuEnumeration out;
+    FL_ASSIGN_OR_RETURN(std::vector<int> visible, SelectVisible(base_, env_, &out.notes));
+    for (size_t i = 0; i < visible.size(); ++i) {
+      ProbedGpu g = base_[visible[i]];
+      g.ordinal = static_cast<int>(i);
+      g.peers.clear();
+      for (size_t j = 0; j < visible.size(); ++j) {
+        if (j != i) g.peers.push_back(static_cast<int>(j));
+      }
+      out.gpus.push_back(std::move(g));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<ProbedGpu> base_;
+  CudaEnvironment env_;
+};
+
+std::vector<ProbedGpu> DgxCudaGpus() {
+  std::vector<ProbedGpu> gpus;
+  for (int i = 0; i < 8; ++i) {
+    ProbedGpu g;
+    g.ordinal = i;
+    g.pci_bus_id = Bdf(kDgxBus[i] + 3);
+    g.uuid = absl::StrFormat("GPU-%08x-7d1f-4c2b-9a3e-0123456789ab", 0xa0 + i);
+    g.name = "NVIDIA H200";
+    gpus.push_back(g);
+  }
+  return gpus;
+}
+
+TEST(Discovery, CudaVisibleDevicesByUuidAndTheDriversPeers) {
+  SysfsFixture f;
+  BuildDgx(f);
+  CudaEnvironment env;
+  env.visible_devices = "GPU-000000a3,1";  // a UUID prefix, then an index
+  FakeCuda cuda(DgxCudaGpus(), env);
+  DiscoveryOptions o = Options(f, DgxAddresses());
+  o.gpus = &cuda;
+  absl::StatusOr<Topology> t = DiscoverTopology(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->gpus_size(), 2);
+  EXPECT_EQ(t->gpus(0).uuid(), "GPU-000000a3-7d1f-4c2b-9a3e-0123456789ab");
+  EXPECT_EQ(t->gpus(0).pci_bus_id(), Bdf(kDgxBus[3] + 3));
+  EXPECT_EQ(t->gpus(0).name(), "NVIDIA H200");
+  EXPECT_THAT(t->gpus(0).peer_gpus(), ElementsAre(1));
+  EXPECT_EQ(t->gpus(1).pci_bus_id(), Bdf(kDgxBus[1] + 3));
+  EXPECT_EQ(Row(t->nics(3)), (std::vector<PathClass>{PIX, NODE}));  // mlx5_3
+  EXPECT_EQ(t->nics(3).owner_gpu(), 0u);
+  EXPECT_EQ(t->gpus(0).direct_nic(), 3u);
+  EXPECT_EQ(t->gpus(1).direct_nic(), 1u);
+
+  env.visible_devices = "GPU-000000a";  // a prefix of all eight
+  FakeCuda ambiguous(DgxCudaGpus(), env);
+  o.gpus = &ambiguous;
+  EXPECT_EQ(ReasonOf(DiscoverTopology(o).status()), "CUDA_VISIBLE_DEVICES");
+}
+
+// machines.h: BuildPcieServer.
+TEST(Discovery, PcieServerSharesEachNicBetweenTheGpusOfItsHostBridge) {
+  SysfsFixture f;
+  BuildPcieServer(f);
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, PcieServerAddresses()));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_THAT(NicNames(*t), ElementsAre("mlx5_0", "mlx5_1"));
+  EXPECT_TRUE(t->excluded_nics().empty());  // no NIC is GPU-local: none is management
+  EXPECT_EQ(Row(t->nics(0)), (std::vector<PathClass>{PHB, PHB, NODE, NODE}));
+  EXPECT_EQ(Row(t->nics(1)), (std::vector<PathClass>{NODE, NODE, PHB, PHB}));
+  EXPECT_THAT(Owners(*t), ElementsAre(0, 2));
+  EXPECT_THAT(DirectNics(*t), ElementsAre(0, 0, 1, 1));
+  EXPECT_EQ(t->nics(0).link_layer(), "Ethernet");
+  EXPECT_EQ(t->nics(1).netdev(), "ens4np0");
+  EXPECT_EQ(t->nics(1).address(), "10.1.1.5");
+  EXPECT_EQ(t->nics(1).rate_bytes_per_s(), 12'500'000'000u);
+}
+
+// machines.h: BuildTwoSocket.
+TEST(Discovery, TwoSocketBoxCrossesTheSocketLinkAndSwitchesUnderSwitches) {
+  SysfsFixture f;
+  BuildTwoSocket(f);
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, TwoSocketAddresses()));
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_THAT(NicNames(*t), ElementsAre("mlx4_0", "mlx5_0"));
+  EXPECT_EQ(Row(t->nics(0)), (std::vector<PathClass>{SYS, SYS, PHB, PXB}));
+  EXPECT_EQ(Row(t->nics(1)), (std::vector<PathClass>{PIX, PIX, SYS, SYS}));
+  EXPECT_THAT(Owners(*t), ElementsAre(3, 0));
+  EXPECT_THAT(DirectNics(*t), ElementsAre(1, 1, 0, 0));
+  EXPECT_EQ(t->nics(0).link_layer(), "Ethernet");
+  EXPECT_EQ(t->nics(0).netdev(), "enp136s0");
+  EXPECT_EQ(t->nics(1).link_layer(), "InfiniBand");
+  EXPECT_EQ(t->nics(0).numa_node(), 1);
+  ASSERT_EQ(t->excluded_nics_size(), 1);
+  const v1::ExcludedNic& down = t->excluded_nics(0);
+  EXPECT_EQ(down.name(), "mlx4_0-p2");
+  EXPECT_EQ(down.rdma_port(), 2u);
+  EXPECT_EQ(down.netdev(), "enp136s0d1");  // by dev_port
+  EXPECT_EQ(down.reason(), "PORT_DOWN");
+  EXPECT_THAT(down.detail(), HasSubstr("2: Polling"));
+}
+
+// No RDMA device: the data NICs are the physical interfaces that are up with IPv4.
+TEST(Discovery, TcpNodeUsesPhysicalInterfacesThatAreUpWithIpv4) {
+  SysfsFixture f;
+  f.AddGpu(Root(0), {Bdf(0, 2)}, Bdf(1), -1);
+  // virtio under a PCI function, as on a VM: the function is the position.
+  const std::string virtio = f.AddPci(Root(0), {}, Bdf(0, 3), -1, 0x1af4, 0x020000);
+  f.AddNetdev(virtio + "/virtio2", "eth0", true, 0, 25000);
+  f.Symlink(virtio + "/virtio2/net/eth0", "class/net/eth0");
+  f.AddNetdev(f.AddPci(Root(0), {}, Bdf(0, 4), -1, 0x8086, 0x020000), "eth1", false);
+  // eth2 is up with only an IPv6 address: the lookup (IPv4 only) has no entry for it.
+  f.AddNetdev(f.AddPci(Root(0), {}, Bdf(0, 5), -1, 0x8086, 0x020000), "eth2");
+  f.Write("devices/virtual/net/docker0/flags", "0x1003");
+  f.Symlink("devices/virtual/net/docker0", "class/net/docker0");
+  f.Write("devices/virtual/net/lo/flags", "0x9");
+  f.Symlink("devices/virtual/net/lo", "class/net/lo");
+  absl::StatusOr<Topology> t =
+      DiscoverTopology(Options(f, {{"eth0", {"192.0.2.7", "192.0.2.8"}},
+                                   {"docker0", {"172.17.0.1"}},
+                                   {"lo", {"127.0.0.1"}}}));
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_THAT(NicNames(*t), ElementsAre("eth0"));
+  EXPECT_EQ(t->nics(0).address(), "192.0.2.7");  // the primary address
+  EXPECT_EQ(t->nics(0).pci_bus_id(), Bdf(0, 3));
+  EXPECT_EQ(t->nics(0).rate_bytes_per_s(), 25000ull * 1000000 / 8);
+  EXPECT_EQ(t->nics(0).rdma_device(), "");
+  EXPECT_EQ(Row(t->nics(0)), (std::vector<PathClass>{PHB}));  // a flat VM tree
+  EXPECT_EQ(Excluded(*t), (std::map<std::string, std::string>{{"eth1", "NETDEV_DOWN"},
+                                                              {"eth2", "NO_IPV4"}}));
+  Topology checked = *t;
+  EXPECT_TRUE(ValidateTopology(checked).ok());
+}
+
+TEST(Discovery, MalformedSysfsGivesReasonsOrUnknownsNeverAnError) {
+  SysfsFixture f;
+  BuildDgx(f);
+  auto nic_dir = [](int i) {
+    const int b = kDgxBus[i];
+    return absl::StrCat("devices/", Root(b), "/", Bdf(b, 1), "/", Bdf(b + 1), "/",
+                        Bdf(b + 2, 1), "/", Bdf(b + 4));
+  };
+  f.Write(nic_dir(1) + "/infiniband/mlx5_1/ports/1/state", "garbage");
+  f.Write(nic_dir(2) + "/infiniband/mlx5_2/ports/1/rate", "fast");
+  f.Write(nic_dir(0) + "/numa_node", "not-a-number");
+  f.Write(nic_dir(0) + "/infiniband/mlx5_0/ports/xyz/state", "4: ACTIVE");
+  // mlx5_6 loses its device link (as Soft-RoCE has none): its netdev comes from
+  // gid_attrs, its position from the netdev.
+  f.Remove(nic_dir(4) + "/infiniband/mlx5_6/device");
+  f.Write(nic_dir(4) + "/infiniband/mlx5_6/ports/1/gid_attrs/ndevs/0", "ib4");
+  // mlx5_7's device link dangles and it has no netdev: position unknown.
+  f.Remove(nic_dir(5) + "/infiniband/mlx5_7/device");
+  f.Remove(nic_dir(5) + "/net");
+  f.Remove("class/net/ib5");
+  std::filesystem::create_directory_symlink(
+      "../no/such/device", f.root() + "/" + nic_dir(5) + "/infiniband/mlx5_7/device");
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, DgxAddresses()));
+  ASSERT_TRUE(t.ok()) << t.status();
+  const auto excluded = Excluded(*t);
+  EXPECT_EQ(excluded.at("mlx5_1"), "BAD_SYSFS");
+  EXPECT_EQ(excluded.at("mlx5_0-pxyz"), "BAD_SYSFS");
+  EXPECT_EQ(excluded.at("mlx5_7"), "NO_NETDEV");
+  EXPECT_FALSE(excluded.contains("mlx5_0"));
+  const std::vector<std::string> names = NicNames(*t);
+  ASSERT_THAT(names,
+              ElementsAre("mlx5_0", "mlx5_2", "mlx5_3", "mlx5_6", "mlx5_8", "mlx5_9"));
+  EXPECT_EQ(t->nics(0).numa_node(), -1);
+  EXPECT_EQ(t->nics(1).rate_bytes_per_s(), 0u);
+  EXPECT_EQ(t->nics(3).pci_bus_id(), Bdf(kDgxBus[4] + 4));  // mlx5_6, via ib4
+  EXPECT_EQ(t->nics(3).gpu_distance(4), PIX);
+
+  // A GPU the probe names but sysfs does not hold: its classes are unknown, noted.
+  std::vector<ProbedGpu> gpus = DgxCudaGpus();
+  gpus[7].pci_bus_id = "0000:ee:00.0";
+  FakeCuda cuda(gpus, {});
+  DiscoveryOptions o = Options(f, DgxAddresses());
+  o.gpus = &cuda;
+  t = DiscoverTopology(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->gpus(7).numa_node(), -1);
+  for (const v1::Nic& n : t->nics()) EXPECT_EQ(n.gpu_distance(7), UNKNOWN) << n.name();
+  EXPECT_THAT(absl::StrJoin(t->notes(), "\n"), HasSubstr("0000:ee:00.0"));
+}
+
+TEST(Affinity, ClassesFromPciPaths) {
+  auto at = [](absl::string_view path, int numa) {
+    absl::StatusOr<PciPosition> p = ParsePciPath(path);
+    EXPECT_TRUE(p.ok()) << path;
+    PciPosition out = p.ok() ? *p : PciPosition{};
+    out.numa_node = numa;
+    return out;
+  };
+  const PciPosition gpu =
+      at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:00.0/0000:1a:00.0", 0);
+  EXPECT_EQ(gpu.root, "pci0000:17");
+  EXPECT_THAT(gpu.bridges, ElementsAre("0000:17:01.0", "0000:18:00.0", "0000:19:00.0"));
+  EXPECT_EQ(gpu.function, "0000:1a:00.0");
+  EXPECT_EQ(
+      Classify(
+          gpu,
+          at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/0000:1b:00.0",
+             0)),
+      PIX);
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/"
+                             "0000:1b:00.0/0000:1c:00.0/0000:1d:00.0",
+                             0)),
+            PXB);
+  // One switch below the GPU's switch: two bridges below the common one.
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/"
+                             "0000:1b:00.0/0000:1c:00.0",
+                             0)),
+            PXB);
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:02.0/0000:30:00.0", 0)), PHB);
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", 0)), NODE);
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", 1)), SYS);
+  EXPECT_EQ(Classify(gpu, PciPosition{}), UNKNOWN);
+  EXPECT_FALSE(ParsePciPath("devices/virtual/net/lo").ok());
+  EXPECT_EQ(ParsePciPath("devices/pci0000:00/0000:00:03.0/virtio2")->function,
+            "0000:00:03.0");
+  EXPECT_STREQ(PathClassName(NODE), "NODE");
+}
+
+TEST(Render, ShowsTheMatrixOwnersAndReasons) {
+  SysfsFixture f;
+  BuildDgx(f);
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, DgxAddresses()));
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::string text = RenderTopology(*t);
+  EXPECT_THAT(text, HasSubstr("source discovered"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("  mlx5_0     PIX*   NODE   NODE   NODE   SYS    SYS    SYS    SYS"));
+  EXPECT_THAT(text, HasSubstr("mlx5_4"));
+  EXPECT_THAT(text, HasSubstr("MANAGEMENT"));
+}
+
+// Not a check: how long one discovery takes on each fixture (docs/benchmarks.md).
+TEST(DiscoveryTime, OnEachFixture) {
+  struct Case {
+    const char* name;
+    void (*build)(SysfsFixture&);
+    InterfaceAddresses (*addresses)();
+  };
+  for (const Case& c :
+       {Case{"dgx (8 GPUs, 10 RDMA ports)", BuildDgx, DgxAddresses},
+        Case{"pcie-server (4 GPUs, 2 ports)", BuildPcieServer, PcieServerAddresses},
+        Case{"two-socket (4 GPUs, 3 ports)", BuildTwoSocket, TwoSocketAddresses}}) {
+    SysfsFixture f;
+    c.build(f);
+    const DiscoveryOptions o = Options(f, c.addresses());
+    constexpr int kRuns = 50;
+    std::vector<double> ms;
+    for (int i = 0; i < kRuns; ++i) {
+      const absl::Time start = absl::Now();
+      ASSERT_TRUE(DiscoverTopology(o).ok());
+      ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf(
+        "discovery time, %-30s median %.3f ms, min %.3f ms, max %.3f ms (%d runs)\n",
+        c.name, ms[kRuns / 2], ms.front(), ms.back(), kRuns);
+  }
+}
+
+// This machine's own /sys and addresses: whatever is found must hang together, and
+// the interfaces must be exactly what a plain reading of /sys and getifaddrs gives.
+TEST(Discovery, ThisMachine) {
+  DiscoveryOptions o;
+  absl::StatusOr<Topology> t = DiscoverTopology(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<InterfaceAddresses> addresses = SystemIpv4Addresses();
+  ASSERT_TRUE(addresses.ok());
+  for (const auto& [name, list] : *addresses) {  // lo's ::1 and the like are left out
+    for (const std::string& a : list) {
+      in_addr v4{};
+      EXPECT_EQ(inet_pton(AF_INET, a.c_str(), &v4), 1) << name << " " << a;
+    }
+  }
+  std::set<std::string> names;
+  for (const v1::Nic& n : t->nics()) {
+    EXPECT_TRUE(names.insert(n.name()).second) << n.name();
+    EXPECT_EQ(n.gpu_distance_size(), t->gpus_size()) << n.name();
+    EXPECT_LT(n.owner_gpu(), std::max(1, t->gpus_size()));
+    ASSERT_TRUE(addresses->contains(n.netdev())) << n.name();
+    EXPECT_EQ(addresses->at(n.netdev()).front(), n.address());
+    EXPECT_TRUE(std::filesystem::exists("/sys/class/net/" + n.netdev() + "/device"));
+  }
+  static const std::set<std::string> kReasons = {
+      "PORT_DOWN",  "NETDEV_DOWN",       "NO_NETDEV",     "NO_IPV4",
+      "MANAGEMENT", "OPERATOR_EXCLUDED", "TOO_MANY_NICS", "BAD_SYSFS"};
+  for (const v1::ExcludedNic& x : t->excluded_nics()) {
+    EXPECT_TRUE(kReasons.contains(x.reason())) << x.name() << " " << x.reason();
+    EXPECT_TRUE(names.insert(x.name()).second)
+        << x.name() << " is both used and excluded";
+  }
+  for (const v1::Gpu& g : t->gpus()) {
+    EXPECT_TRUE(std::filesystem::exists("/sys/bus/pci/devices/" + g.pci_bus_id()));
+    if (t->nics_size() > 0) {
+      EXPECT_LT(g.direct_nic(), static_cast<uint32_t>(t->nics_size()));
+    }
+  }
+  if (!std::filesystem::exists("/sys/class/infiniband") ||
+      std::filesystem::is_empty("/sys/class/infiniband")) {
+    // No RDMA: the candidates are the physical interfaces, read here independently.
+    std::set<std::string> expected, found;
+    for (const auto& e : std::filesystem::directory_iterator("/sys/class/net")) {
+      const std::string name = e.path().filename();
+      if (name == "lo" || !std::filesystem::exists(e.path() / "device")) continue;
+      std::ifstream flags(e.path() / "flags"), oper(e.path() / "operstate");
+      unsigned long value = 0;
+      std::string state;
+      flags >> std::hex >> value;
+      oper >> state;
+      if ((value & 1) && state != "down" && addresses->contains(name))
+        expected.insert(name);
+    }
+    for (const v1::Nic& n : t->nics()) found.insert(n.netdev());
+    EXPECT_EQ(found, expected);
+  }
+  if (t->nics_size() == 0) {
+    EXPECT_EQ(ReasonOf(RequireDataNics(*t)), "NO_DATA_NIC");
+  } else {
+    Topology checked = *t;
+    EXPECT_TRUE(ValidateTopology(checked).ok()) << ValidateTopology(checked);
+  }
+  std::printf("%s", RenderTopology(*t).c_str());
+}
+
+}  // namespace
+}  // namespace fuselink::topo

@@ -31,7 +31,7 @@ absl::Status Guard::Refuse(Refusal refusal, absl::Status status) {
 }
 
 absl::StatusOr<Caller> Guard::Identify(const grpc::AuthContext* auth) {
-  if (open_) return Caller{.open = true};
+  if (open_) return Caller::Open();
   std::vector<absl::string_view> ids;
   if (auth != nullptr) {
     for (const grpc::string_ref& id : auth->FindPropertyValues("peer_spiffe_id")) {
@@ -44,7 +44,7 @@ absl::StatusOr<Caller> Guard::Identify(const grpc::AuthContext* auth) {
 
 absl::StatusOr<Caller> Guard::Identify(bool has_certificate,
                                        const std::vector<absl::string_view>& spiffe_ids) {
-  if (open_) return Caller{.open = true};
+  if (open_) return Caller::Open();
   // The TLS layer verified the chain to our CA before the call began; a peer with
   // no certificate at all gets this far (the server requests, and verifies, one).
   if (!has_certificate) {
@@ -62,8 +62,8 @@ absl::StatusOr<Caller> Guard::Identify(bool has_certificate,
 }
 
 Caller Guard::CallerOf(absl::string_view identity) const {
-  if (open_) return Caller{.open = true};
-  return Caller{.identity = std::string(identity), .roles = policy_.RolesOf(identity)};
+  if (open_) return Caller::Open();
+  return Caller{.identity = std::string(identity), .roles = policy_.RolesOf(identity), .open = false};
 }
 
 absl::Status Guard::Require(const Caller& caller, Roles any_of,

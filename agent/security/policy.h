@@ -71,6 +71,11 @@ struct Caller {
   bool open = false;
 
   bool Has(Roles any_of) const { return open || (roles & any_of) != 0; }
+  static Caller Open() {
+    Caller caller;
+    caller.open = true;
+    return caller;
+  }
 };
 
 // Grants are identities, prefixes ending in "*", or "role:<role>". INVALID_ARGUMENT

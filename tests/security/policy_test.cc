@@ -82,9 +82,9 @@ TEST(Grants, OwnerIdentitiesPrefixesAndRoles) {
   EXPECT_TRUE(Granted(router, owner, {"spiffe://fuselink/router/r1"}));
   EXPECT_FALSE(Granted(router, owner, {"spiffe://fuselink/router/r2"}));
   EXPECT_FALSE(Granted(router, owner, {}));
-  EXPECT_TRUE(Granted(Caller{.identity = owner}, owner, {}));
+  EXPECT_TRUE(Granted(Caller{.identity = owner, .roles = 0, .open = false}, owner, {}));
   EXPECT_FALSE(Granted(Caller{}, "", {"*"}));  // nobody is no one's owner
-  EXPECT_TRUE(Granted(Caller{.open = true}, owner, {}));
+  EXPECT_TRUE(Granted(Caller::Open(), owner, {}));
 }
 
 TEST(Grants, ValidatedAtRegistration) {

@@ -6,7 +6,8 @@
 #             need, the generated Python package, and iproute2's .deb files
 #   there: run tool, carry [".gpu-carry"], command `bash .gpu-carry/run.sh [size_mib]`
 #          -> logs under $OUT (env.txt, one .txt per test binary, bench.txt,
-#             relay.txt, cluster.txt); RUN= picks parts: unit,bench,relay,cluster
+#             relay.txt, topo.txt, cluster.txt); RUN= picks parts:
+#             unit,bench,relay,topo,cluster
 # And for scripts/bench-ab.sh on that machine's 16 quiet cores:
 #   here:  tests/gpu/device_carry.sh pack-bench NAME=BUILD_DIR:MODE...
 #          -> .bench-carry/: each build's agent and fuselink-bench, their libraries, jq
@@ -74,7 +75,7 @@ rm -rf "$carry" && mkdir -p "$carry"
 for b in gpu_unit_test gpu_test gpu_peer_test gpu_child gpu_bench; do
   cp "$build/tests/gpu/$b" "$carry/" && strip "$carry/$b"
 done
-for b in services/fuselink-agent tools/bench/fuselink-relay-bench; do
+for b in services/fuselink-agent tools/bench/fuselink-relay-bench tools/fuselinkctl/fuselinkctl; do
   cp "$build/$b" "$carry/" && strip "$carry/$(basename "$b")"
 done
 cp -r "$build/python" "$carry/python"
@@ -98,7 +99,7 @@ export PYTHONPATH=$C/python
 python3 -c 'import grpc, google.protobuf as p; print("python: grpc", grpc.__version__, "protobuf", p.__version__)' 2>&1 | tee -a $OUT/env.txt
 mkdir -p /tmp/debs && for f in $C/*.deb; do dpkg -x "$f" /tmp/debs; done
 export PATH=/tmp/debs/sbin:/tmp/debs/usr/sbin:/tmp/debs/usr/bin:/tmp/debs/bin:$PATH
-run=${RUN:-unit,bench,relay,cluster}
+run=${RUN:-unit,bench,relay,topo,cluster}
 cd $C
 if [[ $run == *unit* ]]; then
   for t in gpu_unit_test gpu_test gpu_peer_test; do
@@ -109,6 +110,18 @@ if [[ $run == *unit* ]]; then
 fi
 [[ $run == *bench* ]] && ./gpu_bench ${1:-1024} 2>&1 | tee $OUT/bench.txt
 [[ $run == *relay* ]] && ./fuselink-relay-bench 2>&1 | tee $OUT/relay.txt
+if [[ $run == *topo* ]]; then
+  # Discovery with the real driver: as the agent sees the node, then under the
+  # CUDA_VISIBLE_DEVICES forms it honours.
+  uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+  for cvd in unset 0 "${uuid:0:12}" "" 99 MIG-x; do
+    echo "== CUDA_VISIBLE_DEVICES=$cvd"
+    if [ "$cvd" = unset ]; then ./fuselinkctl topology --sysfs=/sys --time
+    else CUDA_VISIBLE_DEVICES=$cvd ./fuselinkctl topology --sysfs=/sys; fi
+    echo "rc=$?"
+  done 2>&1 | tee $OUT/topo.txt
+  nvidia-smi topo -m 2>&1 | tee -a $OUT/topo.txt
+fi
 if [[ $run == *cluster* ]]; then
   # The agent with the carried libraries; python and ip with the machine's own.
   printf '#!/bin/bash\nLD_LIBRARY_PATH=%s exec %s/fuselink-agent "$@"\n' "$LD_LIBRARY_PATH" "$C" \

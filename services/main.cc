@@ -96,6 +96,11 @@ ABSL_FLAG(std::string, transport, "auto",
           "verbs.");
 ABSL_FLAG(int, connections_per_nic, 2, "tcp: connections per NIC and peer.");
 ABSL_FLAG(int, qps_per_nic, 2, "verbs: RC queue pairs per NIC and peer.");
+ABSL_FLAG(int, rdma_traffic_class, 0,
+          "verbs: the GRH traffic class of every QP (0-255). On RoCE its upper six bits "
+          "are the DSCP: set the one the fabric maps to its lossless class, e.g. 106 for "
+          "DSCP 26 with ECN.");
+ABSL_FLAG(int, rdma_service_level, 0, "verbs: the service level of every QP (0-15).");
 ABSL_FLAG(std::string, gpu, "auto",
           "GPU paths: auto (on where the CUDA driver finds GPUs; topology GPU i is CUDA "
           "device i) or off.");
@@ -238,6 +243,14 @@ int main(int argc, char** argv) {
   options.limits.borrow_depth = absl::GetFlag(FLAGS_borrow_depth);
   options.connections_per_nic = absl::GetFlag(FLAGS_connections_per_nic);
   options.qps_per_nic = absl::GetFlag(FLAGS_qps_per_nic);
+  options.rdma_traffic_class = absl::GetFlag(FLAGS_rdma_traffic_class);
+  options.rdma_service_level = absl::GetFlag(FLAGS_rdma_service_level);
+  if (options.rdma_traffic_class < 0 || options.rdma_traffic_class > 255) {
+    return Fail(absl::InvalidArgumentError("--rdma_traffic_class must be 0 to 255"));
+  }
+  if (options.rdma_service_level < 0 || options.rdma_service_level > 15) {
+    return Fail(absl::InvalidArgumentError("--rdma_service_level must be 0 to 15"));
+  }
   options.transport = absl::GetFlag(FLAGS_transport);
   options.engine.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.engine.window_chunks = absl::GetFlag(FLAGS_window_chunks);

@@ -186,6 +186,8 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
     verbs.node_name = options_.node;
     verbs.nics = std::move(nics);
     verbs.qps_per_peer_nic = options_.qps_per_nic;
+    verbs.rc.traffic_class = static_cast<uint8_t>(options_.rdma_traffic_class);
+    verbs.rc.service_level = static_cast<uint8_t>(options_.rdma_service_level);
     verbs.keys = &fabric_keys_;
     return fabric::CreateVerbsFabric(verbs, this);
   }

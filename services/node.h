@@ -40,6 +40,8 @@ struct NodeOptions {
   std::string transport = "auto";
   int connections_per_nic = 2;  // tcp: connections per NIC and peer
   int qps_per_nic = 2;          // verbs: RC QPs per NIC and peer
+  int rdma_traffic_class = 0;   // verbs: GRH traffic class, 0-255
+  int rdma_service_level = 0;   // verbs: service level, 0-15
   transfer::EngineOptions engine;
   transfer::LandingOptions landing;
   // GPU paths: "auto" (on where the driver finds GPUs) or "off".

@@ -82,7 +82,7 @@ absl::StatusOr<CompletionQueue> CreateCq(ibv_context* context, int entries) {
 
 absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes,
                                         int access) {
-  ibv_mr* mr = ibv_reg_mr(pd, base, bytes, access);
+  ibv_mr* mr = ibv_reg_mr(pd, base, bytes, access | kRegistrationAccess);
   if (mr == nullptr) {
     return VerbsStatus(absl::StrCat("ibv_reg_mr(", bytes, " bytes)"), errno);
   }
@@ -91,7 +91,7 @@ absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes,
 
 absl::StatusOr<MemoryRegion> RegisterMrAt(ibv_pd* pd, void* base, size_t bytes,
                                           uint64_t iova, int access) {
-  ibv_mr* mr = ibv_reg_mr_iova(pd, base, bytes, iova, access);
+  ibv_mr* mr = ibv_reg_mr_iova(pd, base, bytes, iova, access | kRegistrationAccess);
   if (mr == nullptr) {
     return VerbsStatus(
         absl::StrCat("ibv_reg_mr_iova(", bytes, " bytes at iova ", iova, ")"), errno);
@@ -132,6 +132,18 @@ absl::Status QueuePair::ToInit(const RcParams& params) {
   return absl::OkStatus();
 }
 
+ibv_ah_attr RcAddressVector(const RcParams& params, const RemoteQp& remote) {
+  ibv_ah_attr ah{};
+  ah.is_global = 1;
+  ah.grh.dgid = remote.gid;
+  ah.grh.sgid_index = params.gid_index;
+  ah.grh.hop_limit = 64;
+  ah.grh.traffic_class = params.traffic_class;
+  ah.sl = params.service_level;
+  ah.port_num = params.port;
+  return ah;
+}
+
 absl::Status QueuePair::ToRtr(const RcParams& params, const RemoteQp& remote) {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTR;
@@ -140,11 +152,7 @@ absl::Status QueuePair::ToRtr(const RcParams& params, const RemoteQp& remote) {
   attr.rq_psn = remote.psn;
   attr.max_dest_rd_atomic = params.max_rd_atomic;
   attr.min_rnr_timer = params.min_rnr_timer;
-  attr.ah_attr.is_global = 1;
-  attr.ah_attr.grh.dgid = remote.gid;
-  attr.ah_attr.grh.sgid_index = params.gid_index;
-  attr.ah_attr.grh.hop_limit = 64;
-  attr.ah_attr.port_num = params.port;
+  attr.ah_attr = RcAddressVector(params, remote);
   const int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
   if (int err = ibv_modify_qp(qp_.get(), &attr, mask); err != 0) {

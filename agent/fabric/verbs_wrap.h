@@ -97,7 +97,18 @@ absl::StatusOr<ibv_port_attr> QueryPort(ibv_context* context, uint8_t port);
 absl::StatusOr<size_t> QueryGidTable(ibv_context* context, std::span<ibv_gid_entry> out);
 absl::StatusOr<ProtectionDomain> AllocPd(ibv_context* context);
 absl::StatusOr<CompletionQueue> CreateCq(ibv_context* context, int entries);
-// Host memory; the caller adds which NIC and region to the error.
+// What every registration asks for beyond its access: relaxed ordering, which lets
+// the NIC and the PCIe fabric reorder the writes of one transfer (the window's
+// completion rule never relies on their order). Optional: a device without it
+// ignores it.
+#ifdef IBV_ACCESS_RELAXED_ORDERING
+inline constexpr int kRegistrationAccess = IBV_ACCESS_RELAXED_ORDERING;
+#else
+inline constexpr int kRegistrationAccess = 0;
+#endif
+
+// Host memory; the caller adds which NIC and region to the error. `access` gets
+// kRegistrationAccess added.
 absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes, int access);
 // The same, addressed by the peer as [iova, iova + bytes) (ibv_reg_mr_iova): a window's
 // extent registered at its offset in the region, so no local address leaves the node.
@@ -114,6 +125,12 @@ struct RcParams {
   uint8_t rnr_retry = 7;  // 7: retry forever on receiver-not-ready
   uint8_t min_rnr_timer = 12;
   uint8_t max_rd_atomic = 1;
+  // The GRH traffic class: on RoCE its upper six bits are the packets' DSCP, which is
+  // what puts them into the fabric's lossless (PFC) class. 0: best effort.
+  uint8_t traffic_class = 0;
+  // The service level (0-15): the lane an InfiniBand fabric maps to a virtual lane,
+  // and the priority of RoCE packets without DSCP mapping.
+  uint8_t service_level = 0;
 };
 
 // What one side of an RC connection tells the other (exchanged out of band).
@@ -123,6 +140,10 @@ struct RemoteQp {
   ibv_gid gid{};
   ibv_mtu mtu = IBV_MTU_1024;
 };
+
+// The address vector of an RC QP to `remote`: routed by GID (a GRH), with the
+// traffic class, hop limit and service level of `params`. Pure, for tests.
+ibv_ah_attr RcAddressVector(const RcParams& params, const RemoteQp& remote);
 
 // One RC QP. Transitions are the ibv_modify_qp calls with the attributes each state
 // needs; each failure names the transition.

@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -222,6 +223,20 @@ TEST_F(FailureTest, ShutdownEndsAFabricConnectUnderWay) {
   EXPECT_EQ(result.status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << result.status.error_message();
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+}
+
+// RDMA traffic classes and service levels out of their ranges stop the agent at
+// start-up, whatever the transport, naming the flag.
+TEST_F(FailureTest, AgentRefusesRdmaClassesOutOfRange) {
+  for (std::string flag : {"--rdma_traffic_class=256", "--rdma_traffic_class=-1",
+                           "--rdma_service_level=16"}) {
+    absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
+        AgentProcess::Start(dir_.path(), "node-x", {flag});
+    ASSERT_FALSE(agent.ok()) << flag;
+    const std::string name = flag.substr(0, flag.find('='));
+    EXPECT_TRUE(absl::StrContains(agent.status().message(), name))
+        << flag << ": " << agent.status().message();
+  }
 }
 
 TEST_F(FailureTest, TransfersPastTheLimitAreRefusedUntilOneEnds) {

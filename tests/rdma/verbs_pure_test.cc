@@ -11,6 +11,7 @@
 #include "agent/fabric/verbs_window.h"
 #include "agent/fabric/verbs_wire.h"
 #include "agent/fabric/verbs_worker.h"
+#include "agent/fabric/verbs_wrap.h"
 #include "gtest/gtest.h"
 
 namespace fuselink::fabric::verbs {
@@ -346,6 +347,23 @@ TEST(VerbsGid, ChoosesTheRoceV2EntryOfTheAddress) {
   table.pop_back();
   EXPECT_EQ(ChooseRoceV2Gid(table, *gid), std::nullopt);
   EXPECT_FALSE(Ipv4MappedGid("fe80::1").ok());
+}
+
+TEST(VerbsAddress, CarriesTheTrafficClassAndServiceLevel) {
+  RemoteQp remote{.qpn = 7, .psn = 9, .gid = *Ipv4MappedGid("10.0.0.2")};
+  RcParams params{.port = 2, .gid_index = 3, .traffic_class = 106, .service_level = 3};
+  const ibv_ah_attr ah = RcAddressVector(params, remote);
+  EXPECT_EQ(ah.is_global, 1);
+  EXPECT_EQ(std::memcmp(ah.grh.dgid.raw, remote.gid.raw, sizeof(remote.gid.raw)), 0);
+  EXPECT_EQ(ah.grh.sgid_index, 3);
+  EXPECT_EQ(ah.grh.traffic_class, 106);  // DSCP 26 (106 >> 2), ECN bits 10
+  EXPECT_EQ(ah.sl, 3);
+  EXPECT_EQ(ah.port_num, 2);
+  EXPECT_EQ(ah.grh.hop_limit, 64);
+  // The defaults: best effort, lane 0.
+  const ibv_ah_attr plain = RcAddressVector(RcParams{}, remote);
+  EXPECT_EQ(plain.grh.traffic_class, 0);
+  EXPECT_EQ(plain.sl, 0);
 }
 
 }  // namespace

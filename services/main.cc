@@ -101,6 +101,9 @@ ABSL_FLAG(int, rdma_traffic_class, 0,
           "are the DSCP: set the one the fabric maps to its lossless class, e.g. 106 for "
           "DSCP 26 with ECN.");
 ABSL_FLAG(int, rdma_service_level, 0, "verbs: the service level of every QP (0-15).");
+ABSL_FLAG(int, rdma_max_qps_per_nic, 64,
+          "verbs: RC queue pairs one NIC holds over all peers (1-4096, at least "
+          "--qps_per_nic); a peer past it is refused RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, gpu, "auto",
           "GPU paths: auto (on where the CUDA driver finds GPUs; topology GPU i is CUDA "
           "device i) or off.");
@@ -250,6 +253,12 @@ int main(int argc, char** argv) {
   }
   if (options.rdma_service_level < 0 || options.rdma_service_level > 15) {
     return Fail(absl::InvalidArgumentError("--rdma_service_level must be 0 to 15"));
+  }
+  options.rdma_max_qps_per_nic = absl::GetFlag(FLAGS_rdma_max_qps_per_nic);
+  if (options.rdma_max_qps_per_nic < std::max(1, options.qps_per_nic) ||
+      options.rdma_max_qps_per_nic > 4096) {
+    return Fail(absl::InvalidArgumentError(
+        "--rdma_max_qps_per_nic must be --qps_per_nic to 4096"));
   }
   options.transport = absl::GetFlag(FLAGS_transport);
   options.engine.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);

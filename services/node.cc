@@ -186,6 +186,7 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
     verbs.node_name = options_.node;
     verbs.nics = std::move(nics);
     verbs.qps_per_peer_nic = options_.qps_per_nic;
+    verbs.max_qps_per_nic = static_cast<uint32_t>(options_.rdma_max_qps_per_nic);
     verbs.rc.traffic_class = static_cast<uint8_t>(options_.rdma_traffic_class);
     verbs.rc.service_level = static_cast<uint8_t>(options_.rdma_service_level);
     verbs.keys = &fabric_keys_;

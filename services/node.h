@@ -38,10 +38,11 @@ struct NodeOptions {
   // "auto" (verbs where every NIC address has an active RDMA port, else tcp),
   // "tcp" or "verbs".
   std::string transport = "auto";
-  int connections_per_nic = 2;  // tcp: connections per NIC and peer
-  int qps_per_nic = 2;          // verbs: RC QPs per NIC and peer
-  int rdma_traffic_class = 0;   // verbs: GRH traffic class, 0-255
-  int rdma_service_level = 0;   // verbs: service level, 0-15
+  int connections_per_nic = 2;    // tcp: connections per NIC and peer
+  int qps_per_nic = 2;            // verbs: RC QPs per NIC and peer
+  int rdma_traffic_class = 0;     // verbs: GRH traffic class, 0-255
+  int rdma_service_level = 0;     // verbs: service level, 0-15
+  int rdma_max_qps_per_nic = 64;  // verbs: QPs one NIC holds over all peers
   transfer::EngineOptions engine;
   transfer::LandingOptions landing;
   // GPU paths: "auto" (on where the driver finds GPUs) or "off".

@@ -225,9 +225,9 @@ TEST_F(FailureTest, ShutdownEndsAFabricConnectUnderWay) {
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 
-// RDMA traffic classes and service levels out of their ranges stop the agent at
-// start-up, whatever the transport, naming the flag.
-TEST_F(FailureTest, AgentRefusesRdmaClassesOutOfRange) {
+// RDMA traffic classes, service levels and QP limits out of their ranges stop the
+// agent at start-up, whatever the transport, naming the flag.
+TEST_F(FailureTest, AgentRefusesRdmaFlagsOutOfRange) {
   for (std::string flag : {"--rdma_traffic_class=256", "--rdma_traffic_class=-1",
                            "--rdma_service_level=16"}) {
     absl::StatusOr<std::unique_ptr<AgentProcess>> agent =

@@ -2,6 +2,7 @@
 // (--flagfile=agent.flags, one --flag=value a line).
 #include <pthread.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <fstream>

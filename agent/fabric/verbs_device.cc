@@ -1,11 +1,14 @@
 #include "agent/fabric/verbs_device.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <net/if.h>
+#include <netinet/in.h>
 
 #include <array>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +30,43 @@ std::string PciPath(absl::string_view device, absl::string_view netdev) {
   return "";  // soft devices (rxe over veth) have no bus device
 }
 
+// The interface that holds `ipv4`, or empty.
+std::string InterfaceOf(absl::string_view ipv4) {
+  in_addr want{};
+  if (inet_pton(AF_INET, std::string(ipv4).c_str(), &want) != 1) return "";
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
+        want.s_addr) {
+      found = i->ifa_name;
+      break;
+    }
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// /sys/devices/... of an interface's device, or empty (virtual interfaces have none).
+std::string NetdevPciPath(const std::string& netdev) {
+  if (netdev.empty() || netdev.find('/') != std::string::npos) return "";
+  std::error_code error;
+  std::filesystem::path resolved = std::filesystem::canonical(
+      absl::StrCat("/sys/class/net/", netdev, "/device"), error);
+  return error ? "" : resolved.string();
+}
+
+// The interface's 0-based port on its device (sysfs dev_port), or -1.
+int NetdevPort(const std::string& netdev) {
+  if (netdev.empty() || netdev.find('/') != std::string::npos) return -1;
+  std::ifstream in(absl::StrCat("/sys/class/net/", netdev, "/dev_port"));
+  int port = -1;
+  if (!(in >> port) || port < 0 || port > 255) return -1;
+  return port;
+}
+
 absl::StatusOr<std::vector<VerbsPort>> DescribeDevice(ibv_device* device) {
   const std::string name = ibv_get_device_name(device);
   FL_ASSIGN_OR_RETURN(Context context, OpenDevice(device));
@@ -41,6 +81,7 @@ absl::StatusOr<std::vector<VerbsPort>> DescribeDevice(ibv_device* device) {
                   .state = port_attr.state,
                   .link_layer = port_attr.link_layer,
                   .active_mtu = port_attr.active_mtu,
+                  .lid = port_attr.lid,
                   .netdev = "",
                   .pci_path = "",
                   .max_qp = attr.max_qp,
@@ -117,22 +158,61 @@ absl::StatusOr<std::vector<VerbsPort>> DiscoverPorts() {
   return ports;
 }
 
+std::optional<size_t> ChooseIpoibPort(std::span<const VerbsPort> ports,
+                                      absl::string_view pci_path, int dev_port) {
+  if (pci_path.empty() || dev_port < 0) return std::nullopt;
+  for (size_t i = 0; i < ports.size(); ++i) {
+    const VerbsPort& port = ports[i];
+    if (port.link_layer == IBV_LINK_LAYER_INFINIBAND && port.pci_path == pci_path &&
+        port.port == dev_port + 1) {
+      return i;
+    }
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<NicBinding> BindAddress(absl::string_view ipv4) {
   FL_ASSIGN_OR_RETURN(ibv_gid gid, Ipv4MappedGid(ipv4));
   FL_ASSIGN_OR_RETURN(std::vector<VerbsPort> ports, DiscoverPorts());
+  std::optional<NicBinding> found;
   for (VerbsPort& port : ports) {
     std::optional<uint32_t> index = ChooseRoceV2Gid(port.gids, gid);
-    if (!index.has_value()) continue;
-    if (port.link_layer != IBV_LINK_LAYER_ETHERNET) continue;
-    if (port.state != IBV_PORT_ACTIVE) {
-      return absl::FailedPreconditionError(absl::StrCat(port.device, " port ", port.port,
-                                                        " carries ", ipv4, " but is ",
-                                                        ibv_port_state_str(port.state)));
-    }
-    return NicBinding{.port = std::move(port), .gid_index = *index, .gid = gid};
+    if (!index.has_value() || port.link_layer != IBV_LINK_LAYER_ETHERNET) continue;
+    found =
+        NicBinding{.port = std::move(port), .gid_index = *index, .gid = gid, .lid = 0};
+    break;
   }
-  return absl::NotFoundError(absl::StrCat("no RDMA device has a RoCE v2 GID for ", ipv4,
-                                          " (", ports.size(), " ports seen)"));
+  if (!found.has_value()) {
+    const std::string netdev = InterfaceOf(ipv4);
+    if (std::optional<size_t> i =
+            ChooseIpoibPort(ports, NetdevPciPath(netdev), NetdevPort(netdev))) {
+      VerbsPort& port = ports[*i];
+      if (port.gids.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            port.device, " port ", port.port, " carries ", ipv4, " but has no GID"));
+      }
+      const GidEntry first = port.gids.front();  // the port GID, index 0
+      found = NicBinding{
+          .port = std::move(port), .gid_index = first.index, .gid = first.gid, .lid = 0};
+      found->lid = found->port.lid;
+    }
+  }
+  if (!found.has_value()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no RDMA device has a RoCE v2 GID for ", ipv4,
+        ", nor an InfiniBand port its IPoIB interface (", ports.size(), " ports seen)"));
+  }
+  if (found->port.state != IBV_PORT_ACTIVE) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(found->port.device, " port ", found->port.port, " carries ", ipv4,
+                     " but is ", ibv_port_state_str(found->port.state)));
+  }
+  if (found->port.link_layer == IBV_LINK_LAYER_INFINIBAND && found->lid == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(found->port.device, " port ", found->port.port, " carries ", ipv4,
+                     " but has no LID yet (is a subnet manager running?)"));
+  }
+  return *std::move(found);
 }
 
 bool VerbsAvailable(std::span<const std::string> addresses) {

@@ -40,6 +40,7 @@ struct VerbsPort {
   ibv_port_state state = IBV_PORT_NOP;
   uint8_t link_layer = IBV_LINK_LAYER_UNSPECIFIED;
   ibv_mtu active_mtu = IBV_MTU_1024;
+  uint16_t lid = 0;      // InfiniBand: the port's LID (0 on Ethernet)
   std::string netdev;    // the port's Ethernet interface, from its GID entries
   std::string pci_path;  // /sys/devices/... of the device, empty for soft devices
   // Device limits.
@@ -58,6 +59,7 @@ struct NicBinding {
   VerbsPort port;
   uint32_t gid_index = 0;
   ibv_gid gid{};
+  uint16_t lid = 0;  // InfiniBand: the port's LID
 };
 
 // The IPv4-mapped GID of a dotted-quad address; INVALID_ARGUMENT for anything else.
@@ -67,10 +69,18 @@ std::optional<uint32_t> ChooseRoceV2Gid(std::span<const GidEntry> entries,
                                         const ibv_gid& gid);
 std::string GidToString(const ibv_gid& gid);
 
+// The InfiniBand port among `ports` behind an IPoIB interface: the port `dev_port` + 1
+// of the device at `pci_path` (the interface's /sys/class/net/IF/device and dev_port).
+// Pure, for tests.
+std::optional<size_t> ChooseIpoibPort(std::span<const VerbsPort> ports,
+                                      absl::string_view pci_path, int dev_port);
+
 // Every port of every device; empty (not an error) when the host has none.
 absl::StatusOr<std::vector<VerbsPort>> DiscoverPorts();
-// The active Ethernet port with a RoCE v2 GID for `ipv4`. NOT_FOUND when no device
-// carries the address, FAILED_PRECONDITION when its port is not active.
+// The active port that serves `ipv4`: an Ethernet port with a RoCE v2 GID for it, or
+// the InfiniBand port behind the IPoIB interface that holds it (addressed by LID, GID
+// index 0). NOT_FOUND when no device carries the address, FAILED_PRECONDITION when
+// its port is not active.
 absl::StatusOr<NicBinding> BindAddress(absl::string_view ipv4);
 // True when every address binds (BindAddress succeeds for each): the agent then picks
 // the verbs transport, else tcp.

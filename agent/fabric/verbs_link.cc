@@ -116,6 +116,7 @@ absl::Status ControlLink::CreateQps(uint32_t count) {
 wire::Hello ControlLink::LocalHello(std::string name) const {
   wire::Hello hello{.nic = static_cast<uint32_t>(nic_.index()),
                     .mtu = static_cast<uint32_t>(nic_.mtu()),
+                    .lid = nic_.binding().lid,
                     .name = std::move(name),
                     .qps = {}};
   std::memcpy(hello.gid.data(), nic_.binding().gid.raw, wire::kGidBytes);
@@ -133,7 +134,8 @@ absl::Status ControlLink::ConnectQps(const wire::HelloHeader& hello,
   for (size_t i = 0; i < qps_.size(); ++i) {
     RemoteQp remote{.qpn = infos[i].qpn,
                     .psn = infos[i].psn & 0xFFFFFF,
-                    .mtu = static_cast<ibv_mtu>(hello.mtu)};
+                    .mtu = static_cast<ibv_mtu>(hello.mtu),
+                    .lid = hello.lid};
     std::memcpy(remote.gid.raw, hello.gid.data(), wire::kGidBytes);
     FL_RETURN_IF_ERROR(nic_.ConnectQp(qps_[i], remote));
   }
@@ -391,8 +393,10 @@ absl::Status ControlLink::RenewInbound(const wire::QpRenew& renew) {
     if (old != nullptr) nic_.CloseQp(old, absl::UnavailableError("renewed by the peer"));
   }
   FL_ASSIGN_OR_RETURN(VerbsQp * qp, nic_.CreateQp(id_, domain_));
-  RemoteQp remote{
-      .qpn = renew.qpn, .psn = renew.psn, .mtu = static_cast<ibv_mtu>(remote_hello_.mtu)};
+  RemoteQp remote{.qpn = renew.qpn,
+                  .psn = renew.psn,
+                  .mtu = static_cast<ibv_mtu>(remote_hello_.mtu),
+                  .lid = remote_hello_.lid};
   std::memcpy(remote.gid.raw, remote_hello_.gid.data(), wire::kGidBytes);
   absl::Status connected = nic_.ConnectQp(qp, remote);
   if (!connected.ok()) {

@@ -240,6 +240,14 @@ absl::Status Nic::ConnectQp(VerbsQp* qp, const RemoteQp& remote) {
   RcParams rc = rc_;
   rc.gid_index = static_cast<uint8_t>(binding_.gid_index);
   rc.port = binding_.port.port;
+  rc.infiniband = binding_.port.link_layer == IBV_LINK_LAYER_INFINIBAND;
+  // Both ends of a rail must be on the same kind of link: a LID means InfiniBand.
+  if (rc.infiniband != (remote.lid != 0)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NIC ", index_, " is on ", rc.infiniband ? "InfiniBand" : "RoCE",
+        " and the peer's port ", remote.lid != 0 ? "sends a LID" : "has no LID",
+        ": both ends of a rail must share the link layer"));
+  }
   uint32_t local_psn = 0;
   {
     absl::MutexLock lock(&qp->mu);

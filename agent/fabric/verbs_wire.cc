@@ -58,6 +58,7 @@ absl::StatusOr<std::string> EncodeHello(const Hello& hello) {
   PutLe<uint32_t>(frame, kWordAt[1], static_cast<uint32_t>(hello.qps.size()));
   PutLe<uint32_t>(frame, kWordAt[2], hello.mtu);
   PutLe<uint32_t>(frame, kWordAt[3], static_cast<uint32_t>(hello.name.size()));
+  PutLe<uint16_t>(frame, kDwordAt[2], hello.lid);
   std::memcpy(frame.data() + kGidAt, hello.gid.data(), kGidBytes);
   std::memcpy(frame.data() + kNonceAt, hello.client_nonce.data(),
               hello.client_nonce.size());
@@ -180,8 +181,9 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
       HelloHeader hello{.nic = word0,
                         .qp_count = GetLe<uint32_t>(in, kWordAt[1]),
                         .mtu = GetLe<uint32_t>(in, kWordAt[2]),
-                        .name_bytes = GetLe<uint32_t>(in, kWordAt[3])};
-      if (!ZeroBetween(in, kDwordAt[2], kGidAt)) {
+                        .name_bytes = GetLe<uint32_t>(in, kWordAt[3]),
+                        .lid = GetLe<uint16_t>(in, kDwordAt[2])};
+      if (!ZeroBetween(in, kDwordAt[2] + 2, kGidAt)) {
         return Bad("HELLO with unused fields set");
       }
       std::memcpy(hello.client_nonce.data(), in.data() + kNonceAt,

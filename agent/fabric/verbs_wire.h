@@ -20,6 +20,7 @@
 //   32   u64  dword1    (unused)
 //   24   16B  nonce     HELLO: the connector's client nonce (0 in the reply)
 //   40   u64  dword2    sequence number (ADD, REMOVE, ACK, QUERY, VERDICT, QP_RENEW(ED))
+//                       HELLO: u16 the sender port's LID (0 on RoCE), then zeros
 //   48   16B  gid       HELLO: the sender's RoCE v2 GID
 // CHALLENGE and PROOF use the frame as bytes: 8..40 the 32-byte MAC (mac_a, mac_c:
 // handshake.h), 48..64 CHALLENGE's server nonce; everything else 0.
@@ -66,7 +67,8 @@ namespace fuselink::fabric::verbs::wire {
 inline constexpr uint32_t kMagic = 0x42564C46;  // "FLVB"
 // 2: windows instead of region tables, QUERY/VERDICT, QP_RENEW(ED).
 // 3: CHALLENGE and PROOF (authenticated control connections).
-inline constexpr uint16_t kVersion = 3;
+// 4: HELLO carries the port's LID (InfiniBand addressing).
+inline constexpr uint16_t kVersion = 4;
 inline constexpr size_t kFrameBytes = 64;
 inline constexpr size_t kQpInfoBytes = 8;
 inline constexpr size_t kGidBytes = 16;
@@ -108,6 +110,7 @@ struct QpInfo {
 struct Hello {
   uint32_t nic = 0;
   uint32_t mtu = 0;  // ibv_mtu
+  uint16_t lid = 0;  // InfiniBand: the port's LID; 0 on RoCE
   std::array<uint8_t, kGidBytes> gid{};
   std::string name;                 // empty in the reply
   std::vector<QpInfo> qps;          // 1..kMaxQpsPerHello
@@ -118,6 +121,7 @@ struct HelloHeader {  // a decoded HELLO frame, before its name and QP records
   uint32_t qp_count = 0;
   uint32_t mtu = 0;
   uint32_t name_bytes = 0;
+  uint16_t lid = 0;
   std::array<uint8_t, kGidBytes> gid{};
   handshake::Nonce client_nonce{};
 };

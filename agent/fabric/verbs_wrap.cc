@@ -134,13 +134,17 @@ absl::Status QueuePair::ToInit(const RcParams& params) {
 
 ibv_ah_attr RcAddressVector(const RcParams& params, const RemoteQp& remote) {
   ibv_ah_attr ah{};
+  ah.sl = params.service_level;
+  ah.port_num = params.port;
+  if (params.infiniband) {
+    ah.dlid = remote.lid;
+    return ah;
+  }
   ah.is_global = 1;
   ah.grh.dgid = remote.gid;
   ah.grh.sgid_index = params.gid_index;
   ah.grh.hop_limit = 64;
   ah.grh.traffic_class = params.traffic_class;
-  ah.sl = params.service_level;
-  ah.port_num = params.port;
   return ah;
 }
 

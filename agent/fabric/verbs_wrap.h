@@ -131,6 +131,8 @@ struct RcParams {
   // The service level (0-15): the lane an InfiniBand fabric maps to a virtual lane,
   // and the priority of RoCE packets without DSCP mapping.
   uint8_t service_level = 0;
+  // The local port's: an InfiniBand port addresses its peer by LID, RoCE by GID.
+  bool infiniband = false;
 };
 
 // What one side of an RC connection tells the other (exchanged out of band).
@@ -139,10 +141,12 @@ struct RemoteQp {
   uint32_t psn = 0;  // the PSN the remote side sends with first
   ibv_gid gid{};
   ibv_mtu mtu = IBV_MTU_1024;
+  uint16_t lid = 0;  // InfiniBand only
 };
 
-// The address vector of an RC QP to `remote`: routed by GID (a GRH), with the
-// traffic class, hop limit and service level of `params`. Pure, for tests.
+// The address vector of an RC QP to `remote`, with the service level of `params`:
+// on RoCE routed by GID (a GRH with the traffic class and hop limit of `params`); on
+// InfiniBand by the remote port's LID, within its subnet (no GRH). Pure, for tests.
 ibv_ah_attr RcAddressVector(const RcParams& params, const RemoteQp& remote);
 
 // One RC QP. Transitions are the ibv_modify_qp calls with the attributes each state

@@ -89,10 +89,31 @@ TEST(VerbsWire, RejectsChallengeAndProofWithUnusedFieldsSet) {
   EXPECT_FALSE(wire::DecodeFrame(proof).ok());
 }
 
-TEST(VerbsWire, RejectsVersionTwo) {
+TEST(VerbsWire, RejectsVersionsTwoAndThree) {
   wire::Frame frame = wire::EncodeReady();
   frame[4] = 2;  // a peer from before authentication
   EXPECT_FALSE(wire::DecodeFrame(frame).ok());
+  frame[4] = 3;  // a peer whose HELLO has no LID
+  EXPECT_FALSE(wire::DecodeFrame(frame).ok());
+}
+
+TEST(VerbsWire, HelloCarriesTheLidAndNothingBesideIt) {
+  wire::Hello hello{.nic = 0, .mtu = IBV_MTU_4096, .lid = 0xBEEF, .name = "", .qps = {}};
+  hello.qps = {{.qpn = 1, .psn = 2}};
+  absl::StatusOr<std::string> bytes = wire::EncodeHello(hello);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<wire::Decoded> decoded =
+      wire::DecodeFrame(std::span<const uint8_t, wire::kFrameBytes>(
+          reinterpret_cast<const uint8_t*>(bytes->data()), wire::kFrameBytes));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(std::get<wire::HelloHeader>(*decoded).lid, 0xBEEF);
+  // The rest of that field must stay zero.
+  std::string dirty = *bytes;
+  dirty[42] = 1;
+  EXPECT_FALSE(wire::DecodeFrame(
+                   std::span<const uint8_t, wire::kFrameBytes>(
+                       reinterpret_cast<const uint8_t*>(dirty.data()), wire::kFrameBytes))
+                   .ok());
 }
 
 absl::StatusOr<wire::Decoded> Decode(absl::string_view bytes) {
@@ -364,6 +385,37 @@ TEST(VerbsAddress, CarriesTheTrafficClassAndServiceLevel) {
   const ibv_ah_attr plain = RcAddressVector(RcParams{}, remote);
   EXPECT_EQ(plain.grh.traffic_class, 0);
   EXPECT_EQ(plain.sl, 0);
+}
+
+TEST(VerbsAddress, InfinibandGoesByLidWithoutAGrh) {
+  RemoteQp remote{.qpn = 7, .psn = 9, .lid = 0x1234};
+  RcParams params{.port = 1, .service_level = 5, .infiniband = true};
+  const ibv_ah_attr ah = RcAddressVector(params, remote);
+  EXPECT_EQ(ah.is_global, 0);
+  EXPECT_EQ(ah.dlid, 0x1234);
+  EXPECT_EQ(ah.sl, 5);
+  EXPECT_EQ(ah.port_num, 1);
+}
+
+TEST(VerbsDevice, FindsTheInfinibandPortBehindAnIpoibInterface) {
+  const std::string hca = "/sys/devices/pci0000:00/0000:00:02.0/0000:41:00.0";
+  auto port = [&](std::string device, uint8_t number, uint8_t link_layer) {
+    VerbsPort p;
+    p.device = std::move(device);
+    p.port = number;
+    p.link_layer = link_layer;
+    p.pci_path = hca;
+    return p;
+  };
+  const std::vector<VerbsPort> ports = {port("mlx5_0", 1, IBV_LINK_LAYER_ETHERNET),
+                                        port("mlx5_1", 1, IBV_LINK_LAYER_INFINIBAND),
+                                        port("mlx5_1", 2, IBV_LINK_LAYER_INFINIBAND)};
+  EXPECT_EQ(ChooseIpoibPort(ports, hca, 0), 1u);  // ib0: port 1
+  EXPECT_EQ(ChooseIpoibPort(ports, hca, 1), 2u);  // ib1: port 2
+  EXPECT_EQ(ChooseIpoibPort(ports, hca, 2), std::nullopt);
+  EXPECT_EQ(ChooseIpoibPort(ports, "/sys/devices/other", 0), std::nullopt);
+  EXPECT_EQ(ChooseIpoibPort(ports, "", 0), std::nullopt);  // a virtual interface
+  EXPECT_EQ(ChooseIpoibPort(ports, hca, -1), std::nullopt);
 }
 
 }  // namespace

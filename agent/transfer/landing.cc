@@ -57,8 +57,25 @@ uint32_t Landing::IdleMask() const {
 }
 
 void Landing::TellIdle() {
+  // Compute, compare and tell as one step: two callers each computing a mask, then
+  // telling them in the other order, would leave sources holding the older one.
+  absl::MutexLock tell(&tell_mu_);
   const uint32_t mask = IdleMask();
-  if (told_mask_.exchange(mask) != mask && on_idle_) on_idle_(mask);
+  if (told_mask_ != mask) {
+    told_mask_ = mask;
+    if (on_idle_) on_idle_(mask);
+  }
+}
+
+uint64_t Landing::AdmissibleBytes() const {
+  uint64_t bytes = 0;
+  absl::MutexLock lock(&mu_);
+  for (const Slot& slot : slots_) {
+    if (slot.state == SlotState::kOpen || slot.state == SlotState::kClosing) {
+      bytes += slot.expected_bytes - std::min(slot.expected_bytes, slot.landed.bytes());
+    }
+  }
+  return bytes;
 }
 
 std::vector<std::string> Landing::ActiveSources() const {

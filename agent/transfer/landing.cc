@@ -72,7 +72,10 @@ uint64_t Landing::AdmissibleBytes() const {
   absl::MutexLock lock(&mu_);
   for (const Slot& slot : slots_) {
     if (slot.state == SlotState::kOpen || slot.state == SlotState::kClosing) {
-      bytes += slot.expected_bytes - std::min(slot.expected_bytes, slot.landed.bytes());
+      const uint64_t remaining =
+          slot.expected_bytes - std::min(slot.expected_bytes, slot.landed.bytes());
+      bytes += slot.in_flight_bytes == 0 ? remaining
+                                         : std::min(remaining, slot.in_flight_bytes);
     }
   }
   return bytes;
@@ -207,6 +210,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       slot.window = *window;
       slot.blocks = std::move(blocks);
       slot.expected_bytes = expected;
+      slot.in_flight_bytes = request.in_flight_bytes();
       slot.landed = LandedRanges();
       slot.last_activity = absl::Now();
       slot.started = false;

@@ -121,12 +121,13 @@ class Landing {
   // borrow it towards this node. Replaces the previous mask; a change of the idle
   // mask is told to the sources at once.
   void SetForeignBusy(uint32_t mask);
-  // Bytes the slots whose windows are open (or draining) can still take: every byte
-  // the fabric places here lands inside one of them, so this bounds the bytes
-  // arriving towards this node that the fabric has not counted yet, whatever the
-  // sources' flags and policies (the foreign-traffic watch's receive slack).
-  // Distinct bytes: a chunk sent again after a failure, or a write still in flight
-  // to a window that has closed, is outside it.
+  // Bytes the slots whose windows are open (or draining) can take now: per slot, what
+  // it still expects, or less, the bytes its source said it keeps in flight at most.
+  // Every byte the fabric places here lands inside one of them, so this bounds the
+  // bytes arriving towards this node that the fabric has not counted yet, whatever
+  // the sources' policies or depth flags (the foreign-traffic watch's receive
+  // slack). Not in it: a chunk sent again after a failure, a write still in flight
+  // to a window that has closed.
   uint64_t AdmissibleBytes() const;
   // Nodes with open slots here: the ones to tell of idle-mask changes.
   std::vector<std::string> ActiveSources() const;
@@ -146,6 +147,8 @@ class Landing {
     fabric::WindowKey window = 0;
     std::vector<fabric::Extent> blocks;  // the window's extents
     uint64_t expected_bytes = 0;
+    // The source's bytes in flight at most (PrepareIncomingRequest); 0: not said.
+    uint64_t in_flight_bytes = 0;
     LandedRanges landed;
     uint64_t landed_bytes = 0;  // distinct bytes, kept once the ranges are let go
     absl::Time last_activity;

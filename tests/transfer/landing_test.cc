@@ -240,6 +240,11 @@ TEST_F(LandingTest, AdmissibleBytesAreWhatOpenWindowsCanStillTake) {
   AllData(p);
   Notice(p, ImmOp::kCommit);  // t1 ends: its window takes nothing more
   EXPECT_EQ(landing_->AdmissibleBytes(), all);
+  // A source that keeps at most 3 blocks in flight: no more than that of it.
+  v1::PrepareIncomingRequest windowed = Request("t3");
+  windowed.set_in_flight_bytes(3 * kBlockBytes);
+  ASSERT_TRUE(landing_->Prepare(windowed).ok());
+  EXPECT_EQ(landing_->AdmissibleBytes(), all + 3 * kBlockBytes);
 }
 
 // Two masks told from two threads reach the sources in the order they were

@@ -230,7 +230,7 @@ TEST(ForeignRule, BusyAtOnceIdleOnlyAfterAQuietHold) {
   const ForeignRule rule{
       .busy_bytes_per_s = 1000, .release_fraction = 0.5, .hold = absl::Milliseconds(100)};
   ForeignState st;
-  const absl::Time t0 = absl::UnixEpoch();
+  const absl::Duration t0 = absl::ZeroDuration();
   EXPECT_FALSE(ForeignStep(rule, 999, t0, st));
   EXPECT_TRUE(ForeignStep(rule, 1000, t0, st));  // at the threshold: busy at once
   // Between the release level and the threshold: stays busy, however long.
@@ -248,7 +248,7 @@ TEST(ForeignRule, BusyAtOnceIdleOnlyAfterAQuietHold) {
 
 TEST(ForeignRule, ZeroThresholdIsOff) {
   ForeignState st;
-  EXPECT_FALSE(ForeignStep(ForeignRule{}, 1e12, absl::UnixEpoch(), st));
+  EXPECT_FALSE(ForeignStep(ForeignRule{}, 1e12, absl::ZeroDuration(), st));
   EXPECT_FALSE(st.busy);
 }
 

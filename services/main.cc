@@ -85,9 +85,13 @@ ABSL_FLAG(int64_t, foreign_busy_bytes_per_s, -1,
           "kernel's counters) at or above this rate makes the NIC busy for lending; "
           "-1: 5% of the NIC's line rate (the topology's rate_bytes_per_s); 0: off.");
 ABSL_FLAG(double, foreign_overhead_pct, 5,
-          "Kernel bytes that fuselink's own payload costs on top of itself (frame "
-          "headers, acknowledgements), in percent of its payload both ways: not "
-          "counted as foreign.");
+          "Kernel bytes that fuselink's own payload costs on top of itself the same "
+          "way (its frames' headers), in percent of that payload: not counted as "
+          "foreign. 0 to 100.");
+ABSL_FLAG(double, foreign_ack_overhead_pct, 2.5,
+          "Kernel bytes that fuselink's own payload costs the other way (the "
+          "acknowledgements of what it sends or receives), in percent of that "
+          "payload: not counted as foreign. 0 to 100.");
 ABSL_FLAG(uint32_t, foreign_check_ms, 10, "How often NIC counters are read (1 to 1000).");
 ABSL_FLAG(uint32_t, foreign_hold_ms, 300,
           "A foreign-busy NIC lends again once its foreign rate stayed under half the "
@@ -295,16 +299,20 @@ int main(int argc, char** argv) {
   }
 
   options.foreign.busy_bytes_per_s = absl::GetFlag(FLAGS_foreign_busy_bytes_per_s);
-  options.foreign.overhead_fraction = absl::GetFlag(FLAGS_foreign_overhead_pct) / 100;
+  const double header_pct = absl::GetFlag(FLAGS_foreign_overhead_pct);
+  const double ack_pct = absl::GetFlag(FLAGS_foreign_ack_overhead_pct);
+  options.foreign.header_overhead_fraction = header_pct / 100;
+  options.foreign.ack_overhead_fraction = ack_pct / 100;
   options.foreign.hold = absl::Milliseconds(absl::GetFlag(FLAGS_foreign_hold_ms));
   options.foreign_check = absl::Milliseconds(absl::GetFlag(FLAGS_foreign_check_ms));
-  if (options.foreign.busy_bytes_per_s < -1 || options.foreign.overhead_fraction < 0 ||
-      options.foreign.overhead_fraction > 1 ||
-      absl::GetFlag(FLAGS_foreign_check_ms) == 0 ||
+  // Written so that NaN fails too: every comparison with it is false.
+  const auto percent = [](double pct) { return pct >= 0 && pct <= 100; };
+  if (options.foreign.busy_bytes_per_s < -1 || !percent(header_pct) ||
+      !percent(ack_pct) || absl::GetFlag(FLAGS_foreign_check_ms) == 0 ||
       absl::GetFlag(FLAGS_foreign_check_ms) > 1000) {
     return Fail(absl::InvalidArgumentError(
-        "--foreign_busy_bytes_per_s must be -1 or more, --foreign_overhead_pct 0 to 100, "
-        "--foreign_check_ms 1 to 1000"));
+        "--foreign_busy_bytes_per_s must be -1 or more, --foreign_overhead_pct and "
+        "--foreign_ack_overhead_pct 0 to 100, --foreign_check_ms 1 to 1000"));
   }
 
   const bool plaintext = absl::GetFlag(FLAGS_plaintext);

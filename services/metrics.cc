@@ -138,6 +138,21 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
         }
         out.push_back(std::move(f));
       };
+      prometheus::MetricFamily errors{
+          "fuselink_nic_foreign_read_errors_total",
+          "Looks at the NIC whose kernel counters could not be read; after "
+          "--foreign_hold_ms of them in a row the NIC is no longer foreign-busy.",
+          MetricType::Counter,
+          {}};
+      for (const v1::Nic& nic : topology.nics()) {
+        const int k = static_cast<int>(nic.index());
+        if (!foreign.watched(k)) continue;
+        prometheus::ClientMetric m;
+        m.label = {{"nic", nic.name()}, {"owner_gpu", absl::StrCat(nic.owner_gpu())}};
+        m.counter.value = static_cast<double>(foreign.read_errors(k));
+        errors.metric.push_back(std::move(m));
+      }
+      out.push_back(std::move(errors));
       per_direction("fuselink_nic_foreign_bytes_total",
                     "Bytes the kernel counted on the NIC that fuselink did not move "
                     "(NCCL, storage, anyone's), its own frames' overhead allowed for.",
@@ -147,8 +162,9 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
       per_direction(
           "fuselink_nic_foreign_busy",
           "1 while foreign traffic on the NIC is above --foreign_busy_bytes_per_s "
-          "that way: tx, the NIC lends nothing to this node's GPUs; rx, sources "
-          "are told it is not idle here.",
+          "that way. Under --policy=fuselink: tx, the NIC lends nothing to this "
+          "node's GPUs; rx, sources are told it is not idle here. The static and "
+          "stripe policies ignore it.",
           MetricType::Gauge,
           [&](int k, nicstat::Direction d) { return foreign.busy_mask(d) >> k & 1; });
     }

@@ -111,6 +111,8 @@ absl::Status Node::Start() {
 }
 
 void Node::StopTransfers() {
+  // First: the watch calls into the landing, the notifier and the engine.
+  StopForeignWatch();
   if (fabric_) fabric_->CancelConnects();  // ends the connects the threads below wait on
   if (peers_) peers_->Shutdown();    // cancels peer calls the engine's threads wait on
   if (engine_) engine_->Shutdown();  // joins its threads: nothing posts after this
@@ -122,7 +124,6 @@ Node::~Node() {
   stop_.store(true);
   if (expirer_.joinable()) expirer_.join();
   if (repairer_.joinable()) repairer_.join();
-  if (foreign_watcher_.joinable()) foreign_watcher_.join();
   notifier_->Stop();  // posts nothing more; late verdicts are dropped
   fabric_.reset();    // flushes every write in flight into the engine
   notifier_.reset();
@@ -227,42 +228,52 @@ void Node::TellIdleNics(uint32_t idle_mask) {
 }
 
 void Node::WatchForeignTraffic() {
-  // Our bytes the kernel may have counted and we not yet, per NIC. Sending: the
-  // chunks in flight there (the fabric counts a write when it is acknowledged).
-  // Receiving: the writes in flight towards us, at most direct_depth + borrow_depth
-  // chunks on a NIC from each source whose transfers are open here (a source's
-  // scheduler bounds them; the fabric counts a write once all of it was read).
-  const uint64_t chunk = options_.engine.chunk_bytes;
-  const uint64_t per_source =
-      uint64_t{options_.limits.direct_depth + options_.limits.borrow_depth} * chunk;
+  // Our bytes on each NIC: what the fabric put on and took off the wire, refused
+  // writes included (the kernel counted those too). And bounds on our bytes the
+  // kernel may have counted and the fabric not yet. Sending: the chunks in flight
+  // there (the fabric counts a write when the target has answered it). Receiving:
+  // what the open windows here can still take (Landing::AdmissibleBytes): every
+  // byte placed here lands in one, whatever the sources' policy or depths, and the
+  // fabric counts a write once all of it was read. One bound for all NICs: which
+  // NIC a source's next bytes take is the source's choice.
+  const uint64_t chunk_bytes = options_.engine.chunk_bytes;
   const int nics = foreign_->nic_count();
-  std::array<nicstat::OwnBytes, nicstat::kMaxNics> own{};
+  const auto read_own = [&](std::span<nicstat::OwnBytes> own) {
+    const uint64_t rx_slack_bytes = landing_->AdmissibleBytes();
+    for (int k = 0; k < nics; ++k) {
+      const fabric::NicCounters c = fabric_->counters(k);
+      own[k] = nicstat::OwnBytes{.tx = c.wire_tx_bytes,
+                                 .rx = c.wire_rx_bytes,
+                                 .tx_slack = scheduler_->Stats(k).in_flight * chunk_bytes,
+                                 .rx_slack = rx_slack_bytes};
+    }
+  };
   uint32_t told_tx = 0;
   // A node moving nothing lends nothing: its NICs' states matter again only when a
   // transfer starts, so it looks this many times less often meanwhile (the rate
   // window and the hold still see every look).
   constexpr int kIdleSlowdown = 10;
-  while (!stop_.load()) {
-    const bool receiving = landing_->active() > 0;
-    const bool moving = receiving || engine_->active() > 0;
-    const uint64_t sources = receiving ? landing_->ActiveSources().size() : 0;
-    for (int k = 0; k < nics; ++k) {
-      const fabric::NicCounters c = fabric_->counters(k);
-      own[k] = nicstat::OwnBytes{.tx = c.transmitted_bytes,
-                                 .rx = c.received_bytes,
-                                 .tx_slack = scheduler_->Stats(k).in_flight * chunk,
-                                 .rx_slack = sources * per_source};
-    }
-    foreign_->Sample(absl::Now(), std::span(own.data(), static_cast<size_t>(nics)));
+  while (true) {
+    const bool moving = landing_->active() > 0 || engine_->active() > 0;
+    foreign_->Sample(nicstat::SteadyNow(), read_own);
     const uint32_t tx = foreign_->busy_mask(nicstat::kTx);
     scheduler_->SetForeignBusy(tx);
     landing_->SetForeignBusy(foreign_->busy_mask(nicstat::kRx));
     // A NIC free again: chunks waiting for a completion may take it now.
     if ((told_tx & ~tx) != 0) engine_->Kick();
     told_tx = tx;
-    absl::SleepFor(moving ? options_.foreign_check
-                          : options_.foreign_check * kIdleSlowdown);
+    // Woken at once by StopForeignWatch, however long the pause.
+    if (foreign_stop_.WaitForNotificationWithTimeout(
+            moving ? options_.foreign_check : options_.foreign_check * kIdleSlowdown)) {
+      return;
+    }
   }
+}
+
+void Node::StopForeignWatch() {
+  if (!foreign_watcher_.joinable()) return;
+  foreign_stop_.Notify();
+  foreign_watcher_.join();
 }
 
 void Node::OnPeerLost(fabric::PeerId peer, absl::string_view name,

@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
 #include "agent/gpu/runtime.h"
@@ -123,6 +124,9 @@ class Node final : public fabric::Handler {
   // foreign traffic going out lend nothing here (the scheduler), those with foreign
   // traffic coming in are not advertised idle to sources (the landing).
   void WatchForeignTraffic();
+  // Ends WatchForeignTraffic and joins its thread; a second call does nothing. From
+  // the thread that stops the node.
+  void StopForeignWatch();
 
   const NodeOptions options_;
   transfer::EngineObserver* const observer_;
@@ -153,8 +157,9 @@ class Node final : public fabric::Handler {
   std::thread expirer_;
   // Re-opens failed NICs of peer sessions: its connects may take seconds.
   std::thread repairer_;
-  // WatchForeignTraffic; only where some NIC is watched.
+  // WatchForeignTraffic; only where some NIC is watched. foreign_stop_ ends it.
   std::thread foreign_watcher_;
+  absl::Notification foreign_stop_;
 };
 
 }  // namespace fuselink::services

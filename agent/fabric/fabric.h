@@ -131,8 +131,15 @@ class Handler {
 
 // Counters of one NIC, readable at any time.
 struct NicCounters {
+  // Payload of writes delivered: acknowledged at the source, placed at the target.
   uint64_t transmitted_bytes = 0;
   uint64_t received_bytes = 0;
+  // Payload that crossed the link, whatever became of it: the delivered writes plus
+  // those the target refused (their bytes were sent and read all the same). What the
+  // kernel's counters hold of fuselink's traffic (agent/nicstat). Counted at the same
+  // moments as the two above (the source's completion, the target's last byte read).
+  uint64_t wire_tx_bytes = 0;
+  uint64_t wire_rx_bytes = 0;
   uint64_t malformed_frames = 0;
   // Writes refused before placement: no window, another peer's, outside it.
   uint64_t refused_writes = 0;

@@ -124,6 +124,10 @@ void TcpConnection::Complete(const PendingWrite& write, absl::Status status,
   if (status.ok()) {
     stats.transmitted_bytes.fetch_add(write.op.bytes, std::memory_order_relaxed);
   }
+  // A refusal is the target's answer to a write it read in full: its bytes crossed.
+  if (status.ok() || refusal != Refusal::kNone) {
+    stats.wire_tx_bytes.fetch_add(write.op.bytes, std::memory_order_relaxed);
+  }
   host_.handler().OnCompletion(Completion{.wr_id = write.op.wr_id,
                                           .nic = nic_,
                                           .bytes = write.op.bytes,
@@ -298,6 +302,7 @@ absl::Status TcpConnection::ServeInbound() {
         refusal = *why;
         stats.refused_writes.fetch_add(1, std::memory_order_relaxed);
         FL_RETURN_IF_ERROR(Discard(write->bytes));
+        stats.wire_rx_bytes.fetch_add(write->bytes, std::memory_order_relaxed);
       } else {
         const Region& target = std::get<WindowTable::Placement>(admitted).region();
         if (target.on_gpu()) {
@@ -307,6 +312,7 @@ absl::Status TcpConnection::ServeInbound() {
               RecvAll(fd_.get(), target.base + write->offset, write->bytes));
         }
         stats.received_bytes.fetch_add(write->bytes, std::memory_order_relaxed);
+        stats.wire_rx_bytes.fetch_add(write->bytes, std::memory_order_relaxed);
         host_.handler().OnArrival(arrival);
       }
     }

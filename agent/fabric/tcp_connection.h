@@ -47,6 +47,9 @@ inline constexpr int kHelloTimeoutMs = 10'000;
 struct NicStats {
   std::atomic<uint64_t> transmitted_bytes{0};
   std::atomic<uint64_t> received_bytes{0};
+  // As NicCounters: delivered and refused writes alike.
+  std::atomic<uint64_t> wire_tx_bytes{0};
+  std::atomic<uint64_t> wire_rx_bytes{0};
   std::atomic<uint64_t> malformed_frames{0};
   // Writes this NIC received and refused: no window, another peer's, outside it.
   std::atomic<uint64_t> refused_writes{0};

@@ -345,6 +345,8 @@ NicCounters TcpFabric::counters(int nic) const {
   return NicCounters{
       .transmitted_bytes = stats.transmitted_bytes.load(std::memory_order_relaxed),
       .received_bytes = stats.received_bytes.load(std::memory_order_relaxed),
+      .wire_tx_bytes = stats.wire_tx_bytes.load(std::memory_order_relaxed),
+      .wire_rx_bytes = stats.wire_rx_bytes.load(std::memory_order_relaxed),
       .malformed_frames = stats.malformed_frames.load(std::memory_order_relaxed),
       .refused_writes = stats.refused_writes.load(std::memory_order_relaxed),
       .auth_failures = stats.auth_failures.load(std::memory_order_relaxed)};

@@ -323,6 +323,8 @@ NicCounters VerbsFabric::counters(int nic) const {
   if (nic < 0 || nic >= nic_count()) return {};
   return NicCounters{.transmitted_bytes = nics_[nic]->transmitted_bytes(),
                      .received_bytes = nics_[nic]->received_bytes(),
+                     .wire_tx_bytes = nics_[nic]->wire_tx_bytes(),
+                     .wire_rx_bytes = nics_[nic]->wire_rx_bytes(),
                      .malformed_frames = nics_[nic]->malformed(),
                      .refused_writes = nics_[nic]->refused(),
                      .auth_failures = nics_[nic]->auth_failures()};

@@ -462,6 +462,9 @@ void Nic::HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
   }
   if (done.has_value()) {
     if (done->status.ok()) transmitted_bytes_.fetch_add(done->bytes);
+    if (done->status.ok() || done->refusal != Refusal::kNone) {
+      wire_tx_bytes_.fetch_add(done->bytes);
+    }
     host_.handler().OnCompletion(*done);
   }
   if (renew) host_.OnQpRefused(qp.link, qp.shared_from_this());
@@ -526,6 +529,7 @@ void Nic::HandleRecv(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
                      " offset ", descriptor.offset, " bytes ", descriptor.bytes)));
     return;
   }
+  wire_rx_bytes_.fetch_add(descriptor.bytes);  // placed, whether delivered or not
   if (std::holds_alternative<Refusal>(admitted)) {
     refused_.fetch_add(1, std::memory_order_relaxed);
   } else {

@@ -316,6 +316,10 @@ class Nic {
 
   uint64_t transmitted_bytes() const { return transmitted_bytes_.load(); }
   uint64_t received_bytes() const { return received_bytes_.load(); }
+  // As NicCounters: writes the target's NIC refused, and arrivals for windows
+  // already closed, crossed the link too.
+  uint64_t wire_tx_bytes() const { return wire_tx_bytes_.load(); }
+  uint64_t wire_rx_bytes() const { return wire_rx_bytes_.load(); }
   uint64_t malformed() const { return malformed_.load(); }
   // As a source: writes the target's NIC refused. As a target: arrivals for windows
   // already closed, and writes refused in software (CountRefused, QUERY answers).
@@ -379,6 +383,8 @@ class Nic {
   std::atomic<uint32_t> send_quota_used_{0};
   std::atomic<uint64_t> transmitted_bytes_{0};
   std::atomic<uint64_t> received_bytes_{0};
+  std::atomic<uint64_t> wire_tx_bytes_{0};
+  std::atomic<uint64_t> wire_rx_bytes_{0};
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> auth_failures_{0};

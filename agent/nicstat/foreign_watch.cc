@@ -1,12 +1,29 @@
 #include "agent/nicstat/foreign_watch.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agent/common/status_macros.h"
 
 namespace fuselink::nicstat {
+
+OwnBytes Bracket(const OwnBytes& before, const OwnBytes& after) {
+  const auto grown = [](uint64_t from, uint64_t to) { return to > from ? to - from : 0; };
+  return OwnBytes{
+      .tx = before.tx,
+      .rx = before.rx,
+      .tx_slack = before.tx_slack + after.tx_slack + grown(before.tx, after.tx),
+      .rx_slack = before.rx_slack + after.rx_slack + grown(before.rx, after.rx)};
+}
+
+absl::Duration SteadyNow() {
+  return absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
 
 ForeignWatch::ForeignWatch(const ForeignOptions& options, int nics)
     : options_(options), nics_(static_cast<size_t>(nics)) {}
@@ -18,9 +35,8 @@ std::unique_ptr<ForeignWatch> ForeignWatch::Create(const std::vector<WatchedNic>
   std::unique_ptr<ForeignWatch> w(new ForeignWatch(options, count));
   absl::StatusOr<std::vector<InterfaceAddress>> interfaces =
       options.busy_bytes_per_s == 0 ? std::vector<InterfaceAddress>{} : list();
-  // The netdev of each NIC, and which NICs share one.
-  std::vector<std::optional<InterfaceAddress>> netdev(count);
-  std::map<std::string, std::vector<std::string>> nics_of;
+  // Each NIC's counters; then which NICs share them.
+  std::vector<std::optional<CounterSource>> sources(count);
   for (int k = 0; k < count; ++k) {
     Nic& n = w->nics_[k];
     n.name = nics[k].name;
@@ -32,29 +48,16 @@ std::unique_ptr<ForeignWatch> ForeignWatch::Create(const std::vector<WatchedNic>
       n.why = absl::StrCat("off: ", interfaces.status().message());
       continue;
     }
-    absl::StatusOr<InterfaceAddress> found = NetdevOf(nics[k].address, *interfaces);
-    if (!found.ok()) {
-      n.why = absl::StrCat("off: ", found.status().message());
+    absl::StatusOr<InterfaceAddress> netdev = NetdevOf(nics[k].address, *interfaces);
+    if (!netdev.ok()) {
+      n.why = absl::StrCat("off: ", netdev.status().message());
       continue;
     }
-    if (found->loopback) {
+    if (netdev->loopback) {
       n.why = absl::StrCat("off: ", nics[k].address, " is on the loopback interface ",
-                           found->name,
+                           netdev->name,
                            ", whose counters carry every local process's traffic and "
                            "every emulated NIC's");
-      continue;
-    }
-    netdev[k] = *found;
-    nics_of[found->name].push_back(n.name);
-  }
-  for (int k = 0; k < count; ++k) {
-    Nic& n = w->nics_[k];
-    if (!netdev[k].has_value()) continue;
-    const std::vector<std::string>& sharing = nics_of[netdev[k]->name];
-    if (sharing.size() > 1) {
-      n.why = absl::StrCat("off: NICs ", absl::StrJoin(sharing, ", "), " share netdev ",
-                           netdev[k]->name,
-                           ": one counter cannot tell their bytes from foreign ones");
       continue;
     }
     double busy = static_cast<double>(options.busy_bytes_per_s);
@@ -66,15 +69,16 @@ std::unique_ptr<ForeignWatch> ForeignWatch::Create(const std::vector<WatchedNic>
       }
     }
     absl::StatusOr<CounterSource> source =
-        options.rdma ? CounterSource::RdmaPortOf(options.sysfs_root, netdev[k]->name)
-                     : CounterSource::Netdev(options.sysfs_root, netdev[k]->name);
+        options.rdma ? CounterSource::RdmaPortOf(options.sysfs_root, netdev->name)
+                     : CounterSource::Netdev(options.sysfs_root, netdev->name);
     std::string fallback;
-    if (options.rdma && !source.ok()) {
-      // A port without data counters (Soft-RoCE has packet counts only): the netdev's
-      // counters instead. Safe either way: where RDMA bypasses the netdev (ConnectX),
-      // they hold none of our bytes, and subtracting ours only under-counts.
+    if (options.rdma && !source.ok() && ReasonOf(source.status()) == "NO_COUNTERS") {
+      // The port is there without data counters (Soft-RoCE has packet counts only):
+      // rxe's frames go through the netdev, whose counters see them. Not where no
+      // port names the netdev: there the netdev may see none of the RDMA traffic
+      // (ConnectX's goes past it), ours and foreign alike.
       absl::StatusOr<CounterSource> netdev_source =
-          CounterSource::Netdev(options.sysfs_root, netdev[k]->name);
+          CounterSource::Netdev(options.sysfs_root, netdev->name);
       if (netdev_source.ok()) {
         fallback = absl::StrCat(" (", source.status().message(), ")");
         source = std::move(netdev_source);
@@ -89,7 +93,26 @@ std::unique_ptr<ForeignWatch> ForeignWatch::Create(const std::vector<WatchedNic>
                                 .hold = options.hold};
     n.why = absl::StrCat(source->description(), fallback, ", busy at ",
                          static_cast<uint64_t>(std::llround(busy)), " B/s");
-    n.source = *std::move(source);
+    sources[k] = *std::move(source);
+  }
+  // Two NICs on one counter (one netdev; two netdevs of one RDMA port): neither is
+  // watched.
+  std::map<std::string, std::vector<std::string>> nics_of;
+  for (int k = 0; k < count; ++k) {
+    if (sources[k].has_value()) nics_of[sources[k]->id()].push_back(w->nics_[k].name);
+  }
+  for (int k = 0; k < count; ++k) {
+    if (!sources[k].has_value()) continue;
+    Nic& n = w->nics_[k];
+    const std::vector<std::string>& sharing = nics_of[sources[k]->id()];
+    if (sharing.size() > 1) {
+      n.why = absl::StrCat("off: NICs ", absl::StrJoin(sharing, ", "), " share ",
+                           sources[k]->description(),
+                           ": one counter cannot tell their bytes from foreign ones");
+      n.rule = sched::ForeignRule{};
+      continue;
+    }
+    n.source = *std::move(sources[k]);
   }
   return w;
 }
@@ -125,29 +148,51 @@ double ForeignWatch::Rate(const Dir& d) const {
   return static_cast<double>(d.cumulative[newest] - d.cumulative[from]) / seconds;
 }
 
-void ForeignWatch::Sample(absl::Time now, std::span<const OwnBytes> own) {
+void ForeignWatch::Sample(absl::Duration now, OwnFn read_own) {
+  const int count = nic_count();
+  std::array<OwnBytes, kMaxNics> before{}, after{};
+  std::array<absl::StatusOr<KernelBytes>, kMaxNics> kernel;
+  read_own(std::span(before.data(), static_cast<size_t>(count)));
+  for (int k = 0; k < count; ++k) {
+    if (nics_[k].source.has_value()) kernel[k] = nics_[k].source->Read();
+  }
+  read_own(std::span(after.data(), static_cast<size_t>(count)));
+
   uint32_t mask[2] = {busy_mask_[kTx].load(std::memory_order_relaxed),
                       busy_mask_[kRx].load(std::memory_order_relaxed)};
-  for (int k = 0; k < nic_count() && k < static_cast<int>(own.size()); ++k) {
+  const double header = options_.header_overhead_fraction;
+  const double ack = options_.ack_overhead_fraction;
+  // What the kernel counts that way of `same` payload going that way and `reverse`
+  // payload going the other: the payload, its frames' headers, and the other way's
+  // acknowledgements.
+  const auto on_wire = [header, ack](uint64_t same, uint64_t reverse) {
+    return same + static_cast<uint64_t>(header * static_cast<double>(same) +
+                                        ack * static_cast<double>(reverse));
+  };
+  for (int k = 0; k < count; ++k) {
     Nic& n = nics_[k];
     if (!n.source.has_value()) continue;
-    absl::StatusOr<KernelBytes> kernel = n.source->Read();
-    if (!kernel.ok()) {
-      read_errors_.fetch_add(1, std::memory_order_relaxed);
+    if (!kernel[k].ok()) {
+      n.read_errors.fetch_add(1, std::memory_order_relaxed);
+      if (n.failing_since == absl::InfiniteDuration()) n.failing_since = now;
+      if (now - n.failing_since >= options_.hold) {
+        // Nothing to judge by for that long: lend again rather than for good. The
+        // rate starts afresh once the counters come back.
+        for (Dir& x : n.dir) {
+          x.state = sched::ForeignState{};
+          x.samples = 0;
+        }
+        mask[kTx] &= ~(1u << k);
+        mask[kRx] &= ~(1u << k);
+      }
       continue;
     }
-    const OwnBytes& o = own[k];
-    const double a = options_.overhead_fraction;
-    // Each direction's kernel count carries our payload that way plus the overhead
-    // of all our traffic: frame headers of what we send, acknowledgements of what we
-    // receive (and the reverse on the other side).
-    const auto with_overhead = [a](uint64_t payload, uint64_t other) {
-      return payload + static_cast<uint64_t>(a * static_cast<double>(payload + other));
-    };
-    const uint64_t dir_own[2] = {with_overhead(o.tx, o.rx), with_overhead(o.rx, o.tx)};
-    const uint64_t dir_kernel[2] = {kernel->tx, kernel->rx};
-    const uint64_t dir_slack[2] = {with_overhead(o.tx_slack, o.rx_slack),
-                                   with_overhead(o.rx_slack, o.tx_slack)};
+    n.failing_since = absl::InfiniteDuration();
+    const OwnBytes o = Bracket(before[k], after[k]);
+    const uint64_t dir_own[2] = {on_wire(o.tx, o.rx), on_wire(o.rx, o.tx)};
+    const uint64_t dir_kernel[2] = {kernel[k]->tx, kernel[k]->rx};
+    const uint64_t dir_slack[2] = {on_wire(o.tx_slack, o.rx_slack),
+                                   on_wire(o.rx_slack, o.tx_slack)};
     for (int d : {kTx, kRx}) {
       Dir& x = n.dir[d];
       x.meter.Update(dir_kernel[d], dir_own[d], dir_slack[d]);

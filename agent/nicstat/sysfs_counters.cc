@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "absl/strings/ascii.h"
@@ -66,45 +67,60 @@ absl::StatusOr<CounterSource> CounterSource::Netdev(absl::string_view sysfs_root
   return source;
 }
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// Calls `each` with every entry of `dir` until it returns true; true if one did.
+// Errors (a missing directory, one that vanishes while read) end the walk: agent/
+// takes no exceptions, so every step goes through an error_code.
+template <typename Fn>
+bool AnyEntry(const fs::path& dir, Fn each) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (each(*it)) return true;
+  }
+  return false;
+}
+
+// Whether the file at `path` holds `name` and a newline.
+bool Names(const fs::path& path, absl::string_view name) {
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return false;
+  char text[64];
+  const ssize_t n = ::read(fd.get(), text, sizeof text - 1);
+  return n > 0 && absl::StripAsciiWhitespace(absl::string_view(text, n)) == name;
+}
+
+}  // namespace
+
 absl::StatusOr<CounterSource> CounterSource::RdmaPortOf(absl::string_view sysfs_root,
                                                         absl::string_view netdev) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
   const fs::path ib = fs::path(std::string(sysfs_root)) / "class" / "infiniband";
-  for (const fs::directory_entry& device : fs::directory_iterator(ib, ec)) {
-    std::error_code port_ec;
-    for (const fs::directory_entry& port :
-         fs::directory_iterator(device.path() / "ports", port_ec)) {
-      std::error_code ndev_ec;
-      bool ours = false;
-      for (const fs::directory_entry& ndev :
-           fs::directory_iterator(port.path() / "gid_attrs" / "ndevs", ndev_ec)) {
-        absl::StatusOr<std::string> name;
-        const int fd = ::open(ndev.path().c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) continue;
-        char text[64];
-        const ssize_t n = ::read(fd, text, sizeof text - 1);
-        ::close(fd);
-        if (n > 0 && absl::StripAsciiWhitespace(absl::string_view(text, n)) == netdev) {
-          ours = true;
-          break;
-        }
-      }
-      if (!ours) continue;
+  std::optional<absl::StatusOr<CounterSource>> found;
+  AnyEntry(ib, [&](const fs::directory_entry& device) {
+    return AnyEntry(device.path() / "ports", [&](const fs::directory_entry& port) {
+      const bool ours = AnyEntry(
+          port.path() / "gid_attrs" / "ndevs",
+          [&](const fs::directory_entry& ndev) { return Names(ndev.path(), netdev); });
+      if (!ours) return false;
       const std::string dir = (port.path() / "counters").string() + "/";
       // port_xmit_data and port_rcv_data count 32-bit words (IBA PortCounters).
       CounterSource source(dir + "port_xmit_data", dir + "port_rcv_data", 4,
                            absl::StrCat("RDMA ", device.path().filename().string(),
                                         " port ", port.path().filename().string()));
       if (absl::StatusOr<KernelBytes> now = source.Read(); !now.ok()) {
-        return WithReason(
+        found = WithReason(
             absl::NotFoundError(absl::StrCat(
                 source.description(), " has no data counters: ", now.status().message())),
             "NO_COUNTERS");
+      } else {
+        found = std::move(source);
       }
-      return source;
-    }
-  }
+      return true;
+    });
+  });
+  if (found.has_value()) return *std::move(found);
   return WithReason(absl::NotFoundError(absl::StrCat("no RDMA port under ", ib.string(),
                                                      " belongs to netdev ", netdev)),
                     "NO_RDMA_PORT");

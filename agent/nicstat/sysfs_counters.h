@@ -41,6 +41,8 @@ class CounterSource {
   absl::StatusOr<KernelBytes> Read();
   // Where the counters come from, e.g. "netdev eth0" or "RDMA mlx5_0 port 1".
   const std::string& description() const { return description_; }
+  // The same for two sources exactly when they read the same counters.
+  const std::string& id() const { return tx_.path; }
 
  private:
   CounterSource(std::string tx_path, std::string rx_path, uint64_t unit_bytes,

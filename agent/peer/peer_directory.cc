@@ -330,6 +330,7 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
   request.set_block_bytes(spec.block_bytes);
   request.set_total_bytes(spec.total_bytes);
   request.set_source_nic(static_cast<uint32_t>(spec.source_nic));
+  request.set_in_flight_bytes(spec.in_flight_bytes);
   request.set_requester(spec.requester);
   v1::PrepareIncomingResponse response;
   Call call(*this);

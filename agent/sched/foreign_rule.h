@@ -25,16 +25,18 @@ struct ForeignRule {
   absl::Duration hold = absl::Milliseconds(300);
 };
 
+// Times are a monotonic clock's (nicstat::SteadyNow: time since an arbitrary
+// epoch), so that a wall-clock step neither ends a hold early nor stretches it.
 struct ForeignState {
   bool busy = false;
   // Since when the rate has been under the release level while busy;
-  // InfiniteFuture: it is not.
-  absl::Time quiet_since = absl::InfiniteFuture();
+  // InfiniteDuration: it is not.
+  absl::Duration quiet_since = absl::InfiniteDuration();
 };
 
 // One look: the foreign rate measured at `now`. Returns the new busy state (also in
 // `state`).
-bool ForeignStep(const ForeignRule& rule, double foreign_bytes_per_s, absl::Time now,
+bool ForeignStep(const ForeignRule& rule, double foreign_bytes_per_s, absl::Duration now,
                  ForeignState& state);
 
 }  // namespace fuselink::sched

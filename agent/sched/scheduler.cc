@@ -145,9 +145,14 @@ void Scheduler::BeginGiveBack(Nic& n) {
   n.give_back_since_ns.compare_exchange_strong(none, absl::GetCurrentTimeNanos());
 }
 
-void Scheduler::SetBusy(Nic& n, bool busy) {
+void Scheduler::SetBusy(int k, bool busy) {
+  Nic& n = nic_[k];
   const bool was = n.busy.exchange(busy, std::memory_order_acq_rel);
-  if (busy && !was) BeginGiveBack(n);
+  // A NIC foreign-busy already gave back (SetForeignBusy): its owner's return is the
+  // same give-back, not a second one.
+  if (busy && !was && !(foreign_busy_.load(std::memory_order_acquire) >> k & 1)) {
+    BeginGiveBack(n);
+  }
 }
 
 void Scheduler::SetForeignBusy(uint32_t mask) {
@@ -163,7 +168,7 @@ void Scheduler::SetForeignBusy(uint32_t mask) {
 
 void Scheduler::OwnerStarted(int nic) {
   nic_[nic].owner_transfers.fetch_add(1, std::memory_order_acq_rel);
-  SetBusy(nic_[nic], true);  // give back now, not at the next look
+  SetBusy(nic, true);  // give back now, not at the next look
 }
 
 void Scheduler::OwnerStopped(int nic) {
@@ -175,7 +180,7 @@ void Scheduler::Look() {
     Nic& n = nic_[k];
     const uint64_t activity = n.owner_activity.load(std::memory_order_relaxed);
     const uint64_t seen = n.activity_seen.exchange(activity, std::memory_order_relaxed);
-    SetBusy(n, n.owner_transfers.load(std::memory_order_acquire) > 0 || activity != seen);
+    SetBusy(k, n.owner_transfers.load(std::memory_order_acquire) > 0 || activity != seen);
   }
 }
 
@@ -191,7 +196,6 @@ NicStats Scheduler::Stats(int nic) const {
   const Nic& n = nic_[nic];
   NicStats s;
   s.owner_busy = n.busy.load(std::memory_order_relaxed);
-  s.foreign_busy = foreign_busy_.load(std::memory_order_relaxed) >> nic & 1;
   s.in_flight = n.in_flight.load(std::memory_order_relaxed);
   s.borrowed_in_flight = n.borrowed_in_flight.load(std::memory_order_relaxed);
   s.own_bytes = n.own_bytes.load(std::memory_order_relaxed);

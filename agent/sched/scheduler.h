@@ -67,7 +67,6 @@ struct Choice {
 // Counters of one NIC, for metrics. Monotonic except the gauges.
 struct NicStats {
   bool owner_busy = false;
-  bool foreign_busy = false;        // SetForeignBusy's last mask
   uint32_t in_flight = 0;           // gauge
   uint32_t borrowed_in_flight = 0;  // gauge
   uint64_t own_bytes = 0;           // completed chunks of the owner
@@ -100,7 +99,6 @@ class Scheduler {
   // Bit k set: NIC k carries foreign traffic and lends nothing (fuselink policy).
   // Replaces the previous mask; a NIC newly set while lent begins a give-back.
   void SetForeignBusy(uint32_t mask);
-  uint32_t foreign_busy() const { return foreign_busy_.load(std::memory_order_acquire); }
 
   // Re-reads every owner's state now; the engine calls it on a timer so that states
   // settle when no chunk is being picked.
@@ -125,7 +123,7 @@ class Scheduler {
 
   // Re-reads every owner's state.
   void Look();
-  void SetBusy(Nic& nic, bool busy);
+  void SetBusy(int nic, bool busy);
   // A lending NIC stopped lending: counts a give-back and starts its clock if
   // borrowed chunks are in flight there.
   static void BeginGiveBack(Nic& nic);

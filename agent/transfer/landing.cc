@@ -57,8 +57,28 @@ uint32_t Landing::IdleMask() const {
 }
 
 void Landing::TellIdle() {
+  // Compute, compare and tell as one step: two callers each computing a mask, then
+  // telling them in the other order, would leave sources holding the older one.
+  absl::MutexLock tell(&tell_mu_);
   const uint32_t mask = IdleMask();
-  if (told_mask_.exchange(mask) != mask && on_idle_) on_idle_(mask);
+  if (told_mask_ != mask) {
+    told_mask_ = mask;
+    if (on_idle_) on_idle_(mask);
+  }
+}
+
+uint64_t Landing::AdmissibleBytes() const {
+  uint64_t bytes = 0;
+  absl::MutexLock lock(&mu_);
+  for (const Slot& slot : slots_) {
+    if (slot.state == SlotState::kOpen || slot.state == SlotState::kClosing) {
+      const uint64_t remaining =
+          slot.expected_bytes - std::min(slot.expected_bytes, slot.landed.bytes());
+      bytes += slot.in_flight_bytes == 0 ? remaining
+                                         : std::min(remaining, slot.in_flight_bytes);
+    }
+  }
+  return bytes;
 }
 
 std::vector<std::string> Landing::ActiveSources() const {
@@ -190,6 +210,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       slot.window = *window;
       slot.blocks = std::move(blocks);
       slot.expected_bytes = expected;
+      slot.in_flight_bytes = request.in_flight_bytes();
       slot.landed = LandedRanges();
       slot.last_activity = absl::Now();
       slot.started = false;

@@ -121,6 +121,14 @@ class Landing {
   // borrow it towards this node. Replaces the previous mask; a change of the idle
   // mask is told to the sources at once.
   void SetForeignBusy(uint32_t mask);
+  // Bytes the slots whose windows are open (or draining) can take now: per slot, what
+  // it still expects, or less, the bytes its source said it keeps in flight at most.
+  // Every byte the fabric places here lands inside one of them, so this bounds the
+  // bytes arriving towards this node that the fabric has not counted yet, whatever
+  // the sources' policies or depth flags (the foreign-traffic watch's receive
+  // slack). Not in it: a chunk sent again after a failure, a write still in flight
+  // to a window that has closed.
+  uint64_t AdmissibleBytes() const;
   // Nodes with open slots here: the ones to tell of idle-mask changes.
   std::vector<std::string> ActiveSources() const;
   LandingNicStats Stats(int nic) const;
@@ -139,6 +147,8 @@ class Landing {
     fabric::WindowKey window = 0;
     std::vector<fabric::Extent> blocks;  // the window's extents
     uint64_t expected_bytes = 0;
+    // The source's bytes in flight at most (PrepareIncomingRequest); 0: not said.
+    uint64_t in_flight_bytes = 0;
     LandedRanges landed;
     uint64_t landed_bytes = 0;  // distinct bytes, kept once the ranges are let go
     absl::Time last_activity;
@@ -166,8 +176,9 @@ class Landing {
   uint32_t IdleMaskLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The same from owner traffic alone.
   uint32_t OwnerIdleMaskLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Calls on_idle_ if the mask moved since it was last told.
-  void TellIdle();
+  // Calls on_idle_ if the mask moved since it was last told. Serialized by tell_mu_,
+  // not mu_: on_idle_ calls ActiveSources, which takes mu_.
+  void TellIdle() ABSL_LOCKS_EXCLUDED(mu_, tell_mu_);
 
   memory::Registry* const registry_;
   fabric::Fabric* const fabric_;
@@ -183,7 +194,8 @@ class Landing {
     std::atomic<uint64_t> own{0}, borrowed{0};
   };
   std::array<NicBytes, topo::kMaxNics> nic_bytes_;
-  std::atomic<uint32_t> told_mask_{UINT32_MAX};
+  absl::Mutex tell_mu_;
+  uint32_t told_mask_ ABSL_GUARDED_BY(tell_mu_) = UINT32_MAX;
   std::atomic<uint32_t> foreign_busy_{0};
 
   mutable absl::Mutex mu_;

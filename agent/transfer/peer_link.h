@@ -26,6 +26,8 @@ struct IncomingSpec {
   uint64_t block_bytes = 0;
   uint64_t total_bytes = 0;
   int source_nic = 0;  // the transfer's direct NIC
+  // The most bytes of the transfer in flight at once (window_chunks x chunk_bytes).
+  uint64_t in_flight_bytes = 0;
   // Who asked for the transfer (Requester::identity); the target checks it against
   // the target tensor's writers.
   std::string requester;

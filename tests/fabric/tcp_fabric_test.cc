@@ -128,6 +128,8 @@ TEST_F(TcpFabricTest, WritesLandExactlyAndNowhereElse) {
   for (int nic = 0; nic < 2; ++nic) {
     EXPECT_EQ(a_->counters(nic).transmitted_bytes, bytes_per_nic[nic]);
     EXPECT_EQ(b_->counters(nic).received_bytes, bytes_per_nic[nic]);
+    EXPECT_EQ(a_->counters(nic).wire_tx_bytes, bytes_per_nic[nic]);
+    EXPECT_EQ(b_->counters(nic).wire_rx_bytes, bytes_per_nic[nic]);
     EXPECT_EQ(b_->counters(nic).malformed_frames, 0u);
   }
 }
@@ -310,6 +312,12 @@ TEST_F(TcpFabricTest, ClosedWindowRefusesAndDrainsOnce) {
   EXPECT_TRUE(a_events_.peers_lost().empty());
   EXPECT_EQ(b_->counters(0).malformed_frames, 0u);
   EXPECT_EQ(b_->counters(0).refused_writes, 1u);
+  // The refused write was not delivered, but its 128 bytes crossed the link both
+  // ways round: the kernel's counters hold them (the foreign-traffic watch).
+  EXPECT_EQ(a_->counters(0).transmitted_bytes, 0u);
+  EXPECT_EQ(b_->counters(0).received_bytes, 0u);
+  EXPECT_EQ(a_->counters(0).wire_tx_bytes, 128u);
+  EXPECT_EQ(b_->counters(0).wire_rx_bytes, 128u);
 }
 
 }  // namespace

@@ -3,26 +3,30 @@
 
   foreign_timeline.py poll URL NIC OUT
       Until killed, reads URL (an agent's /metrics) every 10 ms and appends
-      "unix_seconds borrowed_bytes" to OUT: the
-      fuselink_nic_transmitted_bytes_total{nic=NIC,traffic="borrowed"} series.
-  foreign_timeline.py analyse OUT START STOP CHUNK_S BOUND_S
-      START, STOP: unix seconds iperf3 started and was stopped. Prints, as
-      key=value lines: before (bytes the NIC's borrowed count grew in the second
-      before START), growth_past_bound (growth from START + BOUND_S to STOP),
-      give_back_s (START to the last read in which the count still grew before STOP),
-      give_back_chunks (give_back_s / CHUNK_S), after (growth after STOP), resumed_s
-      (STOP to the first growth after it; -1 if none).
+      "unix_seconds borrowed_bytes foreign_tx_bytes" to OUT: the
+      fuselink_nic_transmitted_bytes_total{nic=NIC,traffic="borrowed"} and
+      fuselink_nic_foreign_bytes_total{nic=NIC,direction="tx"} series.
+  foreign_timeline.py analyse OUT LAUNCH STOP CHUNK_S BOUND_S
+      LAUNCH: unix seconds before iperf3 was launched; STOP: after it exited.
+      The start (T0) is when iperf3 was sending: the last read before the NIC's
+      foreign count first grew after LAUNCH (LAUNCH itself if it never grew). Not
+      LAUNCH: on a loaded machine `ip netns exec`, iperf3's start and its connection
+      can take longer than the bound. Prints, as key=value lines: start_lag_s (LAUNCH
+      to T0), before (bytes the NIC's borrowed count grew in the second before T0),
+      growth_past_bound (growth from T0 + BOUND_S to STOP), give_back_s (T0 to the
+      last read in which the count still grew before STOP), give_back_chunks
+      (give_back_s / CHUNK_S), after (growth after STOP), resumed_s (STOP to the
+      first growth after it; -1 if none).
 """
 import sys
 import time
 import urllib.request
 
 
-def value(body, nic):
+def value(body, family, nic, label):
     want = 'nic="%s"' % nic
     for line in body.splitlines():
-        if line.startswith("fuselink_nic_transmitted_bytes_total{") and want in line \
-                and 'traffic="borrowed"' in line:
+        if line.startswith(family + "{") and want in line and label in line:
             return float(line.rsplit(" ", 1)[1])
     return None
 
@@ -32,24 +36,36 @@ def poll(url, nic, out):
         while True:
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
-                    v = value(r.read().decode(), nic)
-                if v is not None:
-                    f.write("%.6f %.0f\n" % (time.time(), v))
+                    body = r.read().decode()
+                v = value(body, "fuselink_nic_transmitted_bytes_total", nic,
+                          'traffic="borrowed"')
+                foreign = value(body, "fuselink_nic_foreign_bytes_total", nic,
+                                'direction="tx"')
+                if v is not None and foreign is not None:
+                    f.write("%.6f %.0f %.0f\n" % (time.time(), v, foreign))
             except OSError:
                 pass
             time.sleep(0.01)
 
 
-def analyse(out, start, stop, chunk_s, bound_s):
-    rows = [tuple(map(float, l.split())) for l in open(out) if len(l.split()) == 2]
+def analyse(out, launch, stop, chunk_s, bound_s):
+    rows = [tuple(map(float, l.split())) for l in open(out) if len(l.split()) == 3]
 
-    def at(t):  # the last read at or before t
-        v = rows[0][1]
-        for ts, b in rows:
-            if ts > t:
+    def at(t, column=1):  # the last read at or before t
+        v = rows[0][column]
+        for row in rows:
+            if row[0] > t:
                 break
-            v = b
+            v = row[column]
         return v
+
+    start = launch
+    flat = at(launch, 2)
+    for i, row in enumerate(rows):
+        if launch < row[0] <= stop and row[2] > flat:
+            start = max(launch, rows[i - 1][0]) if i > 0 else launch
+            break
+    rows = [row[:2] for row in rows]
 
     last_growth = start
     prev = at(start)
@@ -66,6 +82,7 @@ def analyse(out, start, stop, chunk_s, bound_s):
             break
     give_back = last_growth - start
     print("reads=%d" % len(rows))
+    print("start_lag_s=%.3f" % (start - launch))
     print("before=%.0f" % (at(start) - at(start - 1)))
     print("give_back_s=%.3f" % give_back)
     print("give_back_chunks=%.1f" % (give_back / chunk_s))

@@ -8,9 +8,13 @@
 #include <unistd.h>
 
 #include <map>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/imm.h"
 #include "agent/transfer/verdict.h"
@@ -221,6 +225,66 @@ TEST_F(LandingTest, ForeignTrafficKeepsANicFromBeingAdvertisedIdle) {
   landing_->SetForeignBusy(0);
   EXPECT_EQ(landing_->IdleMask(), 0b1110u);
   EXPECT_EQ(idle_.back(), 0b1110u);
+}
+
+TEST_F(LandingTest, AdmissibleBytesAreWhatOpenWindowsCanStillTake) {
+  EXPECT_EQ(landing_->AdmissibleBytes(), 0u);
+  Prepared p = Prepare();
+  const uint64_t all = 3 * kLayers * kBlockBytes;
+  EXPECT_EQ(landing_->AdmissibleBytes(), all);
+  Data(p, Offset(0, 1), 2 * kBlockBytes);
+  Data(p, Offset(0, 1), 2 * kBlockBytes);  // again: distinct bytes count once
+  EXPECT_EQ(landing_->AdmissibleBytes(), all - 2 * kBlockBytes);
+  Prepare("t2");
+  EXPECT_EQ(landing_->AdmissibleBytes(), 2 * all - 2 * kBlockBytes);
+  AllData(p);
+  Notice(p, ImmOp::kCommit);  // t1 ends: its window takes nothing more
+  EXPECT_EQ(landing_->AdmissibleBytes(), all);
+  // A source that keeps at most 3 blocks in flight: no more than that of it.
+  v1::PrepareIncomingRequest windowed = Request("t3");
+  windowed.set_in_flight_bytes(3 * kBlockBytes);
+  ASSERT_TRUE(landing_->Prepare(windowed).ok());
+  EXPECT_EQ(landing_->AdmissibleBytes(), all + 3 * kBlockBytes);
+}
+
+// Two masks told from two threads reach the sources in the order they were
+// computed: the one told last is the landing's mask now.
+TEST_F(LandingTest, ConcurrentIdleChangesTellTheNewestMaskLast) {
+  absl::Mutex mu;
+  std::vector<uint32_t> told;  // in the order on_idle finished telling
+  absl::Notification first_entered, release_first;
+  bool first = true;
+  Landing landing(
+      &registry_, &fabric_, 4, [](const v1::WatchEvent&) {},
+      [](const std::string&, uint32_t) {},
+      [&](uint32_t mask) {
+        bool is_first = false;
+        {
+          absl::MutexLock lock(&mu);
+          is_first = std::exchange(first, false);
+        }
+        if (is_first) {
+          first_entered.Notify();
+          release_first.WaitForNotification();  // a slow send of the older mask
+        }
+        absl::MutexLock lock(&mu);
+        told.push_back(mask);
+      },
+      LandingOptions{});
+  std::thread a([&] { landing.SetForeignBusy(1u << 1); });
+  first_entered.WaitForNotification();
+  std::thread b([&] { landing.SetForeignBusy(0); });
+  // Give b the time to compute its mask while a is still telling (no assertion
+  // depends on it: with the telling serialized, any interleaving passes).
+  absl::SleepFor(absl::Milliseconds(50));
+  release_first.Notify();
+  a.join();
+  b.join();
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(told.size(), 2u);
+  EXPECT_EQ(told[0], 0b1101u);
+  EXPECT_EQ(told.back(), landing.IdleMask());
+  EXPECT_EQ(told.back(), 0b1111u);
 }
 
 TEST_F(LandingTest, CompletesOnlyWithACommitAndEveryByte) {

@@ -42,7 +42,7 @@ endif()
 
 # Tests with these labels run in the plain build only: they need hardware or a
 # testbed, or are shell and Python tests of tools the checking builds do not build.
-set(FUSELINK_PLAIN_ONLY_LABELS gpu rdma testbed python metrics deploy)
+set(FUSELINK_PLAIN_ONLY_LABELS gpu rdma testbed python metrics deploy tools)
 
 # Records `target` as a test binary that the checking builds build and run, unless
 # one of `labels` is plain-only.

@@ -135,6 +135,13 @@ absl::StatusOr<Topology> Discoverer::Run() {
     machine_distance.push_back(std::move(row));
   }
   const std::vector<bool> management = ManagementNics(machine_distance);
+  // Rails are numbered here, before any exclusion but management (which depends on
+  // the machine alone), so that a port down on one node does not renumber its other
+  // rails against the nodes where it is up.
+  std::vector<uint32_t> rail(candidates_.size(), 0);
+  for (size_t i = 0, next = 0; i < candidates_.size(); ++i) {
+    if (!management[i]) rail[i] = static_cast<uint32_t>(next++);
+  }
   for (size_t i = 0; i < candidates_.size(); ++i) {
     NicCandidate& c = candidates_[i];
     if (management[i]) {
@@ -147,6 +154,7 @@ absl::StatusOr<Topology> Discoverer::Run() {
 
   DistanceMatrix data_distance;
   std::vector<const NicCandidate*> data;
+  std::vector<uint32_t> data_rail;
   for (size_t i = 0; i < candidates_.size(); ++i) {
     NicCandidate& c = candidates_[i];
     if (c.id.reason().empty() && static_cast<int>(data.size()) >= kMaxNics) {
@@ -159,6 +167,7 @@ absl::StatusOr<Topology> Discoverer::Run() {
     }
     data.push_back(&c);
     data_distance.push_back(distance[i]);
+    data_rail.push_back(rail[i]);
   }
   const Affinity affinity = ChooseAffinity(data_distance, t.gpus_size());
   for (size_t n = 0; n < data.size(); ++n) {
@@ -169,6 +178,7 @@ absl::StatusOr<Topology> Discoverer::Run() {
     nic->set_rate_bytes_per_s(c.rate_bytes_per_s);
     nic->set_owner_gpu(affinity.owner_gpu[n]);
     nic->set_index(n);
+    nic->set_rail(data_rail[n]);
     nic->set_rdma_device(c.id.rdma_device());
     nic->set_rdma_port(c.id.rdma_port());
     nic->set_link_layer(c.link_layer);

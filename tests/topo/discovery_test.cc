@@ -80,6 +80,8 @@ std::vector<int> DirectNics(const Topology& t) {
   return out;
 }
 
+std::vector<uint32_t> NicRails(const Topology& t) { return Rails(t); }
+
 std::vector<PathClass> Row(const v1::Nic& n) {
   std::vector<PathClass> row;
   for (int g = 0; g < n.gpu_distance_size(); ++g) row.push_back(n.gpu_distance(g));
@@ -114,6 +116,8 @@ TEST(Discovery, DgxNodeFindsEachGpusNicAndLeavesOutManagementPorts) {
   }
   EXPECT_THAT(Owners(*t), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
   EXPECT_THAT(DirectNics(*t), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  EXPECT_THAT(NicRails(*t),
+              ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));  // management not counted
   for (int g = 0; g < 8; ++g) {
     EXPECT_EQ(t->gpus(g).pci_bus_id(), Bdf(kDgxBus[g] + 3));
     EXPECT_EQ(t->gpus(g).numa_node(), g / 4);
@@ -155,6 +159,15 @@ TEST(Discovery, DownPortsAndOperatorExclusionsAreLeftOutWithReasons) {
     }
   }
   EXPECT_THAT(Owners(*t), ElementsAre(0, 1, 2, 4, 6, 7));
+  // Rails keep their numbers: a peer whose ports are all up refuses this node
+  // (RAIL_MISMATCH) instead of pairing mlx5_6 here with its mlx5_3.
+  EXPECT_THAT(NicRails(*t), ElementsAre(0, 1, 2, 4, 6, 7));
+  SysfsFixture healthy;
+  BuildDgx(healthy);
+  absl::StatusOr<Topology> all = DiscoverTopology(Options(healthy, DgxAddresses()));
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(ReasonOf(CheckRailPairing("healthy", Rails(*t), Rails(*all))),
+            "RAIL_MISMATCH");
   // GPU 3 and GPU 5 lost their NICs: each starts on a NIC of its own socket (NODE),
   // the one fewest GPUs start on, the lowest index among those.
   EXPECT_THAT(DirectNics(*t), ElementsAre(0, 1, 2, 0, 3, 4, 4, 5));

@@ -223,13 +223,37 @@ TEST(Discovery, CudaVisibleDevicesByIndexRenumbersGpusAndKeepsTheMachinesView) {
 TEST(Discovery, CudaVisibleDevicesEntriesTheDriverWouldIgnoreAreIgnored) {
   SysfsFixture f;
   BuildDgx(f);
-  for (const auto& [value, want] : std::vector<std::pair<std::string, int>>{
-           {"1,x,2", 1}, {"0,0,1", 1}, {"3,99,1", 1}, {"", 0}, {"7,-1,0", 1}}) {
+  // As the driver reads them (measured on an H200): entries up to the first that names
+  // no GPU; a GPU named twice hides every GPU (cuInit fails); the number at an entry's
+  // front is its index; "gpu-" in lower case is no UUID.
+  for (const auto& [value, want] :
+       std::vector<std::pair<std::string, int>>{{"1,x,2", 1},
+                                                {"0,0", 0},
+                                                {"0,0,1", 0},
+                                                {"3,99,1", 1},
+                                                {"", 0},
+                                                {"7,-1,0", 1},
+                                                {"0abc", 1},
+                                                {"0x0", 1},
+                                                {"2abc,3", 2},
+                                                {"gpu-8cf0d4c4", 0},
+                                                {"1,gpu-8cf0d4c4", 1},
+                                                {"99999999999999999999", 0}}) {
     DiscoveryOptions o = Options(f, DgxAddresses());
     o.cuda.visible_devices = value;
     absl::StatusOr<Topology> t = DiscoverTopology(o);
     ASSERT_TRUE(t.ok()) << value << ": " << t.status();
     EXPECT_EQ(t->gpus_size(), want) << value;
+    if (value == "0abc" || value == "0x0") {
+      EXPECT_EQ(t->gpus(0).pci_bus_id(), Bdf(kDgxBus[0] + 3)) << value;
+    }
+    if (value == "0,0,1") {
+      EXPECT_THAT(absl::StrJoin(t->notes(), "\n"), HasSubstr("names GPU 0 twice"));
+    }
+    if (!value.empty()) {
+      EXPECT_THAT(absl::StrJoin(t->notes(), "\n"),
+                  HasSubstr("applied by discovery to the GPUs in sysfs"));
+    }
   }
   DiscoveryOptions o = Options(f, DgxAddresses());
   o.cuda.visible_devices = "MIG-GPU-8cf0d4c4-1d2e-b3f5-0a0c-8d2bd6dd5a4f/1/0";
@@ -240,6 +264,61 @@ TEST(Discovery, CudaVisibleDevicesEntriesTheDriverWouldIgnoreAreIgnored) {
   t = DiscoverTopology(o);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReasonOf(t.status()), "CUDA_VISIBLE_DEVICES");
+}
+
+// Stands in for the sysfs fallback of the CUDA probe.
+class FixedGpus : public GpuProbe {
+ public:
+  explicit FixedGpus(int n) : n_(n) {}
+  absl::StatusOr<GpuEnumeration> Enumerate() const override {
+    GpuEnumeration out;
+    for (int i = 0; i < n_; ++i) {
+      ProbedGpu g;
+      g.ordinal = i;
+      out.gpus.push_back(std::move(g));
+    }
+    return out;
+  }
+
+ private:
+  int n_;
+};
+
+TEST(GpuProbe, NoDeviceUnderCudaVisibleDevicesIsNoGpusNotSysfsGpus) {
+  const FixedGpus sysfs(8);
+  CudaEnvironment env;
+  env.visible_devices = "0,0";
+  const absl::Status invalid = WithReason(
+      absl::FailedPreconditionError("cuInit: CUDA_ERROR_INVALID_DEVICE (101): invalid "
+                                    "device ordinal"),
+      "CUDA_ERROR_INVALID_DEVICE");
+  absl::StatusOr<GpuEnumeration> got = WithoutCudaDriver(invalid, env, sysfs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->gpus.empty());
+  EXPECT_THAT(absl::StrJoin(got->notes, "\n"),
+              HasSubstr("the CUDA driver loaded but shows no GPU"));
+  EXPECT_THAT(absl::StrJoin(got->notes, "\n"), HasSubstr("CUDA_VISIBLE_DEVICES=0,0"));
+  env.visible_devices = "-1";
+  const absl::Status none = WithReason(
+      absl::FailedPreconditionError("cuInit: CUDA_ERROR_NO_DEVICE (100): no device"),
+      "CUDA_ERROR_NO_DEVICE");
+  got = WithoutCudaDriver(none, env, sysfs);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->gpus.empty());
+  // No libcuda, or no device with the variable unset: sysfs, and the note says why.
+  const absl::Status no_lib = WithReason(
+      absl::FailedPreconditionError("no NVIDIA driver: libcuda.so.1 not found"),
+      "NO_CUDA_DRIVER");
+  got = WithoutCudaDriver(no_lib, env, sysfs);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->gpus.size(), 8u);
+  EXPECT_THAT(got->notes.front(), HasSubstr("libcuda.so.1 not found"));
+  got = WithoutCudaDriver(none, CudaEnvironment{}, sysfs);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->gpus.size(), 8u);
+  got = WithoutCudaDriver(no_lib, env, FixedGpus(0));
+  ASSERT_TRUE(got.ok());
+  EXPECT_THAT(got->notes.front(), HasSubstr("CUDA driver not usable"));  // even empty
 }
 
 // Stands in for the CUDA driver: knows UUIDs and peers, and applies

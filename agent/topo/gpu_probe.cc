@@ -1,6 +1,7 @@
 #include "agent/topo/gpu_probe.h"
 
 #include <cstdlib>
+#include <filesystem>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
@@ -265,6 +266,15 @@ absl::StatusOr<GpuEnumeration> WithoutCudaDriver(const absl::Status& driver_stat
 
 std::unique_ptr<GpuProbe> MakeSysfsGpuProbe(const Sysfs* sysfs, CudaEnvironment env) {
   return std::make_unique<SysfsGpuProbe>(sysfs, std::move(env));
+}
+
+std::unique_ptr<GpuProbe> MakeGpuProbe(const Sysfs* sysfs, const CudaEnvironment& env,
+                                       bool cuda_allowed) {
+  std::unique_ptr<GpuProbe> from_sysfs = MakeSysfsGpuProbe(sysfs, env);
+  std::error_code ec;
+  const bool system_sysfs = std::filesystem::equivalent(sysfs->root(), "/sys", ec) && !ec;
+  if (!cuda_allowed || !system_sysfs) return from_sysfs;
+  return MakeCudaGpuProbe(env, std::move(from_sysfs));
 }
 
 std::unique_ptr<GpuProbe> MakeCudaGpuProbe(CudaEnvironment env,

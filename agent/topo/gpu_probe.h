@@ -91,6 +91,13 @@ absl::StatusOr<GpuEnumeration> WithoutCudaDriver(const absl::Status& driver_stat
                                                  const CudaEnvironment& env,
                                                  const GpuProbe& fallback);
 
+// The probe for discovery of `sysfs`: the CUDA driver's (falling back to sysfs) when
+// `cuda_allowed` and the tree is this machine's own /sys, since the driver answers
+// for this machine whatever tree is read; else the sysfs probe, so that a fixture or
+// a copied tree is read alone, the same on a GPU host as anywhere.
+std::unique_ptr<GpuProbe> MakeGpuProbe(const Sysfs* sysfs, const CudaEnvironment& env,
+                                       bool cuda_allowed);
+
 // "0000:1B:00.0" or "00000000:1b:00.0" -> "0000:1b:00.0".
 std::string NormalizeBusId(absl::string_view bus_id);
 

@@ -50,18 +50,25 @@ class Discoverer {
 };
 
 void Discoverer::CheckAddress(NicCandidate& c) const {
-  if (c.id.netdev().empty()) {
+  if (c.netdevs.empty()) {
     ExcludeNic(c, "NO_NETDEV",
                "no network interface: fuselink's connections need an IPv4 "
                "address");
     return;
   }
-  auto it = addresses_.find(c.id.netdev());
-  if (it == addresses_.end() || it->second.empty()) {
-    ExcludeNic(c, "NO_IPV4", absl::StrCat(c.id.netdev(), " has no IPv4 address"));
-    return;
+  // The first netdev with an address: on RoCE over a VLAN or an IPoIB child the
+  // address is on the child, not on the parent listed first.
+  for (const std::string& netdev : c.netdevs) {
+    auto it = addresses_.find(netdev);
+    if (it != addresses_.end() && !it->second.empty()) {
+      c.id.set_netdev(netdev);
+      c.address = it->second.front();
+      return;
+    }
   }
-  c.address = it->second.front();
+  ExcludeNic(c, "NO_IPV4",
+             absl::StrCat(absl::StrJoin(c.netdevs, ", "),
+                          c.netdevs.size() == 1 ? " has" : " have", " no IPv4 address"));
 }
 
 absl::StatusOr<Topology> Discoverer::Run() {
@@ -155,8 +162,19 @@ absl::StatusOr<Topology> Discoverer::Run() {
   DistanceMatrix data_distance;
   std::vector<const NicCandidate*> data;
   std::vector<uint32_t> data_rail;
+  absl::flat_hash_map<std::string, std::string> address_owner;  // address -> NIC
   for (size_t i = 0; i < candidates_.size(); ++i) {
     NicCandidate& c = candidates_[i];
+    // Two NICs on one address would be one endpoint twice: the second rail's
+    // connections would land on the first NIC. The first in order keeps it.
+    if (c.id.reason().empty()) {
+      auto [it, fresh] = address_owner.emplace(c.address, c.id.name());
+      if (!fresh) {
+        ExcludeNic(c, "DUPLICATE_ADDRESS",
+                   absl::StrCat(c.id.netdev(), "'s address ", c.address, " is ",
+                                it->second, "'s too"));
+      }
+    }
     if (c.id.reason().empty() && static_cast<int>(data.size()) >= kMaxNics) {
       ExcludeNic(c, "TOO_MANY_NICS",
                  absl::StrCat("fuselink drives at most ", kMaxNics, " NICs a node"));

@@ -511,6 +511,75 @@ TEST(Discovery, MalformedSysfsGivesReasonsOrUnknownsNeverAnError) {
   EXPECT_THAT(absl::StrJoin(t->notes(), "\n"), HasSubstr("0000:ee:00.0"));
 }
 
+// Where a port's address lives: on a child netdev (RoCE over a VLAN, an IPoIB child),
+// never on another port's netdev; one address is one NIC.
+TEST(Discovery, PortAddressIsOnItsOwnNetdevPreferringOneWithIpv4) {
+  {  // RoCE: the VLAN child in gid_attrs/ndevs carries the address, not the parent.
+    SysfsFixture f;
+    BuildPcieServer(f);
+    f.Write("class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/1", "ens3np0.100");
+    InterfaceAddresses a = PcieServerAddresses();
+    a.erase("ens3np0");
+    a["ens3np0.100"] = {"10.1.100.5"};
+    absl::StatusOr<Topology> t = DiscoverTopology(Options(f, a));
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_THAT(NicNames(*t), ElementsAre("mlx5_0", "mlx5_1"));
+    EXPECT_EQ(t->nics(0).netdev(), "ens3np0.100");
+    EXPECT_EQ(t->nics(0).address(), "10.1.100.5");
+  }
+  {  // InfiniBand: an IPoIB child under device/net (same dev_port) has the address.
+    SysfsFixture f;
+    BuildDgx(f);
+    const int b = kDgxBus[0];
+    f.AddNetdev(absl::StrCat("devices/", Root(b), "/", Bdf(b, 1), "/", Bdf(b + 1), "/",
+                             Bdf(b + 2, 1), "/", Bdf(b + 4)),
+                "ib0.8001", true, 0, -1, 32);
+    InterfaceAddresses a = DgxAddresses();
+    a.erase("ib0");
+    a["ib0.8001"] = {"10.10.80.2"};
+    absl::StatusOr<Topology> t = DiscoverTopology(Options(f, a));
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_EQ(t->nics_size(), 8);
+    EXPECT_EQ(t->nics(0).netdev(), "ib0.8001");
+    EXPECT_EQ(t->nics(0).address(), "10.10.80.2");
+    a.erase("ib0.8001");  // neither has one: both named
+    t = DiscoverTopology(Options(f, a));
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (const v1::ExcludedNic& x : t->excluded_nics()) {
+      if (x.name() == "mlx5_0") {
+        EXPECT_EQ(x.reason(), "NO_IPV4");
+        EXPECT_EQ(x.detail(), "ib0, ib0.8001 have no IPv4 address");
+      }
+    }
+  }
+  {  // A 2-port device with one netdev: port 2 has none, not port 1's.
+    SysfsFixture f;
+    BuildTwoSocket(f);
+    f.Write("class/infiniband/mlx4_0/ports/2/state", "4: ACTIVE");
+    f.Remove("class/net/enp136s0d1");
+    f.Remove("class/infiniband/mlx4_0/device/net/enp136s0d1");
+    absl::StatusOr<Topology> t = DiscoverTopology(Options(f, TwoSocketAddresses()));
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_THAT(NicNames(*t), ElementsAre("mlx4_0", "mlx5_0"));
+    EXPECT_EQ(Excluded(*t),
+              (std::map<std::string, std::string>{{"mlx4_0-p2", "NO_NETDEV"}}));
+  }
+  {  // Two ports on one address: the second is left out.
+    SysfsFixture f;
+    BuildTwoSocket(f);
+    f.Write("class/infiniband/mlx4_0/ports/2/state", "4: ACTIVE");
+    InterfaceAddresses a = TwoSocketAddresses();
+    a["enp136s0d1"] = a["enp136s0"];
+    absl::StatusOr<Topology> t = DiscoverTopology(Options(f, a));
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_THAT(NicNames(*t), ElementsAre("mlx4_0", "mlx5_0"));
+    ASSERT_EQ(t->excluded_nics_size(), 1);
+    EXPECT_EQ(t->excluded_nics(0).reason(), "DUPLICATE_ADDRESS");
+    EXPECT_EQ(t->excluded_nics(0).detail(),
+              "enp136s0d1's address 10.3.0.1 is mlx4_0's too");
+  }
+}
+
 TEST(Affinity, ClassesFromPciPaths) {
   auto at = [](absl::string_view path, int numa) {
     absl::StatusOr<PciPosition> p = ParsePciPath(path);
@@ -615,8 +684,8 @@ TEST(Discovery, ThisMachine) {
     EXPECT_TRUE(std::filesystem::exists("/sys/class/net/" + n.netdev() + "/device"));
   }
   static const std::set<std::string> kReasons = {
-      "PORT_DOWN",  "NETDEV_DOWN",       "NO_NETDEV",     "NO_IPV4",
-      "MANAGEMENT", "OPERATOR_EXCLUDED", "TOO_MANY_NICS", "BAD_SYSFS"};
+      "PORT_DOWN",         "NETDEV_DOWN",   "NO_NETDEV", "NO_IPV4",          "MANAGEMENT",
+      "OPERATOR_EXCLUDED", "TOO_MANY_NICS", "BAD_SYSFS", "DUPLICATE_ADDRESS"};
   for (const v1::ExcludedNic& x : t->excluded_nics()) {
     EXPECT_TRUE(kReasons.contains(x.reason())) << x.name() << " " << x.reason();
     EXPECT_TRUE(names.insert(x.name()).second)

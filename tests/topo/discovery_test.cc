@@ -169,8 +169,8 @@ TEST(Discovery, DownPortsAndOperatorExclusionsAreLeftOutWithReasons) {
   EXPECT_EQ(ReasonOf(CheckRailPairing("healthy", Rails(*t), Rails(*all))),
             "RAIL_MISMATCH");
   // GPU 3 and GPU 5 lost their NICs: each starts on a NIC of its own socket (NODE),
-  // the one fewest GPUs start on, the lowest index among those.
-  EXPECT_THAT(DirectNics(*t), ElementsAre(0, 1, 2, 0, 3, 4, 4, 5));
+  // the one fewest GPUs start on (each has its own GPU), the lowest index among those.
+  EXPECT_THAT(DirectNics(*t), ElementsAre(0, 1, 2, 0, 3, 3, 4, 5));
 }
 
 TEST(Discovery, NoDataNicIsAnErrorNamingEachReason) {
@@ -616,6 +616,34 @@ TEST(Affinity, ClassesFromPciPaths) {
   EXPECT_EQ(ParsePciPath("devices/pci0000:00/0000:00:03.0/virtio2")->function,
             "0000:00:03.0");
   EXPECT_STREQ(PathClassName(NODE), "NODE");
+}
+
+// Taken NIC by NIC, NIC 0 (PIX to GPUs 0 and 1) and NIC 1 (PIX to GPU 0 only) both
+// went to GPU 0, and GPU 1 had no NIC of its own.
+TEST(Affinity, EveryGpuGetsANicOfItsOwnWhenTheNicsAllow) {
+  Affinity a = ChooseAffinity({{PIX, PIX}, {PIX, NODE}}, 2);
+  EXPECT_THAT(a.owner_gpu, ElementsAre(1, 0));
+  EXPECT_THAT(a.direct_nic, ElementsAre(1, 0));
+  // A longer chain: GPU 2 gets NIC 0 only after GPU 0 moves to NIC 1 and GPU 1 to NIC 2.
+  a = ChooseAffinity({{PIX, SYS, PIX}, {PIX, PIX, SYS}, {SYS, PIX, SYS}}, 3);
+  EXPECT_THAT(a.direct_nic, ElementsAre(1, 2, 0));
+  EXPECT_THAT(a.owner_gpu, ElementsAre(2, 0, 1));
+  // A GPU is matched only at its best class: GPU 1 shares NIC 0 (PIX) rather than
+  // starting on NIC 1 (NODE); NIC 1 is then owned by its nearest GPU with fewest.
+  a = ChooseAffinity({{PIX, PIX}, {NODE, NODE}}, 2);
+  EXPECT_THAT(a.direct_nic, ElementsAre(0, 0));
+  EXPECT_THAT(a.owner_gpu, ElementsAre(0, 1));
+  // Two GPUs want one NIC: the nearer one (PXB) gets it, whatever the index order.
+  a = ChooseAffinity({{PHB, PXB}}, 2);
+  EXPECT_THAT(a.owner_gpu, ElementsAre(1));
+  EXPECT_THAT(a.direct_nic, ElementsAre(0, 0));
+  // More NICs than GPUs: the extra ones spread by fewest owned.
+  a = ChooseAffinity({{PIX}, {PIX}, {PIX}}, 1);
+  EXPECT_THAT(a.owner_gpu, ElementsAre(0, 0, 0));
+  EXPECT_THAT(a.direct_nic, ElementsAre(0));
+  // No GPUs: the notional GPU 0 owns everything; unknown classes still get a NIC.
+  EXPECT_THAT(ChooseAffinity({{}, {}}, 0).owner_gpu, ElementsAre(0, 0));
+  EXPECT_THAT(ChooseAffinity({{UNKNOWN, UNKNOWN}}, 2).direct_nic, ElementsAre(0, 0));
 }
 
 TEST(Render, ShowsTheMatrixOwnersAndReasons) {

@@ -3,6 +3,7 @@
 #include <net/if.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string_view>
 
 #include "absl/strings/ascii.h"
@@ -30,7 +31,7 @@ uint64_t ParseRdmaRate(absl::string_view text) {
       !absl::StartsWith(words[1], "Gb/s")) {
     return 0;
   }
-  return static_cast<uint64_t>(gbit * 1e9 / 8);
+  return static_cast<uint64_t>(std::llround(gbit * 1e9 / 8));  // "2.5": 312.5 MB/s
 }
 
 // "mlx5_2" before "mlx5_10": names compared by their digit runs as numbers.

@@ -8,6 +8,9 @@ namespace fuselink::topo {
 PathClass Classify(const PciPosition& a, const PciPosition& b) {
   if (a.root.empty() || b.root.empty()) return v1::PATH_CLASS_UNSPECIFIED;
   if (a.root != b.root) {
+    // One NUMA node known and the other not: which side of the socket link the
+    // unknown one is on is not known either.
+    if ((a.numa_node < 0) != (b.numa_node < 0)) return v1::PATH_CLASS_UNSPECIFIED;
     return a.numa_node == b.numa_node ? v1::PATH_CLASS_NODE : v1::PATH_CLASS_SYS;
   }
   size_t common = 0;

@@ -14,12 +14,13 @@ using PathClass = ::fuselink::v1::PathClass;
 
 // The class of the PCIe path between two functions:
 //   different host bridges (roots): NODE when both NUMA nodes are equal (or both
-//     unknown: a node without NUMA information is one NUMA node), SYS otherwise;
+//     unknown: a node without NUMA information is one NUMA node), SYS when both are
+//     known and differ, UNSPECIFIED when only one is known;
 //   same root, no common bridge (different root ports): PHB;
 //   they meet at a common bridge and each is at most one bridge below it (the two
 //     downstream ports of one switch, or one port): PIX;
 //   deeper below the common bridge (switches under switches): PXB.
-// UNSPECIFIED when either position is unknown (empty root).
+// UNSPECIFIED also when either position is unknown (empty root).
 PathClass Classify(const PciPosition& a, const PciPosition& b);
 
 // "PIX", "PXB", "PHB", "NODE", "SYS"; "?" for UNSPECIFIED.

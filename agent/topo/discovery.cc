@@ -18,20 +18,6 @@
 namespace fuselink::topo {
 namespace {
 
-// Every NVIDIA GPU function in sysfs, visible to this process or not.
-std::vector<PciPosition> AllGpuPositions(const Sysfs& sysfs) {
-  std::vector<PciPosition> out;
-  for (const std::string& bdf : sysfs.List("bus/pci/devices")) {
-    const std::string dir = absl::StrCat("bus/pci/devices/", bdf);
-    absl::StatusOr<long long> vendor = sysfs.ReadInt(dir + "/vendor");
-    absl::StatusOr<long long> klass = sysfs.ReadInt(dir + "/class");
-    if (!vendor.ok() || !klass.ok() || *vendor != 0x10de) continue;
-    if ((*klass >> 8) != 0x0300 && (*klass >> 8) != 0x0302) continue;
-    if (absl::StatusOr<PciPosition> p = sysfs.Position(dir); p.ok()) out.push_back(*p);
-  }
-  return out;
-}
-
 class Discoverer {
  public:
   Discoverer(const DiscoveryOptions& options, const InterfaceAddresses& addresses)
@@ -115,22 +101,18 @@ absl::StatusOr<Topology> Discoverer::Run() {
   } else {
     candidates_ = ScanInterfaces(sysfs_, options_.exclude_nics);
   }
-  DistanceMatrix distance;
-  for (const NicCandidate& c : candidates_) {
-    std::vector<PathClass> row;
-    for (const PciPosition& g : gpu_positions) {
-      row.push_back(c.position ? Classify(*c.position, g) : v1::PATH_CLASS_UNSPECIFIED);
-    }
-    distance.push_back(std::move(row));
-  }
-  // Management ports are judged by position among all candidates, up or down, against
-  // every GPU of the machine, visible here or not: a storage or in-band port stays one
-  // when the GPU-local ports are down or CUDA_VISIBLE_DEVICES hides their GPUs.
+  // One matrix over every GPU of the machine, the visible ones first: the visible
+  // columns are the topology's classes; all of them judge management ports, by
+  // position among all candidates, up or down, so that a storage or in-band port stays
+  // one when the GPU-local ports are down or CUDA_VISIBLE_DEVICES hides their GPUs.
   std::vector<PciPosition> machine_gpus = gpu_positions;
-  for (PciPosition& p : AllGpuPositions(sysfs_)) {
+  for (const std::string& bdf : NvidiaGpuFunctions(sysfs_)) {
+    absl::StatusOr<PciPosition> p =
+        sysfs_.Position(absl::StrCat("bus/pci/devices/", bdf));
+    if (!p.ok()) continue;
     if (std::none_of(machine_gpus.begin(), machine_gpus.end(),
-                     [&](const PciPosition& g) { return g.function == p.function; })) {
-      machine_gpus.push_back(std::move(p));
+                     [&](const PciPosition& g) { return g.function == p->function; })) {
+      machine_gpus.push_back(*std::move(p));
     }
   }
   DistanceMatrix machine_distance;
@@ -184,7 +166,8 @@ absl::StatusOr<Topology> Discoverer::Run() {
       continue;
     }
     data.push_back(&c);
-    data_distance.push_back(distance[i]);
+    data_distance.emplace_back(machine_distance[i].begin(),
+                               machine_distance[i].begin() + gpu_positions.size());
     data_rail.push_back(rail[i]);
   }
   const Affinity affinity = ChooseAffinity(data_distance, t.gpus_size());

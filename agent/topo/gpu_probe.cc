@@ -37,16 +37,9 @@ class SysfsGpuProbe : public GpuProbe {
   absl::StatusOr<GpuEnumeration> Enumerate() const override {
     GpuEnumeration out;
     std::vector<ProbedGpu> base;
-    for (const std::string& bdf : sysfs_->List("bus/pci/devices")) {
-      if (!LooksLikeBdf(bdf)) continue;
-      const std::string dir = absl::StrCat("bus/pci/devices/", bdf);
-      absl::StatusOr<long long> vendor = sysfs_->ReadInt(dir + "/vendor");
-      absl::StatusOr<long long> klass = sysfs_->ReadInt(dir + "/class");
-      if (!vendor.ok() || !klass.ok() || *vendor != 0x10de) continue;
-      const long long base_class = *klass >> 8;  // class code without prog-if
-      if (base_class != 0x0300 && base_class != 0x0302) continue;
+    for (std::string& bdf : NvidiaGpuFunctions(*sysfs_)) {
       ProbedGpu gpu;
-      gpu.pci_bus_id = absl::AsciiStrToLower(bdf);
+      gpu.pci_bus_id = std::move(bdf);
       base.push_back(std::move(gpu));
     }
     if (base.empty()) return out;
@@ -132,6 +125,21 @@ class CudaGpuProbe : public GpuProbe {
 };
 
 }  // namespace
+
+std::vector<std::string> NvidiaGpuFunctions(const Sysfs& sysfs) {
+  std::vector<std::string> out;
+  for (const std::string& bdf : sysfs.List("bus/pci/devices")) {
+    if (!LooksLikeBdf(bdf)) continue;
+    const std::string dir = absl::StrCat("bus/pci/devices/", bdf);
+    absl::StatusOr<long long> vendor = sysfs.ReadInt(dir + "/vendor");
+    absl::StatusOr<long long> klass = sysfs.ReadInt(dir + "/class");
+    if (!vendor.ok() || !klass.ok() || *vendor != 0x10de) continue;
+    const long long base_class = *klass >> 8;  // class code without prog-if
+    if (base_class != 0x0300 && base_class != 0x0302) continue;
+    out.push_back(absl::AsciiStrToLower(bdf));
+  }
+  return out;
+}
 
 CudaEnvironment CudaEnvironment::FromProcess() {
   CudaEnvironment env;

@@ -69,8 +69,12 @@ absl::StatusOr<std::vector<int>> SelectVisible(const std::vector<ProbedGpu>& bas
                                                const CudaEnvironment& env,
                                                std::vector<std::string>* notes);
 
-// NVIDIA display and 3D controllers (vendor 0x10de, class 0x0300 or 0x0302) under
-// bus/pci/devices, in PCI bus order, CUDA_VISIBLE_DEVICES applied by index. Without
+// The bus ids (lower case) of the NVIDIA display and 3D controllers (vendor 0x10de,
+// class 0x0300 or 0x0302) under bus/pci/devices, visible to this process or not, in
+// PCI bus order: the machine's GPUs as sysfs shows them.
+std::vector<std::string> NvidiaGpuFunctions(const Sysfs& sysfs);
+
+// NvidiaGpuFunctions, CUDA_VISIBLE_DEVICES applied by index. Without
 // the driver it knows no UUIDs, names or peers, and cannot rank by speed: it notes
 // that its ordinals assume CUDA_DEVICE_ORDER=PCI_BUS_ID.
 std::unique_ptr<GpuProbe> MakeSysfsGpuProbe(const Sysfs* sysfs, CudaEnvironment env);

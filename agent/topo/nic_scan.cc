@@ -122,6 +122,9 @@ std::vector<NicCandidate> ScanRdmaPorts(const Sysfs& sysfs,
       c.id.set_rdma_device(dev);
       if (!absl::SimpleAtoi(port_name, &port) || port <= 0) {
         c.id.set_name(absl::StrCat(dev, "-p", port_name));
+        if (OperatorExcluded(c, exclude)) {  // the operator's word comes first
+          ExcludeNic(c, "OPERATOR_EXCLUDED", "named by --exclude_nics");
+        }
         ExcludeNic(c, "BAD_SYSFS",
                    absl::StrCat(dir, "/ports/", port_name, ": not a port number"));
         out.push_back(std::move(c));

@@ -488,6 +488,13 @@ TEST(Discovery, MalformedSysfsGivesReasonsOrUnknownsNeverAnError) {
   const auto excluded = Excluded(*t);
   EXPECT_EQ(excluded.at("mlx5_1"), "BAD_SYSFS");
   EXPECT_EQ(excluded.at("mlx5_0-pxyz"), "BAD_SYSFS");
+  {  // The operator's word comes before BAD_SYSFS, as design.md orders them.
+    DiscoveryOptions o = Options(f, DgxAddresses());
+    o.exclude_nics = {"mlx5_0"};
+    absl::StatusOr<Topology> x = DiscoverTopology(o);
+    ASSERT_TRUE(x.ok()) << x.status();
+    EXPECT_EQ(Excluded(*x).at("mlx5_0-pxyz"), "OPERATOR_EXCLUDED");
+  }
   EXPECT_EQ(excluded.at("mlx5_7"), "NO_NETDEV");
   EXPECT_FALSE(excluded.contains("mlx5_0"));
   const std::vector<std::string> names = NicNames(*t);
@@ -701,6 +708,12 @@ TEST(Affinity, ClassesFromPciPaths) {
   EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:02.0/0000:30:00.0", 0)), PHB);
   EXPECT_EQ(Classify(gpu, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", 0)), NODE);
   EXPECT_EQ(Classify(gpu, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", 1)), SYS);
+  EXPECT_EQ(Classify(gpu, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", -1)),
+            UNKNOWN);  // one NUMA node known, the other not
+  PciPosition no_numa = gpu;
+  no_numa.numa_node = -1;
+  EXPECT_EQ(Classify(no_numa, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", -1)),
+            NODE);  // neither known: one NUMA node
   EXPECT_EQ(Classify(gpu, PciPosition{}), UNKNOWN);
   EXPECT_FALSE(ParsePciPath("devices/virtual/net/lo").ok());
   EXPECT_EQ(ParsePciPath("devices/pci0000:00/0000:00:03.0/virtio2")->function,

@@ -56,7 +56,9 @@ ABSL_FLAG(
 ABSL_FLAG(std::vector<std::string>, exclude_nics, {},
           "discover: NICs that must not carry data, by RDMA device, NIC name or netdev, "
           "comma-separated (e.g. mlx5_4,mlx5_5).");
-ABSL_FLAG(std::string, sysfs_root, "/sys", "discover: the sysfs to read.");
+ABSL_FLAG(std::string, sysfs_root, "/sys",
+          "discover: the sysfs to read. GPUs come from the CUDA driver only for /sys "
+          "itself; another tree (a fixture) is read alone.");
 // Optional so that giving them with --topology=discover can be refused: a script
 // written for the old emulated default fails at once instead of binding to real NICs.
 ABSL_FLAG(std::optional<int>, nics, std::nullopt,
@@ -186,8 +188,8 @@ absl::StatusOr<fuselink::topo::Topology> MakeTopology(bool gpus_on) {
     options.exclude_nics = absl::GetFlag(FLAGS_exclude_nics);
     options.cuda = topo::CudaEnvironment::FromProcess();
     topo::Sysfs sysfs(options.sysfs_root);
-    std::unique_ptr<topo::GpuProbe> probe = topo::MakeSysfsGpuProbe(&sysfs, options.cuda);
-    if (gpus_on) probe = topo::MakeCudaGpuProbe(options.cuda, std::move(probe));
+    const std::unique_ptr<topo::GpuProbe> probe =
+        topo::MakeGpuProbe(&sysfs, options.cuda, gpus_on);
     options.gpus = probe.get();
     absl::StatusOr<topo::Topology> found = topo::DiscoverTopology(options);
     if (!found.ok()) return found.status();

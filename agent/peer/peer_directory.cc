@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
+#include "agent/topo/topology.h"
 #include "grpcpp/grpcpp.h"
 
 namespace fuselink::peer {
@@ -147,13 +148,9 @@ std::vector<fabric::Endpoint> Endpoints(const v1::Topology& topology) {
   return out;
 }
 
-absl::Status PeerDirectory::CheckRails(
-    absl::string_view node, const std::vector<fabric::Endpoint>& remote) const {
-  if (static_cast<int>(remote.size()) == fabric_->nic_count()) return absl::OkStatus();
-  return WithReason(absl::FailedPreconditionError(absl::StrCat(
-                        "node '", node, "' has ", remote.size(), " NICs and this node ",
-                        fabric_->nic_count(), "; rails pair NIC i with NIC i")),
-                    "RAIL_MISMATCH");
+absl::Status PeerDirectory::CheckRails(absl::string_view node,
+                                       const std::vector<uint32_t>& remote_rails) const {
+  return topo::CheckRailPairing(node, topo::Rails(local_), remote_rails);
 }
 
 PeerDirectory::PeerDirectory(v1::Topology local, fabric::Fabric* fabric,
@@ -241,8 +238,8 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
   }
   FL_ASSIGN_OR_RETURN(fabric::SessionKey theirs, ParseFabricKey(response.fabric_key()));
   keys_->SetConnectKey(session.name, theirs);
+  FL_RETURN_IF_ERROR(CheckRails(session.name, topo::Rails(response.topology())));
   std::vector<fabric::Endpoint> remote = Endpoints(response.topology());
-  FL_RETURN_IF_ERROR(CheckRails(session.name, remote));
   absl::StatusOr<fabric::PeerId> peer = fabric_->Connect(session.name, remote);
   if (!peer.ok()) {
     return WithReason(
@@ -287,14 +284,14 @@ void PeerDirectory::RepairSessions() {
 
 void PeerDirectory::Remember(const v1::Topology& caller) {
   absl::MutexLock lock(&remembered_mu_);
-  remembered_[caller.node()] = Endpoints(caller);
+  remembered_[caller.node()] = Announced{Endpoints(caller), topo::Rails(caller)};
 }
 
 absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node) {
   if (std::shared_ptr<Session> session = Find(node)) {
     return Connect(*session, absl::InfiniteFuture());
   }
-  std::vector<fabric::Endpoint> remote;
+  Announced remote;
   {
     absl::MutexLock lock(&remembered_mu_);
     auto it = remembered_.find(node);
@@ -305,8 +302,8 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node)
     }
     remote = it->second;
   }
-  FL_RETURN_IF_ERROR(CheckRails(node, remote));
-  return fabric_->Connect(node, remote);
+  FL_RETURN_IF_ERROR(CheckRails(node, remote.rails));
+  return fabric_->Connect(node, remote.nics);
 }
 
 absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(

@@ -113,9 +113,10 @@ class PeerDirectory final : public transfer::PeerLink {
   };
   std::vector<Bootstrapper> bootstrappers_ ABSL_GUARDED_BY(calls_mu_);
 
-  // FAILED_PRECONDITION (RAIL_MISMATCH) unless `node` has as many NICs as this node.
+  // FAILED_PRECONDITION (RAIL_MISMATCH) unless `node` has this node's rails at every
+  // NIC index (topo::CheckRailPairing): never pair NIC i with a NIC of another rail.
   absl::Status CheckRails(absl::string_view node,
-                          const std::vector<fabric::Endpoint>& remote) const;
+                          const std::vector<uint32_t>& remote_rails) const;
   struct Session {
     std::string name;
     std::string address;
@@ -146,7 +147,12 @@ class PeerDirectory final : public transfer::PeerLink {
   std::map<std::string, std::shared_ptr<Session>, std::less<>> sessions_
       ABSL_GUARDED_BY(sessions_mu_);
   absl::Mutex remembered_mu_;
-  std::map<std::string, std::vector<fabric::Endpoint>, std::less<>> remembered_
+  // What a caller announced in its Hello: its NICs and their rails, in NIC order.
+  struct Announced {
+    std::vector<fabric::Endpoint> nics;
+    std::vector<uint32_t> rails;
+  };
+  std::map<std::string, Announced, std::less<>> remembered_
       ABSL_GUARDED_BY(remembered_mu_);
 };
 

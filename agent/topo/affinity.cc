@@ -8,6 +8,9 @@ namespace fuselink::topo {
 PathClass Classify(const PciPosition& a, const PciPosition& b) {
   if (a.root.empty() || b.root.empty()) return v1::PATH_CLASS_UNSPECIFIED;
   if (a.root != b.root) {
+    // One NUMA node known and the other not: which side of the socket link the
+    // unknown one is on is not known either.
+    if ((a.numa_node < 0) != (b.numa_node < 0)) return v1::PATH_CLASS_UNSPECIFIED;
     return a.numa_node == b.numa_node ? v1::PATH_CLASS_NODE : v1::PATH_CLASS_SYS;
   }
   size_t common = 0;
@@ -47,35 +50,104 @@ int PathRank(PathClass c) {
              : c;
 }
 
+namespace {
+
+// Kuhn's augmenting paths over the GPU -> NIC edges of each GPU's best class: gives
+// `g` a NIC, moving GPUs already matched only to other NICs of their own best class,
+// so nobody's class gets worse. `seen` marks the NICs tried for this path.
+bool Augment(int g, const std::vector<std::vector<int>>& best_nics,
+             std::vector<int>& nic_match, std::vector<bool>& seen) {
+  for (int n : best_nics[g]) {
+    if (seen[n]) continue;
+    seen[n] = true;
+    if (nic_match[n] < 0 || Augment(nic_match[n], best_nics, nic_match, seen)) {
+      nic_match[n] = g;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 Affinity ChooseAffinity(const DistanceMatrix& distance, int gpus) {
   Affinity out;
   const int nics = static_cast<int>(distance.size());
   out.owner_gpu.assign(nics, 0);
   if (gpus <= 0) return out;
-  std::vector<int> owned(gpus, 0);
-  for (int n = 0; n < nics; ++n) {
-    int best = 0;
-    for (int g = 1; g < gpus; ++g) {
-      const int r = PathRank(distance[n][g]), rb = PathRank(distance[n][best]);
-      if (r < rb || (r == rb && owned[g] < owned[best])) best = g;
-    }
-    out.owner_gpu[n] = best;
-    ++owned[best];
-  }
   out.direct_nic.assign(gpus, 0);
   if (nics == 0) return out;
-  std::vector<int> starters(nics, 0);
+
+  // Each GPU's best class, and its NICs of that class in index order.
+  std::vector<int> best_rank(gpus, PathRank(v1::PATH_CLASS_UNSPECIFIED));
   for (int g = 0; g < gpus; ++g) {
-    int best = 0;
-    auto key = [&](int n) {
-      return std::make_tuple(PathRank(distance[n][g]), out.owner_gpu[n] == g ? 0 : 1,
-                             starters[n], n);
-    };
-    for (int n = 1; n < nics; ++n) {
-      if (key(n) < key(best)) best = n;
+    for (int n = 0; n < nics; ++n) {
+      best_rank[g] = std::min(best_rank[g], PathRank(distance[n][g]));
+    }
+  }
+  std::vector<std::vector<int>> best_nics(gpus);
+  for (int g = 0; g < gpus; ++g) {
+    for (int n = 0; n < nics; ++n) {
+      if (PathRank(distance[n][g]) == best_rank[g]) best_nics[g].push_back(n);
+    }
+  }
+  // A maximum matching of GPUs to NICs of their best class: as many GPUs as the NICs
+  // allow get a NIC of their own. GPUs join class by class, nearest first (then by
+  // index), so a NIC goes to the GPU nearest it when two GPUs want it.
+  std::vector<int> nic_match(nics, -1);
+  for (int rank = PathRank(v1::PATH_CLASS_PIX);
+       rank <= PathRank(v1::PATH_CLASS_UNSPECIFIED); ++rank) {
+    for (int g = 0; g < gpus; ++g) {
+      if (best_rank[g] != rank) continue;
+      std::vector<bool> seen(nics, false);
+      Augment(g, best_nics, nic_match, seen);
+    }
+  }
+
+  // Owners: a matched NIC's GPU; the others go to their nearest GPU, ties to the GPU
+  // owning fewest NICs so far, then the lowest index.
+  std::vector<int> owned(gpus, 0);
+  for (int n = 0; n < nics; ++n) {
+    if (nic_match[n] >= 0) ++owned[nic_match[n]];
+  }
+  for (int n = 0; n < nics; ++n) {
+    int best = nic_match[n];
+    if (best < 0) {
+      best = 0;
+      for (int g = 1; g < gpus; ++g) {
+        const int r = PathRank(distance[n][g]), rb = PathRank(distance[n][best]);
+        if (r < rb || (r == rb && owned[g] < owned[best])) best = g;
+      }
+      ++owned[best];
+    }
+    out.owner_gpu[n] = best;
+  }
+
+  // Direct NICs: a matched GPU's NIC. The others (more GPUs than NICs, or NICs shared
+  // by position) start on their nearest NIC; ties go to a NIC they own, then the NIC
+  // fewest GPUs start on so far, then the lowest index.
+  std::vector<int> starters(nics, 0);
+  std::vector<int> gpu_match(gpus, -1);
+  for (int n = 0; n < nics; ++n) {
+    if (nic_match[n] >= 0) {
+      gpu_match[nic_match[n]] = n;
+      ++starters[n];
+    }
+  }
+  for (int g = 0; g < gpus; ++g) {
+    int best = gpu_match[g];
+    if (best < 0) {
+      auto key = [&](int n) {
+        return std::make_tuple(PathRank(distance[n][g]), out.owner_gpu[n] == g ? 0 : 1,
+                               starters[n], n);
+      };
+      best = 0;
+      for (int n = 1; n < nics; ++n) {
+        if (key(n) < key(best)) best = n;
+      }
+      ++starters[best];
     }
     out.direct_nic[g] = best;
-    ++starters[best];
   }
   return out;
 }

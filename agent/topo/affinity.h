@@ -14,12 +14,13 @@ using PathClass = ::fuselink::v1::PathClass;
 
 // The class of the PCIe path between two functions:
 //   different host bridges (roots): NODE when both NUMA nodes are equal (or both
-//     unknown: a node without NUMA information is one NUMA node), SYS otherwise;
+//     unknown: a node without NUMA information is one NUMA node), SYS when both are
+//     known and differ, UNSPECIFIED when only one is known;
 //   same root, no common bridge (different root ports): PHB;
 //   they meet at a common bridge and each is at most one bridge below it (the two
 //     downstream ports of one switch, or one port): PIX;
 //   deeper below the common bridge (switches under switches): PXB.
-// UNSPECIFIED when either position is unknown (empty root).
+// UNSPECIFIED also when either position is unknown (empty root).
 PathClass Classify(const PciPosition& a, const PciPosition& b);
 
 // "PIX", "PXB", "PHB", "NODE", "SYS"; "?" for UNSPECIFIED.
@@ -36,11 +37,15 @@ struct Affinity {
   std::vector<int> direct_nic;  // per GPU
 };
 
-// Each NIC (in order) is owned by its nearest GPU; ties go to the GPU that owns fewest
-// NICs so far, then the lowest index. Each GPU's direct NIC is its nearest NIC; ties go
-// to a NIC it owns, then the NIC fewest GPUs start on so far, then the lowest index.
-// With no GPUs every owner is GPU 0 (the notional GPU of a GPU-less node) and
-// direct_nic is empty.
+// First a maximum matching of GPUs to NICs of each GPU's best class (GPUs joining
+// nearest class first, then by index; a GPU already matched moves only to another NIC
+// of its best class): as many GPUs as the NICs allow get a NIC of their own, at their
+// best class. A matched pair is the NIC's owner and the GPU's direct NIC. Each other
+// NIC is owned by its nearest GPU; ties go to the GPU that owns fewest NICs so far,
+// then the lowest index. Each other GPU's direct NIC is its nearest NIC; ties go to a
+// NIC it owns, then the NIC fewest GPUs start on so far, then the lowest index.
+// Deterministic. With no GPUs every owner is GPU 0 (the notional GPU of a GPU-less
+// node) and direct_nic is empty.
 Affinity ChooseAffinity(const DistanceMatrix& distance, int gpus);
 
 // Which NICs are management NICs: when some NIC is GPU-local (PIX or PXB to some

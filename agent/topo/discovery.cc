@@ -18,20 +18,6 @@
 namespace fuselink::topo {
 namespace {
 
-// Every NVIDIA GPU function in sysfs, visible to this process or not.
-std::vector<PciPosition> AllGpuPositions(const Sysfs& sysfs) {
-  std::vector<PciPosition> out;
-  for (const std::string& bdf : sysfs.List("bus/pci/devices")) {
-    const std::string dir = absl::StrCat("bus/pci/devices/", bdf);
-    absl::StatusOr<long long> vendor = sysfs.ReadInt(dir + "/vendor");
-    absl::StatusOr<long long> klass = sysfs.ReadInt(dir + "/class");
-    if (!vendor.ok() || !klass.ok() || *vendor != 0x10de) continue;
-    if ((*klass >> 8) != 0x0300 && (*klass >> 8) != 0x0302) continue;
-    if (absl::StatusOr<PciPosition> p = sysfs.Position(dir); p.ok()) out.push_back(*p);
-  }
-  return out;
-}
-
 class Discoverer {
  public:
   Discoverer(const DiscoveryOptions& options, const InterfaceAddresses& addresses)
@@ -50,18 +36,25 @@ class Discoverer {
 };
 
 void Discoverer::CheckAddress(NicCandidate& c) const {
-  if (c.id.netdev().empty()) {
+  if (c.netdevs.empty()) {
     ExcludeNic(c, "NO_NETDEV",
                "no network interface: fuselink's connections need an IPv4 "
                "address");
     return;
   }
-  auto it = addresses_.find(c.id.netdev());
-  if (it == addresses_.end() || it->second.empty()) {
-    ExcludeNic(c, "NO_IPV4", absl::StrCat(c.id.netdev(), " has no IPv4 address"));
-    return;
+  // The first netdev with an address: on RoCE over a VLAN or an IPoIB child the
+  // address is on the child, not on the parent listed first.
+  for (const std::string& netdev : c.netdevs) {
+    auto it = addresses_.find(netdev);
+    if (it != addresses_.end() && !it->second.empty()) {
+      c.id.set_netdev(netdev);
+      c.address = it->second.front();
+      return;
+    }
   }
-  c.address = it->second.front();
+  ExcludeNic(c, "NO_IPV4",
+             absl::StrCat(absl::StrJoin(c.netdevs, ", "),
+                          c.netdevs.size() == 1 ? " has" : " have", " no IPv4 address"));
 }
 
 absl::StatusOr<Topology> Discoverer::Run() {
@@ -108,22 +101,18 @@ absl::StatusOr<Topology> Discoverer::Run() {
   } else {
     candidates_ = ScanInterfaces(sysfs_, options_.exclude_nics);
   }
-  DistanceMatrix distance;
-  for (const NicCandidate& c : candidates_) {
-    std::vector<PathClass> row;
-    for (const PciPosition& g : gpu_positions) {
-      row.push_back(c.position ? Classify(*c.position, g) : v1::PATH_CLASS_UNSPECIFIED);
-    }
-    distance.push_back(std::move(row));
-  }
-  // Management ports are judged by position among all candidates, up or down, against
-  // every GPU of the machine, visible here or not: a storage or in-band port stays one
-  // when the GPU-local ports are down or CUDA_VISIBLE_DEVICES hides their GPUs.
+  // One matrix over every GPU of the machine, the visible ones first: the visible
+  // columns are the topology's classes; all of them judge management ports, by
+  // position among all candidates, up or down, so that a storage or in-band port stays
+  // one when the GPU-local ports are down or CUDA_VISIBLE_DEVICES hides their GPUs.
   std::vector<PciPosition> machine_gpus = gpu_positions;
-  for (PciPosition& p : AllGpuPositions(sysfs_)) {
+  for (const std::string& bdf : NvidiaGpuFunctions(sysfs_)) {
+    absl::StatusOr<PciPosition> p =
+        sysfs_.Position(absl::StrCat("bus/pci/devices/", bdf));
+    if (!p.ok()) continue;
     if (std::none_of(machine_gpus.begin(), machine_gpus.end(),
-                     [&](const PciPosition& g) { return g.function == p.function; })) {
-      machine_gpus.push_back(std::move(p));
+                     [&](const PciPosition& g) { return g.function == p->function; })) {
+      machine_gpus.push_back(*std::move(p));
     }
   }
   DistanceMatrix machine_distance;
@@ -135,6 +124,13 @@ absl::StatusOr<Topology> Discoverer::Run() {
     machine_distance.push_back(std::move(row));
   }
   const std::vector<bool> management = ManagementNics(machine_distance);
+  // Rails are numbered here, before any exclusion but management (which depends on
+  // the machine alone), so that a port down on one node does not renumber its other
+  // rails against the nodes where it is up.
+  std::vector<uint32_t> rail(candidates_.size(), 0);
+  for (size_t i = 0, next = 0; i < candidates_.size(); ++i) {
+    if (!management[i]) rail[i] = static_cast<uint32_t>(next++);
+  }
   for (size_t i = 0; i < candidates_.size(); ++i) {
     NicCandidate& c = candidates_[i];
     if (management[i]) {
@@ -147,8 +143,20 @@ absl::StatusOr<Topology> Discoverer::Run() {
 
   DistanceMatrix data_distance;
   std::vector<const NicCandidate*> data;
+  std::vector<uint32_t> data_rail;
+  absl::flat_hash_map<std::string, std::string> address_owner;  // address -> NIC
   for (size_t i = 0; i < candidates_.size(); ++i) {
     NicCandidate& c = candidates_[i];
+    // Two NICs on one address would be one endpoint twice: the second rail's
+    // connections would land on the first NIC. The first in order keeps it.
+    if (c.id.reason().empty()) {
+      auto [it, fresh] = address_owner.emplace(c.address, c.id.name());
+      if (!fresh) {
+        ExcludeNic(c, "DUPLICATE_ADDRESS",
+                   absl::StrCat(c.id.netdev(), "'s address ", c.address, " is ",
+                                it->second, "'s too"));
+      }
+    }
     if (c.id.reason().empty() && static_cast<int>(data.size()) >= kMaxNics) {
       ExcludeNic(c, "TOO_MANY_NICS",
                  absl::StrCat("fuselink drives at most ", kMaxNics, " NICs a node"));
@@ -158,7 +166,9 @@ absl::StatusOr<Topology> Discoverer::Run() {
       continue;
     }
     data.push_back(&c);
-    data_distance.push_back(distance[i]);
+    data_distance.emplace_back(machine_distance[i].begin(),
+                               machine_distance[i].begin() + gpu_positions.size());
+    data_rail.push_back(rail[i]);
   }
   const Affinity affinity = ChooseAffinity(data_distance, t.gpus_size());
   for (size_t n = 0; n < data.size(); ++n) {
@@ -169,6 +179,7 @@ absl::StatusOr<Topology> Discoverer::Run() {
     nic->set_rate_bytes_per_s(c.rate_bytes_per_s);
     nic->set_owner_gpu(affinity.owner_gpu[n]);
     nic->set_index(n);
+    nic->set_rail(data_rail[n]);
     nic->set_rdma_device(c.id.rdma_device());
     nic->set_rdma_port(c.id.rdma_port());
     nic->set_link_layer(c.link_layer);

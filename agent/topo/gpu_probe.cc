@@ -1,6 +1,7 @@
 #include "agent/topo/gpu_probe.h"
 
 #include <cstdlib>
+#include <filesystem>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
@@ -36,20 +37,13 @@ class SysfsGpuProbe : public GpuProbe {
   absl::StatusOr<GpuEnumeration> Enumerate() const override {
     GpuEnumeration out;
     std::vector<ProbedGpu> base;
-    for (const std::string& bdf : sysfs_->List("bus/pci/devices")) {
-      if (!LooksLikeBdf(bdf)) continue;
-      const std::string dir = absl::StrCat("bus/pci/devices/", bdf);
-      absl::StatusOr<long long> vendor = sysfs_->ReadInt(dir + "/vendor");
-      absl::StatusOr<long long> klass = sysfs_->ReadInt(dir + "/class");
-      if (!vendor.ok() || !klass.ok() || *vendor != 0x10de) continue;
-      const long long base_class = *klass >> 8;  // class code without prog-if
-      if (base_class != 0x0300 && base_class != 0x0302) continue;
+    for (std::string& bdf : NvidiaGpuFunctions(*sysfs_)) {
       ProbedGpu gpu;
-      gpu.pci_bus_id = absl::AsciiStrToLower(bdf);
+      gpu.pci_bus_id = std::move(bdf);
       base.push_back(std::move(gpu));
     }
     if (base.empty()) return out;
-    out.notes.push_back(EnvNote(env_, "applied by discovery (no CUDA driver)"));
+    out.notes.push_back(EnvNote(env_, "applied by discovery to the GPUs in sysfs"));
     if (env_.device_order.value_or("FASTEST_FIRST") != "PCI_BUS_ID") {
       out.notes.push_back(
           "GPUs from sysfs: ordinals assume CUDA_DEVICE_ORDER=PCI_BUS_ID; the driver's "
@@ -87,15 +81,7 @@ class CudaGpuProbe : public GpuProbe {
       FL_RETURN_IF_ERROR(ParseCudaVisibleDevices(*env_.visible_devices).status());
     }
     absl::StatusOr<const gpu::Driver*> driver = gpu::Driver::Load();
-    if (!driver.ok()) {
-      FL_ASSIGN_OR_RETURN(GpuEnumeration out, fallback_->Enumerate());
-      if (!out.gpus.empty()) {
-        out.notes.insert(out.notes.begin(),
-                         absl::StrCat("CUDA driver not usable (",
-                                      driver.status().message(), "): GPUs from sysfs"));
-      }
-      return out;
-    }
+    if (!driver.ok()) return WithoutCudaDriver(driver.status(), env_, *fallback_);
     const gpu::Driver& drv = **driver;
     GpuEnumeration out;
     out.notes.push_back(EnvNote(env_, "applied by the CUDA driver"));
@@ -140,6 +126,21 @@ class CudaGpuProbe : public GpuProbe {
 
 }  // namespace
 
+std::vector<std::string> NvidiaGpuFunctions(const Sysfs& sysfs) {
+  std::vector<std::string> out;
+  for (const std::string& bdf : sysfs.List("bus/pci/devices")) {
+    if (!LooksLikeBdf(bdf)) continue;
+    const std::string dir = absl::StrCat("bus/pci/devices/", bdf);
+    absl::StatusOr<long long> vendor = sysfs.ReadInt(dir + "/vendor");
+    absl::StatusOr<long long> klass = sysfs.ReadInt(dir + "/class");
+    if (!vendor.ok() || !klass.ok() || *vendor != 0x10de) continue;
+    const long long base_class = *klass >> 8;  // class code without prog-if
+    if (base_class != 0x0300 && base_class != 0x0302) continue;
+    out.push_back(absl::AsciiStrToLower(bdf));
+  }
+  return out;
+}
+
 CudaEnvironment CudaEnvironment::FromProcess() {
   CudaEnvironment env;
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) env.visible_devices = v;
@@ -158,10 +159,13 @@ std::string NormalizeBusId(absl::string_view bus_id) {
 
 absl::StatusOr<std::vector<VisibleEntry>> ParseCudaVisibleDevices(
     absl::string_view value, std::string* stopped_at) {
+  // Past this many digits an index names no GPU (kMaxGpus is far below); it also keeps
+  // the conversion from overflowing.
+  constexpr size_t kMaxIndexDigits = 6;
   std::vector<VisibleEntry> entries;
   for (absl::string_view raw : absl::StrSplit(value, ',')) {
     const absl::string_view entry = absl::StripAsciiWhitespace(raw);
-    if (absl::StartsWithIgnoreCase(entry, "MIG-")) {
+    if (absl::StartsWith(entry, "MIG-")) {
       return WithReason(
           absl::FailedPreconditionError(absl::StrCat(
               "CUDA_VISIBLE_DEVICES names a MIG instance ('", entry,
@@ -170,10 +174,14 @@ absl::StatusOr<std::vector<VisibleEntry>> ParseCudaVisibleDevices(
           "MIG_UNSUPPORTED");
     }
     VisibleEntry e;
+    e.text = std::string(entry);
+    size_t digits = 0;
+    while (digits < entry.size() && absl::ascii_isdigit(entry[digits])) ++digits;
     int index = -1;
-    if (absl::SimpleAtoi(entry, &index) && index >= 0) {
-      e.index = index;
-    } else if (absl::StartsWithIgnoreCase(entry, "GPU-") && entry.size() > 4) {
+    if (digits > 0 && digits <= kMaxIndexDigits &&
+        absl::SimpleAtoi(entry.substr(0, digits), &index)) {
+      e.index = index;  // the number at the front, as the driver reads "0abc"
+    } else if (digits == 0 && absl::StartsWith(entry, "GPU-") && entry.size() > 4) {
       e.uuid = absl::AsciiStrToLower(entry);
     } else {
       if (stopped_at != nullptr) *stopped_at = std::string(entry);
@@ -203,34 +211,78 @@ absl::StatusOr<std::vector<int>> SelectVisible(const std::vector<ProbedGpu>& bas
     } else {
       for (int i = 0; i < static_cast<int>(base.size()); ++i) {
         if (base[i].uuid.empty()) {
-          return VisibleError(absl::StrCat("'", e.uuid,
+          return VisibleError(absl::StrCat("'", e.text,
                                            "' names a GPU by UUID, and without the "
                                            "CUDA driver discovery knows no UUIDs"));
         }
         if (absl::StartsWith(absl::AsciiStrToLower(base[i].uuid), e.uuid)) {
           if (chosen >= 0) {
-            return VisibleError(absl::StrCat("'", e.uuid, "' matches several GPUs"));
+            return VisibleError(absl::StrCat("'", e.text, "' matches several GPUs"));
           }
           chosen = i;
         }
       }
     }
-    if (chosen < 0 || !seen.insert(chosen).second) {
-      stopped = e.index >= 0 ? absl::StrCat(e.index) : e.uuid;
+    if (chosen < 0) {
+      stopped = e.text;
       break;
+    }
+    if (!seen.insert(chosen).second) {
+      if (notes != nullptr) {
+        notes->push_back(absl::StrCat(
+            "CUDA_VISIBLE_DEVICES=", *env.visible_devices, " names GPU ", chosen,
+            " twice ('", e.text,
+            "'): the CUDA driver then finds no GPU (cuInit fails "
+            "with CUDA_ERROR_INVALID_DEVICE), so discovery finds none either"));
+      }
+      return std::vector<int>{};
+    }
+    if (notes != nullptr && e.index >= 0 && e.text != absl::StrCat(e.index)) {
+      notes->push_back(absl::StrCat("CUDA_VISIBLE_DEVICES: entry '", e.text,
+                                    "' is read as GPU ", e.index,
+                                    ", the number at its front, as the driver reads it"));
     }
     visible.push_back(chosen);
   }
   if (!stopped.empty() && notes != nullptr) {
     notes->push_back(absl::StrCat("CUDA_VISIBLE_DEVICES: entries from '", stopped,
-                                  "' on name no GPU (or one already named) and are "
-                                  "ignored, as the driver ignores them"));
+                                  "' on name no GPU and are ignored, as the driver "
+                                  "ignores them"));
   }
   return visible;
 }
 
+absl::StatusOr<GpuEnumeration> WithoutCudaDriver(const absl::Status& driver_status,
+                                                 const CudaEnvironment& env,
+                                                 const GpuProbe& fallback) {
+  const std::string reason = ReasonOf(driver_status);
+  if (env.visible_devices &&
+      (reason == "CUDA_ERROR_NO_DEVICE" || reason == "CUDA_ERROR_INVALID_DEVICE")) {
+    GpuEnumeration none;
+    none.notes.push_back(EnvNote(env, "applied by the CUDA driver"));
+    none.notes.push_back(absl::StrCat(
+        "the CUDA driver loaded but shows no GPU under this CUDA_VISIBLE_DEVICES (",
+        driver_status.message(), "): no GPUs, as every CUDA program here sees none"));
+    return none;
+  }
+  FL_ASSIGN_OR_RETURN(GpuEnumeration out, fallback.Enumerate());
+  out.notes.insert(out.notes.begin(),
+                   absl::StrCat("CUDA driver not usable (", driver_status.message(),
+                                "): GPUs from sysfs"));
+  return out;
+}
+
 std::unique_ptr<GpuProbe> MakeSysfsGpuProbe(const Sysfs* sysfs, CudaEnvironment env) {
   return std::make_unique<SysfsGpuProbe>(sysfs, std::move(env));
+}
+
+std::unique_ptr<GpuProbe> MakeGpuProbe(const Sysfs* sysfs, const CudaEnvironment& env,
+                                       bool cuda_allowed) {
+  std::unique_ptr<GpuProbe> from_sysfs = MakeSysfsGpuProbe(sysfs, env);
+  std::error_code ec;
+  const bool system_sysfs = std::filesystem::equivalent(sysfs->root(), "/sys", ec) && !ec;
+  if (!cuda_allowed || !system_sysfs) return from_sysfs;
+  return MakeCudaGpuProbe(env, std::move(from_sysfs));
 }
 
 std::unique_ptr<GpuProbe> MakeCudaGpuProbe(CudaEnvironment env,

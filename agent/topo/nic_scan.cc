@@ -3,6 +3,7 @@
 #include <net/if.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string_view>
 
 #include "absl/strings/ascii.h"
@@ -30,7 +31,7 @@ uint64_t ParseRdmaRate(absl::string_view text) {
       !absl::StartsWith(words[1], "Gb/s")) {
     return 0;
   }
-  return static_cast<uint64_t>(gbit * 1e9 / 8);
+  return static_cast<uint64_t>(std::llround(gbit * 1e9 / 8));  // "2.5": 312.5 MB/s
 }
 
 // "mlx5_2" before "mlx5_10": names compared by their digit runs as numbers.
@@ -61,33 +62,9 @@ bool OperatorExcluded(const NicCandidate& c, const std::vector<std::string>& exc
   for (const std::string& x : exclude) {
     if (x.empty()) continue;
     if (x == c.id.name() || x == c.id.rdma_device() || x == c.id.netdev()) return true;
+    if (std::find(c.netdevs.begin(), c.netdevs.end(), x) != c.netdevs.end()) return true;
   }
   return false;
-}
-
-// The netdev of RDMA port `port` of `dev`: gid_attrs/ndevs, else the device's only
-// netdev, else the one whose dev_port is port - 1. Empty when none.
-std::string RdmaNetdev(const Sysfs& sysfs, const std::string& dev, int port) {
-  const std::string ndevs =
-      absl::StrCat("class/infiniband/", dev, "/ports/", port, "/gid_attrs/ndevs");
-  if (absl::StatusOr<std::string> n = sysfs.Read(ndevs + "/0"); n.ok() && !n->empty()) {
-    return *n;
-  }
-  for (const std::string& i : sysfs.List(ndevs)) {
-    if (absl::StatusOr<std::string> n = sysfs.Read(absl::StrCat(ndevs, "/", i));
-        n.ok() && !n->empty()) {
-      return *n;
-    }
-  }
-  const std::string net = absl::StrCat("class/infiniband/", dev, "/device/net");
-  const std::vector<std::string> netdevs = sysfs.List(net);
-  if (netdevs.size() == 1) return netdevs[0];
-  for (const std::string& n : netdevs) {
-    absl::StatusOr<long long> dev_port =
-        sysfs.ReadInt(absl::StrCat(net, "/", n, "/dev_port"));
-    if (dev_port.ok() && *dev_port == port - 1) return n;
-  }
-  return "";
 }
 
 }  // namespace
@@ -96,6 +73,31 @@ void ExcludeNic(NicCandidate& c, absl::string_view reason, absl::string_view det
   if (!c.id.reason().empty()) return;  // the first reason found stands
   c.id.set_reason(std::string(reason));
   c.id.set_detail(std::string(detail));
+}
+
+std::vector<std::string> RdmaNetdevs(const Sysfs& sysfs, const std::string& dev, int port,
+                                     int port_count) {
+  std::vector<std::string> out;
+  auto add = [&out](const std::string& n) {
+    if (!n.empty() && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  };
+  const std::string ndevs =
+      absl::StrCat("class/infiniband/", dev, "/ports/", port, "/gid_attrs/ndevs");
+  for (const std::string& i : NaturalList(sysfs, ndevs)) {
+    // Unused GID entries read as EINVAL: not an error, no netdev.
+    if (absl::StatusOr<std::string> n = sysfs.Read(absl::StrCat(ndevs, "/", i)); n.ok()) {
+      add(*n);
+    }
+  }
+  const std::string net = absl::StrCat("class/infiniband/", dev, "/device/net");
+  for (const std::string& n : NaturalList(sysfs, net)) {
+    absl::StatusOr<long long> dev_port =
+        sysfs.ReadInt(absl::StrCat(net, "/", n, "/dev_port"));
+    // A netdev of a single-port device is that port's; of a multi-port device only by
+    // its dev_port (port 2 must not take port 1's address).
+    if (port_count == 1 || (dev_port.ok() && *dev_port == port - 1)) add(n);
+  }
+  return out;
 }
 
 std::vector<std::string> NaturalList(const Sysfs& sysfs, absl::string_view path) {
@@ -120,6 +122,9 @@ std::vector<NicCandidate> ScanRdmaPorts(const Sysfs& sysfs,
       c.id.set_rdma_device(dev);
       if (!absl::SimpleAtoi(port_name, &port) || port <= 0) {
         c.id.set_name(absl::StrCat(dev, "-p", port_name));
+        if (OperatorExcluded(c, exclude)) {  // the operator's word comes first
+          ExcludeNic(c, "OPERATOR_EXCLUDED", "named by --exclude_nics");
+        }
         ExcludeNic(c, "BAD_SYSFS",
                    absl::StrCat(dir, "/ports/", port_name, ": not a port number"));
         out.push_back(std::move(c));
@@ -128,7 +133,8 @@ std::vector<NicCandidate> ScanRdmaPorts(const Sysfs& sysfs,
       c.id.set_rdma_port(port);
       c.id.set_name(port == 1 ? dev : absl::StrCat(dev, "-p", port));
       const std::string pdir = absl::StrCat(dir, "/ports/", port);
-      c.id.set_netdev(RdmaNetdev(sysfs, dev, port));
+      c.netdevs = RdmaNetdevs(sysfs, dev, port, static_cast<int>(ports.size()));
+      if (!c.netdevs.empty()) c.id.set_netdev(c.netdevs.front());
       c.position = device_position.ok() ? std::optional(*device_position) : std::nullopt;
       if (!c.position && !c.id.netdev().empty()) {  // Soft-RoCE: the netdev's position
         absl::StatusOr<PciPosition> p =
@@ -168,6 +174,7 @@ std::vector<NicCandidate> ScanInterfaces(const Sysfs& sysfs,
     NicCandidate c;
     c.id.set_name(ifname);
     c.id.set_netdev(ifname);
+    c.netdevs = {ifname};
     absl::StatusOr<PciPosition> p = sysfs.Position(dir + "/device");
     if (p.ok()) {
       c.position = *p;

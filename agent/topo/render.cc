@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "agent/topo/affinity.h"
+#include "agent/topo/topology.h"
 
 namespace fuselink::topo {
 namespace {
@@ -41,16 +42,17 @@ std::string RenderTopology(const Topology& t) {
                           OrDash(g.uuid()), OrDash(g.name()));
   }
   out += "\nNICs\n";
-  absl::StrAppendFormat(&out, "  %-10s %-15s %-5s %-10s %-13s %-4s %-10s %-9s %s\n",
+  // RAIL last: scripts read the columns before it (the NIC and its address).
+  absl::StrAppendFormat(&out, "  %-10s %-15s %-5s %-10s %-13s %-4s %-10s %-9s %-12s %s\n",
                         "NIC", "ADDRESS", "OWNER", "NETDEV", "PCI", "NUMA", "LINK",
-                        "RATE", "RDMA");
+                        "RATE", "RDMA", "RAIL");
   for (const v1::Nic& n : t.nics()) {
     absl::StrAppendFormat(
-        &out, "  %-10s %-15s %-5u %-10s %-13s %-4s %-10s %-9s %s\n", n.name(),
+        &out, "  %-10s %-15s %-5u %-10s %-13s %-4s %-10s %-9s %-12s %u\n", n.name(),
         n.address(), n.owner_gpu(), OrDash(n.netdev()), OrDash(n.pci_bus_id()),
         Numa(n.numa_node()), OrDash(n.link_layer()), Rate(n.rate_bytes_per_s()),
-        n.rdma_device().empty() ? "-"
-                                : absl::StrCat(n.rdma_device(), "/", n.rdma_port()));
+        n.rdma_device().empty() ? "-" : absl::StrCat(n.rdma_device(), "/", n.rdma_port()),
+        RailOf(n));
   }
   bool any_distance = false;
   for (const v1::Nic& n : t.nics()) any_distance |= n.gpu_distance_size() > 0;

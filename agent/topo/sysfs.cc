@@ -1,16 +1,17 @@
 #include "agent/topo/sysfs.h"
 
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -64,20 +65,34 @@ std::string Sysfs::Full(absl::string_view path) const {
 
 absl::StatusOr<std::string> Sysfs::Read(absl::string_view path) const {
   const std::string full = Full(path);
-  std::ifstream in(full);
-  if (!in) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(full, ": absent"));
+  const int fd = open(full.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;  // read at once: nothing in between may change it
+    if (error == ENOENT || error == ENOTDIR) {
+      return absl::NotFoundError(absl::StrCat(full, ": absent"));
+    }
     return absl::FailedPreconditionError(
-        absl::StrCat(full, ": cannot open: ", std::strerror(errno)));
+        absl::StrCat(full, ": cannot open: ", std::strerror(error)));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    return absl::FailedPreconditionError(absl::StrCat(full, ": cannot read"));
+  absl::Cleanup close_fd = [fd] { close(fd); };
+  std::string text;
+  char chunk[4096];  // a page: what the kernel returns for an attribute
+  for (;;) {
+    const ssize_t n = read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(full, ": cannot read: ", std::strerror(errno)));
+    }
+    if (n == 0) break;
+    text.append(chunk, static_cast<size_t>(n));
+    if (text.size() > kMaxAttributeBytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          full, ": longer than ", kMaxAttributeBytes, " bytes, not a sysfs attribute"));
+    }
   }
-  std::string s = text.str();
-  absl::StripTrailingAsciiWhitespace(&s);
-  return s;
+  absl::StripTrailingAsciiWhitespace(&text);
+  return text;
 }
 
 absl::StatusOr<long long> Sysfs::ReadInt(absl::string_view path) const {

@@ -33,6 +33,11 @@ bool LooksLikeBdf(absl::string_view s);
 // path holds no "pci..." root or no BDF (a virtual device).
 absl::StatusOr<PciPosition> ParsePciPath(absl::string_view resolved);
 
+// Bound on one attribute file: sysfs attributes are a page or less; anything longer is
+// not an attribute (a fixture's mistake, a file under a wrong path) and is refused
+// rather than read whole.
+inline constexpr size_t kMaxAttributeBytes = 64 * 1024;
+
 class Sysfs {
  public:
   explicit Sysfs(std::string root) : root_(std::move(root)) {}
@@ -40,7 +45,8 @@ class Sysfs {
 
   // The file's contents, trailing whitespace removed. NOT_FOUND when absent,
   // FAILED_PRECONDITION when unreadable (the kernel answers EINVAL for some
-  // attributes, e.g. an empty gid_attrs/ndevs entry).
+  // attributes, e.g. an empty gid_attrs/ndevs entry; a directory) or longer than
+  // kMaxAttributeBytes.
   absl::StatusOr<std::string> Read(absl::string_view path) const;
   // Read, parsed as a decimal or 0x-prefixed integer; INVALID_ARGUMENT otherwise.
   absl::StatusOr<long long> ReadInt(absl::string_view path) const;

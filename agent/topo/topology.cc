@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "agent/common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -75,6 +76,7 @@ absl::Status ValidateTopology(Topology& topology) {
     }
   }
   absl::flat_hash_set<std::string> names;
+  absl::flat_hash_set<uint32_t> rails;
   for (int i = 0; i < topology.nics_size(); ++i) {
     v1::Nic& nic = *topology.mutable_nics(i);
     nic.set_index(i);
@@ -86,6 +88,10 @@ absl::Status ValidateTopology(Topology& topology) {
     if (inet_pton(AF_INET, nic.address().c_str(), &addr) != 1) {
       return BadTopology(absl::StrCat("NIC '", nic.name(), "' address '", nic.address(),
                                       "' is not an IPv4 address"));
+    }
+    if (!rails.insert(RailOf(nic)).second) {
+      return BadTopology(absl::StrCat("NIC '", nic.name(), "' rail ", RailOf(nic),
+                                      " is another NIC's too"));
     }
     if (nic.owner_gpu() >= static_cast<uint32_t>(topology.gpus_size())) {
       return BadTopology(absl::StrCat("NIC '", nic.name(), "' owner_gpu ",
@@ -117,6 +123,35 @@ int DirectNic(const Topology& topology, uint32_t gpu) {
     if (nic.owner_gpu() == gpu) return static_cast<int>(nic.index());
   }
   return 0;
+}
+
+uint32_t RailOf(const v1::Nic& nic) { return nic.has_rail() ? nic.rail() : nic.index(); }
+
+std::vector<uint32_t> Rails(const Topology& topology) {
+  std::vector<uint32_t> out;
+  for (const v1::Nic& nic : topology.nics()) out.push_back(RailOf(nic));
+  return out;
+}
+
+absl::Status CheckRailPairing(absl::string_view remote_node,
+                              const std::vector<uint32_t>& local_rails,
+                              const std::vector<uint32_t>& remote_rails) {
+  if (local_rails == remote_rails) return absl::OkStatus();
+  std::string first_difference;
+  for (size_t i = 0; i < local_rails.size() && i < remote_rails.size(); ++i) {
+    if (local_rails[i] != remote_rails[i]) {
+      first_difference = absl::StrCat("; NIC ", i, " is rail ", local_rails[i],
+                                      " here and rail ", remote_rails[i], " there");
+      break;
+    }
+  }
+  return WithReason(
+      absl::FailedPreconditionError(absl::StrCat(
+          "node '", remote_node, "' has rails [", absl::StrJoin(remote_rails, ","),
+          "] and this node [", absl::StrJoin(local_rails, ","), "]", first_difference,
+          ": the fabric pairs NIC i with NIC i, so both need the same rails. Exclude "
+          "the same rail on every node (--exclude_nics) or fix the port")),
+      "RAIL_MISMATCH");
 }
 
 }  // namespace fuselink::topo

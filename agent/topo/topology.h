@@ -4,7 +4,9 @@
 // own loopback address.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -26,7 +28,7 @@ absl::StatusOr<Topology> ParseTopologyJson(absl::string_view json);
 // `rate_bytes_per_s`.
 Topology EmulatedTopology(int nics, int loopback_net, uint64_t rate_bytes_per_s);
 
-// Checks names unique, addresses IPv4, owners and direct NICs existing, one
+// Checks names unique, addresses IPv4, rails unique, owners and direct NICs existing, one
 // gpu_distance entry per GPU (or none), counts within bounds; fills NIC indices.
 // INVALID_ARGUMENT (reason BAD_TOPOLOGY) otherwise.
 absl::Status ValidateTopology(Topology& topology);
@@ -34,5 +36,18 @@ absl::Status ValidateTopology(Topology& topology);
 // The NIC `gpu` starts on: its direct_nic where discovery set one, else the NIC it
 // owns (the first such NIC if several), else NIC 0.
 int DirectNic(const Topology& topology, uint32_t gpu);
+
+// A NIC's rail key (v1::Nic.rail): the discovered one, else its index.
+uint32_t RailOf(const v1::Nic& nic);
+// RailOf each NIC, in NIC order.
+std::vector<uint32_t> Rails(const Topology& topology);
+
+// The fabric pairs NIC i of one node with NIC i of the other, so two nodes can work
+// together only with the same rail at every index. OK then; else FAILED_PRECONDITION,
+// reason RAIL_MISMATCH, naming both sides' rails and what the operator does about it
+// (exclude the same rail on every node, or fix the port). Pure.
+absl::Status CheckRailPairing(absl::string_view remote_node,
+                              const std::vector<uint32_t>& local_rails,
+                              const std::vector<uint32_t>& remote_rails);
 
 }  // namespace fuselink::topo

@@ -1,6 +1,6 @@
 #!/bin/bash
 # fuselinkctl topology and the agent's --topology flag, end to end:
-#  - offline discovery (--sysfs) on a sysfs tree built here: two PCIe switches, each
+#  - offline discovery (--sysfs_root) on a sysfs tree built here: two PCIe switches, each
 #    with a GPU and a ConnectX, and a management ConnectX on a host bridge of its own;
 #  - an agent started with --topology=discover on that tree serves the discovered
 #    matrix, owners and exclusions over GetTopology, read with a viewer's certificate;
@@ -9,8 +9,12 @@
 #  - an emulated agent's topology through the same command; discovery on this
 #    machine's /sys runs.
 # The tree's RDMA ports carry their data on "lo": the one interface with an IPv4
-# address on every machine. Usage: topology_cli_test.sh AGENT FUSELINKCTL
+# address on every machine. So mlx5_1 has mlx5_0's address and is left out as
+# DUPLICATE_ADDRESS: one address cannot be two rails. Usage: topology_cli_test.sh AGENT FUSELINKCTL
 set -euo pipefail
+# The fixture's GPUs must be the fixture's: the CUDA probe is used only for /sys, and
+# no inherited variable may change what the sysfs probe sees.
+unset CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER
 agent=$1
 ctl=$2
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -61,15 +65,21 @@ done
 rdma "$(pci pci0000:30 0000:30:01.0 0000:31:00.0 0x15b3 0x020700)" mlx5_2
 
 echo "== offline discovery on the tree"
-"$ctl" topology --sysfs="$fx" >"$run/offline.txt" || fail "offline topology: $(cat "$run/offline.txt")"
+"$ctl" topology --sysfs_root="$fx" >"$run/offline.txt" || fail "offline topology: $(cat "$run/offline.txt")"
 cat "$run/offline.txt"
-grep -q "^node -, transport -, 2 GPUs, 2 NICs, 1 excluded, source discovered$" "$run/offline.txt" || fail "wrong summary"
+grep -q "^node -, transport -, 2 GPUs, 1 NICs, 2 excluded, source discovered$" "$run/offline.txt" || fail "wrong summary"
 grep -Eq "^  mlx5_0 +PIX\* +NODE" "$run/offline.txt" || fail "mlx5_0's row is not PIX (owner) / NODE"
-grep -Eq "^  mlx5_1 +NODE +PIX\*" "$run/offline.txt" || fail "mlx5_1's row is not NODE / PIX (owner)"
+grep -Eq "^  mlx5_1 .*DUPLICATE_ADDRESS +lo's address 127.0.0.1 is mlx5_0's too" "$run/offline.txt" ||
+  fail "mlx5_1 (on mlx5_0's address) is not left out as DUPLICATE_ADDRESS"
 grep -Eq "^  mlx5_2 .*MANAGEMENT" "$run/offline.txt" || fail "mlx5_2 is not left out as MANAGEMENT"
-"$ctl" topology --sysfs="$fx" --exclude_nics=mlx5_1 --json >"$run/offline.json"
+"$ctl" topology --sysfs_root="$fx" --exclude_nics=mlx5_1 --json >"$run/offline.json"
 grep -q '"name":"mlx5_1","rdma_device":"mlx5_1","rdma_port":1,"netdev":"lo","pci_bus_id":"0000:24:00.0","reason":"OPERATOR_EXCLUDED"' \
   "$run/offline.json" || fail "--exclude_nics=mlx5_1 not in the JSON: $(cat "$run/offline.json")"
+CUDA_VISIBLE_DEVICES=1 "$ctl" topology --sysfs_root="$fx" >"$run/visible.txt"
+grep -q "^node -, transport -, 1 GPUs, 1 NICs" "$run/visible.txt" ||
+  fail "CUDA_VISIBLE_DEVICES=1 on the tree: $(cat "$run/visible.txt")"
+grep -q "applied by discovery to the GPUs in sysfs" "$run/visible.txt" ||
+  fail "the tree's GPUs did not come from the tree: $(cat "$run/visible.txt")"
 echo "ok: offline discovery prints the matrix, owners and reasons"
 
 echo "== an agent discovering the tree"
@@ -79,8 +89,8 @@ grep -q "source discovered$" "$run/disc.log" || fail "the agent did not print it
 "$ctl" --agent="$(field "$run/disc.json" grpc)" "${viewer_tls[@]}" topology >"$run/online.txt" ||
   fail "fuselinkctl topology as a viewer: $(cat "$run/online.txt")"
 cat "$run/online.txt"
-grep -q "^node disc, transport tcp, 2 GPUs, 2 NICs, 1 excluded, source discovered$" "$run/online.txt" || fail "wrong summary over gRPC"
-grep -Eq "^  mlx5_1 +NODE +PIX\*" "$run/online.txt" || fail "the matrix did not come over GetTopology"
+grep -q "^node disc, transport tcp, 2 GPUs, 1 NICs, 2 excluded, source discovered$" "$run/online.txt" || fail "wrong summary over gRPC"
+grep -Eq "^  mlx5_0 +PIX\* +NODE" "$run/online.txt" || fail "the matrix did not come over GetTopology"
 grep -Eq "^  mlx5_2 .*MANAGEMENT" "$run/online.txt" || fail "the exclusions did not come over GetTopology"
 echo "ok: the agent serves the discovered topology"
 
@@ -112,6 +122,6 @@ start_agent emu 57 "" --nics=2
 if ! grep -q "source emulated" "$run/emu.txt" || ! grep -Eq "^  rail1 +127.0.57.2" "$run/emu.txt"; then
   fail "emulated topology: $(cat "$run/emu.txt")"
 fi
-"$ctl" topology --sysfs=/sys >"$run/here.txt" || fail "discovery on /sys: $(cat "$run/here.txt")"
+"$ctl" topology --sysfs_root=/sys >"$run/here.txt" || fail "discovery on /sys: $(cat "$run/here.txt")"
 grep -q "source discovered" "$run/here.txt" || fail "discovery on /sys printed nothing"
 echo "PASS: fuselinkctl topology offline and over gRPC; the agent's --topology modes"

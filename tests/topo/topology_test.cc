@@ -1,10 +1,13 @@
 #include "agent/topo/topology.h"
 
 #include "agent/common/status_macros.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace fuselink::topo {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(Topology, ParsesAFileAndNumbersNics) {
   auto t = ParseTopologyJson(R"({
@@ -69,6 +72,44 @@ TEST(Topology, FilesMayCarryDiscoveredFields) {
        }) {
     EXPECT_EQ(ReasonOf(ParseTopologyJson(bad).status()), "BAD_TOPOLOGY") << bad;
   }
+}
+
+TEST(Topology, RailsAreTheDiscoveredKeyElseTheIndexAndUnique) {
+  auto t = ParseTopologyJson(R"({
+    "nics": [{"name": "a", "address": "10.0.0.1", "rail": 0},
+             {"name": "b", "address": "10.0.1.1", "rail": 3},
+             {"name": "c", "address": "10.0.2.1"}]})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(Rails(*t), (std::vector<uint32_t>{0, 3, 2}));  // c: no rail, its index
+  EXPECT_EQ(Rails(EmulatedTopology(3, 1, 0)), (std::vector<uint32_t>{0, 1, 2}));
+  auto twice = ParseTopologyJson(R"({
+    "nics": [{"name": "a", "address": "10.0.0.1", "rail": 1},
+             {"name": "b", "address": "10.0.1.1"}]})");
+  EXPECT_EQ(ReasonOf(twice.status()), "BAD_TOPOLOGY");
+  EXPECT_THAT(std::string(twice.status().message()), HasSubstr("rail 1"));
+}
+
+// Peers pair NIC i with NIC i (agent/peer/peer_directory.cc): the check that keeps a
+// node that lost a port from pairing rails of different subnets.
+TEST(Topology, RailPairingRefusesDifferentRailsAtAnIndexNamingThem) {
+  EXPECT_TRUE(CheckRailPairing("b", {0, 1, 2, 3}, {0, 1, 2, 3}).ok());
+  // Two nodes, each with a different port down: same count, different rails.
+  absl::Status s = CheckRailPairing("b", {0, 1, 3}, {0, 2, 3});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(s), "RAIL_MISMATCH");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("node 'b' has rails [0,2,3]"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("this node [0,1,3]"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("NIC 1 is rail 1 here and rail 2 there"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--exclude_nics"));
+  // One node with a port down: a different count.
+  s = CheckRailPairing("b", {0, 1, 2, 3}, {0, 1, 3});
+  EXPECT_EQ(ReasonOf(s), "RAIL_MISMATCH");
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("NIC 2 is rail 2 here and rail 3 there"));
+  s = CheckRailPairing("b", {0, 1, 2}, {0, 1});
+  EXPECT_EQ(ReasonOf(s), "RAIL_MISMATCH");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[0,1] and this node [0,1,2]"));
 }
 
 TEST(Topology, SourceSaysWhereItCameFrom) {

@@ -35,12 +35,13 @@ ABSL_FLAG(std::string, target_socket, "/run/fuselink/node-b.sock",
 ABSL_FLAG(uint32_t, demo_layers, 32, "demo: layers of the KV cache.");
 ABSL_FLAG(uint32_t, demo_blocks, 64, "demo: blocks per layer.");
 ABSL_FLAG(uint64_t, demo_block_bytes, 256 << 10, "demo: bytes per block.");
-ABSL_FLAG(std::string, sysfs, "",
+ABSL_FLAG(std::string, sysfs_root, "",
           "topology: run discovery here, on this sysfs (e.g. /sys), instead of asking an "
-          "agent.");
+          "agent; as the agent's --sysfs_root. GPUs come from the CUDA driver only for "
+          "/sys itself; another tree (a fixture) is read alone.");
 ABSL_FLAG(std::vector<std::string>, exclude_nics, {},
-          "topology --sysfs: NICs to leave out, as the agent's --exclude_nics.");
-ABSL_FLAG(bool, time, false, "topology --sysfs: also time discovery (to stderr).");
+          "topology --sysfs_root: NICs to leave out, as the agent's --exclude_nics.");
+ABSL_FLAG(bool, time, false, "topology --sysfs_root: also time discovery (to stderr).");
 
 namespace fuselink::ctl {
 namespace {
@@ -195,12 +196,12 @@ int Topology(Context& ctx) {
 
 int OfflineTopology(bool json) {
   topo::DiscoveryOptions options;
-  options.sysfs_root = absl::GetFlag(FLAGS_sysfs);
+  options.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);
   options.exclude_nics = absl::GetFlag(FLAGS_exclude_nics);
   options.cuda = topo::CudaEnvironment::FromProcess();
   topo::Sysfs sysfs(options.sysfs_root);
-  std::unique_ptr<topo::GpuProbe> probe =
-      topo::MakeCudaGpuProbe(options.cuda, topo::MakeSysfsGpuProbe(&sysfs, options.cuda));
+  const std::unique_ptr<topo::GpuProbe> probe =
+      topo::MakeGpuProbe(&sysfs, options.cuda, /*cuda_allowed=*/true);
   options.gpus = probe.get();
   const absl::Time start = absl::Now();
   absl::StatusOr<topo::Topology> t = topo::DiscoverTopology(options);

@@ -15,7 +15,7 @@ struct Context {
 };
 
 int Topology(Context& ctx);
-// `topology --sysfs=DIR`: discovery on this machine, no agent.
+// `topology --sysfs_root=DIR`: discovery on this machine, no agent.
 int OfflineTopology(bool json);
 int Tensors(Context& ctx);
 int Tensor(Context& ctx, const std::vector<std::string>& args);

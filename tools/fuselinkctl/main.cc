@@ -13,7 +13,7 @@
 
 ABSL_FLAG(std::string, agent, "127.0.0.1:50051", "The agent's gRPC address.");
 ABSL_FLAG(bool, json, false, "Print JSON instead of text.");
-ABSL_DECLARE_FLAG(std::string, sysfs);
+ABSL_DECLARE_FLAG(std::string, sysfs_root);
 
 constexpr char kUsage[] = R"(fuselinkctl [--agent=host:port] [--json] TLS COMMAND
 
@@ -24,8 +24,8 @@ transfer/status/cancel, an engine's for its own tensors, a viewer's to look), or
 
 Commands:
   topology                      the agent's GPUs, NICs, GPU x NIC classes, owners and
-                                excluded NICs; --sysfs=/sys runs discovery here
-                                without an agent ([--exclude_nics=..] [--time])
+                                excluded NICs; --sysfs_root=/sys runs discovery
+                                here without an agent ([--exclude_nics=..] [--time])
   tensors                       registered tensors
   tensor get|unregister NAME    one tensor
   transfer                      move blocks: --source=node/tensor --target=node/tensor
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", kUsage);
     return 2;
   }
-  if (args[0] == "topology" && !absl::GetFlag(FLAGS_sysfs).empty()) {
+  if (args[0] == "topology" && !absl::GetFlag(FLAGS_sysfs_root).empty()) {
     return fuselink::ctl::OfflineTopology(absl::GetFlag(FLAGS_json));
   }
   fuselink::ctl::Context ctx;

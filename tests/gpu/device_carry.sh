@@ -111,15 +111,24 @@ fi
 [[ $run == *bench* ]] && ./gpu_bench ${1:-1024} 2>&1 | tee $OUT/bench.txt
 [[ $run == *relay* ]] && ./fuselink-relay-bench 2>&1 | tee $OUT/relay.txt
 if [[ $run == *topo* ]]; then
-  # Discovery with the real driver: as the agent sees the node, then under the
-  # CUDA_VISIBLE_DEVICES forms it honours.
+  # Discovery with the real driver, as the agent sees the node; then, for each
+  # CUDA_VISIBLE_DEVICES form, the driver's answer (fuselinkctl, CUDA probe) beside
+  # discovery's own reading of the variable (the agent with --gpu=off: sysfs probe).
   uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
-  for cvd in unset 0 "${uuid:0:12}" "" 99 MIG-x; do
-    echo "== CUDA_VISIBLE_DEVICES=$cvd"
-    if [ "$cvd" = unset ]; then ./fuselinkctl topology --sysfs=/sys --time
-    else CUDA_VISIBLE_DEVICES=$cvd ./fuselinkctl topology --sysfs=/sys; fi
+  mkdir -p -m 0700 /tmp/probe-rt
+  {
+    ./fuselinkctl topology --sysfs_root=/sys --time
     echo "rc=$?"
-  done 2>&1 | tee $OUT/topo.txt
+    for cvd in 0 "${uuid:0:12}" "" 99 MIG-x 0,0 0abc "gpu-${uuid:4:8}" 2abc,0 0,mig-x; do
+      driver=$(CUDA_VISIBLE_DEVICES=$cvd ./fuselinkctl topology --sysfs_root=/sys 2>&1 |
+        head -1)
+      parsed=$(CUDA_VISIBLE_DEVICES=$cvd timeout 5 ./fuselink-agent --node=probe \
+        --plaintext --gpu=off --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+        --handle_socket=/tmp/probe-rt/p.sock --runtime_dir=/tmp/probe-rt 2>&1 |
+        grep -m1 -E "GPUs|error|INVALID|FAILED")
+      echo "CUDA_VISIBLE_DEVICES='$cvd': driver: $driver | discovery: $parsed"
+    done
+  } 2>&1 | tee $OUT/topo.txt
   nvidia-smi topo -m 2>&1 | tee -a $OUT/topo.txt
 fi
 if [[ $run == *cluster* ]]; then

@@ -120,12 +120,13 @@ if [[ $run == *topo* ]]; then
     ./fuselinkctl topology --sysfs_root=/sys --time
     echo "rc=$?"
     for cvd in 0 "${uuid:0:12}" "" 99 MIG-x 0,0 0abc "gpu-${uuid:4:8}" 2abc,0 0,mig-x; do
+      # The first GPU row (an empty node lists one placeholder, named none).
       driver=$(CUDA_VISIBLE_DEVICES=$cvd ./fuselinkctl topology --sysfs_root=/sys 2>&1 |
-        head -1)
+        grep -m1 -A2 -E "^GPUs|error" | tail -1)
       parsed=$(CUDA_VISIBLE_DEVICES=$cvd timeout 5 ./fuselink-agent --node=probe \
         --plaintext --gpu=off --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
         --handle_socket=/tmp/probe-rt/p.sock --runtime_dir=/tmp/probe-rt 2>&1 |
-        grep -m1 -E "GPUs|error|INVALID|FAILED")
+        grep -m1 -A2 -E "^GPUs|error|INVALID|FAILED" | tail -1)
       echo "CUDA_VISIBLE_DEVICES='$cvd': driver: $driver | discovery: $parsed"
     done
   } 2>&1 | tee $OUT/topo.txt

@@ -142,11 +142,14 @@ absl::StatusOr<UniqueFd> BoundDataSocket(const SocketAddress& local,
   return fd;
 }
 
-absl::Status ConnectSocket(int fd, const SocketAddress& remote, int timeout_ms) {
+absl::Status ConnectSocket(int fd, const SocketAddress& remote, int timeout_ms,
+                           const PendingSockets* pending) {
   FL_RETURN_IF_ERROR(SetBlocking(fd, false));
   if (connect(fd, reinterpret_cast<const sockaddr*>(&remote.storage), remote.length) !=
       0) {
     if (errno != EINPROGRESS) return ErrnoStatus("connect", errno);
+    // A CancelAll from here on aborts the connect; one before it found nothing to do.
+    if (pending != nullptr) FL_RETURN_IF_ERROR(pending->OrCancelled(absl::OkStatus()));
     FL_RETURN_IF_ERROR(AwaitConnect(fd, timeout_ms));
   }
   return SetBlocking(fd, true);

@@ -60,9 +60,13 @@ absl::StatusOr<SocketAddress> LocalAddress(int fd);
 // configured, then its connect.
 absl::StatusOr<UniqueFd> ConnectFrom(const SocketAddress& local,
                                      const SocketAddress& remote, int timeout_ms);
+class PendingSockets;
 absl::StatusOr<UniqueFd> BoundDataSocket(const SocketAddress& local,
                                          const SocketAddress& remote);
-absl::Status ConnectSocket(int fd, const SocketAddress& remote, int timeout_ms);
+// With `pending` (which tracks `fd`): CANCELLED, rather than waiting, when its
+// CancelAll ran before the connect began (a shutdown before connect() is a no-op).
+absl::Status ConnectSocket(int fd, const SocketAddress& remote, int timeout_ms,
+                           const PendingSockets* pending = nullptr);
 
 // The sockets whose connect or handshake is under way, so that a shutdown can end
 // them at once rather than wait out their timeouts: shutdown(2) aborts a connect
@@ -88,7 +92,8 @@ class PendingSockets {
   absl::StatusOr<Ticket> Track(int fd);
   // Shuts every tracked socket down; later Tracks fail.
   void CancelAll();
-  // `failure`, or CANCELLED when it came of CancelAll.
+  // `failure`, or CANCELLED when CancelAll has run (also for an OK `failure`: a
+  // connect that finished just as it ran is not used).
   absl::Status OrCancelled(absl::Status failure) const;
 
  private:

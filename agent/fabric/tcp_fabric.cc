@@ -230,9 +230,13 @@ absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
         absl::StrCat("Connect to '", peer_name, "': NIC ", nic, " (",
                      endpoints_[nic].address, " -> ", target.ToString(), ")");
     for (int i = 0; i < options_.connections_per_nic; ++i) {
-      FL_ASSIGN_OR_RETURN(UniqueFd socket, BoundDataSocket(local_[nic], target));
+      absl::StatusOr<UniqueFd> bound = BoundDataSocket(local_[nic], target);
+      if (!bound.ok()) return WithContext(bound.status(), context);
+      UniqueFd socket = *std::move(bound);
+      // Declared after the socket: the ticket ends before the socket can close.
       FL_ASSIGN_OR_RETURN(PendingSockets::Ticket pending, pending_.Track(socket.get()));
-      absl::Status made = ConnectSocket(socket.get(), target, kConnectTimeoutMs);
+      absl::Status made =
+          ConnectSocket(socket.get(), target, kConnectTimeoutMs, &pending_);
       if (made.ok()) {
         made = ProveToAcceptor(socket.get(), static_cast<uint32_t>(nic),
                                options_.node_name, peer_name, *key, kHelloTimeoutMs);
@@ -275,6 +279,8 @@ absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
     return maybe_opened.status();
   }
   std::vector<ConnectionPtr> opened = *std::move(maybe_opened);
+  // Cancelled after the handshakes: their sockets may be shut down already.
+  FL_RETURN_IF_ERROR(pending_.OrCancelled(absl::OkStatus()));
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::FailedPreconditionError("fabric shutting down");
   if (connections_.size() + opened.size() > kMaxConnections) {

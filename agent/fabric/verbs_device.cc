@@ -5,6 +5,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <filesystem>
@@ -187,13 +188,14 @@ absl::StatusOr<NicBinding> BindAddress(absl::string_view ipv4) {
     if (std::optional<size_t> i =
             ChooseIpoibPort(ports, NetdevPciPath(netdev), NetdevPort(netdev))) {
       VerbsPort& port = ports[*i];
-      if (port.gids.empty()) {
+      auto first = std::find_if(port.gids.begin(), port.gids.end(),
+                                [](const GidEntry& e) { return e.index == 0; });
+      if (first == port.gids.end()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            port.device, " port ", port.port, " carries ", ipv4, " but has no GID"));
+            port.device, " port ", port.port, " carries ", ipv4, " but has no GID 0"));
       }
-      const GidEntry first = port.gids.front();  // the port GID, index 0
-      found = NicBinding{
-          .port = std::move(port), .gid_index = first.index, .gid = first.gid, .lid = 0};
+      const ibv_gid gid0 = first->gid;  // the port GID
+      found = NicBinding{.port = std::move(port), .gid_index = 0, .gid = gid0, .lid = 0};
       found->lid = found->port.lid;
     }
   }

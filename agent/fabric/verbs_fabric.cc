@@ -223,11 +223,12 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
                                           ? BoundDataSocket(local_[nic], *target)
                                           : absl::StatusOr<UniqueFd>(target.status());
     if (!socket.ok()) return fail(WithContext(socket.status(), context));
-    // Tracked until the handshake ends; the link closes the socket only later.
+    // Tracked until the handshake ends; the link closes the socket only when it is
+    // destroyed, after the ticket (`made` holds it past this iteration).
     absl::StatusOr<PendingSockets::Ticket> pending = pending_.Track(socket->get());
     if (!pending.ok()) return fail(pending.status());
     if (absl::Status made =
-            ConnectSocket(socket->get(), *target, kControlConnectTimeoutMs);
+            ConnectSocket(socket->get(), *target, kControlConnectTimeoutMs, &pending_);
         !made.ok()) {
       return fail(pending_.OrCancelled(WithContext(made, context)));
     }
@@ -248,6 +249,10 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
         link->Handshake(options_.node_name, peer_name, *key,
                         static_cast<uint32_t>(options_.qps_per_peer_nic));
     if (!shaken.ok()) return fail(pending_.OrCancelled(WithContext(shaken, context)));
+  }
+  // Cancelled after the handshakes: their sockets may be shut down already.
+  if (absl::Status cancelled = pending_.OrCancelled(absl::OkStatus()); !cancelled.ok()) {
+    return failure = cancelled;
   }
   absl::MutexLock lock(&mu_);
   if (shutting_down_)

@@ -209,7 +209,7 @@ class VerbsQp : public std::enable_shared_from_this<VerbsQp> {
   mutable absl::Mutex mu;
   State state ABSL_GUARDED_BY(mu) = State::kInit;
   uint32_t local_psn ABSL_GUARDED_BY(mu) = RandomPsn();
-  RemoteQp remote ABSL_GUARDED_BY(mu);  // as connected; a renewal keeps GID and MTU
+  RemoteQp remote ABSL_GUARDED_BY(mu);  // as connected; a renewal keeps GID, LID and MTU
   PeerId peer ABSL_GUARDED_BY(mu) = 0;
   // Written once, by Activate, before the QP can take arrivals; then read-only.
   std::string peer_name ABSL_GUARDED_BY(mu);

@@ -21,7 +21,7 @@
 //   24   16B  nonce     HELLO: the connector's client nonce (0 in the reply)
 //   40   u64  dword2    sequence number (ADD, REMOVE, ACK, QUERY, VERDICT, QP_RENEW(ED))
 //                       HELLO: u16 the sender port's LID (0 on RoCE), then zeros
-//   48   16B  gid       HELLO: the sender's RoCE v2 GID
+//   48   16B  gid       HELLO: the sender's GID (RoCE v2; InfiniBand: the port GID)
 // CHALLENGE and PROOF use the frame as bytes: 8..40 the 32-byte MAC (mac_a, mac_c:
 // handshake.h), 48..64 CHALLENGE's server nonce; everything else 0.
 // A HELLO is followed by `name bytes` of node name (0 in the accepting side's reply)

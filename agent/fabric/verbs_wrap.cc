@@ -80,9 +80,20 @@ absl::StatusOr<CompletionQueue> CreateCq(ibv_context* context, int entries) {
   return CompletionQueue(cq);
 }
 
+namespace {
+
+// A driver that refuses the optional relaxed-ordering flag says EINVAL or EOPNOTSUPP.
+bool RefusedTheOptionalFlag(ibv_mr* mr) {
+  return mr == nullptr && kRegistrationAccess != 0 &&
+         (errno == EINVAL || errno == EOPNOTSUPP);
+}
+
+}  // namespace
+
 absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes,
                                         int access) {
   ibv_mr* mr = ibv_reg_mr(pd, base, bytes, access | kRegistrationAccess);
+  if (RefusedTheOptionalFlag(mr)) mr = ibv_reg_mr(pd, base, bytes, access);
   if (mr == nullptr) {
     return VerbsStatus(absl::StrCat("ibv_reg_mr(", bytes, " bytes)"), errno);
   }
@@ -92,6 +103,7 @@ absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes,
 absl::StatusOr<MemoryRegion> RegisterMrAt(ibv_pd* pd, void* base, size_t bytes,
                                           uint64_t iova, int access) {
   ibv_mr* mr = ibv_reg_mr_iova(pd, base, bytes, iova, access | kRegistrationAccess);
+  if (RefusedTheOptionalFlag(mr)) mr = ibv_reg_mr_iova(pd, base, bytes, iova, access);
   if (mr == nullptr) {
     return VerbsStatus(
         absl::StrCat("ibv_reg_mr_iova(", bytes, " bytes at iova ", iova, ")"), errno);

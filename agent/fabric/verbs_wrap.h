@@ -99,8 +99,9 @@ absl::StatusOr<ProtectionDomain> AllocPd(ibv_context* context);
 absl::StatusOr<CompletionQueue> CreateCq(ibv_context* context, int entries);
 // What every registration asks for beyond its access: relaxed ordering, which lets
 // the NIC and the PCIe fabric reorder the writes of one transfer (the window's
-// completion rule never relies on their order). Optional: a device without it
-// ignores it.
+// completion rule never relies on their order). An optional flag, but not every
+// driver ignores it as the spec says (some rxe and mana kernels refuse it): a
+// registration refused with EINVAL or EOPNOTSUPP is made again without it.
 #ifdef IBV_ACCESS_RELAXED_ORDERING
 inline constexpr int kRegistrationAccess = IBV_ACCESS_RELAXED_ORDERING;
 #else

@@ -1,6 +1,7 @@
 // Agents that die mid-transfer, peers that cannot be reached, deadlines, the limit
 // on transfers in flight, and garbage on a NIC port. After each, the agents that
 // live go on serving.
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -210,7 +211,10 @@ TEST_F(FailureTest, ShutdownEndsAFabricConnectUnderWay) {
   request.mutable_target()->set_node("node-h");
   TransferCall call(a_->stub(), request);
   ASSERT_TRUE(peer.WaitUntilAnswered());
-  absl::SleepFor(absl::Milliseconds(300));  // into the fabric's handshake
+  // The fabric's connect has reached the deaf port: a connection waits in its queue.
+  pollfd queued{.fd = deaf->get(), .events = POLLIN, .revents = 0};
+  ASSERT_EQ(poll(&queued, 1, absl::ToInt64Milliseconds(kWaitTimeout)), 1)
+      << "node-a never connected its fabric to node-h";
   a_->Terminate();
   const absl::Time terminated = absl::Now();
   absl::Status stopped = a_->Stop();
@@ -228,14 +232,21 @@ TEST_F(FailureTest, ShutdownEndsAFabricConnectUnderWay) {
 // RDMA traffic classes, service levels and QP limits out of their ranges stop the
 // agent at start-up, whatever the transport, naming the flag.
 TEST_F(FailureTest, AgentRefusesRdmaFlagsOutOfRange) {
-  for (std::string flag : {"--rdma_traffic_class=256", "--rdma_traffic_class=-1",
-                           "--rdma_service_level=16"}) {
+  const std::vector<std::vector<std::string>> refused = {
+      {"--rdma_traffic_class=256"},
+      {"--rdma_traffic_class=-1"},
+      {"--rdma_service_level=16"},
+      {"--rdma_max_qps_per_nic=0"},
+      {"--rdma_max_qps_per_nic=4097"},
+      {"--qps_per_nic=4", "--rdma_max_qps_per_nic=2"},  // fewer than one peer needs
+  };
+  for (const std::vector<std::string>& flags : refused) {
     absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
-        AgentProcess::Start(dir_.path(), "node-x", {flag});
-    ASSERT_FALSE(agent.ok()) << flag;
-    const std::string name = flag.substr(0, flag.find('='));
+        AgentProcess::Start(dir_.path(), "node-x", flags);
+    ASSERT_FALSE(agent.ok()) << flags.back();
+    const std::string name = flags.back().substr(0, flags.back().find('='));
     EXPECT_TRUE(absl::StrContains(agent.status().message(), name))
-        << flag << ": " << agent.status().message();
+        << flags.back() << ": " << agent.status().message();
   }
 }
 

@@ -392,6 +392,9 @@ TEST(VerbsAddress, InfinibandGoesByLidWithoutAGrh) {
   RcParams params{.port = 1, .service_level = 5, .infiniband = true};
   const ibv_ah_attr ah = RcAddressVector(params, remote);
   EXPECT_EQ(ah.is_global, 0);
+  EXPECT_EQ(ah.src_path_bits, 0);
+  EXPECT_EQ(ah.grh.traffic_class, 0);
+  EXPECT_EQ(ah.grh.hop_limit, 0);
   EXPECT_EQ(ah.dlid, 0x1234);
   EXPECT_EQ(ah.sl, 5);
   EXPECT_EQ(ah.port_num, 1);

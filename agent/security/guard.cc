@@ -63,7 +63,9 @@ absl::StatusOr<Caller> Guard::Identify(bool has_certificate,
 
 Caller Guard::CallerOf(absl::string_view identity) const {
   if (open_) return Caller::Open();
-  return Caller{.identity = std::string(identity), .roles = policy_.RolesOf(identity), .open = false};
+  return Caller{.identity = std::string(identity),
+                .roles = policy_.RolesOf(identity),
+                .open = false};
 }
 
 absl::Status Guard::Require(const Caller& caller, Roles any_of,

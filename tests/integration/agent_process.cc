@@ -94,13 +94,11 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(
   const std::string ready_path = stem + ".ready";
 
   std::vector<std::string> args = {
-      FUSELINK_AGENT_PATH,
-      absl::StrCat("--node=", node),
+      FUSELINK_AGENT_PATH, absl::StrCat("--node=", node),
       absl::StrCat("--handle_socket=", dir, "/", node, ".sock"),
       absl::StrCat("--ready_file=", ready_path),
       // An emulated node unless the test gives --topology itself (a later flag wins).
-      "--topology=emulated",
-      absl::StrCat("--loopback_net=", NextLoopbackNet()),
+      "--topology=emulated", absl::StrCat("--loopback_net=", NextLoopbackNet()),
       "--gpu=off",  // host memory only, on every machine
   };
   bool has_listen = false, plaintext = false, own_tls = false;

@@ -46,9 +46,9 @@ class AgentProcess {
  public:
   // Starts `fuselink-agent --node=<node>` with --listen=127.0.0.1:0 (unless `flags`
   // give --listen), a handle socket, ready file and log in `dir`, an emulated node
-  // (--topology=emulated) on a loopback net of its own, and `flags`. Returns once the agent has written its ready file;
-  // UNAVAILABLE with the agent's log when it exits or is not ready within
-  // kWaitTimeout.
+  // (--topology=emulated) on a loopback net of its own, and `flags`. Returns once the
+  // agent has written its ready file; UNAVAILABLE with the agent's log when it exits or
+  // is not ready within kWaitTimeout.
   static absl::StatusOr<std::unique_ptr<AgentProcess>> Start(
       const std::string& dir, const std::string& node,
       const std::vector<std::string>& flags = {});

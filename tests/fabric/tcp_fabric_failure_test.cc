@@ -370,33 +370,38 @@ TEST(TcpFabricFailureTest, SilentClientDoesNotHoldUpDestruction) {
   EXPECT_TRUE(events.peers_lost().empty());  // it never became a peer
 }
 
+// Fabric "a" holding a key for "hole", and a listener at 127.0.0.7 that never
+// accepts, with a kernel backlog of `backlog`.
+class CancelConnectsTest : public ::testing::Test {
+ protected:
+  void Listen(int backlog) {
+    keys_.For("hole");
+    fabric_ = *CreateTcpFabric(LoopbackOptions("a", 1, keys_), &events_);
+    absl::StatusOr<UniqueFd> listener =
+        testing::DeafListener(testing::LoopbackAddress(7), backlog, &hole_);
+    ASSERT_TRUE(listener.ok()) << listener.status();
+    listener_ = *std::move(listener);
+  }
+
+  KeyRing keys_;
+  RecordingHandler events_;
+  std::unique_ptr<Fabric> fabric_;
+  UniqueFd listener_;
+  Endpoint hole_;
+};
+
 // The peer's kernel completes the TCP handshake, and nobody reads the HELLO: the
 // fabric waits in its own handshake.
-TEST(TcpFabricFailureTest, CancelConnectsEndsAHandshakeNobodyAnswers) {
-  KeyRing keys;
-  keys.For("hole");
-  RecordingHandler events;
-  std::unique_ptr<Fabric> fabric =
-      *CreateTcpFabric(LoopbackOptions("a", 1, keys), &events);
-  Endpoint hole;
-  absl::StatusOr<UniqueFd> listener =
-      testing::DeafListener(testing::LoopbackAddress(7), 64, &hole);
-  ASSERT_TRUE(listener.ok()) << listener.status();
-  testing::ExpectCancelEndsTheConnect(*fabric, hole);
+TEST_F(CancelConnectsTest, EndsAHandshakeNobodyAnswers) {
+  ASSERT_NO_FATAL_FAILURE(Listen(64));
+  testing::ExpectCancelEndsTheConnect(*fabric_, hole_);
 }
 
 // The peer's accept queue is full, so its kernel drops the SYN: the connect itself
 // waits, as it does for a host that is down behind a black hole.
-TEST(TcpFabricFailureTest, CancelConnectsEndsAConnectWhoseSynIsUnanswered) {
-  KeyRing keys;
-  keys.For("hole");
-  RecordingHandler events;
-  std::unique_ptr<Fabric> fabric =
-      *CreateTcpFabric(LoopbackOptions("a", 1, keys), &events);
-  Endpoint hole;
-  absl::StatusOr<UniqueFd> listener =
-      testing::DeafListener(testing::LoopbackAddress(7), 0, &hole);
-  ASSERT_TRUE(listener.ok()) << listener.status();
+TEST_F(CancelConnectsTest, EndsAConnectWhoseSynIsUnanswered) {
+  ASSERT_NO_FATAL_FAILURE(Listen(0));
+  const Endpoint& hole = hole_;
   absl::StatusOr<UniqueFd> filler = RawConnect(8, hole);  // fills the queue
   ASSERT_TRUE(filler.ok()) << filler.status();
   // The precondition: a further connect is left waiting for the SYN's answer.
@@ -407,7 +412,7 @@ TEST(TcpFabricFailureTest, CancelConnectsEndsAConnectWhoseSynIsUnanswered) {
   EXPECT_EQ(ConnectSocket(probe->get(), to, 300).code(),
             absl::StatusCode::kUnavailable)  // ETIMEDOUT
       << "the SYN was answered; this kernel does not drop it on a full queue";
-  testing::ExpectCancelEndsTheConnect(*fabric, hole);
+  testing::ExpectCancelEndsTheConnect(*fabric_, hole);
 }
 
 TEST(TcpFabricFailureTest, RejectsBadOptions) {

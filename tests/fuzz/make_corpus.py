@@ -35,9 +35,10 @@ write("tcp_wire_fuzz", "name", b"node-b")
 
 
 # agent/fabric/verbs_wire.h: u32 magic, u16 version, u16 type, u32 word0..3,
-# u64 dword0..2, 16-byte gid; a HELLO is followed by its name and QP records.
+# u64 dword0..2 (a HELLO's dword2: the port's u16 LID), 16-byte gid; a HELLO is
+# followed by its name and QP records.
 def verbs(type_, w=(0, 0, 0, 0), d=(0, 0, 0), gid=bytes(16)):
-    return struct.pack("<IHHIIIIQQQ", 0x42564C46, 3, type_, *w, *d) + gid
+    return struct.pack("<IHHIIIIQQQ", 0x42564C46, 4, type_, *w, *d) + gid
 
 
 gid = bytes(10) + b"\xff\xff" + bytes([127, 0, 1, 1])
@@ -48,6 +49,8 @@ write("verbs_wire_fuzz", "hello", hello[:24] + nonce + hello[40:] + b"node-a" + 
 write("verbs_wire_fuzz", "challenge", verbs(11)[:8] + mac + bytes(8) + nonce)
 write("verbs_wire_fuzz", "proof", verbs(12)[:8] + mac + bytes(24))
 write("verbs_wire_fuzz", "hello_reply", verbs(1, w=(1, 1, 3, 0), gid=gid) + qps[:8])
+# An InfiniBand port's reply: dword2 carries its LID.
+write("verbs_wire_fuzz", "hello_reply_ib", verbs(1, w=(1, 1, 5, 0), d=(0, 0, 0x1234), gid=gid) + qps[:8])
 write("verbs_wire_fuzz", "refuse", verbs(2, w=(14, 0, 0, 0)))
 write("verbs_wire_fuzz", "window_add", verbs(3, w=(7, 2, 0, 0), d=(0x1000, 0, 3))
       + struct.pack("<QQII", 0, 4096, 0x1234, 0) + struct.pack("<QQII", 8192, 4096, 0x1235, 0))

@@ -25,7 +25,7 @@ void CheckHello(const HelloHeader& header, std::span<const uint8_t, kFrameBytes>
   FL_FUZZ_CHECK(header.name_bytes <= kMaxNameBytes);
   const size_t body = header.name_bytes + size_t{header.qp_count} * kQpInfoBytes;
   if (rest.size() < body) return;
-  Hello hello{.nic = header.nic, .mtu = header.mtu, .gid = header.gid};
+  Hello hello{.nic = header.nic, .mtu = header.mtu, .lid = header.lid, .gid = header.gid};
   hello.client_nonce = header.client_nonce;
   hello.name.assign(reinterpret_cast<const char*>(rest.data()), header.name_bytes);
   hello.qps = DecodeQpInfos(rest.subspan(header.name_bytes, body - header.name_bytes));

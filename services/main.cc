@@ -183,15 +183,10 @@ absl::StatusOr<fuselink::topo::Topology> MakeTopology(bool gpus_on) {
           "--nics and --loopback_net describe an emulated node: add --topology=emulated "
           "(the default is --topology=discover)");
     }
-    topo::DiscoveryOptions options;
-    options.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);
-    options.exclude_nics = absl::GetFlag(FLAGS_exclude_nics);
-    options.cuda = topo::CudaEnvironment::FromProcess();
-    topo::Sysfs sysfs(options.sysfs_root);
-    const std::unique_ptr<topo::GpuProbe> probe =
-        topo::MakeGpuProbe(&sysfs, options.cuda, gpus_on);
-    options.gpus = probe.get();
-    absl::StatusOr<topo::Topology> found = topo::DiscoverTopology(options);
+    absl::StatusOr<topo::Topology> found =
+        topo::NodeDiscovery(absl::GetFlag(FLAGS_sysfs_root),
+                            absl::GetFlag(FLAGS_exclude_nics), gpus_on)
+            .Run();
     if (!found.ok()) return found.status();
     if (absl::Status s = topo::RequireDataNics(*found); !s.ok()) return s;
     topology = *std::move(found);

@@ -246,4 +246,14 @@ absl::Status RequireDataNics(const Topology& discovered) {
       "NO_DATA_NIC");
 }
 
+NodeDiscovery::NodeDiscovery(std::string sysfs_root,
+                             std::vector<std::string> exclude_nics, bool cuda_allowed)
+    : sysfs_(sysfs_root) {
+  options_.sysfs_root = std::move(sysfs_root);
+  options_.exclude_nics = std::move(exclude_nics);
+  options_.cuda = CudaEnvironment::FromProcess();
+  probe_ = MakeGpuProbe(&sysfs_, options_.cuda, cuda_allowed);
+  options_.gpus = probe_.get();
+}
+
 }  // namespace fuselink::topo

@@ -11,12 +11,14 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "agent/topo/gpu_probe.h"
+#include "agent/topo/sysfs.h"
 #include "agent/topo/topology.h"
 
 namespace fuselink::topo {
@@ -45,6 +47,25 @@ struct DiscoveryOptions {
 // MIG instance, getifaddrs fails); a malformed or missing sysfs attribute makes that
 // NIC an exclusion (BAD_SYSFS) or that field unknown, never an error.
 absl::StatusOr<Topology> DiscoverTopology(const DiscoveryOptions& options);
+
+// This process's node, as the agent and `fuselinkctl topology` discover it: the tree
+// at `sysfs_root`, GPUs from the CUDA driver where that tree is /sys and `cuda_allowed`
+// (else from sysfs), under this process's CUDA_VISIBLE_DEVICES. Run may be called
+// again (the timing repeats).
+class NodeDiscovery {
+ public:
+  NodeDiscovery(std::string sysfs_root, std::vector<std::string> exclude_nics,
+                bool cuda_allowed);
+  NodeDiscovery(const NodeDiscovery&) = delete;  // the probe points at sysfs_
+  NodeDiscovery& operator=(const NodeDiscovery&) = delete;
+  absl::StatusOr<Topology> Run() const { return DiscoverTopology(options_); }
+  const std::string& sysfs_root() const { return options_.sysfs_root; }
+
+ private:
+  Sysfs sysfs_;
+  std::unique_ptr<GpuProbe> probe_;
+  DiscoveryOptions options_;
+};
 
 // OK when `discovered` has a data NIC; else FAILED_PRECONDITION, reason NO_DATA_NIC,
 // naming every excluded NIC and its reason (or saying that none was found).

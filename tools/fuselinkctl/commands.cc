@@ -195,16 +195,11 @@ int Topology(Context& ctx) {
 }
 
 int OfflineTopology(bool json) {
-  topo::DiscoveryOptions options;
-  options.sysfs_root = absl::GetFlag(FLAGS_sysfs_root);
-  options.exclude_nics = absl::GetFlag(FLAGS_exclude_nics);
-  options.cuda = topo::CudaEnvironment::FromProcess();
-  topo::Sysfs sysfs(options.sysfs_root);
-  const std::unique_ptr<topo::GpuProbe> probe =
-      topo::MakeGpuProbe(&sysfs, options.cuda, /*cuda_allowed=*/true);
-  options.gpus = probe.get();
+  const topo::NodeDiscovery discovery(absl::GetFlag(FLAGS_sysfs_root),
+                                      absl::GetFlag(FLAGS_exclude_nics),
+                                      /*cuda_allowed=*/true);
   const absl::Time start = absl::Now();
-  absl::StatusOr<topo::Topology> t = topo::DiscoverTopology(options);
+  absl::StatusOr<topo::Topology> t = discovery.Run();
   const absl::Duration first = absl::Now() - start;
   if (!t.ok()) return FailedStatus(t.status());
   if (json) {
@@ -223,14 +218,14 @@ int OfflineTopology(bool json) {
     std::vector<double> ms;
     for (int i = 0; i < kRepeats; ++i) {
       const absl::Time t0 = absl::Now();
-      if (!topo::DiscoverTopology(options).ok()) break;
+      if (!discovery.Run().ok()) break;
       ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
     }
     std::sort(ms.begin(), ms.end());
     std::fprintf(
         stderr,
         "discovery of %s: first %.2f ms, median of %zu repeats %.2f ms, min %.2f ms\n",
-        options.sysfs_root.c_str(), absl::ToDoubleMilliseconds(first), ms.size(),
+        discovery.sysfs_root().c_str(), absl::ToDoubleMilliseconds(first), ms.size(),
         ms.empty() ? 0.0 : ms[ms.size() / 2], ms.empty() ? 0.0 : ms.front());
   }
   return 0;

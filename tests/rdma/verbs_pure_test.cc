@@ -97,28 +97,23 @@ TEST(VerbsWire, RejectsVersionsTwoAndThree) {
   EXPECT_FALSE(wire::DecodeFrame(frame).ok());
 }
 
+absl::StatusOr<wire::Decoded> Decode(absl::string_view bytes) {
+  return wire::DecodeFrame(std::span<const uint8_t, wire::kFrameBytes>(
+      reinterpret_cast<const uint8_t*>(bytes.data()), wire::kFrameBytes));
+}
+
 TEST(VerbsWire, HelloCarriesTheLidAndNothingBesideIt) {
   wire::Hello hello{.nic = 0, .mtu = IBV_MTU_4096, .lid = 0xBEEF, .name = "", .qps = {}};
   hello.qps = {{.qpn = 1, .psn = 2}};
   absl::StatusOr<std::string> bytes = wire::EncodeHello(hello);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
-  absl::StatusOr<wire::Decoded> decoded =
-      wire::DecodeFrame(std::span<const uint8_t, wire::kFrameBytes>(
-          reinterpret_cast<const uint8_t*>(bytes->data()), wire::kFrameBytes));
+  absl::StatusOr<wire::Decoded> decoded = Decode(*bytes);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(std::get<wire::HelloHeader>(*decoded).lid, 0xBEEF);
   // The rest of that field must stay zero.
   std::string dirty = *bytes;
   dirty[42] = 1;
-  EXPECT_FALSE(wire::DecodeFrame(
-                   std::span<const uint8_t, wire::kFrameBytes>(
-                       reinterpret_cast<const uint8_t*>(dirty.data()), wire::kFrameBytes))
-                   .ok());
-}
-
-absl::StatusOr<wire::Decoded> Decode(absl::string_view bytes) {
-  return wire::DecodeFrame(std::span<const uint8_t, wire::kFrameBytes>(
-      reinterpret_cast<const uint8_t*>(bytes.data()), wire::kFrameBytes));
+  EXPECT_FALSE(Decode(dirty).ok());
 }
 
 TEST(VerbsWire, WindowFramesRoundTrip) {

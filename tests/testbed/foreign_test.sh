@@ -46,21 +46,10 @@ chunk=1048576
 chunk_s=$(awk -v c=$chunk -v r="$TESTBED_RATE_BYTES_PER_S" 'BEGIN { print c / r }')
 bound_s=1.0
 policies=(fuselink stripe)
-for p in 0 1; do
-  for i in 0 1; do
-    j=$((1 - i))
-    # shellcheck disable=SC2034  # read by launch_agent (scripts/lib/agents.sh)
-    agent_prefix=(ip netns exec "$(testbed_ns "$i")")
-    # shellcheck disable=SC2034
-    agent_dir=$out
-    # shellcheck disable=SC2034  # the address fuselinkctl dials, in the certificate
-    agent_sans=("IP:$(testbed_mgmt "$i")")
-    launch_agent "${policies[p]}-n$i" --topology="$(testbed_var TOPOLOGY "$i")" \
-      --listen="$(testbed_mgmt "$i"):$((7100 + p))" \
-      --metrics_listen="$(testbed_mgmt "$i"):$((7200 + p))" \
-      --peer="${policies[p]}-n$j=$(testbed_mgmt "$j"):$((7100 + p))" \
-      --policy="${policies[p]}" --chunk_bytes="$chunk"
-  done
+for policy in "${policies[@]}"; do
+  testbed_start_agent 1 "$policy-n1" "" --policy="$policy" --chunk_bytes="$chunk"
+  testbed_start_agent 0 "$policy-n0" "$policy-n1=$(field "$out/$policy-n1.json" grpc)" \
+    --policy="$policy" --chunk_bytes="$chunk"
 done
 grep -q "foreign traffic on rail1: netdev rail1" "$out/fuselink-n0.log" ||
   fail "node A does not watch rail1's netdev: $(grep 'foreign traffic on rail1' "$out/fuselink-n0.log")"

@@ -1,7 +1,6 @@
 #include "agent/fabric/verbs_device.h"
 
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
 
@@ -13,6 +12,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/ipv4_interfaces.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/verbs_wrap.h"
 
@@ -33,21 +33,12 @@ std::string PciPath(absl::string_view device, absl::string_view netdev) {
 
 // The interface that holds `ipv4`, or empty.
 std::string InterfaceOf(absl::string_view ipv4) {
-  in_addr want{};
-  if (inet_pton(AF_INET, std::string(ipv4).c_str(), &want) != 1) return "";
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return "";
-  std::string found;
-  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
-        want.s_addr) {
-      found = i->ifa_name;
-      break;
-    }
+  absl::StatusOr<std::vector<InterfaceAddress>> list = ListInterfaces();
+  if (!list.ok()) return "";
+  for (const InterfaceAddress& a : *list) {
+    if (a.ipv4 == ipv4) return a.name;
   }
-  freeifaddrs(list);
-  return found;
+  return "";
 }
 
 // /sys/devices/... of an interface's device, or empty (virtual interfaces have none).

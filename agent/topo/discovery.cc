@@ -1,16 +1,11 @@
 #include "agent/topo/discovery.h"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agent/common/ipv4_interfaces.h"
 #include "agent/common/status_macros.h"
 #include "agent/topo/affinity.h"
 #include "agent/topo/nic_scan.h"
@@ -198,22 +193,9 @@ absl::StatusOr<Topology> Discoverer::Run() {
 }  // namespace
 
 absl::StatusOr<InterfaceAddresses> SystemIpv4Addresses() {
-  struct ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) {
-    return WithReason(
-        absl::UnavailableError(absl::StrCat("getifaddrs: ", std::strerror(errno))),
-        "GETIFADDRS");
-  }
+  FL_ASSIGN_OR_RETURN(std::vector<InterfaceAddress> list, ListInterfaces());
   InterfaceAddresses out;
-  for (struct ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
-    char text[INET_ADDRSTRLEN];
-    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
-    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr) {
-      out[a->ifa_name].push_back(text);
-    }
-  }
-  freeifaddrs(list);
+  for (InterfaceAddress& a : list) out[a.name].push_back(std::move(a.ipv4));
   return out;
 }
 

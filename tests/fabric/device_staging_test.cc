@@ -102,7 +102,8 @@ class DeviceStagingTest : public ::testing::Test {
     b_on_a_ = *peer;
   }
 
-  testing::KeyRing keys_;  // outlives the fabrics
+  testing::KeyRing keys_;     // outlives the fabrics
+  testing::Buffers buffers_;  // outlives the fabrics
   HostStager a_stager_, b_stager_;
   RecordingHandler a_events_, b_events_;
   std::unique_ptr<Fabric> a_, b_;
@@ -154,7 +155,8 @@ TEST_F(DeviceStagingTest, GpuRegionsMoveInPiecesAndLandExactly) {
 }
 
 TEST_F(DeviceStagingTest, AWriteWaitsForItsFenceAndAFailedFenceFailsIt) {
-  std::vector<uint8_t> source(kPiece, 1), target(kPiece, 0);
+  std::vector<uint8_t>& source = buffers_.Keep(std::vector<uint8_t>(kPiece, 1));
+  std::vector<uint8_t> target(kPiece, 0);
   RegionKey source_key = *a_->RegisterRegion(source.data(), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
   const Extent all{0, target.size()};

@@ -94,11 +94,11 @@ class HostileFrameTest : public ::testing::TestWithParam<HostileCase> {};
 TEST_P(HostileFrameTest, ClosesCountsAndLeavesTheRegionAlone) {
   const HostileCase& hostile = GetParam();
   KeyRing keys;
+  std::vector<uint8_t> region(kRegionBytes, kUntouched);  // outlives the fabric
   RecordingHandler target_events;
   TcpFabricOptions options = LoopbackOptions("target", 3, keys);
   options.max_write_bytes = kMaxWriteBytes;
   std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &target_events);
-  std::vector<uint8_t> region(kRegionBytes, kUntouched);
   RegionKey key = *target->RegisterRegion(region.data(), region.size(), nullptr);
 
   absl::StatusOr<UniqueFd> raw = hostile.say_hello
@@ -192,11 +192,11 @@ class RefusedWriteTest : public ::testing::TestWithParam<RefusedCase> {};
 TEST_P(RefusedWriteTest, PlacesNothingAnswersWhyAndTheConnectionGoesOn) {
   const RefusedCase& refused = GetParam();
   KeyRing keys;
+  std::vector<uint8_t> region(kRegionBytes, kUntouched);  // outlives the fabric
   RecordingHandler target_events;
   TcpFabricOptions options = LoopbackOptions("target", 3, keys);
   options.max_write_bytes = kMaxWriteBytes;
   std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &target_events);
-  std::vector<uint8_t> region(kRegionBytes, kUntouched);
   const RegionKey key = *target->RegisterRegion(region.data(), region.size(), nullptr);
   const Extent half{0, kRegionBytes / 2};
   const WindowKey window = *target->OpenWindow(key, "raw", {&half, 1});
@@ -317,13 +317,14 @@ TEST(TcpFabricFailureTest, PeerDestroyedMidStream) {
   KeyRing keys;
   RecordingHandler a_events;
   RecordingHandler b_events;
-  std::unique_ptr<Fabric> a = *CreateTcpFabric(LoopbackOptions("a", 1, keys), &a_events);
-  std::unique_ptr<Fabric> b = *CreateTcpFabric(LoopbackOptions("b", 3, keys), &b_events);
+  // Both buffers outlive the fabrics that read and write them.
   std::vector<uint8_t> source(kWriteBytes);
   // Every write has bytes of its own: the fabric spreads writes over its NICs and
   // connections, and two of them into the same bytes would race in the target's
   // memory (as two RDMA writes would).
   std::vector<uint8_t> target(kWrites * kWriteBytes);
+  std::unique_ptr<Fabric> a = *CreateTcpFabric(LoopbackOptions("a", 1, keys), &a_events);
+  std::unique_ptr<Fabric> b = *CreateTcpFabric(LoopbackOptions("b", 3, keys), &b_events);
   RegionKey source_key = *a->RegisterRegion(source.data(), source.size(), nullptr);
   RegionKey target_key = *b->RegisterRegion(target.data(), target.size(), nullptr);
   const Extent all{0, target.size()};

@@ -49,7 +49,8 @@ class TcpFabricTest : public ::testing::Test {
     b_on_a_ = *peer;
   }
 
-  testing::KeyRing keys_;  // outlives the fabrics
+  testing::KeyRing keys_;     // outlives the fabrics
+  testing::Buffers buffers_;  // outlives the fabrics
   RecordingHandler a_events_;
   RecordingHandler b_events_;
   std::unique_ptr<Fabric> a_;
@@ -73,8 +74,9 @@ TEST_F(TcpFabricTest, WritesLandExactlyAndNowhereElse) {
   constexpr size_t kWrites = 256;
   constexpr size_t kSlotBytes = 16 << 10;
   constexpr size_t kRegionBytes = kWrites * kSlotBytes;
-  const std::vector<uint8_t> source = RandomBytes(kRegionBytes, 1);
-  std::vector<uint8_t> target(kRegionBytes, kUntouched);
+  const std::vector<uint8_t>& source = buffers_.Keep(RandomBytes(kRegionBytes, 1));
+  std::vector<uint8_t>& target =
+      buffers_.Keep(std::vector<uint8_t>(kRegionBytes, kUntouched));
   std::vector<uint8_t> expected = target;
   RegionKey source_key =
       *a_->RegisterRegion(const_cast<uint8_t*>(source.data()), source.size(), nullptr);
@@ -136,8 +138,9 @@ TEST_F(TcpFabricTest, WritesLandExactlyAndNowhereElse) {
 
 TEST_F(TcpFabricTest, LargeWriteLands) {
   constexpr size_t kBytes = 24 << 20;  // several socket buffers
-  const std::vector<uint8_t> source = RandomBytes(kBytes, 3);
-  std::vector<uint8_t> target(kBytes + 2, kUntouched);
+  const std::vector<uint8_t>& source = buffers_.Keep(RandomBytes(kBytes, 3));
+  std::vector<uint8_t>& target =
+      buffers_.Keep(std::vector<uint8_t>(kBytes + 2, kUntouched));
   RegionKey source_key =
       *a_->RegisterRegion(const_cast<uint8_t*>(source.data()), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
@@ -186,7 +189,7 @@ TEST_F(TcpFabricTest, ConnectIsIdempotentAndPeersShareIds) {
 }
 
 TEST_F(TcpFabricTest, PostWriteRejectsBadArguments) {
-  std::vector<uint8_t> source(64);
+  std::vector<uint8_t>& source = buffers_.Keep(std::vector<uint8_t>(64));
   RegionKey key = *a_->RegisterRegion(source.data(), source.size(), nullptr);
   const WriteOp fits{.local_key = key, .local_offset = 0, .remote_key = 1, .bytes = 64};
   WriteOp past_end = fits;
@@ -260,8 +263,8 @@ TEST_F(TcpFabricTest, DisconnectLosesThePeerOnBothSides) {
 }
 
 TEST_F(TcpFabricTest, WindowOutlivesItsRegionsDeregistration) {
-  std::vector<uint8_t> source = RandomBytes(128, 4);
-  std::vector<uint8_t> target(128, kUntouched);
+  std::vector<uint8_t>& source = buffers_.Keep(RandomBytes(128, 4));
+  std::vector<uint8_t>& target = buffers_.Keep(std::vector<uint8_t>(128, kUntouched));
   RegionKey source_key = *a_->RegisterRegion(source.data(), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
   const Extent all{0, 128};
@@ -281,8 +284,8 @@ TEST_F(TcpFabricTest, WindowOutlivesItsRegionsDeregistration) {
 }
 
 TEST_F(TcpFabricTest, ClosedWindowRefusesAndDrainsOnce) {
-  std::vector<uint8_t> source = RandomBytes(128, 5);
-  std::vector<uint8_t> target(128, kUntouched);
+  std::vector<uint8_t>& source = buffers_.Keep(RandomBytes(128, 5));
+  std::vector<uint8_t>& target = buffers_.Keep(std::vector<uint8_t>(128, kUntouched));
   RegionKey source_key = *a_->RegisterRegion(source.data(), source.size(), nullptr);
   RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
   const Extent all{0, 128};

@@ -75,6 +75,20 @@ class KeyRing {
   absl::node_hash_map<std::string, FabricKeys> nodes_ ABSL_GUARDED_BY(mu_);
 };
 
+// Buffers a fixture declares before its fabrics, so that the fabrics' threads are
+// joined before the memory goes. A write completes when the target acknowledges
+// it, and ASan checks a sendmsg's buffer only after the call returns: a buffer
+// local to the test body may be checked after the test ended and freed it.
+class Buffers {
+ public:
+  std::vector<uint8_t>& Keep(std::vector<uint8_t> bytes) {
+    return kept_.emplace_back(std::move(bytes));
+  }
+
+ private:
+  std::deque<std::vector<uint8_t>> kept_;
+};
+
 // Options for a fabric of `nic_count` NICs on 127.0.0.<first_host>, <first_host + 1>,
 // ..., ports picked by the kernel, with the keys `ring` holds for `name`.
 TcpFabricOptions LoopbackOptions(std::string name, int first_host, KeyRing& ring,

@@ -127,6 +127,10 @@ inline constexpr CUmemAllocationGranularity_flags CU_MEM_ALLOC_GRANULARITY_MINIM
 inline constexpr CUmemAllocationGranularity_flags CU_MEM_ALLOC_GRANULARITY_RECOMMENDED =
     0x1;
 
+// Handles for an address range (cuMemGetHandleForAddressRange, CUDA 11.7+).
+using CUmemRangeHandleType = int;
+inline constexpr CUmemRangeHandleType CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
+
 struct CUmemLocation {  // CUmemLocation_v1
   CUmemLocationType type;
   int id;

@@ -188,6 +188,8 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Open(const std::string& library)
   if (!Resolve(lib, "cuDeviceGetUuid_v2", api.cuDeviceGetUuid)) {
     Resolve(lib, "cuDeviceGetUuid", api.cuDeviceGetUuid);
   }
+  // Without it dma-buf export answers UNIMPLEMENTED (dmabuf.h); nothing else needs it.
+  Resolve(lib, "cuMemGetHandleForAddressRange", api.cuMemGetHandleForAddressRange);
 
   // Every failure here means "no usable GPU on this node": fix the node, not the call.
   if (absl::Status s = driver->Check(api.cuInit(0), "cuInit"); !s.ok()) {

@@ -71,6 +71,10 @@ struct DriverApi {
   R(*cuMemImportFromShareableHandle)
   (cu::CUmemGenericAllocationHandle* handle, void* os_handle,
    cu::CUmemAllocationHandleType type);
+  // dma-buf export for GPUDirect RDMA (ibv_reg_dmabuf_mr). Optional: CUDA 11.7+.
+  R(*cuMemGetHandleForAddressRange)
+  (void* handle, cu::CUdeviceptr ptr, size_t bytes, cu::CUmemRangeHandleType type,
+   unsigned long long flags);
   // CUDA IPC.
   R (*cuIpcGetMemHandle)(cu::CUipcMemHandle* handle, cu::CUdeviceptr ptr);
   R(*cuIpcOpenMemHandle_v2)

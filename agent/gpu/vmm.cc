@@ -11,14 +11,32 @@
 namespace fuselink::gpu {
 namespace {
 
-// Device memory on `ordinal`, exportable as a POSIX fd.
-cu::CUmemAllocationProp DeviceProp(int ordinal) {
+// Device memory of the context's GPU, exportable as a POSIX fd, marked for GPUDirect
+// RDMA when `options` ask for it and the device takes the flag.
+absl::StatusOr<cu::CUmemAllocationProp> DeviceProp(const PrimaryContext& context,
+                                                   const VmmOptions& options) {
   cu::CUmemAllocationProp prop{};
   prop.type = cu::CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.requestedHandleTypes = cu::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   prop.location.type = cu::CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = ordinal;
+  prop.location.id = context.ordinal();
+  if (options.gpudirect_rdma) {
+    int takes_flag = 0;
+    FL_RETURN_IF_ERROR(
+        FL_CU(context.driver(), cuDeviceGetAttribute, &takes_flag,
+              cu::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+              context.device()));
+    prop.allocFlags.gpuDirectRDMACapable = takes_flag != 0 ? 1 : 0;
+  }
   return prop;
+}
+
+absl::StatusOr<size_t> Granule(const Driver& driver,
+                               const cu::CUmemAllocationProp& prop) {
+  size_t granule = 0;
+  FL_RETURN_IF_ERROR(FL_CU(driver, cuMemGetAllocationGranularity, &granule, &prop,
+                           cu::CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  return granule;
 }
 
 }  // namespace
@@ -34,26 +52,26 @@ absl::StatusOr<size_t> RoundUpToGranule(size_t size_bytes, size_t granule_bytes)
   return granules * granule_bytes;
 }
 
-absl::StatusOr<size_t> VmmGranule(const PrimaryContext& context) {
-  const cu::CUmemAllocationProp prop = DeviceProp(context.ordinal());
-  size_t granule = 0;
-  FL_RETURN_IF_ERROR(FL_CU(context.driver(), cuMemGetAllocationGranularity, &granule,
-                           &prop, cu::CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-  return granule;
+absl::StatusOr<size_t> VmmGranule(const PrimaryContext& context,
+                                  const VmmOptions& options) {
+  FL_ASSIGN_OR_RETURN(cu::CUmemAllocationProp prop, DeviceProp(context, options));
+  return Granule(context.driver(), prop);
 }
 
 // --- VmmMemory ---
 
 absl::StatusOr<VmmMemory> VmmMemory::Create(const PrimaryContext& context,
-                                            size_t size_bytes) {
+                                            size_t size_bytes,
+                                            const VmmOptions& options) {
   DeviceGuard guard(context);
   FL_RETURN_IF_ERROR(guard.status());
-  FL_ASSIGN_OR_RETURN(size_t granule, VmmGranule(context));
+  FL_ASSIGN_OR_RETURN(cu::CUmemAllocationProp prop, DeviceProp(context, options));
+  FL_ASSIGN_OR_RETURN(size_t granule, Granule(context.driver(), prop));
   FL_ASSIGN_OR_RETURN(size_t rounded, RoundUpToGranule(size_bytes, granule));
-  const cu::CUmemAllocationProp prop = DeviceProp(context.ordinal());
   cu::CUmemGenericAllocationHandle handle = 0;
   FL_RETURN_IF_ERROR(FL_CU(context.driver(), cuMemCreate, &handle, rounded, &prop, 0));
-  return VmmMemory(&context.driver(), handle, rounded, /*imported=*/false);
+  return VmmMemory(&context.driver(), handle, rounded, /*imported=*/false,
+                   prop.allocFlags.gpuDirectRDMACapable != 0);
 }
 
 absl::StatusOr<VmmMemory> VmmMemory::ImportFd(const PrimaryContext& context, int fd,
@@ -74,14 +92,16 @@ absl::StatusOr<VmmMemory> VmmMemory::ImportFd(const PrimaryContext& context, int
           &handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
           cu::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
       "cuMemImportFromShareableHandle", absl::StatusCode::kInvalidArgument));
-  return VmmMemory(&driver, handle, size_bytes, /*imported=*/true);
+  return VmmMemory(&driver, handle, size_bytes, /*imported=*/true,
+                   /*gpudirect_rdma=*/false);
 }
 
 VmmMemory::VmmMemory(VmmMemory&& other) noexcept
     : driver_(other.driver_),
       handle_(std::exchange(other.handle_, 0)),
       size_bytes_(std::exchange(other.size_bytes_, 0)),
-      imported_(other.imported_) {}
+      imported_(other.imported_),
+      gpudirect_rdma_(other.gpudirect_rdma_) {}
 
 VmmMemory& VmmMemory::operator=(VmmMemory&& other) noexcept {
   if (this != &other) {
@@ -90,6 +110,7 @@ VmmMemory& VmmMemory::operator=(VmmMemory&& other) noexcept {
     handle_ = std::exchange(other.handle_, 0);
     size_bytes_ = std::exchange(other.size_bytes_, 0);
     imported_ = other.imported_;
+    gpudirect_rdma_ = other.gpudirect_rdma_;
   }
   return *this;
 }
@@ -198,7 +219,9 @@ absl::StatusOr<VmmBuffer> VmmBuffer::MapNew(const PrimaryContext& context,
                                             VmmMemory memory,
                                             std::span<const int> accessible_by) {
   FL_ASSIGN_OR_RETURN(PrimaryContext owned, context.Clone());
-  FL_ASSIGN_OR_RETURN(size_t granule, VmmGranule(owned));
+  // The reservation is aligned to the granule of the memory's own properties.
+  FL_ASSIGN_OR_RETURN(size_t granule,
+                      VmmGranule(owned, {.gpudirect_rdma = memory.gpudirect_rdma()}));
   FL_ASSIGN_OR_RETURN(VaReservation range,
                       VaReservation::Reserve(owned, memory.size_bytes(), granule));
   FL_ASSIGN_OR_RETURN(VmmMapping mapping, VmmMapping::Map(owned, range.ptr(), memory));
@@ -213,8 +236,9 @@ absl::StatusOr<VmmBuffer> VmmBuffer::MapNew(const PrimaryContext& context,
 
 absl::StatusOr<VmmBuffer> VmmBuffer::Create(const PrimaryContext& context,
                                             size_t size_bytes,
-                                            std::span<const int> also_accessible_by) {
-  FL_ASSIGN_OR_RETURN(VmmMemory memory, VmmMemory::Create(context, size_bytes));
+                                            std::span<const int> also_accessible_by,
+                                            const VmmOptions& options) {
+  FL_ASSIGN_OR_RETURN(VmmMemory memory, VmmMemory::Create(context, size_bytes, options));
   return MapNew(context, std::move(memory), also_accessible_by);
 }
 

@@ -19,9 +19,20 @@ namespace fuselink::gpu {
 // either; OUT_OF_RANGE when the result overflows. Pure.
 absl::StatusOr<size_t> RoundUpToGranule(size_t size_bytes, size_t granule_bytes);
 
-// Minimum VMM granule of the context's device (2 MiB on Hopper) for allocations
-// exportable as POSIX fds: sizes, offsets and addresses of mappings are multiples of it.
-absl::StatusOr<size_t> VmmGranule(const PrimaryContext& context);
+// How VmmMemory::Create allocates, beyond the defaults (device memory, exportable as a
+// POSIX fd).
+struct VmmOptions {
+  // Asks for memory a NIC will DMA into (allocFlags.gpuDirectRDMACapable), e.g. through
+  // a dma-buf (dmabuf.h) and ibv_reg_dmabuf_mr. Honoured only where the device reports
+  // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (the driver API documents
+  // the flag only for those), ignored elsewhere: VmmMemory::gpudirect_rdma() says which.
+  bool gpudirect_rdma = false;
+};
+
+// Minimum VMM granule of the context's device (2 MiB on Hopper) for allocations made
+// with `options`: sizes, offsets and addresses of their mappings are multiples of it.
+absl::StatusOr<size_t> VmmGranule(const PrimaryContext& context,
+                                  const VmmOptions& options = {});
 
 // Physical device memory: cuMemCreate (exportable as a POSIX fd) or
 // cuMemImportFromShareableHandle. Released on destruction; memory mapped somewhere
@@ -30,7 +41,8 @@ class VmmMemory {
  public:
   // `size_bytes` is rounded up to the granule.
   static absl::StatusOr<VmmMemory> Create(const PrimaryContext& context,
-                                          size_t size_bytes);
+                                          size_t size_bytes,
+                                          const VmmOptions& options = {});
   // Imports memory another process exported; `size_bytes` is the exporter's allocation
   // size (a granule multiple). INVALID_ARGUMENT with the driver's reason when the fd is
   // not such a handle. The caller keeps `fd` (close it after import).
@@ -48,16 +60,23 @@ class VmmMemory {
   size_t size_bytes() const { return size_bytes_; }
   // Imported: its size is what another process claimed, not what the driver allocated.
   bool imported() const { return imported_; }
+  // Created with gpuDirectRDMACapable set (false for imported memory: not known here).
+  bool gpudirect_rdma() const { return gpudirect_rdma_; }
 
  private:
   VmmMemory(const Driver* driver, cu::CUmemGenericAllocationHandle handle,
-            size_t size_bytes, bool imported)
-      : driver_(driver), handle_(handle), size_bytes_(size_bytes), imported_(imported) {}
+            size_t size_bytes, bool imported, bool gpudirect_rdma)
+      : driver_(driver),
+        handle_(handle),
+        size_bytes_(size_bytes),
+        imported_(imported),
+        gpudirect_rdma_(gpudirect_rdma) {}
 
   const Driver* driver_ = nullptr;
   cu::CUmemGenericAllocationHandle handle_ = 0;
   size_t size_bytes_ = 0;
   bool imported_ = false;
+  bool gpudirect_rdma_ = false;
 };
 
 // A reserved range of the process's unified virtual address space. Move-only.
@@ -117,7 +136,8 @@ class VmmBuffer {
   // New memory on `context`'s GPU, exportable as a POSIX fd.
   static absl::StatusOr<VmmBuffer> Create(const PrimaryContext& context,
                                           size_t size_bytes,
-                                          std::span<const int> also_accessible_by = {});
+                                          std::span<const int> also_accessible_by = {},
+                                          const VmmOptions& options = {});
   // Memory another process exported as `fd` (of `size_bytes`), mapped read-write on
   // `context`'s GPU. INVALID_ARGUMENT with the driver's reason for a bad fd or size.
   static absl::StatusOr<VmmBuffer> ImportFd(const PrimaryContext& context, int fd,
@@ -129,6 +149,7 @@ class VmmBuffer {
   absl::StatusOr<UniqueFd> ExportFd() const { return memory_.ExportFd(); }
   cu::CUdeviceptr ptr() const { return mapping_.ptr(); }
   size_t size_bytes() const { return memory_.size_bytes(); }
+  bool gpudirect_rdma() const { return memory_.gpudirect_rdma(); }
 
  private:
   static absl::StatusOr<VmmBuffer> MapNew(const PrimaryContext& context, VmmMemory memory,

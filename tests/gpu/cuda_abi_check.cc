@@ -96,6 +96,7 @@ FL_SAME_VALUE(CU_MEM_LOCATION_TYPE_DEVICE);
 FL_SAME_VALUE(CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 FL_SAME_VALUE(CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 FL_SAME_VALUE(CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+FL_SAME_VALUE(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD);
 
 #define FL_SAME_LAYOUT(ours_type, theirs_type)                                 \
   static_assert(sizeof(ours::ours_type) == sizeof(::theirs_type), #ours_type); \
@@ -110,6 +111,7 @@ FL_SAME_LAYOUT(CUmemLocation, CUmemLocation);
 FL_SAME_LAYOUT(CUmemAllocationProp, CUmemAllocationProp);
 FL_SAME_LAYOUT(CUmemAccessDesc, CUmemAccessDesc);
 FL_SAME_LAYOUT(CUresult, CUresult);
+FL_SAME_LAYOUT(CUmemRangeHandleType, CUmemRangeHandleType);
 
 #define FL_SAME_OFFSET(type, field) \
   static_assert(offsetof(ours::type, field) == offsetof(::type, field), #type "." #field)

@@ -1,9 +1,11 @@
 // What the CUDA layer decides without a GPU: error codes, granule and range arithmetic,
-// and how a machine without a driver is reported. Runs everywhere.
+// dma-buf page ranges, and how a machine or driver without a feature is reported. Runs
+// everywhere.
 #include <cstdint>
 #include <limits>
 
 #include "agent/common/status_macros.h"
+#include "agent/gpu/dmabuf.h"
 #include "agent/gpu/driver.h"
 #include "agent/gpu/ipc.h"
 #include "agent/gpu/vmm.h"
@@ -53,6 +55,83 @@ TEST(CheckSubrange, InsideOrOutOfRange) {
   EXPECT_EQ(CheckSubrange(100, 1, std::numeric_limits<uint64_t>::max()).code(),
             StatusCode::kOutOfRange);
   EXPECT_EQ(ReasonOf(CheckSubrange(100, 99, 2)), "RANGE_OUTSIDE_ALLOCATION");
+}
+
+TEST(AlignedRange, CoversTheBytesWithWholePages) {
+  constexpr uint64_t kPage = 4096;
+  // Already aligned: exactly the bytes.
+  PageRange range = *AlignedRange(10 * kPage, 2 * kPage, kPage);
+  EXPECT_EQ(range.base, 10 * kPage);
+  EXPECT_EQ(range.bytes, 2 * kPage);
+  EXPECT_EQ(range.offset, 0u);
+  // Unaligned start: the base moves down, the offset says by how much.
+  range = *AlignedRange(10 * kPage + 123, kPage - 123, kPage);
+  EXPECT_EQ(range.base, 10 * kPage);
+  EXPECT_EQ(range.bytes, kPage);
+  EXPECT_EQ(range.offset, 123u);
+  // Unaligned end only.
+  range = *AlignedRange(10 * kPage, kPage + 1, kPage);
+  EXPECT_EQ(range.base, 10 * kPage);
+  EXPECT_EQ(range.bytes, 2 * kPage);
+  EXPECT_EQ(range.offset, 0u);
+  // A few bytes straddling a page boundary take both pages.
+  range = *AlignedRange(11 * kPage - 2, 4, kPage);
+  EXPECT_EQ(range.base, 10 * kPage);
+  EXPECT_EQ(range.bytes, 2 * kPage);
+  EXPECT_EQ(range.offset, kPage - 2);
+  // One byte: one page.
+  range = *AlignedRange(10 * kPage + 7, 1, kPage);
+  EXPECT_EQ(range.base, 10 * kPage);
+  EXPECT_EQ(range.bytes, kPage);
+  EXPECT_EQ(range.offset, 7u);
+  // 64 KiB pages (aarch64 kernels), and a page size that is no power of two.
+  range = *AlignedRange((uint64_t{1} << 20) + 5, 65536, 65536);
+  EXPECT_EQ(range.base, uint64_t{1} << 20);
+  EXPECT_EQ(range.bytes, 2 * 65536u);
+  EXPECT_EQ(range.offset, 5u);
+  range = *AlignedRange(1000, 500, 3000);
+  EXPECT_EQ(range.base, 0u);
+  EXPECT_EQ(range.bytes, 3000u);
+  EXPECT_EQ(range.offset, 1000u);
+  // The covered bytes are [base + offset, base + offset + bytes asked for).
+  for (uint64_t address : {uint64_t{0}, kPage - 1, 5 * kPage + 3}) {
+    for (uint64_t bytes : {uint64_t{1}, kPage, 3 * kPage + 9}) {
+      range = *AlignedRange(address, bytes, kPage);
+      EXPECT_EQ(range.base % kPage, 0u);
+      EXPECT_EQ(range.bytes % kPage, 0u);
+      EXPECT_EQ(range.base + range.offset, address);
+      EXPECT_GE(range.bytes, range.offset + bytes);
+      EXPECT_LT(range.bytes - (range.offset + bytes), kPage);  // the smallest
+    }
+  }
+}
+
+TEST(AlignedRange, RejectsNonsenseAndOverflow) {
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(AlignedRange(4096, 0, 4096).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(AlignedRange(4096, 1, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(AlignedRange(kMax, 2, 4096).status().code(), StatusCode::kOutOfRange);
+  // The last byte of the address space is representable, its page end is not.
+  EXPECT_EQ(AlignedRange(kMax - 10, 5, 4096).status().code(), StatusCode::kOutOfRange);
+  // Ending exactly on the last page boundary that fits is fine.
+  const uint64_t last_page = kMax - kMax % 4096 - 4096;
+  PageRange range = *AlignedRange(last_page + 1, 4095, 4096);
+  EXPECT_EQ(range.base, last_page);
+  EXPECT_EQ(range.bytes, 4096u);
+}
+
+TEST(DmabufExportAvailable, DriverWithoutTheEntryPointIsUnimplemented) {
+  DriverApi api{};  // an old driver: cuMemGetHandleForAddressRange not resolved
+  const absl::Status status = DmabufExportAvailable(api);
+  EXPECT_EQ(status.code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(ReasonOf(status), "NO_DMABUF_EXPORT");
+  EXPECT_NE(status.message().find("cuMemGetHandleForAddressRange"),
+            absl::string_view::npos)
+      << status;
+  api.cuMemGetHandleForAddressRange = [](void*, cu::CUdeviceptr, size_t,
+                                         cu::CUmemRangeHandleType,
+                                         unsigned long long) { return cu::CUDA_SUCCESS; };
+  EXPECT_TRUE(DmabufExportAvailable(api).ok());
 }
 
 TEST(Driver, MissingLibraryIsFailedPreconditionWithReason) {

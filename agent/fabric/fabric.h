@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "agent/common/unique_fd.h"
 
 namespace fuselink::fabric {
 
@@ -166,8 +167,22 @@ class DeviceStage {
   // Enqueues buffer `i` -> device `target` on `gpu`. Lands on the GPU next to this
   // stage's NIC first and crosses NVLink from there when `gpu` is another GPU.
   virtual absl::Status StartToDevice(int gpu, uint64_t target, int i, uint32_t bytes) = 0;
+  // The same two copies between the GPU and pinned host memory the caller owns (from
+  // DeviceStager::AllocatePinned): a verbs bounce slot or a window's host shadow.
+  virtual absl::Status StartToHostAt(int gpu, uint64_t source, uint8_t* host,
+                                     uint32_t bytes) = 0;
+  virtual absl::Status StartToDeviceFrom(int gpu, uint64_t target, const uint8_t* host,
+                                         uint32_t bytes) = 0;
   // Waits for every copy enqueued so far; the first error.
   virtual absl::Status Wait() = 0;
+};
+
+// A range of GPU memory exported as a dma-buf: `bytes` at `offset` into the buffer
+// `fd` stands for (the export covers whole pages around the range).
+struct DmabufRange {
+  UniqueFd fd;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
 };
 
 // Makes stages; shared by the fabric's threads. Thread-safe.
@@ -175,6 +190,22 @@ class DeviceStager {
  public:
   virtual ~DeviceStager() = default;
   virtual absl::StatusOr<std::unique_ptr<DeviceStage>> NewStage(int nic) = 0;
+  // Pinned host memory for NIC `nic`'s copies, freed when the last holder lets go.
+  virtual absl::StatusOr<std::shared_ptr<uint8_t>> AllocatePinned(int nic,
+                                                                  uint64_t bytes) = 0;
+  // [address, address + bytes) on `gpu` as a dma-buf a NIC can register (GPUDirect
+  // RDMA). UNIMPLEMENTED where the driver or the GPU cannot export one.
+  virtual absl::StatusOr<DmabufRange> ExportDmabuf(int gpu, uint64_t address,
+                                                   uint64_t bytes) {
+    return absl::UnimplementedError("this stager exports no dma-buf");
+  }
+  // A small device allocation on `gpu` to probe a NIC's access with; its address in
+  // `*address`, freed when the result is. UNIMPLEMENTED without real GPU memory.
+  virtual absl::StatusOr<std::shared_ptr<const void>> AllocateProbe(int gpu,
+                                                                    uint64_t bytes,
+                                                                    uint64_t* address) {
+    return absl::UnimplementedError("this stager has no device memory to probe with");
+  }
 };
 
 class Fabric {
@@ -199,6 +230,9 @@ class Fabric {
     return absl::UnimplementedError(absl::StrCat(
         "the ", transport(), " fabric of this agent cannot reach GPU memory"));
   }
+  // How this transport moves GPU `gpu`'s memory over NIC `nic`: "dma-buf",
+  // "peer-memory", "staged" or "none".
+  virtual std::string GpuPath(int gpu, int nic) const { return "none"; }
   // Writes that arrive for the key afterwards are refused as malformed.
   virtual absl::Status DeregisterRegion(RegionKey key) = 0;
 

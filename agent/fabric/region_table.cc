@@ -20,7 +20,8 @@ absl::StatusOr<RegionKey> RegionTable::Register(void* base, uint64_t bytes,
   auto region = std::make_shared<const Region>(Region{.base = static_cast<uint8_t*>(base),
                                                       .bytes = bytes,
                                                       .keepalive = std::move(keepalive),
-                                                      .gpu = gpu});
+                                                      .gpu = gpu,
+                                                      .shadow = nullptr});
   absl::MutexLock lock(&mu_);
   if (regions_.size() >= kMaxRegions) {
     return absl::ResourceExhaustedError(

@@ -13,6 +13,8 @@
 
 namespace fuselink::fabric {
 
+class HostShadow;
+
 // Regions one fabric may hold at once; a bound on the table, not on memory.
 inline constexpr size_t kMaxRegions = 1 << 20;
 
@@ -25,6 +27,9 @@ struct Region {
   std::shared_ptr<const void> keepalive;
   int gpu = -1;  // the GPU that holds the memory; -1 for host memory
   bool on_gpu() const { return gpu >= 0; }
+  // A verbs window into GPU memory that some NIC cannot reach: where its bytes land
+  // first (host_shadow.h). Null otherwise.
+  std::shared_ptr<const HostShadow> shadow;
 };
 
 // True when [offset, offset + bytes) lies inside [0, region_bytes), without

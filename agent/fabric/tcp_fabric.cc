@@ -87,6 +87,10 @@ class TcpFabric final : public Fabric, public ConnectionHost {
       void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) override {
     return regions_.Register(base, bytes, std::move(keepalive));
   }
+  // Every NIC reaches host memory only: GPU bytes cross through the stager's buffers.
+  std::string GpuPath(int gpu, int nic) const override {
+    return options_.device_stager != nullptr ? "staged" : "none";
+  }
   absl::StatusOr<RegionKey> RegisterDeviceRegion(
       uint64_t address, uint64_t bytes, int gpu,
       std::shared_ptr<const void> keepalive) override {

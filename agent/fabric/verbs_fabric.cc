@@ -21,6 +21,7 @@ namespace {
 
 // How long Connect waits for one control connection's TCP handshake.
 constexpr int kControlConnectTimeoutMs = 10'000;
+const std::vector<LinkPtr> kNoLinks;
 
 }  // namespace
 
@@ -53,6 +54,11 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
       in(o.max_qps_per_nic, o.qps_per_peer_nic, verbs::kMaxQpsPerNic, "max_qps_per_nic"));
   FL_RETURN_IF_ERROR(
       in(o.max_write_bytes, 1, wire::kMaxWriteBytesLimit, "max_write_bytes"));
+  FL_RETURN_IF_ERROR(in(o.staging_slots_per_nic, 1, 4096, "staging_slots_per_nic"));
+  FL_RETURN_IF_ERROR(
+      in(o.staging_slot_bytes, 1, o.max_write_bytes, "staging_slot_bytes"));
+  FL_RETURN_IF_ERROR(in(o.gpu_count, 0, o.device_stager != nullptr ? 1024 : 0,
+                        "gpu_count (0 without a device stager)"));
   FL_RETURN_IF_ERROR(in(o.max_window_registrations_per_nic, 1,
                         kMaxWindowRegistrationsPerNic,
                         "max_window_registrations_per_nic"));
@@ -78,7 +84,32 @@ absl::Status VerbsFabric::OpenNic(int index, verbs::NicBinding binding) {
   FL_ASSIGN_OR_RETURN(std::unique_ptr<Nic> nic,
                       Nic::Open(index, std::move(binding), sizing, options_.rc, *this));
   nics_.push_back(std::move(nic));
+  senders_.push_back(std::make_unique<NicSender>());
   return absl::OkStatus();
+}
+
+absl::Status VerbsFabric::ChooseGpuPaths() {
+  const bool peer_memory = verbs::PeerMemoryLoaded(options_.sysfs_root);
+  for (int gpu = 0; gpu < options_.gpu_count; ++gpu) {
+    std::vector<verbs::GpuPath>& paths = gpu_paths_.emplace_back();
+    std::string line = absl::StrCat("fuselink verbs: GPU ", gpu, " memory:");
+    for (const auto& nic : nics_) {
+      paths.push_back(verbs::ChooseGpuPath(
+          verbs::ProbeGpuPath(options_.device_stager, gpu, nic->pd(), peer_memory)));
+      absl::StrAppend(&line, " NIC ", nic->index(), " ",
+                      verbs::GpuPathName(paths.back()));
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  return absl::OkStatus();
+}
+
+std::string VerbsFabric::GpuPath(int gpu, int nic) const {
+  if (gpu < 0 || gpu >= static_cast<int>(gpu_paths_.size()) || nic < 0 ||
+      nic >= nic_count()) {
+    return "none";
+  }
+  return std::string(verbs::GpuPathName(gpu_paths_[gpu][nic]));
 }
 
 absl::Status VerbsFabric::Start(std::vector<UniqueFd> listeners) {
@@ -102,12 +133,15 @@ VerbsFabric::~VerbsFabric() {
       entry.link->Close(absl::CancelledError("fabric shutting down"));
     }
   }
+  // Deferred writes find their QPs closing and complete UNAVAILABLE; none is left.
+  for (auto& sender : senders_) sender->thread.Stop();
   // Two-phase: every QP is in ERR now; the pollers complete the flushed writes, destroy
   // the QPs and report lost peers. Then the links go, the worker finishes what it was
   // given (window closes run their `drained`), then the windows, the regions, the NICs.
   for (auto& nic : nics_) {
     nic->CloseAll(absl::CancelledError("fabric shutting down"));
     nic->WaitUntilNoQps();
+    nic->StopLander();  // delivers the staged arrivals still being copied
   }
   {
     absl::MutexLock lock(&mu_);
@@ -128,6 +162,7 @@ VerbsFabric::~VerbsFabric() {
     absl::MutexLock lock(&regions_mu_);
     regions_.clear();
   }
+  senders_.clear();  // bounce slots' MRs, before the NICs' PDs
   nics_.clear();
 }
 
@@ -279,9 +314,7 @@ std::string VerbsFabric::PeerName(PeerId peer) const {
 
 absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
   FL_RETURN_IF_ERROR(CheckWrite(nic, nic_count(), op, options_.max_write_bytes));
-  // Fences come only with GPU regions, which this transport does not register.
-  if (op.after != nullptr) return absl::UnimplementedError("verbs writes take no fence");
-  verbs::WriteSource source;
+  std::shared_ptr<const VerbsRegion> region;
   if (op.bytes > 0) {
     absl::ReaderMutexLock lock(&regions_mu_);
     auto it = regions_.find(op.local_key);
@@ -289,16 +322,29 @@ absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
       return absl::InvalidArgumentError(
           absl::StrCat("local extent: no region ", op.local_key));
     }
-    const VerbsRegion& region = *it->second;
-    if (!ExtentFits(op.local_offset, op.bytes, region.bytes)) {
+    if (!ExtentFits(op.local_offset, op.bytes, it->second->bytes)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "local extent: [", op.local_offset, ", +", op.bytes, ") outside region ",
-          op.local_key, " of ", region.bytes, " bytes"));
+          op.local_key, " of ", it->second->bytes, " bytes"));
     }
-    source = {.address = reinterpret_cast<uint64_t>(region.base + op.local_offset),
-              .lkey = region.mrs[nic]->lkey,
-              .hold = it->second};
+    region = it->second;
   }
+  // GPU memory this NIC cannot read, or a source still being written (the relay's
+  // copy into its slot): the NIC's sender thread waits, stages and posts.
+  if (op.after != nullptr || (region != nullptr && !region->mrs[nic])) {
+    return Defer(peer, nic, op, std::move(region));
+  }
+  verbs::WriteSource source;
+  if (region != nullptr) {
+    source = {.address = reinterpret_cast<uint64_t>(region->base + op.local_offset),
+              .lkey = region->mrs[nic]->lkey,
+              .hold = region};
+  }
+  return PostResolved(peer, nic, op, std::move(source));
+}
+
+absl::Status VerbsFabric::PostResolved(PeerId peer, int nic, const WriteOp& op,
+                                       verbs::WriteSource source) {
   // Held across the post: a QP is freed only after OnQpClosed, which takes mu_.
   absl::ReaderMutexLock lock(&mu_);
   const Peer* to = peers_.Get(peer);
@@ -322,6 +368,131 @@ absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
   }
   return absl::UnavailableError(
       absl::StrCat("peer '", to->name, "' is not connected on NIC ", nic));
+}
+
+absl::Status VerbsFabric::Defer(PeerId peer, int nic, const WriteOp& op,
+                                std::shared_ptr<const VerbsRegion> region) {
+  const bool staged = region != nullptr && !region->mrs[nic];
+  if (staged && op.bytes > options_.staging_slot_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a staged write of ", op.bytes, " bytes: NIC ", nic,
+                     " stages at most ", options_.staging_slot_bytes));
+  }
+  NicSender& sender = *senders_[nic];
+  if (sender.queued.fetch_add(1) >= options_.queue_depth_per_nic) {
+    sender.queued.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "NIC ", nic, " has ", options_.queue_depth_per_nic, " staged writes queued"));
+  }
+  auto write = std::make_unique<Deferred>(
+      Deferred{.peer = peer, .nic = nic, .op = op, .region = std::move(region)});
+  {
+    absl::MutexLock lock(&mu_);
+    const Peer* to = peers_.Get(peer);
+    LinkEntry* pinned = nullptr;
+    for (const LinkPtr& link : to != nullptr && !to->retired ? to->links : kNoLinks) {
+      if (link->role() != ControlLink::Role::kOutbound || link->nic().index() != nic)
+        continue;
+      auto entry = links_.find(link->id());
+      if (entry == links_.end()) continue;
+      pinned = &entry->second;
+      if (pinned->live_qps > 0) break;
+    }
+    if (pinned == nullptr) {
+      sender.queued.fetch_sub(1);
+      return absl::UnavailableError(
+          absl::StrCat("peer ", peer, " is not connected on NIC ", nic));
+    }
+    // The link holds the peer up until the write has been posted or failed.
+    ++pinned->deferred;
+    write->link = pinned->link->id();
+  }
+  sender.thread.Run([this, write = std::move(write)]() mutable { RunDeferred(*write); });
+  return absl::OkStatus();
+}
+
+void VerbsFabric::RunDeferred(Deferred& write) {
+  absl::Status status;
+  if (write.op.after != nullptr) {
+    if (absl::Status ready = write.op.after->Wait(); !ready.ok()) {
+      // As over TCP: the source is unreadable, the write fails over to another NIC.
+      status = absl::UnavailableError(
+          absl::StrCat("the source of the write was not ready: ", ready.message()));
+    }
+  }
+  if (status.ok()) {
+    absl::StatusOr<verbs::WriteSource> source = StageSource(write);
+    status = source.status();
+    // A quota spent by direct writes frees as their completions come.
+    const absl::Time deadline = absl::Now() + absl::Seconds(1);
+    while (source.ok()) {
+      status = PostResolved(write.peer, write.nic, write.op, *source);
+      if (!absl::IsResourceExhausted(status) || absl::Now() > deadline) break;
+      absl::SleepFor(absl::Microseconds(50));
+    }
+  }
+  if (!status.ok()) {
+    handler_.OnCompletion(Completion{.wr_id = write.op.wr_id,
+                                     .nic = write.nic,
+                                     .bytes = write.op.bytes,
+                                     .status = std::move(status)});
+  }
+  FinishDeferred(write);
+}
+
+absl::StatusOr<verbs::WriteSource> VerbsFabric::StageSource(Deferred& write) {
+  const VerbsRegion* region = write.region.get();
+  if (region == nullptr) return verbs::WriteSource{};
+  if (region->mrs[write.nic]) {
+    return verbs::WriteSource{
+        .address = reinterpret_cast<uint64_t>(region->base + write.op.local_offset),
+        .lkey = region->mrs[write.nic]->lkey,
+        .hold = write.region};
+  }
+  NicSender& sender = *senders_[write.nic];
+  DeviceStager& stager = *options_.device_stager;  // a region without MRs has one
+  if (sender.pool == nullptr) {
+    FL_ASSIGN_OR_RETURN(
+        sender.pool, verbs::BouncePool::Create(stager, write.nic, nics_[write.nic]->pd(),
+                                               options_.staging_slots_per_nic,
+                                               options_.staging_slot_bytes));
+  }
+  if (sender.stage == nullptr) {
+    FL_ASSIGN_OR_RETURN(sender.stage, stager.NewStage(write.nic));
+  }
+  std::shared_ptr<const verbs::BouncePool::Slot> slot = sender.pool->Acquire();
+  if (slot == nullptr) return absl::UnavailableError("fabric shutting down");
+  const uint64_t from = reinterpret_cast<uint64_t>(region->base) + write.op.local_offset;
+  absl::Status copied =
+      sender.stage->StartToHostAt(region->gpu, from, slot->data, write.op.bytes);
+  copied.Update(sender.stage->Wait());
+  if (!copied.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("staging GPU ", region->gpu, " memory failed: ", copied.message()));
+  }
+  const uint64_t address = reinterpret_cast<uint64_t>(slot->data);
+  const uint32_t lkey = slot->lkey;
+  return verbs::WriteSource{.address = address, .lkey = lkey, .hold = std::move(slot)};
+}
+
+void VerbsFabric::FinishDeferred(const Deferred& write) {
+  senders_[write.nic]->queued.fetch_sub(1);
+  PeerId peer_id = 0;
+  std::optional<std::string> lost;
+  absl::Status why;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(write.link);
+    if (it == links_.end()) return;
+    LinkEntry& entry = it->second;
+    --entry.deferred;
+    if (entry.alive()) return;
+    peer_id = entry.peer;
+    why = entry.link->close_reason();
+    lost = LoseIfDone(peer_id);
+    MaybeReap(write.link, entry);
+  }
+  if (lost.has_value()) handler_.OnPeerLost(peer_id, *lost, PeerLostStatus(why));
 }
 
 NicCounters VerbsFabric::counters(int nic) const {
@@ -405,7 +576,7 @@ void VerbsFabric::OnLinkFinished(uint64_t link) {
 }
 
 void VerbsFabric::MaybeReap(uint64_t id, LinkEntry& entry) {
-  if (entry.finished && entry.live_qps == 0 && !entry.reaping) {
+  if (!entry.alive() && !entry.reaping) {
     entry.reaping = true;
     finished_.push_back(id);
   }
@@ -484,6 +655,7 @@ absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(
   for (size_t i = 0; i < bindings.size(); ++i) {
     FL_RETURN_IF_ERROR(fabric->OpenNic(static_cast<int>(i), std::move(bindings[i])));
   }
+  FL_RETURN_IF_ERROR(fabric->ChooseGpuPaths());
   FL_RETURN_IF_ERROR(fabric->Start(std::move(listeners)));
   return fabric;
 }

@@ -15,6 +15,13 @@
 // worker thread) before `drained` runs, so a late write fails at the target's NIC. A
 // region's own registration is local only (lkeys for reads; no remote access).
 //
+// GPU regions (verbs_staging.h): each (GPU, NIC) pair moves GPU memory by dma-buf,
+// peer memory or staging through host memory, chosen at start-up (GpuPath). Staged
+// writes and writes behind a fence (the relay's NVLink copy) go through the NIC's
+// sender thread: PostWrite returns at once and the write completes as any other.
+// Staged arrivals are copied to the GPU on the NIC's lander thread before they are
+// delivered; a NIC's arrivals stay in order behind them.
+//
 // What a caller sees against TCP:
 //  - Refusals carry the same codes: a write the source cannot map to one of the
 //    window's registrations is not sent; the target's answer to a QUERY on the control
@@ -84,6 +91,21 @@ struct VerbsFabricOptions {
   bool push_window_closes = true;
   // RC timeout, retry_cnt, rnr_retry and the rest, explicit.
   verbs::RcParams rc;
+  // GPU memory (verbs_staging.h). The stager copies it where a NIC cannot reach it
+  // and exports it as dma-buf where it can; null: GPU regions are refused
+  // (UNIMPLEMENTED). Must outlive the fabric. The path of GPUs 0..gpu_count-1 to
+  // every NIC is probed at start-up.
+  DeviceStager* device_stager = nullptr;
+  int gpu_count = 0;
+  // Bounce slots per NIC for staged writes out of GPU memory, and their size (the
+  // largest staged write).
+  uint32_t staging_slots_per_nic = 8;
+  uint32_t staging_slot_bytes = 4 << 20;
+  // Pinned host memory all open windows' host shadows may take (staged writes into
+  // GPU memory); OpenWindow answers RESOURCE_EXHAUSTED beyond.
+  uint64_t max_shadow_bytes = uint64_t{1} << 30;
+  // Where the peer-memory module is looked for.
+  std::string sysfs_root = "/sys";
   // Required: the keys this node proves and checks on its control connections.
   // Must outlive the fabric.
   FabricKeys* keys = nullptr;

@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -16,11 +17,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/fabric/acceptor.h"
+#include "agent/fabric/host_shadow.h"
 #include "agent/fabric/peer_table.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/verbs_fabric.h"
 #include "agent/fabric/verbs_link.h"
 #include "agent/fabric/verbs_nic.h"
+#include "agent/fabric/verbs_staging.h"
 #include "agent/fabric/verbs_worker.h"
 #include "agent/fabric/window_table.h"
 
@@ -42,7 +45,11 @@ struct VerbsRegion {
   // nothing of the address.
   uint64_t iova_base = 0;
   std::shared_ptr<const void> keepalive;
-  std::vector<verbs::MemoryRegion> mrs;  // [nic]
+  int gpu = -1;  // host memory
+  // GPU memory on a dma-buf NIC: the export its registrations (and windows') use.
+  std::optional<DmabufRange> dmabuf;
+  // [nic]; null for GPU memory a NIC reaches only through staging.
+  std::vector<verbs::MemoryRegion> mrs;
 };
 
 // An open window's registrations: on every NIC, each extent on its own, in the peer's
@@ -57,6 +64,8 @@ struct VerbsWindow {
   std::vector<Extent> extents;
   std::shared_ptr<const VerbsRegion> region;
   std::vector<OnNic> nics;  // [nic]
+  // Where staged NICs place the bytes of a window into GPU memory; null otherwise.
+  std::shared_ptr<const HostShadow> shadow;
 
   // What WINDOW_ADD carries for NIC `nic`.
   verbs::WindowPush Push(WindowKey key, int nic) const;
@@ -70,6 +79,8 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
 
   // Opens NIC i; called for every NIC before Start.
   absl::Status OpenNic(int index, verbs::NicBinding binding);
+  // Probes every (GPU, NIC) pair and prints the paths; after OpenNic, before Start.
+  absl::Status ChooseGpuPaths();
   absl::Status Start(std::vector<UniqueFd> listeners);
 
   // Fabric.
@@ -78,6 +89,10 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   std::vector<Endpoint> endpoints() const override { return endpoints_; }
   absl::StatusOr<RegionKey> RegisterRegion(
       void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) override;
+  absl::StatusOr<RegionKey> RegisterDeviceRegion(
+      uint64_t address, uint64_t bytes, int gpu,
+      std::shared_ptr<const void> keepalive) override;
+  std::string GpuPath(int gpu, int nic) const override;
   absl::Status DeregisterRegion(RegionKey key) override;
   absl::StatusOr<WindowKey> OpenWindow(RegionKey region, absl::string_view peer_name,
                                        std::span<const Extent> extents) override;
@@ -96,6 +111,7 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
 
   // NicHost and LinkHost.
   Handler& handler() override { return handler_; }
+  DeviceStager* device_stager() override { return options_.device_stager; }
   std::variant<WindowTable::Placement, Refusal> Admit(WindowKey key,
                                                       absl::string_view peer,
                                                       uint64_t offset,
@@ -127,9 +143,25 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
     bool finished = false;  // its thread is done, or it will never have one
     bool pushing = false;   // inbound: receives WINDOW_ADDs of its peer
     bool reaping = false;
-    // Holds its peer up: QPs left to drain, or a thread still running (which may
-    // complete queried writes, or renew QPs).
-    bool alive() const { return live_qps > 0 || !finished; }
+    // Writes handed to its NIC's sender thread and not yet posted or failed.
+    int deferred = 0;
+    // Holds its peer up: QPs left to drain, a thread still running (which may
+    // complete queried writes, or renew QPs), or deferred writes.
+    bool alive() const { return live_qps > 0 || !finished || deferred > 0; }
+  };
+  // Staged writes out of GPU memory, and writes behind a fence, of one NIC.
+  struct NicSender {
+    std::shared_ptr<verbs::BouncePool> pool;  // null without a stager
+    std::unique_ptr<DeviceStage> stage;       // the sender thread's, made on first use
+    std::atomic<int> queued{0};               // bounded by queue_depth_per_nic
+    verbs::Worker thread;
+  };
+  struct Deferred {
+    uint64_t link = 0;
+    PeerId peer = 0;
+    int nic = 0;
+    WriteOp op;
+    std::shared_ptr<const VerbsRegion> region;  // null for a notification
   };
 
   LinkPtr NewLink(int nic, ControlLink::Role role, UniqueFd fd)
@@ -140,6 +172,16 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   // The peer's name once none of its links holds it up any more (then it is
   // forgotten), else nothing.
   std::optional<std::string> LoseIfDone(PeerId peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PostWrite's half after the source is known: the QP, the target's registration.
+  absl::Status PostResolved(PeerId peer, int nic, const WriteOp& op,
+                            verbs::WriteSource source);
+  // Hands a staged or fenced write to its NIC's sender thread.
+  absl::Status Defer(PeerId peer, int nic, const WriteOp& op,
+                     std::shared_ptr<const VerbsRegion> region);
+  // On the sender thread: waits for the fence, stages, posts; or completes it failed.
+  void RunDeferred(Deferred& write);
+  absl::StatusOr<verbs::WriteSource> StageSource(Deferred& write);
+  void FinishDeferred(const Deferred& write);
   void OnAccepted(int nic, UniqueFd socket);
   void Reap();
   bool ReaperHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -149,6 +191,12 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   // On the closer thread, once no arrival through the window is being delivered:
   // deregisters its registrations, runs `drained`, tells the peer.
   void FinishClose(WindowKey key, absl::AnyInvocable<void() &&> drained);
+  // The host shadow of a window into GPU memory that some NIC reaches only by
+  // staging; none otherwise.
+  absl::Status MakeShadow(VerbsWindow& window);
+  // Extent `i` of `window` on NIC `nic`, in the window's peer domain there.
+  absl::StatusOr<verbs::MemoryRegion> RegisterExtent(const VerbsWindow& window, int nic,
+                                                     size_t i);
   // Releases `count` window registrations of every NIC.
   void ReleaseRegistrations(size_t count);
   // The first teardown failure that had nobody to go to, kept (and printed once).
@@ -162,6 +210,9 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   std::vector<std::unique_ptr<Nic>> nics_;
   // Window registrations each NIC holds (all NICs hold the same number).
   std::atomic<uint64_t> window_registrations_{0};
+  // [gpu][nic], fixed before Start.
+  std::vector<std::vector<verbs::GpuPath>> gpu_paths_;
+  std::atomic<uint64_t> shadow_bytes_{0};  // of open windows' host shadows
 
   mutable absl::Mutex regions_mu_;  // taken after mu_ where both are held
   std::unordered_map<RegionKey, std::shared_ptr<const VerbsRegion>> regions_
@@ -191,8 +242,9 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   std::unique_ptr<Acceptor> acceptor_;
   // Stopped explicitly in the destructor. Two, so that a slow deregistration (rxe took
   // 1 s for a window with writes in flight) never holds up a QP renewal or a QUERY.
-  verbs::Worker closer_;  // window closes
-  verbs::Worker worker_;  // QP renewals, QUERY sends
+  verbs::Worker closer_;                             // window closes
+  verbs::Worker worker_;                             // QP renewals, QUERY sends
+  std::vector<std::unique_ptr<NicSender>> senders_;  // [nic], made with the NICs
 };
 
 }  // namespace fuselink::fabric::verbs_internal

@@ -7,6 +7,7 @@
 // write through the window can land once `drained` has run.
 #include <unistd.h>
 
+#include <bit>
 #include <cstdio>
 #include <utility>
 
@@ -62,6 +63,60 @@ absl::StatusOr<RegionKey> VerbsFabric::RegisterRegion(
   return key;
 }
 
+absl::StatusOr<RegionKey> VerbsFabric::RegisterDeviceRegion(
+    uint64_t address, uint64_t bytes, int gpu, std::shared_ptr<const void> keepalive) {
+  if (address == 0 || bytes == 0) {
+    return absl::InvalidArgumentError("a region needs memory and a size");
+  }
+  if (gpu < 0 || gpu >= static_cast<int>(gpu_paths_.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU ", gpu, ": this verbs fabric moves the memory of ", gpu_paths_.size(),
+        " GPUs", options_.device_stager == nullptr ? " (it has no GPU runtime)" : ""));
+  }
+  auto region = std::make_shared<VerbsRegion>();
+  region->base = reinterpret_cast<uint8_t*>(address);
+  region->bytes = bytes;
+  region->iova_base = address % static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  region->keepalive = std::move(keepalive);
+  region->gpu = gpu;
+  for (const auto& nic : nics_) {
+    const std::string context =
+        absl::StrCat("register ", bytes, " bytes of GPU ", gpu, " on NIC ", nic->index());
+    absl::StatusOr<verbs::MemoryRegion> mr = verbs::MemoryRegion();
+    switch (gpu_paths_[gpu][nic->index()]) {
+      case verbs::GpuPath::kNone:
+        return absl::UnimplementedError(
+            absl::StrCat("NIC ", nic->index(), " cannot reach GPU ", gpu, " memory"));
+      case verbs::GpuPath::kStaged:
+        break;  // no MR: writes go through bounce slots
+      case verbs::GpuPath::kPeerMemory:
+        mr = verbs::RegisterMr(nic->pd(), region->base, bytes, IBV_ACCESS_LOCAL_WRITE);
+        break;
+      case verbs::GpuPath::kDmabuf:
+        if (!region->dmabuf.has_value()) {
+          absl::StatusOr<DmabufRange> range =
+              options_.device_stager->ExportDmabuf(gpu, address, bytes);
+          if (!range.ok()) return WithContext(range.status(), context);
+          region->dmabuf = *std::move(range);
+        }
+        mr = verbs::RegisterDmabufMr(nic->pd(), region->dmabuf->fd.get(),
+                                     region->dmabuf->offset, bytes, address,
+                                     IBV_ACCESS_LOCAL_WRITE);
+        break;
+    }
+    if (!mr.ok()) return WithContext(mr.status(), context);
+    region->mrs.push_back(*std::move(mr));
+  }
+  absl::MutexLock lock(&regions_mu_);
+  if (regions_.size() >= kMaxRegions || next_region_key_ == 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("already ", regions_.size(), " regions registered"));
+  }
+  const RegionKey key = next_region_key_++;
+  regions_.emplace(key, std::move(region));
+  return key;
+}
+
 absl::Status VerbsFabric::DeregisterRegion(RegionKey key) {
   absl::MutexLock lock(&regions_mu_);
   if (regions_.erase(key) == 0)
@@ -100,6 +155,10 @@ absl::StatusOr<WindowKey> VerbsFabric::OpenWindow(RegionKey region_key,
   window->peer = std::string(peer_name);
   window->extents.assign(extents.begin(), extents.end());
   window->region = region;
+  FL_RETURN_IF_ERROR(MakeShadow(*window));
+  absl::Cleanup give_back_shadow = [&] {
+    if (window->shadow != nullptr) shadow_bytes_.fetch_sub(window->shadow->bytes());
+  };
   for (const auto& nic : nics_) {
     const std::string context =
         absl::StrCat("window for '", peer_name, "' on NIC ", nic->index());
@@ -108,17 +167,18 @@ absl::StatusOr<WindowKey> VerbsFabric::OpenWindow(RegionKey region_key,
     VerbsWindow::OnNic& on = window->nics.emplace_back();
     on.domain = *std::move(domain);
     on.mrs.reserve(extents.size());
-    for (const Extent& e : extents) {
-      absl::StatusOr<verbs::MemoryRegion> mr = verbs::RegisterMrAt(
-          on.domain->pd(), region->base + e.offset, e.bytes, region->iova_base + e.offset,
-          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    for (size_t i = 0; i < extents.size(); ++i) {
+      absl::StatusOr<verbs::MemoryRegion> mr = RegisterExtent(*window, nic->index(), i);
       if (!mr.ok()) return WithContext(mr.status(), context);  // `window` undoes it
       on.mrs.push_back(*std::move(mr));
     }
   }
   // The software half holds the region alive for as long as the window is open.
-  auto software = std::make_shared<const Region>(Region{
-      .base = region->base, .bytes = region->bytes, .keepalive = region, .gpu = -1});
+  auto software = std::make_shared<const Region>(Region{.base = region->base,
+                                                        .bytes = region->bytes,
+                                                        .keepalive = region,
+                                                        .gpu = region->gpu,
+                                                        .shadow = window->shadow});
   FL_ASSIGN_OR_RETURN(const WindowKey key,
                       window_table_.Open(std::move(software), peer_name, extents));
   std::vector<std::pair<LinkPtr, verbs::WindowPush>> pushes;
@@ -131,6 +191,7 @@ absl::StatusOr<WindowKey> VerbsFabric::OpenWindow(RegionKey region_key,
     }
   }
   std::move(give_back).Cancel();
+  std::move(give_back_shadow).Cancel();
   // The peer knows the window on every NIC it is connected on before the key can be
   // handed out. A link that does not ACK in time is closed (its QPs fail over).
   for (auto& [link, push] : pushes) {
@@ -174,10 +235,58 @@ void VerbsFabric::FinishClose(WindowKey key, absl::AnyInvocable<void() &&> drain
       for (verbs::MemoryRegion& mr : on.mrs) KeepTeardownError(mr.Reset());
     }
     ReleaseRegistrations(window->extents.size());
+    if (window->shadow != nullptr) shadow_bytes_.fetch_sub(window->shadow->bytes());
     window.reset();
   }
   if (drained) std::move(drained)();
   for (const LinkPtr& link : tell) link->PushWindowRemove(key);
+}
+
+absl::Status VerbsFabric::MakeShadow(VerbsWindow& window) {
+  const VerbsRegion& region = *window.region;
+  uint64_t staged_nics = 0;
+  for (const auto& nic : nics_) {
+    if (region.gpu >= 0 && !region.mrs[nic->index()]) staged_nics |= 1ull << nic->index();
+  }
+  if (staged_nics == 0) return absl::OkStatus();
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const int nic = std::countr_zero(staged_nics);
+  FL_ASSIGN_OR_RETURN(
+      window.shadow,
+      HostShadow::Create(window.extents, region.iova_base, page, staged_nics,
+                         [&](uint64_t bytes) -> absl::StatusOr<std::shared_ptr<uint8_t>> {
+                           uint64_t before = shadow_bytes_.fetch_add(bytes);
+                           if (before + bytes > options_.max_shadow_bytes) {
+                             shadow_bytes_.fetch_sub(bytes);
+                             return absl::ResourceExhaustedError(absl::StrCat(
+                                 "a window into GPU ", region.gpu, " needs ", bytes,
+                                 " bytes of host shadow: ", before, " of ",
+                                 options_.max_shadow_bytes, " are taken"));
+                           }
+                           absl::StatusOr<std::shared_ptr<uint8_t>> memory =
+                               options_.device_stager->AllocatePinned(nic, bytes);
+                           if (!memory.ok()) shadow_bytes_.fetch_sub(bytes);
+                           return memory;
+                         }));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<verbs::MemoryRegion> VerbsFabric::RegisterExtent(const VerbsWindow& window,
+                                                                int nic, size_t i) {
+  const VerbsRegion& region = *window.region;
+  const Extent& e = window.extents[i];
+  constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  ibv_pd* pd = window.nics[nic].domain->pd();
+  const uint64_t iova = region.iova_base + e.offset;
+  if (window.shadow != nullptr && window.shadow->staged_on(nic)) {
+    return verbs::RegisterMrAt(pd, window.shadow->extent_base(i), e.bytes, iova, kAccess);
+  }
+  if (region.dmabuf.has_value()) {
+    return verbs::RegisterDmabufMr(pd, region.dmabuf->fd.get(),
+                                   region.dmabuf->offset + e.offset, e.bytes, iova,
+                                   kAccess);
+  }
+  return verbs::RegisterMrAt(pd, region.base + e.offset, e.bytes, iova, kAccess);
 }
 
 void VerbsFabric::ReleaseRegistrations(size_t count) {

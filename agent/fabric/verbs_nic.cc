@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/checks.h"
+#include "agent/fabric/host_shadow.h"
 #include "agent/fabric/socket.h"
 
 namespace fuselink::fabric::verbs {
@@ -533,14 +535,28 @@ void Nic::HandleRecv(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
   if (std::holds_alternative<Refusal>(admitted)) {
     refused_.fetch_add(1, std::memory_order_relaxed);
   } else {
-    received_bytes_.fetch_add(descriptor.bytes);
-    host_.handler().OnArrival(Arrival{.peer = peer,
-                                      .peer_name = peer_name,
-                                      .nic = index_,
-                                      .window = descriptor.key,
-                                      .offset = descriptor.offset,
-                                      .bytes = descriptor.bytes,
-                                      .imm = ntohl(wc.imm_data)});
+    Arrival arrival{.peer = peer,
+                    .peer_name = peer_name,
+                    .nic = index_,
+                    .window = descriptor.key,
+                    .offset = descriptor.offset,
+                    .bytes = descriptor.bytes,
+                    .imm = ntohl(wc.imm_data)};
+    auto& placement = std::get<WindowTable::Placement>(admitted);
+    const bool staged = descriptor.bytes > 0 && placement.region().shadow != nullptr &&
+                        placement.region().shadow->staged_on(index_);
+    if (staged || landing_.load() > 0) {
+      landing_.fetch_add(1);
+      lander_.Run([this, placement = std::move(placement), arrival,
+                   name = std::string(peer_name)]() mutable {
+        arrival.peer_name = name;
+        Land(placement, arrival);
+        landing_.fetch_sub(1);
+      });
+    } else {
+      received_bytes_.fetch_add(descriptor.bytes);
+      host_.handler().OnArrival(arrival);
+    }
   }
   admitted = Refusal::kNone;  // lets go of the placement: the handler has seen it
   absl::Status reposted;
@@ -550,6 +566,40 @@ void Nic::HandleRecv(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
     reposted = PostRecvSlot(qp, id.slot);
   }
   if (!reposted.ok()) CloseQp(&qp, reposted);
+}
+
+void Nic::Land(WindowTable::Placement& placement, Arrival arrival) {
+  absl::Status copied;
+  const Region* region = arrival.bytes > 0 ? &placement.region() : nullptr;
+  if (region != nullptr && region->shadow != nullptr &&
+      region->shadow->staged_on(index_)) {
+    const uint8_t* from = region->shadow->At(arrival.offset, arrival.bytes);
+    DeviceStager* stager = host_.device_stager();
+    if (from == nullptr || stager == nullptr) {
+      copied = absl::InternalError("the arrival is not inside one extent of its shadow");
+    } else if (landing_stage_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<DeviceStage>> stage = stager->NewStage(index_);
+      copied = stage.status();
+      if (stage.ok()) landing_stage_ = *std::move(stage);
+    }
+    if (copied.ok()) {
+      copied = landing_stage_->StartToDeviceFrom(
+          region->gpu, reinterpret_cast<uint64_t>(region->base) + arrival.offset, from,
+          arrival.bytes);
+      copied.Update(landing_stage_->Wait());
+    }
+  }
+  if (!copied.ok()) {
+    // Not delivered: the transfer's landing misses these bytes and says so in its
+    // verdict; nothing was written to the GPU beyond what the copy reached.
+    if (landing_failures_.fetch_add(1) == 0) {
+      std::fprintf(stderr, "fuselink verbs: NIC %d could not copy a staged arrival: %s\n",
+                   index_, copied.ToString().c_str());
+    }
+    return;
+  }
+  received_bytes_.fetch_add(arrival.bytes);
+  host_.handler().OnArrival(arrival);
 }
 
 void Nic::FinalizeDrained() {

@@ -65,6 +65,7 @@
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/verbs_device.h"
+#include "agent/fabric/verbs_worker.h"
 #include "agent/fabric/verbs_wrap.h"
 #include "agent/fabric/window_table.h"
 
@@ -240,6 +241,8 @@ class NicHost {
  public:
   virtual ~NicHost() = default;
   virtual Handler& handler() = 0;
+  // Copies staged arrivals into GPU memory (the lander); null without GPU memory.
+  virtual DeviceStager* device_stager() = 0;
   // An arrival's descriptor against the open windows (WindowTable::Admit); the
   // placement keeps the window draining while the handler sees the arrival.
   virtual std::variant<WindowTable::Placement, Refusal> Admit(WindowKey key,
@@ -305,6 +308,9 @@ class Nic {
   void CloseAll(const absl::Status& why);
   // Blocks until every QP has been destroyed.
   void WaitUntilNoQps();
+  // Delivers the staged arrivals still being copied, then stops the lander. After
+  // WaitUntilNoQps: no arrival comes any more.
+  void StopLander() { lander_.Stop(); }
 
   // Queues a write on `qp`, into the target extent registered as `rkey` at
   // `remote_address` (both unused for a notification). Never blocks, never allocates.
@@ -335,6 +341,9 @@ class Nic {
   Nic(int index, NicBinding binding, const NicSizing& sizing, const RcParams& rc,
       NicHost& host);
   void Poll();
+  // On the lander: copies a staged arrival's bytes from the window's host shadow into
+  // GPU memory, then delivers it (the placement keeps the window open until then).
+  void Land(WindowTable::Placement& placement, Arrival arrival);
   void Handle(const ibv_wc& wc);
   void HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id);
   void HandleRecv(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id);
@@ -389,6 +398,13 @@ class Nic {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> auth_failures_{0};
   std::atomic<uint64_t> renewals_{0};
+
+  // Staged arrivals (and, behind them, every arrival of this NIC, to keep the order)
+  // queued on the lander; its stage is made there on first use.
+  std::atomic<int> landing_{0};
+  std::atomic<uint64_t> landing_failures_{0};
+  std::unique_ptr<DeviceStage> landing_stage_;
+  Worker lander_;
 
   std::atomic<bool> stop_{false};
   std::thread poller_;

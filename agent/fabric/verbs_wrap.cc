@@ -111,6 +111,20 @@ absl::StatusOr<MemoryRegion> RegisterMrAt(ibv_pd* pd, void* base, size_t bytes,
   return MemoryRegion(mr);
 }
 
+absl::StatusOr<MemoryRegion> RegisterDmabufMr(ibv_pd* pd, int fd, uint64_t offset,
+                                              size_t bytes, uint64_t iova, int access) {
+  ibv_mr* mr =
+      ibv_reg_dmabuf_mr(pd, offset, bytes, iova, fd, access | kRegistrationAccess);
+  if (RefusedTheOptionalFlag(mr))
+    mr = ibv_reg_dmabuf_mr(pd, offset, bytes, iova, fd, access);
+  if (mr == nullptr) {
+    return VerbsStatus(absl::StrCat("ibv_reg_dmabuf_mr(", bytes, " bytes at offset ",
+                                    offset, " of dma-buf ", fd, ")"),
+                       errno);
+  }
+  return MemoryRegion(mr);
+}
+
 absl::StatusOr<QueuePair> QueuePair::Create(ibv_pd* pd, ibv_cq* cq, const Caps& caps) {
   ibv_qp_init_attr init{};
   init.send_cq = cq;

@@ -115,6 +115,10 @@ absl::StatusOr<MemoryRegion> RegisterMr(ibv_pd* pd, void* base, size_t bytes, in
 // extent registered at its offset in the region, so no local address leaves the node.
 absl::StatusOr<MemoryRegion> RegisterMrAt(ibv_pd* pd, void* base, size_t bytes,
                                           uint64_t iova, int access);
+// GPU memory exported as a dma-buf (GPUDirect RDMA): `bytes` at `offset` into the
+// buffer `fd`, addressed as [iova, iova + bytes) (ibv_reg_dmabuf_mr).
+absl::StatusOr<MemoryRegion> RegisterDmabufMr(ibv_pd* pd, int fd, uint64_t offset,
+                                              size_t bytes, uint64_t iova, int access);
 
 // The QP attributes RC needs that do not come from the peer; all explicit.
 struct RcParams {

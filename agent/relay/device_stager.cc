@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
+#include "agent/gpu/dmabuf.h"
 #include "agent/gpu/memory.h"
 #include "agent/gpu/stream.h"
 
@@ -41,13 +42,33 @@ class CudaStage final : public fabric::DeviceStage {
     }
     // Over the NIC's GPU's PCIe link into its landing buffer, then NVLink.
     FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(nic_gpu_));
-    if (!landing_[i].has_value()) {
-      FL_ASSIGN_OR_RETURN(landing_[i], gpu::DeviceBuffer::Allocate(
-                                           runtime_->context(nic_gpu_), piece_bytes_));
-      held_->device.fetch_add(piece_bytes_, std::memory_order_relaxed);
+    FL_ASSIGN_OR_RETURN(uint64_t landing, Landing(i));
+    FL_RETURN_IF_ERROR(stream->CopyHostToDevice(landing, buffer(i), bytes));
+    return stream->CopyDeviceToDevice(target, landing, bytes);
+  }
+
+  absl::Status StartToHostAt(int gpu, uint64_t source, uint8_t* host,
+                             uint32_t bytes) override {
+    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(gpu));
+    return stream->CopyDeviceToHost(host, source, bytes);
+  }
+
+  // In pieces through landing buffer 0 when the bytes are bound for another GPU than
+  // the NIC's: one stream orders each piece's NVLink copy before the next lands.
+  absl::Status StartToDeviceFrom(int gpu, uint64_t target, const uint8_t* host,
+                                 uint32_t bytes) override {
+    if (nic_gpu_ < 0 || gpu == nic_gpu_) {
+      FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(gpu));
+      return stream->CopyHostToDevice(target, host, bytes);
     }
-    FL_RETURN_IF_ERROR(stream->CopyHostToDevice(landing_[i]->ptr(), buffer(i), bytes));
-    return stream->CopyDeviceToDevice(target, landing_[i]->ptr(), bytes);
+    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(nic_gpu_));
+    FL_ASSIGN_OR_RETURN(uint64_t landing, Landing(0));
+    for (uint32_t at = 0; at < bytes; at += piece_bytes_) {
+      const uint32_t n = std::min(piece_bytes_, bytes - at);
+      FL_RETURN_IF_ERROR(stream->CopyHostToDevice(landing, host + at, n));
+      FL_RETURN_IF_ERROR(stream->CopyDeviceToDevice(target + at, landing, n));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Wait() override {
@@ -75,6 +96,15 @@ class CudaStage final : public fabric::DeviceStage {
         piece_bytes_(piece_bytes),
         streams_(runtime->count()),
         busy_(runtime->count(), false) {}
+
+  absl::StatusOr<uint64_t> Landing(int i) {
+    if (!landing_[i].has_value()) {
+      FL_ASSIGN_OR_RETURN(landing_[i], gpu::DeviceBuffer::Allocate(
+                                           runtime_->context(nic_gpu_), piece_bytes_));
+      held_->device.fetch_add(piece_bytes_, std::memory_order_relaxed);
+    }
+    return landing_[i]->ptr();
+  }
 
   absl::StatusOr<gpu::Stream*> StreamOf(int gpu) {
     if (!runtime_->has(gpu)) {
@@ -105,6 +135,44 @@ absl::StatusOr<std::unique_ptr<fabric::DeviceStage>> CudaDeviceStager::NewStage(
       std::unique_ptr<CudaStage> stage,
       CudaStage::Create(runtime_, runtime_->has(gpu) ? gpu : -1, piece_bytes_, &held_));
   return stage;
+}
+
+absl::StatusOr<std::shared_ptr<uint8_t>> CudaDeviceStager::AllocatePinned(
+    int nic, uint64_t bytes) {
+  const int gpu = nic < static_cast<int>(nic_gpu_.size()) ? nic_gpu_[nic] : -1;
+  FL_ASSIGN_OR_RETURN(gpu::PinnedHostBuffer buffer,
+                      gpu::PinnedHostBuffer::Allocate(
+                          runtime_->context(runtime_->has(gpu) ? gpu : 0), bytes));
+  held_.host.fetch_add(bytes, std::memory_order_relaxed);
+  auto owner = std::make_shared<gpu::PinnedHostBuffer>(std::move(buffer));
+  uint8_t* data = static_cast<uint8_t*>(owner->data());
+  return std::shared_ptr<uint8_t>(data, [owner, bytes, held = &held_](uint8_t*) {
+    held->host.fetch_sub(bytes, std::memory_order_relaxed);
+  });
+}
+
+absl::StatusOr<fabric::DmabufRange> CudaDeviceStager::ExportDmabuf(int gpu,
+                                                                   uint64_t address,
+                                                                   uint64_t bytes) {
+  if (!runtime_->has(gpu)) {
+    return absl::FailedPreconditionError(absl::StrCat("no GPU ", gpu, " here"));
+  }
+  FL_ASSIGN_OR_RETURN(gpu::DmabufRange range,
+                      gpu::ExportDmabuf(runtime_->context(gpu), address, bytes));
+  return fabric::DmabufRange{
+      .fd = std::move(range.fd), .offset = range.offset, .bytes = range.bytes};
+}
+
+absl::StatusOr<std::shared_ptr<const void>> CudaDeviceStager::AllocateProbe(
+    int gpu, uint64_t bytes, uint64_t* address) {
+  if (!runtime_->has(gpu)) {
+    return absl::FailedPreconditionError(absl::StrCat("no GPU ", gpu, " here"));
+  }
+  FL_ASSIGN_OR_RETURN(gpu::DeviceBuffer buffer,
+                      gpu::DeviceBuffer::Allocate(runtime_->context(gpu), bytes));
+  *address = buffer.ptr();
+  return std::shared_ptr<const void>(
+      std::make_shared<gpu::DeviceBuffer>(std::move(buffer)));
 }
 
 }  // namespace fuselink::relay

@@ -23,6 +23,14 @@ class CudaDeviceStager final : public fabric::DeviceStager {
       : runtime_(runtime), nic_gpu_(std::move(nic_gpu)), piece_bytes_(piece_bytes) {}
 
   absl::StatusOr<std::unique_ptr<fabric::DeviceStage>> NewStage(int nic) override;
+  // Portable pinned memory, in NIC `nic`'s GPU's context (GPU 0's without one).
+  absl::StatusOr<std::shared_ptr<uint8_t>> AllocatePinned(int nic,
+                                                          uint64_t bytes) override;
+  // By cuMemGetHandleForAddressRange, where the GPU supports it.
+  absl::StatusOr<fabric::DmabufRange> ExportDmabuf(int gpu, uint64_t address,
+                                                   uint64_t bytes) override;
+  absl::StatusOr<std::shared_ptr<const void>> AllocateProbe(int gpu, uint64_t bytes,
+                                                            uint64_t* address) override;
 
   // Memory the stages hold now: pinned host buffers, landing buffers on GPUs.
   uint64_t pinned_host_bytes() const {

@@ -16,77 +16,12 @@
 namespace fuselink::fabric {
 namespace {
 
+using testing::CountingFence;
+using testing::HostStager;
 using testing::LoopbackOptions;
 using testing::RecordingHandler;
 
-constexpr uint32_t kPiece = 4096;
-
-// Copies at once; records which GPUs were named, and checks that no buffer is
-// refilled before the copy that used it was waited for.
-class HostStager final : public DeviceStager {
- public:
-  struct Log {
-    std::atomic<uint64_t> to_host_bytes{0};
-    std::atomic<uint64_t> to_device_bytes{0};
-    std::atomic<int> last_target_gpu{-1};
-    std::atomic<int> buffer_reused_early{0};
-  };
-
-  absl::StatusOr<std::unique_ptr<DeviceStage>> NewStage(int nic) override {
-    return std::make_unique<Stage>(&log_);
-  }
-  Log& log() { return log_; }
-
- private:
-  class Stage final : public DeviceStage {
-   public:
-    explicit Stage(Log* log)
-        : log_(log),
-          buffers_{std::vector<uint8_t>(kPiece), std::vector<uint8_t>(kPiece)} {}
-    uint32_t piece_bytes() const override { return kPiece; }
-    uint8_t* buffer(int i) override { return buffers_[i].data(); }
-    absl::Status StartToHost(int gpu, uint64_t source, int i, uint32_t bytes) override {
-      Use(i);
-      std::memcpy(buffer(i), reinterpret_cast<const void*>(source), bytes);
-      log_->to_host_bytes += bytes;
-      return absl::OkStatus();
-    }
-    absl::Status StartToDevice(int gpu, uint64_t target, int i, uint32_t bytes) override {
-      Use(i);
-      std::memcpy(reinterpret_cast<void*>(target), buffer(i), bytes);
-      log_->to_device_bytes += bytes;
-      log_->last_target_gpu = gpu;
-      return absl::OkStatus();
-    }
-    absl::Status Wait() override {
-      pending_[0] = pending_[1] = false;
-      return absl::OkStatus();
-    }
-
-   private:
-    void Use(int i) {
-      if (pending_[i]) ++log_->buffer_reused_early;
-      pending_[i] = true;
-    }
-    Log* const log_;
-    std::vector<uint8_t> buffers_[2];
-    bool pending_[2] = {false, false};
-  };
-  Log log_;
-};
-
-class CountingFence final : public Fence {
- public:
-  explicit CountingFence(absl::Status result) : result_(std::move(result)) {}
-  absl::Status Wait() override {
-    ++waits;
-    return result_;
-  }
-  std::atomic<int> waits{0};
-
- private:
-  const absl::Status result_;
-};
+constexpr uint32_t kPiece = HostStager::kPiece;
 
 class DeviceStagingTest : public ::testing::Test {
  protected:

@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -225,6 +227,80 @@ void ExpectCancelEndsTheConnect(Fabric& fabric, const Endpoint& hole) {
   connecting.join();
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
   EXPECT_EQ(fabric.Connect("hole", remote).status().code(), absl::StatusCode::kCancelled);
+}
+
+namespace {
+
+class HostStage final : public DeviceStage {
+ public:
+  explicit HostStage(HostStager::Log* log)
+      : log_(log),
+        buffers_{std::vector<uint8_t>(HostStager::kPiece),
+                 std::vector<uint8_t>(HostStager::kPiece)} {}
+  uint32_t piece_bytes() const override { return HostStager::kPiece; }
+  uint8_t* buffer(int i) override { return buffers_[i].data(); }
+  absl::Status StartToHost(int gpu, uint64_t source, int i, uint32_t bytes) override {
+    Use(i);
+    return StartToHostAt(gpu, source, buffer(i), bytes);
+  }
+  absl::Status StartToDevice(int gpu, uint64_t target, int i, uint32_t bytes) override {
+    Use(i);
+    return StartToDeviceFrom(gpu, target, buffer(i), bytes);
+  }
+  absl::Status StartToHostAt(int gpu, uint64_t source, uint8_t* host,
+                             uint32_t bytes) override {
+    FL_RETURN_IF_ERROR(Count());
+    std::memcpy(host, reinterpret_cast<const void*>(source), bytes);
+    log_->to_host_bytes += bytes;
+    log_->last_source_gpu = gpu;
+    return absl::OkStatus();
+  }
+  absl::Status StartToDeviceFrom(int gpu, uint64_t target, const uint8_t* host,
+                                 uint32_t bytes) override {
+    FL_RETURN_IF_ERROR(Count());
+    std::memcpy(reinterpret_cast<void*>(target), host, bytes);
+    log_->to_device_bytes += bytes;
+    log_->last_target_gpu = gpu;
+    return absl::OkStatus();
+  }
+  absl::Status Wait() override {
+    pending_[0] = pending_[1] = false;
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Count() {
+    if (++log_->copies == log_->fail_copy) {
+      return absl::InternalError("injected copy fault");
+    }
+    return absl::OkStatus();
+  }
+  void Use(int i) {
+    if (pending_[i]) ++log_->buffer_reused_early;
+    pending_[i] = true;
+  }
+  HostStager::Log* const log_;
+  std::vector<uint8_t> buffers_[2];
+  bool pending_[2] = {false, false};
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceStage>> HostStager::NewStage(int nic) {
+  return std::make_unique<HostStage>(&log_);
+}
+
+absl::StatusOr<std::shared_ptr<uint8_t>> HostStager::AllocatePinned(int nic,
+                                                                    uint64_t bytes) {
+  constexpr size_t kPage = 4096;
+  const size_t rounded = (bytes + kPage - 1) / kPage * kPage;
+  auto* memory = static_cast<uint8_t*>(std::aligned_alloc(kPage, rounded));
+  if (memory == nullptr) return absl::ResourceExhaustedError("aligned_alloc failed");
+  log_.pinned_bytes += bytes;
+  return std::shared_ptr<uint8_t>(memory, [log = &log_, bytes](uint8_t* p) {
+    log->pinned_bytes -= bytes;
+    std::free(p);
+  });
 }
 
 }  // namespace fuselink::fabric::testing

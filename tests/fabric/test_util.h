@@ -89,6 +89,46 @@ class Buffers {
   std::deque<std::vector<uint8_t>> kept_;
 };
 
+// A DeviceStager whose "device memory" is host memory: copies at once, records which
+// GPUs were named, checks that no stage buffer is refilled before the copy that used
+// it was waited for, and fails the copy numbered `fail_copy` (from 1) when set.
+class HostStager final : public DeviceStager {
+ public:
+  static constexpr uint32_t kPiece = 4096;
+  struct Log {
+    std::atomic<uint64_t> to_host_bytes{0};
+    std::atomic<uint64_t> to_device_bytes{0};
+    std::atomic<int> last_target_gpu{-1};
+    std::atomic<int> last_source_gpu{-1};
+    std::atomic<int> buffer_reused_early{0};
+    std::atomic<uint64_t> pinned_bytes{0};  // allocated and not yet freed
+    std::atomic<int> copies{0};
+    std::atomic<int> fail_copy{0};
+  };
+
+  absl::StatusOr<std::unique_ptr<DeviceStage>> NewStage(int nic) override;
+  absl::StatusOr<std::shared_ptr<uint8_t>> AllocatePinned(int nic,
+                                                          uint64_t bytes) override;
+  Log& log() { return log_; }
+
+ private:
+  Log log_;
+};
+
+// A fence that answers `result` and counts its waits.
+class CountingFence final : public Fence {
+ public:
+  explicit CountingFence(absl::Status result) : result_(std::move(result)) {}
+  absl::Status Wait() override {
+    ++waits;
+    return result_;
+  }
+  std::atomic<int> waits{0};
+
+ private:
+  const absl::Status result_;
+};
+
 // Options for a fabric of `nic_count` NICs on 127.0.0.<first_host>, <first_host + 1>,
 // ..., ports picked by the kernel, with the keys `ring` holds for `name`.
 TcpFabricOptions LoopbackOptions(std::string name, int first_host, KeyRing& ring,

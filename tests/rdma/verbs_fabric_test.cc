@@ -123,15 +123,18 @@ VerbsFabricOptions Options(std::string name, bool a_side, int nic_count, int qps
 }
 
 // Also keeps each arrival's peer name (Arrival::peer_name is valid during the call).
+// `check`, when set, sees each arrival first.
 class NamingHandler : public testing::RecordingHandler {
  public:
   void OnArrival(const Arrival& arrival) override {
+    if (check) check(arrival);
     {
       absl::MutexLock lock(&mu_);
       names_.emplace_back(arrival.peer_name);
     }
     RecordingHandler::OnArrival(arrival);
   }
+  std::function<void(const Arrival&)> check;
   std::vector<std::string> names() const {
     absl::MutexLock lock(&mu_);
     return names_;
@@ -188,13 +191,16 @@ class VerbsFabricTest : public ::testing::Test {
   void SetUp() override {
     if (std::string why = SkipReason(); !why.empty()) GTEST_SKIP() << why;
   }
-  // Creates a and b over `nic_count` rails; `tune_b` adjusts b's options.
+  // Creates a and b over `nic_count` rails; `tune_b` and `tune_a` adjust their options.
   void Create(int nic_count, int qps,
-              const std::function<void(VerbsFabricOptions&)>& tune_b = nullptr) {
+              const std::function<void(VerbsFabricOptions&)>& tune_b = nullptr,
+              const std::function<void(VerbsFabricOptions&)>& tune_a = nullptr) {
     if (static_cast<int>(Rails().size()) < nic_count) {
       GTEST_SKIP() << "needs " << nic_count << " rails in FUSELINK_RDMA_RAILS";
     }
-    auto a = CreateVerbsFabric(Options("a", true, nic_count, qps, keys_), &a_events_);
+    VerbsFabricOptions a_options = Options("a", true, nic_count, qps, keys_);
+    if (tune_a) tune_a(a_options);
+    auto a = CreateVerbsFabric(a_options, &a_events_);
     ASSERT_TRUE(a.ok()) << a.status();
     a_ = *std::move(a);
     VerbsFabricOptions b_options = Options("b", false, nic_count, qps, keys_);
@@ -214,8 +220,9 @@ class VerbsFabricTest : public ::testing::Test {
                 connect_seconds_ * 1e3);
   }
   void Make(int nic_count, int qps,
-            const std::function<void(VerbsFabricOptions&)>& tune_b = nullptr) {
-    Create(nic_count, qps, tune_b);
+            const std::function<void(VerbsFabricOptions&)>& tune_b = nullptr,
+            const std::function<void(VerbsFabricOptions&)>& tune_a = nullptr) {
+    Create(nic_count, qps, tune_b, tune_a);
     if (HasFatalFailure() || IsSkipped()) return;
     ConnectAB();
   }
@@ -1041,6 +1048,257 @@ TEST_F(VerbsFabricTest, Throughput) {
   ASSERT_TRUE(key.ok());
   std::printf("bench: register 256 MiB on 1 NIC: %.1f ms = %.0f ms per GiB\n",
               seconds * 1e3, seconds * 4e3);
+}
+
+// GPU regions on verbs where no NIC reaches GPU memory (the VM: no dma-buf, no peer
+// memory): both sides stage through the stand-in stager, whose "device memory" is
+// host memory.
+class VerbsGpuTest : public VerbsFabricTest {
+ protected:
+  static constexpr uint32_t kSlotBytes = 64 << 10;
+  void MakeStaged(int nic_count, uint64_t max_shadow_bytes = uint64_t{1} << 30) {
+    auto gpus = [=](testing::HostStager* stager) {
+      return [=](VerbsFabricOptions& o) {
+        o.device_stager = stager;
+        o.gpu_count = 2;
+        o.staging_slots_per_nic = 4;
+        o.staging_slot_bytes = kSlotBytes;
+        o.max_shadow_bytes = max_shadow_bytes;
+      };
+    };
+    Make(nic_count, 2, gpus(&b_stager_), gpus(&a_stager_));
+  }
+  // A GPU region of `memory` on `gpu`.
+  RegionKey DeviceRegion(Fabric& fabric, std::vector<uint8_t>& memory, int gpu) {
+    absl::StatusOr<RegionKey> key = fabric.RegisterDeviceRegion(
+        reinterpret_cast<uint64_t>(memory.data()), memory.size(), gpu, nullptr);
+    EXPECT_TRUE(key.ok()) << key.status();
+    return key.value_or(0);
+  }
+
+  testing::HostStager a_stager_, b_stager_;  // outlive the fabrics
+  testing::Buffers buffers_;
+};
+
+#define FL_MAKE_STAGED(...)                       \
+  do {                                            \
+    MakeStaged(__VA_ARGS__);                      \
+    if (HasFatalFailure() || IsSkipped()) return; \
+  } while (0)
+
+// GPU to GPU and host to GPU, staged on both sides over two NICs: every byte lands
+// where it should and nowhere else, and an arrival is delivered only once its bytes
+// are in GPU memory.
+TEST_F(VerbsGpuTest, StagedWritesLandExactlyOnBothSides) {
+  FL_MAKE_STAGED(2);
+  for (int nic = 0; nic < 2; ++nic) {
+    EXPECT_EQ(a_->GpuPath(0, nic), "staged");
+    EXPECT_EQ(b_->GpuPath(1, nic), "staged");
+  }
+  EXPECT_EQ(a_->GpuPath(2, 0), "none");
+  constexpr size_t kWrites = 64;
+  std::vector<uint8_t>& gpu_source = buffers_.Keep(ManyBytes(kWrites * kSlotBytes, 1));
+  std::vector<uint8_t>& host_source = buffers_.Keep(ManyBytes(kWrites * kSlotBytes, 2));
+  std::vector<uint8_t>& target =
+      buffers_.Keep(std::vector<uint8_t>(kWrites * kSlotBytes, kUntouched));
+  std::vector<uint8_t> expected = target;
+  const RegionKey from_gpu = DeviceRegion(*a_, gpu_source, 0);
+  const RegionKey from_host = Region(*a_, host_source);
+  const RegionKey into = DeviceRegion(*b_, target, 1);
+  const WindowKey window = Window(into, "a", {{0, target.size()}});
+
+  std::mt19937 random(3);
+  std::vector<WriteOp> ops;
+  uint64_t staged_out = 0, staged_in = 0;
+  for (size_t i = 0; i < kWrites; ++i) {
+    const uint32_t bytes = 1 + random() % kSlotBytes;
+    const uint64_t remote = i * kSlotBytes + random() % (kSlotBytes - bytes + 1);
+    const uint64_t local = random() % (kWrites * kSlotBytes - bytes + 1);
+    const bool gpu = i % 3 != 2;
+    std::memcpy(&expected[remote], &(gpu ? gpu_source : host_source)[local], bytes);
+    if (gpu) staged_out += bytes;
+    staged_in += bytes;
+    ops.push_back({.local_key = gpu ? from_gpu : from_host,
+                   .local_offset = local,
+                   .remote_key = window,
+                   .remote_offset = remote,
+                   .bytes = bytes,
+                   .imm = static_cast<uint32_t>(i),
+                   .wr_id = i});
+  }
+  std::atomic<int> early{0};
+  b_events_.check = [&](const Arrival& arrival) {
+    if (std::memcmp(&target[arrival.offset], &expected[arrival.offset], arrival.bytes))
+      ++early;
+  };
+  for (size_t i = 0; i < kWrites; ++i) {
+    ASSERT_TRUE(Post(static_cast<int>(i % 2), ops[i]).ok()) << i;
+  }
+  ASSERT_TRUE(a_events_.WaitForCompletions(kWrites));
+  ASSERT_TRUE(b_events_.WaitForArrivals(kWrites));
+  for (const Completion& c : a_events_.completions()) {
+    EXPECT_TRUE(c.status.ok()) << c.wr_id << ": " << c.status;
+  }
+  EXPECT_EQ(early, 0) << "arrivals delivered before their bytes were in GPU memory";
+  EXPECT_TRUE(target == expected) << "target bytes differ";
+  EXPECT_EQ(a_stager_.log().to_host_bytes, staged_out);
+  EXPECT_EQ(a_stager_.log().last_source_gpu, 0);
+  EXPECT_EQ(b_stager_.log().to_device_bytes, staged_in);
+  EXPECT_EQ(b_stager_.log().last_target_gpu, 1);
+  EXPECT_EQ(b_->counters(0).received_bytes + b_->counters(1).received_bytes, staged_in);
+  b_events_.check = nullptr;
+
+  // The window's shadow is freed with its close; a's bounce slots stay for reuse.
+  EXPECT_GT(b_stager_.log().pinned_bytes, 0u);
+  DrainCounter drained;
+  b_->CloseWindow(window, drained.Callback());
+  EXPECT_EQ(drained.WaitFor(1), 1);
+  EXPECT_EQ(b_stager_.log().pinned_bytes, 0u);
+  EXPECT_EQ(a_stager_.log().pinned_bytes, 2 * 4 * kSlotBytes);  // 4 slots on each NIC
+}
+
+// A relayed send: the source is in a relay slot on another GPU, written by a copy the
+// write must wait for. A fence that fails and a staging copy that fails each fail
+// their own write (UNAVAILABLE: the engine sends it over another NIC), place nothing,
+// and the next write goes through.
+TEST_F(VerbsGpuTest, RelayedSendsWaitForTheirFenceAndAFaultFailsOnlyItsWrite) {
+  FL_MAKE_STAGED(1);
+  std::vector<uint8_t>& slot = buffers_.Keep(ManyBytes(4 * kSlotBytes, 4));
+  std::vector<uint8_t>& target =
+      buffers_.Keep(std::vector<uint8_t>(4 * kSlotBytes, kUntouched));
+  const RegionKey from = DeviceRegion(*a_, slot, 1);
+  const WindowKey window = Window(Region(*b_, target), "a", {{0, target.size()}});
+  auto op = [&](uint64_t i, Fence* after) {
+    return WriteOp{.local_key = from,
+                   .local_offset = i * kSlotBytes,
+                   .remote_key = window,
+                   .remote_offset = i * kSlotBytes,
+                   .bytes = kSlotBytes,
+                   .imm = static_cast<uint32_t>(i),
+                   .wr_id = i,
+                   .after = after};
+  };
+  auto landed = [&](uint64_t i) {
+    return std::memcmp(&target[i * kSlotBytes], &slot[i * kSlotBytes], kSlotBytes) == 0;
+  };
+  auto untouched = [&](uint64_t i) {
+    return std::all_of(target.begin() + i * kSlotBytes,
+                       target.begin() + (i + 1) * kSlotBytes,
+                       [](uint8_t b) { return b == kUntouched; });
+  };
+  testing::CountingFence passes(absl::OkStatus());
+  testing::CountingFence fails(absl::InternalError("the relay copy faulted"));
+
+  ASSERT_TRUE(Post(0, op(0, &passes)).ok());
+  std::optional<Completion> first = CompletionOf(0);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_TRUE(first->status.ok()) << first->status;
+  EXPECT_EQ(passes.waits, 1);
+
+  ASSERT_TRUE(Post(0, op(1, &fails)).ok());
+  std::optional<Completion> fenced = CompletionOf(1);
+  ASSERT_TRUE(fenced.has_value());
+  EXPECT_EQ(fenced->status.code(), absl::StatusCode::kUnavailable) << fenced->status;
+  EXPECT_EQ(fails.waits, 1);
+
+  a_stager_.log().fail_copy = a_stager_.log().copies + 1;
+  ASSERT_TRUE(Post(0, op(2, nullptr)).ok());
+  std::optional<Completion> faulted = CompletionOf(2);
+  ASSERT_TRUE(faulted.has_value());
+  EXPECT_EQ(faulted->status.code(), absl::StatusCode::kUnavailable) << faulted->status;
+
+  ASSERT_TRUE(Post(0, op(3, nullptr)).ok());
+  std::optional<Completion> after = CompletionOf(3);
+  ASSERT_TRUE(after.has_value());
+  EXPECT_TRUE(after->status.ok()) << after->status;
+  ASSERT_TRUE(b_events_.WaitForArrivals(2));
+  EXPECT_TRUE(landed(0));
+  EXPECT_TRUE(untouched(1));
+  EXPECT_TRUE(untouched(2));
+  EXPECT_TRUE(landed(3));
+  EXPECT_EQ(b_events_.arrivals().size(), 2u);
+}
+
+// A staged arrival whose copy into GPU memory fails is not delivered (the transfer's
+// landing misses its bytes and says so in its verdict); the NIC's next arrival is.
+TEST_F(VerbsGpuTest, AStagedArrivalWhoseCopyFailsIsNotDelivered) {
+  FL_MAKE_STAGED(1);
+  std::vector<uint8_t>& source = buffers_.Keep(ManyBytes(2 * kSlotBytes, 5));
+  std::vector<uint8_t>& target =
+      buffers_.Keep(std::vector<uint8_t>(2 * kSlotBytes, kUntouched));
+  const RegionKey from = Region(*a_, source);
+  const WindowKey window =
+      Window(DeviceRegion(*b_, target, 0), "a", {{0, target.size()}});
+  b_stager_.log().fail_copy = b_stager_.log().copies + 1;
+  for (uint64_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(Post(0, {.local_key = from,
+                         .local_offset = i * kSlotBytes,
+                         .remote_key = window,
+                         .remote_offset = i * kSlotBytes,
+                         .bytes = kSlotBytes,
+                         .imm = static_cast<uint32_t>(10 + i),
+                         .wr_id = i})
+                    .ok());
+  }
+  ASSERT_TRUE(a_events_.WaitForCompletions(2));
+  for (const Completion& c : a_events_.completions()) EXPECT_TRUE(c.status.ok());
+  ASSERT_TRUE(b_events_.WaitForArrivals(1));
+  const std::vector<Arrival> arrivals = b_events_.arrivals();
+  ASSERT_EQ(arrivals.size(), 1u);
+  EXPECT_EQ(arrivals[0].imm, 11u);
+  EXPECT_EQ(std::memcmp(&target[kSlotBytes], &source[kSlotBytes], kSlotBytes), 0);
+  EXPECT_EQ(b_->counters(0).received_bytes, kSlotBytes);
+}
+
+// What a caller gets wrong, each with its code; the fabric goes on.
+TEST_F(VerbsGpuTest, BadGpuRequestsGetTheirCode) {
+  FL_MAKE_STAGED(1, /*max_shadow_bytes=*/kSlotBytes + 4096);  // + in-page offset
+  std::vector<uint8_t>& memory = buffers_.Keep(ManyBytes(4 * kSlotBytes, 6));
+  std::vector<uint8_t>& target =
+      buffers_.Keep(std::vector<uint8_t>(4 * kSlotBytes, kUntouched));
+  EXPECT_EQ(a_->RegisterDeviceRegion(reinterpret_cast<uint64_t>(memory.data()),
+                                     memory.size(), 2, nullptr)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a_->RegisterDeviceRegion(0, memory.size(), 0, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const RegionKey into = DeviceRegion(*b_, target, 0);
+  // The shadow budget: one slot's worth (and its in-page offset), so a window of two
+  // slots does not fit.
+  EXPECT_EQ(
+      b_->OpenWindow(into, "a", std::vector<Extent>{{0, 2 * kSlotBytes}}).status().code(),
+      absl::StatusCode::kResourceExhausted);
+  const WindowKey window = Window(into, "a", {{0, kSlotBytes}});
+  const RegionKey from = DeviceRegion(*a_, memory, 0);
+  // A staged write is at most one bounce slot.
+  EXPECT_EQ(a_->PostWrite(b_on_a_, 0,
+                          {.local_key = from,
+                           .remote_key = window,
+                           .bytes = kSlotBytes + 1,
+                           .wr_id = 1})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(
+      Post(0, {.local_key = from, .remote_key = window, .bytes = kSlotBytes, .wr_id = 2})
+          .ok());
+  std::optional<Completion> done = CompletionOf(2);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->status.ok()) << done->status;
+  ASSERT_TRUE(b_events_.WaitForArrivals(1));
+  EXPECT_EQ(std::memcmp(target.data(), memory.data(), kSlotBytes), 0);
+}
+
+// Without a device stager the fabric refuses GPU memory, saying why.
+TEST_F(VerbsFabricTest, GpuRegionsNeedAStager) {
+  FL_MAKE(1, 1);
+  std::vector<uint8_t> memory(4096);
+  EXPECT_EQ(a_->GpuPath(0, 0), "none");
+  EXPECT_EQ(a_->RegisterDeviceRegion(reinterpret_cast<uint64_t>(memory.data()),
+                                     memory.size(), 0, nullptr)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -2,12 +2,14 @@
 // source's window tables, the worker. No device.
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "agent/fabric/little_endian.h"
 #include "agent/fabric/verbs_device.h"
 #include "agent/fabric/verbs_nic.h"
+#include "agent/fabric/verbs_staging.h"
 #include "agent/fabric/verbs_window.h"
 #include "agent/fabric/verbs_wire.h"
 #include "agent/fabric/verbs_worker.h"
@@ -414,6 +416,54 @@ TEST(VerbsDevice, FindsTheInfinibandPortBehindAnIpoibInterface) {
   EXPECT_EQ(ChooseIpoibPort(ports, "/sys/devices/other", 0), std::nullopt);
   EXPECT_EQ(ChooseIpoibPort(ports, "", 0), std::nullopt);  // a virtual interface
   EXPECT_EQ(ChooseIpoibPort(ports, hca, -1), std::nullopt);
+}
+
+// The best path a (GPU, NIC) pair's probe found wins; staging needs a stager.
+TEST(GpuPath, TheBestPathTheProbeFoundWins) {
+  using verbs::GpuPath;
+  EXPECT_EQ(verbs::ChooseGpuPath({}), GpuPath::kNone);
+  EXPECT_EQ(verbs::ChooseGpuPath({.stager = true}), GpuPath::kStaged);
+  EXPECT_EQ(verbs::ChooseGpuPath({.peer_memory_registers = true, .stager = true}),
+            GpuPath::kPeerMemory);
+  EXPECT_EQ(
+      verbs::ChooseGpuPath(
+          {.dmabuf_registers = true, .peer_memory_registers = true, .stager = true}),
+      GpuPath::kDmabuf);
+  EXPECT_EQ(verbs::GpuPathName(GpuPath::kDmabuf), "dma-buf");
+  EXPECT_EQ(verbs::GpuPathName(GpuPath::kPeerMemory), "peer-memory");
+  EXPECT_EQ(verbs::GpuPathName(GpuPath::kStaged), "staged");
+  EXPECT_EQ(verbs::GpuPathName(GpuPath::kNone), "none");
+}
+
+// Without a stager nothing is probed; a stager without device memory (the stand-in)
+// leaves staging as the only path.
+TEST(GpuPath, AProbeWithoutDeviceMemoryFindsStagingOnly) {
+  EXPECT_EQ(verbs::ChooseGpuPath(verbs::ProbeGpuPath(nullptr, 0, nullptr, true)),
+            verbs::GpuPath::kNone);
+  class NoDeviceMemory final : public DeviceStager {
+   public:
+    absl::StatusOr<std::unique_ptr<DeviceStage>> NewStage(int) override {
+      return absl::UnimplementedError("no stages");
+    }
+    absl::StatusOr<std::shared_ptr<uint8_t>> AllocatePinned(int, uint64_t) override {
+      return absl::UnimplementedError("no pinned memory");
+    }
+  } stager;
+  EXPECT_EQ(verbs::ChooseGpuPath(verbs::ProbeGpuPath(&stager, 0, nullptr, true)),
+            verbs::GpuPath::kStaged);
+}
+
+TEST(GpuPath, PeerMemoryIsTheLoadedModule) {
+  const std::string root = ::testing::TempDir() + "/peermem-sysfs";
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root + "/module/nvidia");
+  EXPECT_FALSE(verbs::PeerMemoryLoaded(root));
+  std::filesystem::create_directories(root + "/module/nvidia_peermem");
+  EXPECT_TRUE(verbs::PeerMemoryLoaded(root));
+  std::filesystem::remove_all(root + "/module/nvidia_peermem");
+  std::filesystem::create_directories(root + "/module/nv_peer_mem");
+  EXPECT_TRUE(verbs::PeerMemoryLoaded(root));
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

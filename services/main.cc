@@ -108,6 +108,12 @@ ABSL_FLAG(int, rdma_traffic_class, 0,
           "are the DSCP: set the one the fabric maps to its lossless class, e.g. 106 for "
           "DSCP 26 with ECN.");
 ABSL_FLAG(int, rdma_service_level, 0, "verbs: the service level of every QP (0-15).");
+ABSL_FLAG(uint32_t, rdma_staging_slots, 8,
+          "verbs: bounce slots per NIC (a chunk each, pinned) for GPU memory the NIC "
+          "can reach only through host memory (1-4096).");
+ABSL_FLAG(uint64_t, rdma_max_shadow_mib, 1024,
+          "verbs: pinned host memory (MiB) that incoming transfers into such GPU "
+          "memory may land in at once; a transfer beyond it is refused.");
 ABSL_FLAG(int, rdma_max_qps_per_nic, 64,
           "verbs: RC queue pairs one NIC holds over all peers (1-4096, at least "
           "--qps_per_nic); a peer past it is refused RESOURCE_EXHAUSTED.");
@@ -256,6 +262,16 @@ int main(int argc, char** argv) {
   if (options.rdma_service_level < 0 || options.rdma_service_level > 15) {
     return Fail(absl::InvalidArgumentError("--rdma_service_level must be 0 to 15"));
   }
+  options.rdma_staging_slots = absl::GetFlag(FLAGS_rdma_staging_slots);
+  if (options.rdma_staging_slots < 1 || options.rdma_staging_slots > 4096) {
+    return Fail(absl::InvalidArgumentError("--rdma_staging_slots must be 1 to 4096"));
+  }
+  const uint64_t shadow_mib = absl::GetFlag(FLAGS_rdma_max_shadow_mib);
+  if (shadow_mib < 1 || shadow_mib > (uint64_t{1} << 24)) {
+    return Fail(
+        absl::InvalidArgumentError("--rdma_max_shadow_mib must be 1 to 16777216"));
+  }
+  options.rdma_max_shadow_bytes = shadow_mib << 20;
   options.rdma_max_qps_per_nic = absl::GetFlag(FLAGS_rdma_max_qps_per_nic);
   if (options.rdma_max_qps_per_nic < std::max(1, options.qps_per_nic) ||
       options.rdma_max_qps_per_nic > 4096) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/gpu/runtime.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
@@ -167,6 +168,28 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
           "stripe policies ignore it.",
           MetricType::Gauge,
           [&](int k, nicstat::Direction d) { return foreign.busy_mask(d) >> k & 1; });
+    }
+    // How each GPU's memory crosses each NIC (agent/fabric/verbs_staging.h): one
+    // series per pair, 1, with the path as a label.
+    if (const gpu::Runtime* gpus = node.gpu(); gpus != nullptr) {
+      prometheus::MetricFamily paths{
+          "fuselink_gpu_nic_path",
+          "1 for each GPU and NIC: how the transport moves that GPU's memory over "
+          "the NIC (dma-buf, peer-memory: the NIC reaches it; staged: through "
+          "pinned host memory; none).",
+          MetricType::Gauge,
+          {}};
+      for (int g = 0; g < gpus->count(); ++g) {
+        for (const v1::Nic& nic : topology.nics()) {
+          prometheus::ClientMetric m;
+          m.label = {{"gpu", absl::StrCat(g)},
+                     {"nic", nic.name()},
+                     {"path", node.fabric().GpuPath(g, static_cast<int>(nic.index()))}};
+          m.gauge.value = 1;
+          paths.metric.push_back(std::move(m));
+        }
+      }
+      out.push_back(std::move(paths));
     }
     auto gauge = [&](const char* name, const char* help, double value) {
       prometheus::MetricFamily f{name, help, MetricType::Gauge, {}};

@@ -191,6 +191,11 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
     verbs.rc.traffic_class = static_cast<uint8_t>(options_.rdma_traffic_class);
     verbs.rc.service_level = static_cast<uint8_t>(options_.rdma_service_level);
     verbs.keys = &fabric_keys_;
+    verbs.device_stager = stager_.get();
+    verbs.gpu_count = gpu_ != nullptr ? gpu_->count() : 0;
+    verbs.staging_slots_per_nic = options_.rdma_staging_slots;
+    verbs.staging_slot_bytes = options_.engine.chunk_bytes;  // a staged write is a chunk
+    verbs.max_shadow_bytes = options_.rdma_max_shadow_bytes;
     return fabric::CreateVerbsFabric(verbs, this);
   }
   fabric::TcpFabricOptions tcp;

@@ -44,6 +44,10 @@ struct NodeOptions {
   int rdma_traffic_class = 0;     // verbs: GRH traffic class, 0-255
   int rdma_service_level = 0;     // verbs: service level, 0-15
   int rdma_max_qps_per_nic = 64;  // verbs: QPs one NIC holds over all peers
+  // verbs, GPU memory a NIC reaches only by staging: bounce slots per NIC (a chunk
+  // each), and the pinned host memory open windows' shadows may take.
+  uint32_t rdma_staging_slots = 8;
+  uint64_t rdma_max_shadow_bytes = uint64_t{1} << 30;
   transfer::EngineOptions engine;
   transfer::LandingOptions landing;
   // GPU paths: "auto" (on where the driver finds GPUs) or "off".

@@ -453,23 +453,19 @@ absl::StatusOr<verbs::WriteSource> VerbsFabric::StageSource(Deferred& write) {
   DeviceStager& stager = *options_.device_stager;  // a region without MRs has one
   if (sender.pool == nullptr) {
     FL_ASSIGN_OR_RETURN(
-        sender.pool, verbs::BouncePool::Create(stager, write.nic, nics_[write.nic]->pd(),
-                                               options_.staging_slots_per_nic,
-                                               options_.staging_slot_bytes));
+        sender.pool,
+        verbs::BouncePool::Create(stager, write.nic, options_.staging_slots_per_nic,
+                                  options_.staging_slot_bytes,
+                                  verbs::BouncePool::LocalReads(nics_[write.nic]->pd())));
   }
   if (sender.stage == nullptr) {
     FL_ASSIGN_OR_RETURN(sender.stage, stager.NewStage(write.nic));
   }
-  std::shared_ptr<const verbs::BouncePool::Slot> slot = sender.pool->Acquire();
-  if (slot == nullptr) return absl::UnavailableError("fabric shutting down");
-  const uint64_t from = reinterpret_cast<uint64_t>(region->base) + write.op.local_offset;
-  absl::Status copied =
-      sender.stage->StartToHostAt(region->gpu, from, slot->data, write.op.bytes);
-  copied.Update(sender.stage->Wait());
-  if (!copied.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("staging GPU ", region->gpu, " memory failed: ", copied.message()));
-  }
+  FL_ASSIGN_OR_RETURN(
+      std::shared_ptr<const verbs::BouncePool::Slot> slot,
+      verbs::StageOut(*sender.pool, *sender.stage, region->gpu,
+                      reinterpret_cast<uint64_t>(region->base) + write.op.local_offset,
+                      write.op.bytes));
   const uint64_t address = reinterpret_cast<uint64_t>(slot->data);
   const uint32_t lkey = slot->lkey;
   return verbs::WriteSource{.address = address, .lkey = lkey, .hold = std::move(slot)};

@@ -44,7 +44,8 @@ GpuPathProbe ProbeGpuPath(DeviceStager* stager, int gpu, ibv_pd* pd, bool peer_m
   uint64_t address = 0;
   absl::StatusOr<std::shared_ptr<const void>> memory =
       stager->AllocateProbe(gpu, kProbeBytes, &address);
-  if (!memory.ok()) return probe;  // no real device memory: staging only
+  // No real device memory, or no NIC to register with: staging only.
+  if (!memory.ok() || pd == nullptr) return probe;
   if (absl::StatusOr<DmabufRange> range = stager->ExportDmabuf(gpu, address, kProbeBytes);
       range.ok()) {
     probe.dmabuf_registers =
@@ -61,21 +62,25 @@ GpuPathProbe ProbeGpuPath(DeviceStager* stager, int gpu, ibv_pd* pd, bool peer_m
   return probe;
 }
 
-absl::StatusOr<std::shared_ptr<BouncePool>> BouncePool::Create(DeviceStager& stager,
-                                                               int nic, ibv_pd* pd,
-                                                               uint32_t count,
-                                                               uint32_t slot_bytes) {
+absl::StatusOr<std::shared_ptr<BouncePool>> BouncePool::Create(
+    DeviceStager& stager, int nic, uint32_t count, uint32_t slot_bytes,
+    const Registrar& registrar) {
   std::shared_ptr<BouncePool> pool(new BouncePool(slot_bytes));
   pool->buffers_.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
     Buffer& buffer = pool->buffers_.emplace_back();
     FL_ASSIGN_OR_RETURN(buffer.memory, stager.AllocatePinned(nic, slot_bytes));
-    FL_ASSIGN_OR_RETURN(buffer.mr, RegisterMr(pd, buffer.memory.get(), slot_bytes,
-                                              IBV_ACCESS_LOCAL_WRITE));
+    FL_ASSIGN_OR_RETURN(buffer.mr, registrar(buffer.memory.get(), slot_bytes));
   }
   absl::MutexLock lock(&pool->mu_);
   for (size_t i = 0; i < count; ++i) pool->free_.push_back(i);
   return pool;
+}
+
+BouncePool::Registrar BouncePool::LocalReads(ibv_pd* pd) {
+  return [pd](uint8_t* data, uint64_t bytes) {
+    return RegisterMr(pd, data, bytes, IBV_ACCESS_LOCAL_WRITE);
+  };
 }
 
 std::shared_ptr<const BouncePool::Slot> BouncePool::Acquire() {
@@ -89,7 +94,7 @@ std::shared_ptr<const BouncePool::Slot> BouncePool::Acquire() {
   const Buffer& buffer = buffers_[index];
   // The deleter keeps the pool (and so the slot's memory and MR) alive.
   return std::shared_ptr<const Slot>(
-      new Slot{.data = buffer.memory.get(), .lkey = buffer.mr->lkey},
+      new Slot{.data = buffer.memory.get(), .lkey = buffer.mr ? buffer.mr->lkey : 0},
       [pool = shared_from_this(), index](const Slot* slot) {
         delete slot;
         pool->Release(index);
@@ -99,6 +104,30 @@ std::shared_ptr<const BouncePool::Slot> BouncePool::Acquire() {
 void BouncePool::Release(size_t index) {
   absl::MutexLock lock(&mu_);
   free_.push_back(index);
+}
+
+uint32_t BouncePool::free_slots() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(free_.size());
+}
+
+absl::StatusOr<std::shared_ptr<const BouncePool::Slot>> StageOut(BouncePool& pool,
+                                                                 DeviceStage& stage,
+                                                                 int gpu, uint64_t from,
+                                                                 uint32_t bytes) {
+  if (bytes > pool.slot_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a staged write of ", bytes, " bytes: slots hold ", pool.slot_bytes()));
+  }
+  std::shared_ptr<const BouncePool::Slot> slot = pool.Acquire();
+  if (slot == nullptr) return absl::UnavailableError("the bounce slots have stopped");
+  absl::Status copied = stage.StartToHostAt(gpu, from, slot->data, bytes);
+  copied.Update(stage.Wait());  // waited for even when the start failed: none in flight
+  if (!copied.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("staging GPU ", gpu, " memory failed: ", copied.message()));
+  }
+  return slot;
 }
 
 void BouncePool::Stop() {

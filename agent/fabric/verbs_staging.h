@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,12 +42,14 @@ GpuPath ChooseGpuPath(const GpuPathProbe& probe);
 bool PeerMemoryLoaded(const std::string& sysfs_root);
 
 // Tries each path on (`gpu`, `pd`) with a probe allocation from `stager`, and says
-// what worked. Never fails: a failed probe is a path not taken.
+// what worked. Never fails: a failed probe is a path not taken. A null `pd` (no NIC)
+// probes staging only.
 GpuPathProbe ProbeGpuPath(DeviceStager* stager, int gpu, ibv_pd* pd, bool peer_memory);
 
 // Bounce slots of one NIC: `count` pinned buffers of `slot_bytes`, each registered
-// in the NIC's PD for local reads. Acquire blocks until one is free; a slot returns
-// when the last holder of its handle lets go (a write's SendSlot, until the write
+// for local reads by `registrar` (ibv_reg_mr in the NIC's PD; a test stands in for the
+// NIC with no registration). Acquire blocks until one is free; a slot returns when
+// the last holder of its handle lets go (a write's SendSlot, until the write
 // completes). Thread-safe; the pool lives as long as any handle.
 class BouncePool : public std::enable_shared_from_this<BouncePool> {
  public:
@@ -54,14 +57,19 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
     uint8_t* data = nullptr;
     uint32_t lkey = 0;
   };
+  using Registrar = std::function<absl::StatusOr<MemoryRegion>(uint8_t*, uint64_t)>;
   static absl::StatusOr<std::shared_ptr<BouncePool>> Create(DeviceStager& stager, int nic,
-                                                            ibv_pd* pd, uint32_t count,
-                                                            uint32_t slot_bytes);
+                                                            uint32_t count,
+                                                            uint32_t slot_bytes,
+                                                            const Registrar& registrar);
+  // Registers in `pd` for local reads.
+  static Registrar LocalReads(ibv_pd* pd);
   uint32_t slot_bytes() const { return slot_bytes_; }
   // A free slot, or null once Stop has been called. The handle returns the slot.
   std::shared_ptr<const Slot> Acquire();
   // Wakes every Acquire; from then on they answer null.
   void Stop();
+  uint32_t free_slots();
 
  private:
   struct Buffer {
@@ -80,5 +88,13 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
   std::vector<size_t> free_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+// Copies [from, from + bytes) of `gpu` into a free slot of `pool` through `stage` and
+// waits for the copy (over the GPU's own PCIe link). UNAVAILABLE when the copy fails
+// (the slot goes back) or the pool has stopped; INVALID_ARGUMENT past a slot.
+absl::StatusOr<std::shared_ptr<const BouncePool::Slot>> StageOut(BouncePool& pool,
+                                                                 DeviceStage& stage,
+                                                                 int gpu, uint64_t from,
+                                                                 uint32_t bytes);
 
 }  // namespace fuselink::fabric::verbs

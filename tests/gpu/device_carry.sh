@@ -72,7 +72,8 @@ fi
 build=${2:-$top/build-gpu}
 carry=$top/.gpu-carry
 rm -rf "$carry" && mkdir -p "$carry"
-for b in gpu_unit_test gpu_test gpu_peer_test gpu_dmabuf_test gpu_child gpu_bench; do
+for b in gpu_unit_test gpu_test gpu_peer_test gpu_dmabuf_test gpu_verbs_staging_test \
+  gpu_child gpu_bench; do
   cp "$build/tests/gpu/$b" "$carry/" && strip "$carry/$b"
 done
 for b in services/fuselink-agent tools/bench/fuselink-relay-bench tools/fuselinkctl/fuselinkctl; do
@@ -102,9 +103,9 @@ export PATH=/tmp/debs/sbin:/tmp/debs/usr/sbin:/tmp/debs/usr/bin:/tmp/debs/bin:$P
 run=${RUN:-unit,bench,relay,topo,cluster}
 cd $C
 if [[ $run == *unit* ]]; then
-  for t in gpu_unit_test gpu_test gpu_peer_test gpu_dmabuf_test; do
+  for t in gpu_unit_test gpu_test gpu_peer_test gpu_dmabuf_test gpu_verbs_staging_test; do
     ./$t >$OUT/$t.txt 2>&1; echo "$t rc=$?"
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^GPU |^  P2P|bogus|import of|import with|needs|^dma-buf" \
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^GPU |^  P2P|bogus|import of|import with|needs|^dma-buf|^staging|^bench: staging|^path" \
       $OUT/$t.txt | head -40
   done
 fi

@@ -60,6 +60,10 @@ if [ "${CHECKS:-1}" = 1 ]; then
     agents --policy=fuselink --relay_stage="$stage" --relay_cap_mib=64
     python3 "$driver" check "${addrs[@]}" --stage "$stage"
   done
+  # How each GPU's memory crosses each NIC (TCP rails: staged).
+  paths=$(curl -s "$(field "$out/node-a.json" metrics)" | grep '^fuselink_gpu_nic_path' || true)
+  echo "$paths" | head -4
+  grep -q 'path="staged"' <<<"$paths" || { echo "FAIL: no fuselink_gpu_nic_path"; exit 1; }
   echo "== the Python client's example"
   python3 "$here/clients/python/examples/gpu_kv_transfer.py" --tls_dir "$pki" \
     --source_agent "${addrs[3]}" --source_socket "${addrs[5]}" \

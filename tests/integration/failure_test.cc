@@ -239,6 +239,9 @@ TEST_F(FailureTest, AgentRefusesRdmaFlagsOutOfRange) {
       {"--rdma_max_qps_per_nic=0"},
       {"--rdma_max_qps_per_nic=4097"},
       {"--qps_per_nic=4", "--rdma_max_qps_per_nic=2"},  // fewer than one peer needs
+      {"--rdma_staging_slots=0"},
+      {"--rdma_staging_slots=4097"},
+      {"--rdma_max_shadow_mib=0"},
   };
   for (const std::vector<std::string>& flags : refused) {
     absl::StatusOr<std::unique_ptr<AgentProcess>> agent =

@@ -1056,13 +1056,14 @@ TEST_F(VerbsFabricTest, Throughput) {
 class VerbsGpuTest : public VerbsFabricTest {
  protected:
   static constexpr uint32_t kSlotBytes = 64 << 10;
-  void MakeStaged(int nic_count, uint64_t max_shadow_bytes = uint64_t{1} << 30) {
+  void MakeStaged(int nic_count, uint64_t max_shadow_bytes = uint64_t{1} << 30,
+                  uint32_t slot_bytes = kSlotBytes) {
     auto gpus = [=](testing::HostStager* stager) {
       return [=](VerbsFabricOptions& o) {
         o.device_stager = stager;
         o.gpu_count = 2;
         o.staging_slots_per_nic = 4;
-        o.staging_slot_bytes = kSlotBytes;
+        o.staging_slot_bytes = slot_bytes;
         o.max_shadow_bytes = max_shadow_bytes;
       };
     };
@@ -1287,6 +1288,51 @@ TEST_F(VerbsGpuTest, BadGpuRequestsGetTheirCode) {
   EXPECT_TRUE(done->status.ok()) << done->status;
   ASSERT_TRUE(b_events_.WaitForArrivals(1));
   EXPECT_EQ(std::memcmp(target.data(), memory.data(), kSlotBytes), 0);
+}
+
+// Not a pass/fail test: verbs writes of 1 MiB out of and into "GPU" memory that the
+// NIC reaches only by staging, beside host memory to host memory on the same link, in
+// rounds that alternate (docs/benchmarks.md).
+TEST_F(VerbsGpuTest, ThroughputStagedAgainstHostMemory) {
+  constexpr uint32_t kChunk = 1 << 20;
+  constexpr int kDepth = 8;  // writes in flight, as the engine's window keeps them
+  FL_MAKE_STAGED(1, uint64_t{1} << 30, kChunk);
+  std::vector<uint8_t>& a_host = buffers_.Keep(ManyBytes(kChunk, 7));
+  std::vector<uint8_t>& a_gpu = buffers_.Keep(ManyBytes(kChunk, 8));
+  std::vector<uint8_t>& b_host = buffers_.Keep(std::vector<uint8_t>(kDepth * kChunk));
+  std::vector<uint8_t>& b_gpu = buffers_.Keep(std::vector<uint8_t>(kDepth * kChunk));
+  const RegionKey from[2] = {Region(*a_, a_host), DeviceRegion(*a_, a_gpu, 0)};
+  const WindowKey into[2] = {
+      Window(Region(*b_, b_host), "a", {{0, b_host.size()}}),
+      Window(DeviceRegion(*b_, b_gpu, 0), "a", {{0, b_gpu.size()}})};
+  const char* kSide[2] = {"host", "staged GPU"};
+  uint64_t wr_id = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const int src = variant & 1, dst = variant >> 1;
+      const size_t before = a_events_.completions().size();
+      size_t posted = 0;
+      const auto started = Clock::now();
+      while (Clock::now() - started < std::chrono::seconds(3)) {
+        while (posted - (a_events_.completions().size() - before) >= kDepth) {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+        ASSERT_TRUE(Post(0, {.local_key = from[src],
+                             .remote_key = into[dst],
+                             .remote_offset = (posted % kDepth) * kChunk,
+                             .bytes = kChunk,
+                             .wr_id = wr_id++})
+                        .ok());
+        ++posted;
+      }
+      ASSERT_TRUE(a_events_.WaitForCompletions(before + posted));
+      const double seconds =
+          std::chrono::duration<double>(Clock::now() - started).count();
+      std::printf("bench: verbs 1 MiB writes, %s -> %s, round %d: %.3f Gbit/s\n",
+                  kSide[src], kSide[dst], round, posted * kChunk * 8 / seconds / 1e9);
+    }
+  }
+  for (const Completion& c : a_events_.completions()) ASSERT_TRUE(c.status.ok());
 }
 
 // Without a device stager the fabric refuses GPU memory, saying why.

@@ -33,6 +33,9 @@ absl::Status Node::Start() {
   topology_.set_transport(std::string(fabric_->transport()));
   for (const fabric::Endpoint& e : fabric_->endpoints()) {
     topology_.mutable_nics(e.nic)->set_port(e.port);
+    for (int g = 0; gpu_ != nullptr && g < gpu_->count(); ++g) {
+      topology_.mutable_nics(e.nic)->add_gpu_memory_path(fabric_->GpuPath(g, e.nic));
+    }
   }
 
   registry_ = std::make_unique<memory::Registry>(fabric_.get());

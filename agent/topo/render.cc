@@ -77,6 +77,25 @@ std::string RenderTopology(const Topology& t) {
       out += "\n";
     }
   }
+  bool any_path = false;
+  for (const v1::Nic& n : t.nics()) any_path |= n.gpu_memory_path_size() > 0;
+  if (any_path) {
+    out +=
+        "\nGPU memory x NIC (dma-buf, peer-memory: the NIC reaches it; staged: through "
+        "host memory)\n";
+    absl::StrAppendFormat(&out, "  %-10s", "");
+    for (const v1::Gpu& g : t.gpus())
+      absl::StrAppendFormat(&out, " %-11s", absl::StrCat("GPU", g.index()));
+    out += "\n";
+    for (const v1::Nic& n : t.nics()) {
+      absl::StrAppendFormat(&out, "  %-10s", n.name());
+      for (int g = 0; g < t.gpus_size(); ++g) {
+        absl::StrAppendFormat(&out, " %-11s",
+                              g < n.gpu_memory_path_size() ? n.gpu_memory_path(g) : "-");
+      }
+      out += "\n";
+    }
+  }
   if (t.excluded_nics_size() > 0) {
     out += "\nExcluded\n";
     absl::StrAppendFormat(&out, "  %-10s %-10s %-13s %-17s %s\n", "NIC", "NETDEV", "PCI",

@@ -761,6 +761,15 @@ TEST(Render, ShowsTheMatrixOwnersAndReasons) {
       HasSubstr("  mlx5_0     PIX*   NODE   NODE   NODE   SYS    SYS    SYS    SYS"));
   EXPECT_THAT(text, HasSubstr("mlx5_4"));
   EXPECT_THAT(text, HasSubstr("MANAGEMENT"));
+  // Discovery knows no transport: no GPU memory paths until the agent adds them.
+  EXPECT_THAT(text, Not(HasSubstr("GPU memory x NIC")));
+  for (int k = 0; k < t->nics_size(); ++k) {
+    for (int g = 0; g < t->gpus_size(); ++g) {
+      t->mutable_nics(k)->add_gpu_memory_path(k == g ? "dma-buf" : "staged");
+    }
+  }
+  EXPECT_THAT(RenderTopology(*t),
+              HasSubstr("  mlx5_0     dma-buf     staged      staged      staged"));
 }
 
 // Not a check: how long one discovery takes on each fixture (docs/benchmarks.md).

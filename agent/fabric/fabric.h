@@ -49,7 +49,7 @@ struct Endpoint {
 
 // Device work a write's source waits for (a relay copy still on the GPU): the fabric
 // waits for it before it reads the source, on its own thread. Only GPU regions bring
-// fences; a transport that registers none (verbs) refuses fenced writes.
+// fences; a fabric without GPU memory (no DeviceStager) refuses fenced writes.
 class Fence {
  public:
   virtual ~Fence() = default;

@@ -84,7 +84,8 @@ absl::Status VerbsFabric::OpenNic(int index, verbs::NicBinding binding) {
   FL_ASSIGN_OR_RETURN(std::unique_ptr<Nic> nic,
                       Nic::Open(index, std::move(binding), sizing, options_.rc, *this));
   nics_.push_back(std::move(nic));
-  senders_.push_back(std::make_unique<NicSender>());
+  if (options_.device_stager != nullptr)
+    senders_.push_back(std::make_unique<NicSender>());
   return absl::OkStatus();
 }
 
@@ -334,13 +335,15 @@ absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
   if (op.after != nullptr || (region != nullptr && !region->mrs[nic])) {
     return Defer(peer, nic, op, std::move(region));
   }
-  verbs::WriteSource source;
-  if (region != nullptr) {
-    source = {.address = reinterpret_cast<uint64_t>(region->base + op.local_offset),
-              .lkey = region->mrs[nic]->lkey,
-              .hold = region};
-  }
-  return PostResolved(peer, nic, op, std::move(source));
+  return PostResolved(peer, nic, op, DirectSource(region, nic, op.local_offset));
+}
+
+verbs::WriteSource VerbsFabric::DirectSource(
+    const std::shared_ptr<const VerbsRegion>& region, int nic, uint64_t offset) {
+  if (region == nullptr) return {};  // a notification
+  return {.address = reinterpret_cast<uint64_t>(region->base + offset),
+          .lkey = region->mrs[nic]->lkey,
+          .hold = region};
 }
 
 absl::Status VerbsFabric::PostResolved(PeerId peer, int nic, const WriteOp& op,
@@ -378,6 +381,10 @@ absl::Status VerbsFabric::Defer(PeerId peer, int nic, const WriteOp& op,
         absl::StrCat("a staged write of ", op.bytes, " bytes: NIC ", nic,
                      " stages at most ", options_.staging_slot_bytes));
   }
+  if (senders_.empty()) {  // fences and staging come only with a device stager
+    return absl::UnimplementedError(
+        "this verbs fabric has no GPU stager: it takes no fenced or GPU writes");
+  }
   NicSender& sender = *senders_[nic];
   if (sender.queued.fetch_add(1) >= options_.queue_depth_per_nic) {
     sender.queued.fetch_sub(1);
@@ -388,15 +395,17 @@ absl::Status VerbsFabric::Defer(PeerId peer, int nic, const WriteOp& op,
       Deferred{.peer = peer, .nic = nic, .op = op, .region = std::move(region)});
   {
     absl::MutexLock lock(&mu_);
-    const Peer* to = peers_.Get(peer);
+    const Peer* to = shutting_down_ ? nullptr : peers_.Get(peer);
     LinkEntry* pinned = nullptr;
     for (const LinkPtr& link : to != nullptr && !to->retired ? to->links : kNoLinks) {
       if (link->role() != ControlLink::Role::kOutbound || link->nic().index() != nic)
         continue;
+      // Only a link with QPs: one without is done, or queued for the reaper.
       auto entry = links_.find(link->id());
-      if (entry == links_.end()) continue;
-      pinned = &entry->second;
-      if (pinned->live_qps > 0) break;
+      if (entry != links_.end() && entry->second.live_qps > 0) {
+        pinned = &entry->second;
+        break;
+      }
     }
     if (pinned == nullptr) {
       sender.queued.fetch_sub(1);
@@ -432,6 +441,11 @@ void VerbsFabric::RunDeferred(Deferred& write) {
     }
   }
   if (!status.ok()) {
+    // Whatever kept it from the wire, the write may go over another NIC.
+    if (!absl::IsUnavailable(status)) {
+      status = absl::UnavailableError(
+          absl::StrCat("the deferred write was not sent: ", status.ToString()));
+    }
     handler_.OnCompletion(Completion{.wr_id = write.op.wr_id,
                                      .nic = write.nic,
                                      .bytes = write.op.bytes,
@@ -442,24 +456,27 @@ void VerbsFabric::RunDeferred(Deferred& write) {
 
 absl::StatusOr<verbs::WriteSource> VerbsFabric::StageSource(Deferred& write) {
   const VerbsRegion* region = write.region.get();
-  if (region == nullptr) return verbs::WriteSource{};
-  if (region->mrs[write.nic]) {
-    return verbs::WriteSource{
-        .address = reinterpret_cast<uint64_t>(region->base + write.op.local_offset),
-        .lkey = region->mrs[write.nic]->lkey,
-        .hold = write.region};
+  if (region == nullptr || region->mrs[write.nic]) {
+    return DirectSource(write.region, write.nic, write.op.local_offset);
   }
   NicSender& sender = *senders_[write.nic];
   DeviceStager& stager = *options_.device_stager;  // a region without MRs has one
+  // Made on the first staged write; a failure is kept, not retried for every write.
+  FL_RETURN_IF_ERROR(sender.unusable);
   if (sender.pool == nullptr) {
-    FL_ASSIGN_OR_RETURN(
-        sender.pool,
-        verbs::BouncePool::Create(stager, write.nic, options_.staging_slots_per_nic,
-                                  options_.staging_slot_bytes,
-                                  verbs::BouncePool::LocalReads(nics_[write.nic]->pd())));
-  }
-  if (sender.stage == nullptr) {
-    FL_ASSIGN_OR_RETURN(sender.stage, stager.NewStage(write.nic));
+    absl::StatusOr<std::shared_ptr<verbs::BouncePool>> pool = verbs::BouncePool::Create(
+        stager, write.nic, options_.staging_slots_per_nic, options_.staging_slot_bytes,
+        verbs::BouncePool::LocalReads(nics_[write.nic]->pd()));
+    absl::StatusOr<std::unique_ptr<DeviceStage>> stage = stager.NewStage(write.nic);
+    sender.unusable.Update(pool.status());
+    sender.unusable.Update(stage.status());
+    if (!sender.unusable.ok()) {
+      sender.unusable = WithContext(
+          sender.unusable, absl::StrCat("NIC ", write.nic, " cannot stage GPU memory"));
+      return sender.unusable;
+    }
+    sender.pool = *std::move(pool);
+    sender.stage = *std::move(stage);
   }
   FL_ASSIGN_OR_RETURN(
       std::shared_ptr<const verbs::BouncePool::Slot> slot,
@@ -472,6 +489,7 @@ absl::StatusOr<verbs::WriteSource> VerbsFabric::StageSource(Deferred& write) {
 }
 
 void VerbsFabric::FinishDeferred(const Deferred& write) {
+  // Called only for writes Defer took, which exist only with senders.
   senders_[write.nic]->queued.fetch_sub(1);
   PeerId peer_id = 0;
   std::optional<std::string> lost;

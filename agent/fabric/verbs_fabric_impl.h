@@ -53,8 +53,8 @@ struct VerbsRegion {
 };
 
 // An open window's registrations: on every NIC, each extent on its own, in the peer's
-// protection domain. Member order is teardown order: registrations, then the domain,
-// then the region they lie in.
+// protection domain. Members die bottom-up: registrations, then the domain, then the
+// memory they lie in (the shadow, the region).
 struct VerbsWindow {
   struct OnNic {
     std::shared_ptr<verbs::PeerDomain> domain;
@@ -63,9 +63,9 @@ struct VerbsWindow {
   std::string peer;
   std::vector<Extent> extents;
   std::shared_ptr<const VerbsRegion> region;
-  std::vector<OnNic> nics;  // [nic]
   // Where staged NICs place the bytes of a window into GPU memory; null otherwise.
   std::shared_ptr<const HostShadow> shadow;
+  std::vector<OnNic> nics;  // [nic]
 
   // What WINDOW_ADD carries for NIC `nic`.
   verbs::WindowPush Push(WindowKey key, int nic) const;
@@ -150,10 +150,12 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
     bool alive() const { return live_qps > 0 || !finished || deferred > 0; }
   };
   // Staged writes out of GPU memory, and writes behind a fence, of one NIC.
+  // Only with a device stager. `pool`, `stage` and `unusable` belong to the thread.
   struct NicSender {
-    std::shared_ptr<verbs::BouncePool> pool;  // null without a stager
-    std::unique_ptr<DeviceStage> stage;       // the sender thread's, made on first use
-    std::atomic<int> queued{0};               // bounded by queue_depth_per_nic
+    std::shared_ptr<verbs::BouncePool> pool;  // made with the stage on first use
+    std::unique_ptr<DeviceStage> stage;
+    absl::Status unusable;       // why they could not be made
+    std::atomic<int> queued{0};  // bounded by queue_depth_per_nic
     verbs::Worker thread;
   };
   struct Deferred {
@@ -175,6 +177,10 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   // PostWrite's half after the source is known: the QP, the target's registration.
   absl::Status PostResolved(PeerId peer, int nic, const WriteOp& op,
                             verbs::WriteSource source);
+  // Where a write out of `region` (null: a notification) reads on `nic`, which
+  // reaches it.
+  static verbs::WriteSource DirectSource(const std::shared_ptr<const VerbsRegion>& region,
+                                         int nic, uint64_t offset);
   // Hands a staged or fenced write to its NIC's sender thread.
   absl::Status Defer(PeerId peer, int nic, const WriteOp& op,
                      std::shared_ptr<const VerbsRegion> region);
@@ -242,9 +248,10 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   std::unique_ptr<Acceptor> acceptor_;
   // Stopped explicitly in the destructor. Two, so that a slow deregistration (rxe took
   // 1 s for a window with writes in flight) never holds up a QP renewal or a QUERY.
-  verbs::Worker closer_;                             // window closes
-  verbs::Worker worker_;                             // QP renewals, QUERY sends
-  std::vector<std::unique_ptr<NicSender>> senders_;  // [nic], made with the NICs
+  verbs::Worker closer_;  // window closes
+  verbs::Worker worker_;  // QP renewals, QUERY sends
+  // [nic], made with the NICs when there is a device stager; else empty.
+  std::vector<std::unique_ptr<NicSender>> senders_;
 };
 
 }  // namespace fuselink::fabric::verbs_internal

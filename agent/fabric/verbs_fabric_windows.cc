@@ -96,7 +96,10 @@ absl::StatusOr<RegionKey> VerbsFabric::RegisterDeviceRegion(
         if (!region->dmabuf.has_value()) {
           absl::StatusOr<DmabufRange> range =
               options_.device_stager->ExportDmabuf(gpu, address, bytes);
-          if (!range.ok()) return WithContext(range.status(), context);
+          if (!range.ok()) {
+            mr = range.status();
+            break;
+          }
           region->dmabuf = *std::move(range);
         }
         mr = verbs::RegisterDmabufMr(nic->pd(), region->dmabuf->fd.get(),
@@ -104,7 +107,13 @@ absl::StatusOr<RegionKey> VerbsFabric::RegisterDeviceRegion(
                                      IBV_ACCESS_LOCAL_WRITE);
         break;
     }
-    if (!mr.ok()) return WithContext(mr.status(), context);
+    if (!mr.ok()) {
+      // The probe's memory registered, this region's did not (another allocation
+      // kind, a driver limit): this NIC stages it instead.
+      std::fprintf(stderr, "fuselink verbs: %s: %s; staging it on NIC %d instead\n",
+                   context.c_str(), mr.status().ToString().c_str(), nic->index());
+      mr = verbs::MemoryRegion();
+    }
     region->mrs.push_back(*std::move(mr));
   }
   absl::MutexLock lock(&regions_mu_);
@@ -251,11 +260,11 @@ absl::Status VerbsFabric::MakeShadow(VerbsWindow& window) {
   if (staged_nics == 0) return absl::OkStatus();
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const int nic = std::countr_zero(staged_nics);
-  FL_ASSIGN_OR_RETURN(
-      window.shadow,
+  uint64_t charged = 0;  // against max_shadow_bytes, given back if Create fails after
+  absl::StatusOr<std::shared_ptr<const HostShadow>> shadow =
       HostShadow::Create(window.extents, region.iova_base, page, staged_nics,
                          [&](uint64_t bytes) -> absl::StatusOr<std::shared_ptr<uint8_t>> {
-                           uint64_t before = shadow_bytes_.fetch_add(bytes);
+                           const uint64_t before = shadow_bytes_.fetch_add(bytes);
                            if (before + bytes > options_.max_shadow_bytes) {
                              shadow_bytes_.fetch_sub(bytes);
                              return absl::ResourceExhaustedError(absl::StrCat(
@@ -265,9 +274,18 @@ absl::Status VerbsFabric::MakeShadow(VerbsWindow& window) {
                            }
                            absl::StatusOr<std::shared_ptr<uint8_t>> memory =
                                options_.device_stager->AllocatePinned(nic, bytes);
-                           if (!memory.ok()) shadow_bytes_.fetch_sub(bytes);
+                           if (memory.ok()) {
+                             charged = bytes;
+                           } else {
+                             shadow_bytes_.fetch_sub(bytes);
+                           }
                            return memory;
-                         }));
+                         });
+  if (!shadow.ok()) {
+    shadow_bytes_.fetch_sub(charged);
+    return shadow.status();
+  }
+  window.shadow = *std::move(shadow);
   return absl::OkStatus();
 }
 
@@ -281,7 +299,8 @@ absl::StatusOr<verbs::MemoryRegion> VerbsFabric::RegisterExtent(const VerbsWindo
   if (window.shadow != nullptr && window.shadow->staged_on(nic)) {
     return verbs::RegisterMrAt(pd, window.shadow->extent_base(i), e.bytes, iova, kAccess);
   }
-  if (region.dmabuf.has_value()) {
+  // The region's own registration on this NIC went by dma-buf: so do its windows'.
+  if (region.gpu >= 0 && gpu_paths_[region.gpu][nic] == verbs::GpuPath::kDmabuf) {
     return verbs::RegisterDmabufMr(pd, region.dmabuf->fd.get(),
                                    region.dmabuf->offset + e.offset, e.bytes, iova,
                                    kAccess);

@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(int index, NicBinding binding,
   }
   nic->slots_ = std::make_unique<std::atomic<VerbsQp*>[]>(sizing.max_qps);
   for (uint32_t i = 0; i < sizing.max_qps; ++i) nic->slots_[i].store(nullptr);
+  if (host.device_stager() != nullptr) nic->lander_ = std::make_unique<Worker>();
   nic->poller_ = std::thread(&Nic::Poll, nic.get());
   return nic;
 }
@@ -547,8 +548,8 @@ void Nic::HandleRecv(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
                         placement.region().shadow->staged_on(index_);
     if (staged || landing_.load() > 0) {
       landing_.fetch_add(1);
-      lander_.Run([this, placement = std::move(placement), arrival,
-                   name = std::string(peer_name)]() mutable {
+      lander_->Run([this, placement = std::move(placement), arrival,
+                    name = std::string(peer_name)]() mutable {
         arrival.peer_name = name;
         Land(placement, arrival);
         landing_.fetch_sub(1);
@@ -603,6 +604,9 @@ void Nic::Land(WindowTable::Placement& placement, Arrival arrival) {
 }
 
 void Nic::FinalizeDrained() {
+  // A QP's arrivals still with the lander are delivered before the QP is gone, and
+  // so before its peer can be reported lost.
+  if (landing_.load() > 0) return;
   for (uint32_t index = 0; index < sizing_.max_qps; ++index) {
     VerbsQp* qp = slots_[index].load(std::memory_order_acquire);
     if (qp == nullptr) continue;

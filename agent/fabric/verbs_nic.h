@@ -310,7 +310,9 @@ class Nic {
   void WaitUntilNoQps();
   // Delivers the staged arrivals still being copied, then stops the lander. After
   // WaitUntilNoQps: no arrival comes any more.
-  void StopLander() { lander_.Stop(); }
+  void StopLander() {
+    if (lander_ != nullptr) lander_->Stop();
+  }
 
   // Queues a write on `qp`, into the target extent registered as `rkey` at
   // `remote_address` (both unused for a notification). Never blocks, never allocates.
@@ -400,11 +402,12 @@ class Nic {
   std::atomic<uint64_t> renewals_{0};
 
   // Staged arrivals (and, behind them, every arrival of this NIC, to keep the order)
-  // queued on the lander; its stage is made there on first use.
+  // queued on the lander, which exists with a device stager; its stage is made there
+  // on first use. QPs are finalized only while none is queued.
   std::atomic<int> landing_{0};
   std::atomic<uint64_t> landing_failures_{0};
   std::unique_ptr<DeviceStage> landing_stage_;
-  Worker lander_;
+  std::unique_ptr<Worker> lander_;
 
   std::atomic<bool> stop_{false};
   std::thread poller_;

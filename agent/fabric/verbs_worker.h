@@ -1,11 +1,14 @@
-// The verbs fabric's thread for control-plane steps that may take a while and must
-// run neither on the caller's thread (CloseWindow never blocks) nor on a CQ poller
-// (which must never wait on a slow verbs call): deregistering a closed window's
-// registrations, resetting a QP after a refusal, sending a QUERY. One thread, FIFO.
+// A thread of the verbs fabric for steps that may take a while and must run neither
+// on the caller's thread (CloseWindow never blocks) nor on a CQ poller (which must
+// never wait on a slow verbs call or a GPU copy): deregistering a closed window's
+// registrations, resetting a QP after a refusal, sending a QUERY; per NIC, staging
+// and posting deferred writes, and landing staged arrivals. One thread, FIFO.
 //
 // Bound: the queue is not capped here because every producer is: at most one close
-// per open window (kMaxWindows), one renewal per QP (kMaxQpsPerNic per NIC), and
-// kMaxPendingQueries per control link; a task is a few words.
+// per open window (kMaxWindows), one renewal per QP (kMaxQpsPerNic per NIC),
+// kMaxPendingQueries per control link, queue_depth_per_nic deferred writes per NIC,
+// and one landing per staged write in flight into an open window; a task is a few
+// words.
 #pragma once
 
 #include <deque>
@@ -28,7 +31,7 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   // Queues `task`; it runs on the worker's thread after every task queued before it.
-  // Once Stop() has begun, runs it on the caller's thread instead (teardown).
+  // Once the thread has stopped, runs it on the caller's thread instead (teardown).
   void Run(Task task);
   // Runs every task already queued (and any they queue), then joins. Idempotent; not
   // from a task.

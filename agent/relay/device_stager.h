@@ -32,7 +32,8 @@ class CudaDeviceStager final : public fabric::DeviceStager {
   absl::StatusOr<std::shared_ptr<const void>> AllocateProbe(int gpu, uint64_t bytes,
                                                             uint64_t* address) override;
 
-  // Memory the stages hold now: pinned host buffers, landing buffers on GPUs.
+  // Memory the stages hold now (pinned host buffers, landing buffers on GPUs), and
+  // the pinned memory of AllocatePinned (verbs bounce slots and window shadows).
   uint64_t pinned_host_bytes() const {
     return held_.host.load(std::memory_order_relaxed);
   }

@@ -90,7 +90,8 @@ bool GpuRelayPool::Grow(int nic) {
   // A new slot of whole granules, mapped for every GPU.
   std::shared_ptr<SlotMemory> memory;
   absl::StatusOr<gpu::VmmBuffer> buffer =
-      gpu::VmmBuffer::Create(runtime_->context(g), slot_alloc_bytes_, all_gpus_);
+      gpu::VmmBuffer::Create(runtime_->context(g), slot_alloc_bytes_, all_gpus_,
+                             {.gpudirect_rdma = true});  // a NIC may DMA from it
   if (buffer.ok()) {  // else out of device memory: no borrowing here now
     memory = std::make_shared<SlotMemory>(std::move(*buffer), runtime_->count());
     absl::StatusOr<fabric::RegionKey> key =

@@ -250,7 +250,7 @@ class HostStage final : public DeviceStage {
   absl::Status StartToHostAt(int gpu, uint64_t source, uint8_t* host,
                              uint32_t bytes) override {
     FL_RETURN_IF_ERROR(Count());
-    std::memcpy(host, reinterpret_cast<const void*>(source), bytes);
+    pending_copies_.push_back({host, reinterpret_cast<const uint8_t*>(source), bytes});
     log_->to_host_bytes += bytes;
     log_->last_source_gpu = gpu;
     return absl::OkStatus();
@@ -258,17 +258,24 @@ class HostStage final : public DeviceStage {
   absl::Status StartToDeviceFrom(int gpu, uint64_t target, const uint8_t* host,
                                  uint32_t bytes) override {
     FL_RETURN_IF_ERROR(Count());
-    std::memcpy(reinterpret_cast<void*>(target), host, bytes);
+    pending_copies_.push_back({reinterpret_cast<uint8_t*>(target), host, bytes});
     log_->to_device_bytes += bytes;
     log_->last_target_gpu = gpu;
     return absl::OkStatus();
   }
   absl::Status Wait() override {
-    pending_[0] = pending_[1] = false;
+    for (const Copy& c : pending_copies_) std::memcpy(c.to, c.from, c.bytes);
+    pending_copies_.clear();
+    in_use_[0] = in_use_[1] = false;
     return absl::OkStatus();
   }
 
  private:
+  struct Copy {
+    uint8_t* to;
+    const uint8_t* from;
+    uint32_t bytes;
+  };
   absl::Status Count() {
     if (++log_->copies == log_->fail_copy) {
       return absl::InternalError("injected copy fault");
@@ -276,12 +283,13 @@ class HostStage final : public DeviceStage {
     return absl::OkStatus();
   }
   void Use(int i) {
-    if (pending_[i]) ++log_->buffer_reused_early;
-    pending_[i] = true;
+    if (in_use_[i]) ++log_->buffer_reused_early;
+    in_use_[i] = true;
   }
   HostStager::Log* const log_;
   std::vector<uint8_t> buffers_[2];
-  bool pending_[2] = {false, false};
+  bool in_use_[2] = {false, false};
+  std::vector<Copy> pending_copies_;
 };
 
 }  // namespace

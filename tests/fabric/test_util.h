@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -89,9 +90,11 @@ class Buffers {
   std::deque<std::vector<uint8_t>> kept_;
 };
 
-// A DeviceStager whose "device memory" is host memory: copies at once, records which
-// GPUs were named, checks that no stage buffer is refilled before the copy that used
-// it was waited for, and fails the copy numbered `fail_copy` (from 1) when set.
+// A DeviceStager whose "device memory" is host memory: a copy happens at the stage's
+// Wait, as a GPU copy is done only once waited for (so a caller that does not wait
+// sees stale bytes); records which GPUs were named, checks that no stage buffer is
+// refilled before the copy that used it was waited for, and fails the copy numbered
+// `fail_copy` (from 1) when set, at its start.
 class HostStager final : public DeviceStager {
  public:
   static constexpr uint32_t kPiece = 4096;
@@ -115,18 +118,22 @@ class HostStager final : public DeviceStager {
   Log log_;
 };
 
-// A fence that answers `result` and counts its waits.
+// A fence that answers `result` and counts its waits; `done`, when set, runs at the
+// wait (the device work the fence stood for, e.g. writing the source).
 class CountingFence final : public Fence {
  public:
-  explicit CountingFence(absl::Status result) : result_(std::move(result)) {}
+  explicit CountingFence(absl::Status result, std::function<void()> done = nullptr)
+      : result_(std::move(result)), done_(std::move(done)) {}
   absl::Status Wait() override {
     ++waits;
+    if (done_) done_();
     return result_;
   }
   std::atomic<int> waits{0};
 
  private:
   const absl::Status result_;
+  const std::function<void()> done_;
 };
 
 // Options for a fabric of `nic_count` NICs on 127.0.0.<first_host>, <first_host + 1>,

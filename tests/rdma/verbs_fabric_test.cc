@@ -123,18 +123,21 @@ VerbsFabricOptions Options(std::string name, bool a_side, int nic_count, int qps
 }
 
 // Also keeps each arrival's peer name (Arrival::peer_name is valid during the call).
-// `check`, when set, sees each arrival first.
+// A check, when set, sees each arrival first.
 class NamingHandler : public testing::RecordingHandler {
  public:
   void OnArrival(const Arrival& arrival) override {
-    if (check) check(arrival);
     {
       absl::MutexLock lock(&mu_);
+      if (check_) check_(arrival);
       names_.emplace_back(arrival.peer_name);
     }
     RecordingHandler::OnArrival(arrival);
   }
-  std::function<void(const Arrival&)> check;
+  void SetCheck(std::function<void(const Arrival&)> check) {
+    absl::MutexLock lock(&mu_);
+    check_ = std::move(check);
+  }
   std::vector<std::string> names() const {
     absl::MutexLock lock(&mu_);
     return names_;
@@ -143,6 +146,7 @@ class NamingHandler : public testing::RecordingHandler {
  private:
   mutable absl::Mutex mu_;
   std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const Arrival&)> check_ ABSL_GUARDED_BY(mu_);
 };
 
 // Counts how often a CloseWindow's `drained` ran.
@@ -1057,7 +1061,7 @@ class VerbsGpuTest : public VerbsFabricTest {
  protected:
   static constexpr uint32_t kSlotBytes = 64 << 10;
   void MakeStaged(int nic_count, uint64_t max_shadow_bytes = uint64_t{1} << 30,
-                  uint32_t slot_bytes = kSlotBytes) {
+                  uint32_t slot_bytes = kSlotBytes, int qps = 2) {
     auto gpus = [=](testing::HostStager* stager) {
       return [=](VerbsFabricOptions& o) {
         o.device_stager = stager;
@@ -1067,7 +1071,7 @@ class VerbsGpuTest : public VerbsFabricTest {
         o.max_shadow_bytes = max_shadow_bytes;
       };
     };
-    Make(nic_count, 2, gpus(&b_stager_), gpus(&a_stager_));
+    Make(nic_count, qps, gpus(&b_stager_), gpus(&a_stager_));
   }
   // A GPU region of `memory` on `gpu`.
   RegionKey DeviceRegion(Fabric& fabric, std::vector<uint8_t>& memory, int gpu) {
@@ -1128,10 +1132,10 @@ TEST_F(VerbsGpuTest, StagedWritesLandExactlyOnBothSides) {
                    .wr_id = i});
   }
   std::atomic<int> early{0};
-  b_events_.check = [&](const Arrival& arrival) {
+  b_events_.SetCheck([&](const Arrival& arrival) {
     if (std::memcmp(&target[arrival.offset], &expected[arrival.offset], arrival.bytes))
       ++early;
-  };
+  });
   for (size_t i = 0; i < kWrites; ++i) {
     ASSERT_TRUE(Post(static_cast<int>(i % 2), ops[i]).ok()) << i;
   }
@@ -1147,7 +1151,7 @@ TEST_F(VerbsGpuTest, StagedWritesLandExactlyOnBothSides) {
   EXPECT_EQ(b_stager_.log().to_device_bytes, staged_in);
   EXPECT_EQ(b_stager_.log().last_target_gpu, 1);
   EXPECT_EQ(b_->counters(0).received_bytes + b_->counters(1).received_bytes, staged_in);
-  b_events_.check = nullptr;
+  b_events_.SetCheck(nullptr);
 
   // The window's shadow is freed with its close; a's bounce slots stay for reuse.
   EXPECT_GT(b_stager_.log().pinned_bytes, 0u);
@@ -1164,7 +1168,10 @@ TEST_F(VerbsGpuTest, StagedWritesLandExactlyOnBothSides) {
 // and the next write goes through.
 TEST_F(VerbsGpuTest, RelayedSendsWaitForTheirFenceAndAFaultFailsOnlyItsWrite) {
   FL_MAKE_STAGED(1);
-  std::vector<uint8_t>& slot = buffers_.Keep(ManyBytes(4 * kSlotBytes, 4));
+  // The relay's copy into the slot is what the fence stands for: the slot holds its
+  // bytes only once the fence is waited for.
+  const std::vector<uint8_t> relayed = ManyBytes(4 * kSlotBytes, 4);
+  std::vector<uint8_t>& slot = buffers_.Keep(std::vector<uint8_t>(4 * kSlotBytes, 0));
   std::vector<uint8_t>& target =
       buffers_.Keep(std::vector<uint8_t>(4 * kSlotBytes, kUntouched));
   const RegionKey from = DeviceRegion(*a_, slot, 1);
@@ -1180,14 +1187,20 @@ TEST_F(VerbsGpuTest, RelayedSendsWaitForTheirFenceAndAFaultFailsOnlyItsWrite) {
                    .after = after};
   };
   auto landed = [&](uint64_t i) {
-    return std::memcmp(&target[i * kSlotBytes], &slot[i * kSlotBytes], kSlotBytes) == 0;
+    return std::memcmp(&target[i * kSlotBytes], &relayed[i * kSlotBytes], kSlotBytes) ==
+           0;
   };
   auto untouched = [&](uint64_t i) {
     return std::all_of(target.begin() + i * kSlotBytes,
                        target.begin() + (i + 1) * kSlotBytes,
                        [](uint8_t b) { return b == kUntouched; });
   };
-  testing::CountingFence passes(absl::OkStatus());
+  auto relay = [&](uint64_t i) {
+    return [&, i] {
+      std::memcpy(&slot[i * kSlotBytes], &relayed[i * kSlotBytes], kSlotBytes);
+    };
+  };
+  testing::CountingFence passes(absl::OkStatus(), relay(0));
   testing::CountingFence fails(absl::InternalError("the relay copy faulted"));
 
   ASSERT_TRUE(Post(0, op(0, &passes)).ok());
@@ -1202,6 +1215,8 @@ TEST_F(VerbsGpuTest, RelayedSendsWaitForTheirFenceAndAFaultFailsOnlyItsWrite) {
   EXPECT_EQ(fenced->status.code(), absl::StatusCode::kUnavailable) << fenced->status;
   EXPECT_EQ(fails.waits, 1);
 
+  relay(2)();
+  relay(3)();
   a_stager_.log().fail_copy = a_stager_.log().copies + 1;
   ASSERT_TRUE(Post(0, op(2, nullptr)).ok());
   std::optional<Completion> faulted = CompletionOf(2);
@@ -1223,7 +1238,8 @@ TEST_F(VerbsGpuTest, RelayedSendsWaitForTheirFenceAndAFaultFailsOnlyItsWrite) {
 // A staged arrival whose copy into GPU memory fails is not delivered (the transfer's
 // landing misses its bytes and says so in its verdict); the NIC's next arrival is.
 TEST_F(VerbsGpuTest, AStagedArrivalWhoseCopyFailsIsNotDelivered) {
-  FL_MAKE_STAGED(1);
+  // One QP: the two writes arrive in their order, so the fault hits the first.
+  FL_MAKE_STAGED(1, uint64_t{1} << 30, kSlotBytes, /*qps=*/1);
   std::vector<uint8_t>& source = buffers_.Keep(ManyBytes(2 * kSlotBytes, 5));
   std::vector<uint8_t>& target =
       buffers_.Keep(std::vector<uint8_t>(2 * kSlotBytes, kUntouched));
@@ -1311,10 +1327,12 @@ TEST_F(VerbsGpuTest, ThroughputStagedAgainstHostMemory) {
     for (int variant = 0; variant < 4; ++variant) {
       const int src = variant & 1, dst = variant >> 1;
       const size_t before = a_events_.completions().size();
+      const size_t delivered = b_events_.arrivals().size();
       size_t posted = 0;
       const auto started = Clock::now();
       while (Clock::now() - started < std::chrono::seconds(3)) {
-        while (posted - (a_events_.completions().size() - before) >= kDepth) {
+        // In flight until delivered at b (after the landing's copy), not just ACKed.
+        while (posted - (b_events_.arrivals().size() - delivered) >= kDepth) {
           std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
         ASSERT_TRUE(Post(0, {.local_key = from[src],
@@ -1326,6 +1344,7 @@ TEST_F(VerbsGpuTest, ThroughputStagedAgainstHostMemory) {
         ++posted;
       }
       ASSERT_TRUE(a_events_.WaitForCompletions(before + posted));
+      ASSERT_TRUE(b_events_.WaitForArrivals(delivered + posted));
       const double seconds =
           std::chrono::duration<double>(Clock::now() - started).count();
       std::printf("bench: verbs 1 MiB writes, %s -> %s, round %d: %.3f Gbit/s\n",

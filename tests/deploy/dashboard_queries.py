@@ -21,7 +21,8 @@ import urllib.parse
 import urllib.request
 
 METRIC = re.compile(r"\b((?:fuselink|exposer)_[a-z0-9_]+|up)\b")
-ROW = re.compile(r"^\|\s*`([a-z_:][a-z0-9_:]*)`\s*\|\s*(\w+)\s*\|[^|]*\|[^|]*\|\s*(all|GPU)\s*\|")
+ROW = re.compile(
+    r"^\|\s*`([a-z_:][a-z0-9_:]*)`\s*\|\s*(\w+)\s*\|[^|]*\|[^|]*\|\s*(all|GPU|watched)\s*\|")
 VARS = {"$job": "fuselink", "$node": ".+", "$nic": ".+", "$__rate_interval": "4s",
         "$nic_rate_gbps": "1"}
 

@@ -86,8 +86,7 @@ BouncePool::Registrar BouncePool::LocalReads(ibv_pd* pd) {
 std::shared_ptr<const BouncePool::Slot> BouncePool::Acquire() {
   size_t index = 0;
   {
-    absl::MutexLock lock(&mu_, absl::Condition(this, &BouncePool::FreeOrStopped));
-    if (stopped_) return nullptr;
+    absl::MutexLock lock(&mu_, absl::Condition(this, &BouncePool::AnyFree));
     index = free_.back();
     free_.pop_back();
   }
@@ -120,7 +119,6 @@ absl::StatusOr<std::shared_ptr<const BouncePool::Slot>> StageOut(BouncePool& poo
         "a staged write of ", bytes, " bytes: slots hold ", pool.slot_bytes()));
   }
   std::shared_ptr<const BouncePool::Slot> slot = pool.Acquire();
-  if (slot == nullptr) return absl::UnavailableError("the bounce slots have stopped");
   absl::Status copied = stage.StartToHostAt(gpu, from, slot->data, bytes);
   copied.Update(stage.Wait());  // waited for even when the start failed: none in flight
   if (!copied.ok()) {
@@ -128,11 +126,6 @@ absl::StatusOr<std::shared_ptr<const BouncePool::Slot>> StageOut(BouncePool& poo
         absl::StrCat("staging GPU ", gpu, " memory failed: ", copied.message()));
   }
   return slot;
-}
-
-void BouncePool::Stop() {
-  absl::MutexLock lock(&mu_);
-  stopped_ = true;
 }
 
 }  // namespace fuselink::fabric::verbs

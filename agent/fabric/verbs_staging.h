@@ -65,10 +65,9 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
   // Registers in `pd` for local reads.
   static Registrar LocalReads(ibv_pd* pd);
   uint32_t slot_bytes() const { return slot_bytes_; }
-  // A free slot, or null once Stop has been called. The handle returns the slot.
+  // A free slot, waiting for one; the handle returns it. Slots come back as the
+  // writes holding them complete, also when their QPs close.
   std::shared_ptr<const Slot> Acquire();
-  // Wakes every Acquire; from then on they answer null.
-  void Stop();
   uint32_t free_slots();
 
  private:
@@ -78,20 +77,17 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
   };
   explicit BouncePool(uint32_t slot_bytes) : slot_bytes_(slot_bytes) {}
   void Release(size_t index);
-  bool FreeOrStopped() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopped_ || !free_.empty();
-  }
+  bool AnyFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !free_.empty(); }
 
   const uint32_t slot_bytes_;
   std::vector<Buffer> buffers_;  // fixed after Create
   absl::Mutex mu_;
   std::vector<size_t> free_ ABSL_GUARDED_BY(mu_);
-  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Copies [from, from + bytes) of `gpu` into a free slot of `pool` through `stage` and
 // waits for the copy (over the GPU's own PCIe link). UNAVAILABLE when the copy fails
-// (the slot goes back) or the pool has stopped; INVALID_ARGUMENT past a slot.
+// (the slot goes back); INVALID_ARGUMENT past a slot.
 absl::StatusOr<std::shared_ptr<const BouncePool::Slot>> StageOut(BouncePool& pool,
                                                                  DeviceStage& stage,
                                                                  int gpu, uint64_t from,

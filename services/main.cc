@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/security/credentials.h"
+#include "agent/topo/affinity.h"
 #include "agent/topo/discovery.h"
 #include "agent/topo/render.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -108,6 +109,10 @@ ABSL_FLAG(int, rdma_traffic_class, 0,
           "are the DSCP: set the one the fabric maps to its lossless class, e.g. 106 for "
           "DSCP 26 with ECN.");
 ABSL_FLAG(int, rdma_service_level, 0, "verbs: the service level of every QP (0-15).");
+ABSL_FLAG(std::string, gpudirect_max_class, "PXB",
+          "verbs: the farthest PCIe class (PIX, PXB, PHB, NODE, SYS) at which a NIC "
+          "reads and writes a GPU's memory itself (GPUDirect RDMA by dma-buf or peer "
+          "memory); farther GPU-NIC pairs stage through host memory.");
 ABSL_FLAG(uint32_t, rdma_staging_slots, 8,
           "verbs: bounce slots per NIC (a chunk each, pinned) for GPU memory the NIC "
           "can reach only through host memory (1-4096).");
@@ -261,6 +266,13 @@ int main(int argc, char** argv) {
   }
   if (options.rdma_service_level < 0 || options.rdma_service_level > 15) {
     return Fail(absl::InvalidArgumentError("--rdma_service_level must be 0 to 15"));
+  }
+  if (std::optional<v1::PathClass> c =
+          topo::ParsePathClass(absl::GetFlag(FLAGS_gpudirect_max_class))) {
+    options.gpudirect_max_class = *c;
+  } else {
+    return Fail(absl::InvalidArgumentError(
+        "--gpudirect_max_class must be PIX, PXB, PHB, NODE or SYS"));
   }
   options.rdma_staging_slots = absl::GetFlag(FLAGS_rdma_staging_slots);
   if (options.rdma_staging_slots < 1 || options.rdma_staging_slots > 4096) {

@@ -7,6 +7,7 @@
 #include "agent/fabric/tcp_fabric.h"
 #include "agent/fabric/verbs_device.h"
 #include "agent/fabric/verbs_fabric.h"
+#include "agent/topo/affinity.h"
 #include "agent/transfer/imm.h"
 
 namespace fuselink::services {
@@ -196,6 +197,15 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
     verbs.keys = &fabric_keys_;
     verbs.device_stager = stager_.get();
     verbs.gpu_count = gpu_ != nullptr ? gpu_->count() : 0;
+    for (int g = 0; g < verbs.gpu_count; ++g) {
+      std::vector<bool>& row = verbs.gpu_direct.emplace_back();
+      for (const v1::Nic& nic : topology_.nics()) {
+        row.push_back(topo::GpuDirectReaches(g < nic.gpu_distance_size()
+                                                 ? nic.gpu_distance(g)
+                                                 : v1::PATH_CLASS_UNSPECIFIED,
+                                             options_.gpudirect_max_class));
+      }
+    }
     verbs.staging_slots_per_nic = options_.rdma_staging_slots;
     verbs.staging_slot_bytes = options_.engine.chunk_bytes;  // a staged write is a chunk
     verbs.max_shadow_bytes = options_.rdma_max_shadow_bytes;

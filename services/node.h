@@ -47,6 +47,9 @@ struct NodeOptions {
   // verbs, GPU memory a NIC reaches only by staging: bounce slots per NIC (a chunk
   // each), and the pinned host memory open windows' shadows may take.
   uint32_t rdma_staging_slots = 8;
+  // verbs: the farthest PCIe class at which a NIC reads and writes a GPU's memory
+  // itself (GPUDirect); farther pairs stage.
+  v1::PathClass gpudirect_max_class = v1::PATH_CLASS_PXB;
   uint64_t rdma_max_shadow_bytes = uint64_t{1} << 30;
   transfer::EngineOptions engine;
   transfer::LandingOptions landing;

@@ -59,6 +59,12 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
       in(o.staging_slot_bytes, 1, o.max_write_bytes, "staging_slot_bytes"));
   FL_RETURN_IF_ERROR(in(o.gpu_count, 0, o.device_stager != nullptr ? 1024 : 0,
                         "gpu_count (0 without a device stager)"));
+  if (!o.gpu_direct.empty()) {
+    bool shaped = o.gpu_direct.size() == static_cast<size_t>(o.gpu_count);
+    for (const std::vector<bool>& row : o.gpu_direct)
+      shaped &= row.size() == o.nics.size();
+    if (!shaped) return absl::InvalidArgumentError("gpu_direct must be gpu_count x NICs");
+  }
   FL_RETURN_IF_ERROR(in(o.max_window_registrations_per_nic, 1,
                         kMaxWindowRegistrationsPerNic,
                         "max_window_registrations_per_nic"));
@@ -95,10 +101,13 @@ absl::Status VerbsFabric::ChooseGpuPaths() {
     std::vector<verbs::GpuPath>& paths = gpu_paths_.emplace_back();
     std::string line = absl::StrCat("fuselink verbs: GPU ", gpu, " memory:");
     for (const auto& nic : nics_) {
-      paths.push_back(verbs::ChooseGpuPath(
-          verbs::ProbeGpuPath(options_.device_stager, gpu, nic->pd(), peer_memory)));
-      absl::StrAppend(&line, " NIC ", nic->index(), " ",
-                      verbs::GpuPathName(paths.back()));
+      const int k = nic->index();
+      const bool near = options_.gpu_direct.empty() || options_.gpu_direct[gpu][k];
+      // Too far for GPUDirect: no probe, the pair stages (null PD: staging only).
+      paths.push_back(verbs::ChooseGpuPath(verbs::ProbeGpuPath(
+          options_.device_stager, gpu, near ? nic->pd() : nullptr, peer_memory)));
+      absl::StrAppend(&line, " NIC ", k, " ", verbs::GpuPathName(paths.back()),
+                      near ? "" : " (too far for GPUDirect)");
     }
     std::fprintf(stderr, "%s\n", line.c_str());
   }

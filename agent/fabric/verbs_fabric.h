@@ -97,6 +97,10 @@ struct VerbsFabricOptions {
   // every NIC is probed at start-up.
   DeviceStager* device_stager = nullptr;
   int gpu_count = 0;
+  // [gpu][nic]: false where the NIC is too far from the GPU to reach its memory
+  // itself (topo::GpuDirectReaches): that pair stages without a probe. Empty: every
+  // pair may.
+  std::vector<std::vector<bool>> gpu_direct;
   // Bounce slots per NIC for staged writes out of GPU memory, and their size (the
   // largest staged write).
   uint32_t staging_slots_per_nic = 8;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include "absl/strings/match.h"
+
 namespace fuselink::topo {
 
 PathClass Classify(const PciPosition& a, const PciPosition& b) {
@@ -42,6 +44,18 @@ const char* PathClassName(PathClass c) {
     default:
       return "?";
   }
+}
+
+std::optional<PathClass> ParsePathClass(absl::string_view name) {
+  for (PathClass c : {v1::PATH_CLASS_PIX, v1::PATH_CLASS_PXB, v1::PATH_CLASS_PHB,
+                      v1::PATH_CLASS_NODE, v1::PATH_CLASS_SYS}) {
+    if (absl::EqualsIgnoreCase(name, PathClassName(c))) return c;
+  }
+  return std::nullopt;
+}
+
+bool GpuDirectReaches(PathClass c, PathClass limit) {
+  return c == v1::PATH_CLASS_UNSPECIFIED || PathRank(c) <= PathRank(limit);
 }
 
 int PathRank(PathClass c) {

@@ -3,8 +3,10 @@
 // management ports. No I/O; docs/design.md "Topology discovery" states the rules.
 #pragma once
 
+#include <optional>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "agent/topo/sysfs.h"
 #include "fuselink/v1/topology.pb.h"
 
@@ -28,6 +30,15 @@ const char* PathClassName(PathClass c);
 
 // Order of preference: PIX best, UNSPECIFIED worst.
 int PathRank(PathClass c);
+
+// The class named "PIX", "PXB", "PHB", "NODE" or "SYS" (any case); nullopt otherwise.
+std::optional<PathClass> ParsePathClass(absl::string_view name);
+
+// Whether a NIC should reach a GPU's memory itself (GPUDirect RDMA) at class `c`, when
+// `limit` is the farthest class allowed: peer-to-peer DMA through a host bridge or
+// across sockets is slower than staging through host memory on many platforms. An
+// unknown class (a file or emulation that does not say) is allowed.
+bool GpuDirectReaches(PathClass c, PathClass limit);
 
 // distance[n][g]: NIC n's class to GPU g.
 using DistanceMatrix = std::vector<std::vector<PathClass>>;

@@ -242,6 +242,7 @@ TEST_F(FailureTest, AgentRefusesRdmaFlagsOutOfRange) {
       {"--rdma_staging_slots=0"},
       {"--rdma_staging_slots=4097"},
       {"--rdma_max_shadow_mib=0"},
+      {"--gpudirect_max_class=FAR"},
   };
   for (const std::vector<std::string>& flags : refused) {
     absl::StatusOr<std::unique_ptr<AgentProcess>> agent =

@@ -723,6 +723,19 @@ TEST(Affinity, ClassesFromPciPaths) {
 
 // Taken NIC by NIC, NIC 0 (PIX to GPUs 0 and 1) and NIC 1 (PIX to GPU 0 only) both
 // went to GPU 0, and GPU 1 had no NIC of its own.
+TEST(Affinity, GpuDirectReachesUpToTheLimitAndWhereNobodySays) {
+  EXPECT_TRUE(GpuDirectReaches(v1::PATH_CLASS_PIX, v1::PATH_CLASS_PXB));
+  EXPECT_TRUE(GpuDirectReaches(v1::PATH_CLASS_PXB, v1::PATH_CLASS_PXB));
+  EXPECT_FALSE(GpuDirectReaches(v1::PATH_CLASS_PHB, v1::PATH_CLASS_PXB));
+  EXPECT_FALSE(GpuDirectReaches(v1::PATH_CLASS_SYS, v1::PATH_CLASS_NODE));
+  EXPECT_TRUE(GpuDirectReaches(v1::PATH_CLASS_SYS, v1::PATH_CLASS_SYS));
+  EXPECT_TRUE(GpuDirectReaches(v1::PATH_CLASS_UNSPECIFIED, v1::PATH_CLASS_PIX));
+  EXPECT_EQ(ParsePathClass("pxb"), v1::PATH_CLASS_PXB);
+  EXPECT_EQ(ParsePathClass("SYS"), v1::PATH_CLASS_SYS);
+  EXPECT_EQ(ParsePathClass("?"), std::nullopt);
+  EXPECT_EQ(ParsePathClass(""), std::nullopt);
+}
+
 TEST(Affinity, EveryGpuGetsANicOfItsOwnWhenTheNicsAllow) {
   Affinity a = ChooseAffinity({{PIX, PIX}, {PIX, NODE}}, 2);
   EXPECT_THAT(a.owner_gpu, ElementsAre(1, 0));

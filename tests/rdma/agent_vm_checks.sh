@@ -14,6 +14,8 @@
 # the vA ends, node-b on the vB ends; gRPC on 127.0.0.1.
 #
 # Checks (one "agent-check: <id> PASS|FAIL <what>" line each; exit 0 only if all pass):
+#   t  discovery (fuselinkctl topology --sysfs_root=/sys) finds each rxe device with its
+#      veth and address, or lists it excluded with its reason
 #   a  both agents, --transport=auto, pick verbs (ready line and GetTopology)
 #   b  fuselinkctl demo over 2 rails x 3 QPs, stripe: bytes match, bytes on both rails
 #   d  vA1 (node-a's rail-1 end) set down in the middle of a stripe transfer: the
@@ -154,6 +156,27 @@ failed_writes() {
     END { if (sep == "") printf "n/a (no fuselink_nic_failed_writes_total)" }'
 }
 secs() { sed -n 's/^completed: .* in \([0-9.]*\) s,.*/\1/p' "$1"; }
+
+# --- (t) discovery on the VM's own devices: each rxe device is a RoCE NIC of its veth
+# and address (or, if left out, listed with its reason); nothing else is missing.
+"$ctl" topology --sysfs_root=/sys >"$run/t.out" 2>&1
+rc=$?
+ok=$rc found=""
+for end in A B; do
+  for i in 0 1; do
+    host=$([ $end = A ] && echo 1 || echo 2)
+    if awk -v d="rxe$end$i/" -v v="v$end$i" -v a="10.$i.0.$host" \
+      '$0 ~ d && $0 ~ v && $0 ~ a { f = 1 } END { exit !f }' "$run/t.out"; then
+      found="$found rxe$end$i"
+    elif grep -q "rxe$end$i" "$run/t.out"; then
+      found="$found rxe$end$i(excluded:$(grep "rxe$end$i" "$run/t.out" | awk '{print $4}'))"
+    else
+      ok=1 found="$found rxe$end$i(MISSING)"
+    fi
+  done
+done
+result t $ok "fuselinkctl topology --sysfs_root=/sys (rc=$rc):$found"
+show "$run/t.out"
 
 # --- (a) auto picks verbs on both agents
 t0=$(now)

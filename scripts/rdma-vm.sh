@@ -21,11 +21,13 @@
 # The guest boots with -kernel/-initrd from that root, -nic none, -serial stdio. Its
 # boot stub mounts two read-only 9p shares: BUILD_DIR (the test binary) and a control
 # folder holding the test steps this script writes. The steps: modprobe rdma_rxe, one
-# veth pair per rail with accept_local=1, an rxe device on each end, the rdma test
-# binary, then ib_write_bw over rail 0, then the agent checks; then power off. Before the
-# boot, on this machine: an agent with --transport=auto on loopback must say tcp. The
-# guest prints "FUSELINK-RDMA-RESULT: PASS|FAIL rc=N" (N: 0 only when the fabric test
-# and every agent check passed); this script exits with N (1 if the host check failed).
+# veth pair per rail with accept_local=1 and an IPv4 and an IPv6 (ULA) address on each
+# end (FUSELINK_RDMA_RAILS, FUSELINK_RDMA_RAILS6), an rxe device on each end, the rdma
+# test binary, then ib_write_bw over rail 0, then the agent checks; then power off.
+# Before the boot, on this machine: an agent with --transport=auto on loopback must say
+# tcp. The guest prints "FUSELINK-RDMA-RESULT: PASS|FAIL rc=N" (N: 0 only when the
+# fabric test and every agent check passed); this script exits with N (1 if the host
+# check failed).
 #
 # Exit 77 (ctest SKIP_RETURN_CODE) where it cannot run: no qemu/debootstrap and no way to
 # install them, no network for debootstrap, not root, the test binary, fuselink-agent or
@@ -186,11 +188,18 @@ echo "guest: kernel \$(uname -r), up \$(cut -d' ' -f1 /proc/uptime) s"
 modprobe rdma_rxe || { echo "FUSELINK-RDMA-RESULT: FAIL rc=1 (no rdma_rxe)"; exit 0; }
 ip link set lo up
 echo 1 >/proc/sys/net/ipv4/conf/all/accept_local
+# IPv6 addresses survive a rail taken down and up again (the tests do), as IPv4 ones do.
+echo 1 >/proc/sys/net/ipv6/conf/all/keep_addr_on_down
+echo 1 >/proc/sys/net/ipv6/conf/default/keep_addr_on_down
 for rail in 0 1; do
   a=vA\$rail; b=vB\$rail
   ip link add \$a type veth peer name \$b
   ip addr add 10.\$rail.0.1/24 dev \$a
   ip addr add 10.\$rail.0.2/24 dev \$b
+  # A unique local address on each end too (nodad: usable at once, not tentative),
+  # which rxe lists as a RoCE v2 GID of its own: the IPv6 rails of the fabric test.
+  ip -6 addr add fd00:fe:\$rail::1/64 dev \$a nodad
+  ip -6 addr add fd00:fe:\$rail::2/64 dev \$b nodad
   for dev in \$a \$b; do
     echo 1 >/proc/sys/net/ipv4/conf/\$dev/accept_local
     ip link set \$dev up
@@ -198,9 +207,33 @@ for rail in 0 1; do
   rdma link add rxeA\$rail type rxe netdev \$a
   rdma link add rxeB\$rail type rxe netdev \$b
 done
+# rxe sends with the kernel's output route lookup for (its netdev, source, destination).
+# Both ends of a rail live in this one namespace, so the destination is a local address:
+# IPv4's lookup honours the netdev and skips the local route (hence accept_local), but
+# IPv6's does not once a source is given, and picks the local route, through lo, where
+# no rxe device listens: the packets are dropped. A rule for packets bound to one end's
+# netdev (rxe's and its address resolution's; not the control TCP's, which go through
+# lo as on IPv4) to the other end, ahead of the local table, looks them up in main,
+# whose prefix route on that netdev sends them over the veth. (Across two hosts there
+# is no local route to find: this is the single-host testbed's.)
+echo "guest: ipv6 route before: \$(ip -6 route get fd00:fe:0::2 from fd00:fe:0::1 oif vA0)"
+ip -6 rule add pref 1000 lookup local
+ip -6 rule del pref 0 lookup local
+for rail in 0 1; do
+  ip -6 rule add pref 100 iif lo oif vA\$rail from fd00:fe:\$rail::1 to fd00:fe:\$rail::2 \\
+    lookup main
+  ip -6 rule add pref 100 iif lo oif vB\$rail from fd00:fe:\$rail::2 to fd00:fe:\$rail::1 \\
+    lookup main
+done
+echo "guest: ipv6 route after: \$(ip -6 route get fd00:fe:0::2 from fd00:fe:0::1 oif vA0)"
 sleep 1
 rdma link show
 export FUSELINK_RDMA_RAILS="10.0.0.1,10.0.0.2;10.1.0.1,10.1.0.2"
+export FUSELINK_RDMA_RAILS6="fd00:fe:0::1,fd00:fe:0::2;fd00:fe:1::1,fd00:fe:1::2"
+for g in /sys/class/infiniband/rxe*/ports/1/gids/*; do
+  case "\$(cat \$g)" in fd00:*) t=\${g%/gids/*}/gid_attrs/types/\${g##*/}
+    echo "guest: ipv6 gid \${g#/sys/class/infiniband/} \$(cat \$g) \$(cat \$t)";; esac
+done
 export FUSELINK_RDMA_VETHS="vA0,vB0;vA1,vB1"
 cd /tmp
 started=\$(cut -d' ' -f1 /proc/uptime)

@@ -19,6 +19,11 @@
 namespace fuselink::fabric::verbs {
 namespace {
 
+bool IsIpv4Mapped(const ibv_gid& gid) {
+  static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(gid.raw, kPrefix, sizeof(kPrefix)) == 0;
+}
+
 std::string PciPath(absl::string_view device, absl::string_view netdev) {
   std::error_code error;
   for (const std::string& link :
@@ -31,12 +36,22 @@ std::string PciPath(absl::string_view device, absl::string_view netdev) {
   return "";  // soft devices (rxe over veth) have no bus device
 }
 
-// The interface that holds `ipv4`, or empty.
-std::string InterfaceOf(absl::string_view ipv4) {
-  absl::StatusOr<std::vector<InterfaceAddress>> list = ListInterfaces();
+// The interface that holds `address`, or empty. `gid` is the address's GID: IPv6
+// addresses are compared by their bytes, since one address has many spellings.
+std::string InterfaceOf(absl::string_view address, const ibv_gid& gid) {
+  if (IsIpv4Mapped(gid)) {
+    absl::StatusOr<std::vector<InterfaceAddress>> list = ListInterfaces();
+    if (!list.ok()) return "";
+    for (const InterfaceAddress& a : *list) {
+      if (a.ipv4 == address) return a.name;
+    }
+    return "";
+  }
+  absl::StatusOr<std::vector<Ipv6InterfaceAddress>> list = ListIpv6Interfaces();
   if (!list.ok()) return "";
-  for (const InterfaceAddress& a : *list) {
-    if (a.ipv4 == ipv4) return a.name;
+  const std::string canonical = GidToString(gid);  // inet_ntop's spelling, as listed
+  for (const Ipv6InterfaceAddress& a : *list) {
+    if (a.ipv6 == canonical) return a.name;
   }
   return "";
 }
@@ -116,6 +131,39 @@ absl::StatusOr<ibv_gid> Ipv4MappedGid(absl::string_view ipv4) {
   return gid;
 }
 
+absl::StatusOr<ibv_gid> AddressGid(absl::string_view address) {
+  const std::string text(address);
+  in_addr v4{};
+  if (inet_pton(AF_INET, text.c_str(), &v4) == 1) return Ipv4MappedGid(address);
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, text.c_str(), &v6) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", address, "' is not a numeric IPv4 or IPv6 address"));
+  }
+  if (IN6_IS_ADDR_LINKLOCAL(&v6)) {
+    return WithReason(
+        absl::InvalidArgumentError(absl::StrCat(
+            "'", address,
+            "' is an IPv6 link-local address (fe80::/10): it means something only "
+            "with a scope id and is not routed between nodes; give the NIC a global "
+            "or unique local (fc00::/7) address")),
+        "LINK_LOCAL_ADDRESS");
+  }
+  const char* unfit = IN6_IS_ADDR_MULTICAST(&v6)     ? "a multicast address"
+                      : IN6_IS_ADDR_UNSPECIFIED(&v6) ? "the unspecified address"
+                      : IN6_IS_ADDR_V4MAPPED(&v6)
+                          ? "IPv4-mapped (give the IPv4 address itself)"
+                          : nullptr;
+  if (unfit != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", address, "' cannot name a NIC: it is ", unfit));
+  }
+  ibv_gid gid{};
+  static_assert(sizeof(gid.raw) == sizeof(v6.s6_addr));
+  std::memcpy(gid.raw, v6.s6_addr, sizeof(gid.raw));  // RoCE v2: the address itself
+  return gid;
+}
+
 std::optional<uint32_t> ChooseRoceV2Gid(std::span<const GidEntry> entries,
                                         const ibv_gid& gid) {
   for (const GidEntry& entry : entries) {
@@ -163,19 +211,25 @@ std::optional<size_t> ChooseIpoibPort(std::span<const VerbsPort> ports,
   return std::nullopt;
 }
 
-absl::StatusOr<NicBinding> BindAddress(absl::string_view ipv4) {
-  FL_ASSIGN_OR_RETURN(ibv_gid gid, Ipv4MappedGid(ipv4));
+absl::StatusOr<NicBinding> BindAddress(absl::string_view address) {
+  FL_ASSIGN_OR_RETURN(ibv_gid gid, AddressGid(address));
   FL_ASSIGN_OR_RETURN(std::vector<VerbsPort> ports, DiscoverPorts());
   std::optional<NicBinding> found;
   for (VerbsPort& port : ports) {
     std::optional<uint32_t> index = ChooseRoceV2Gid(port.gids, gid);
     if (!index.has_value() || port.link_layer != IBV_LINK_LAYER_ETHERNET) continue;
-    found =
-        NicBinding{.port = std::move(port), .gid_index = *index, .gid = gid, .lid = 0};
+    auto entry = std::find_if(port.gids.begin(), port.gids.end(),
+                              [&](const GidEntry& e) { return e.index == *index; });
+    std::string netdev = entry->netdev;  // ChooseRoceV2Gid found it among port.gids
+    found = NicBinding{.port = std::move(port),
+                       .gid_index = *index,
+                       .gid = gid,
+                       .lid = 0,
+                       .netdev = std::move(netdev)};
     break;
   }
   if (!found.has_value()) {
-    const std::string netdev = InterfaceOf(ipv4);
+    std::string netdev = InterfaceOf(address, gid);
     if (std::optional<size_t> i =
             ChooseIpoibPort(ports, NetdevPciPath(netdev), NetdevPort(netdev))) {
       VerbsPort& port = ports[*i];
@@ -183,26 +237,30 @@ absl::StatusOr<NicBinding> BindAddress(absl::string_view ipv4) {
                                 [](const GidEntry& e) { return e.index == 0; });
       if (first == port.gids.end()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            port.device, " port ", port.port, " carries ", ipv4, " but has no GID 0"));
+            port.device, " port ", port.port, " carries ", address, " but has no GID 0"));
       }
       const ibv_gid gid0 = first->gid;  // the port GID
-      found = NicBinding{.port = std::move(port), .gid_index = 0, .gid = gid0, .lid = 0};
+      found = NicBinding{.port = std::move(port),
+                         .gid_index = 0,
+                         .gid = gid0,
+                         .lid = 0,
+                         .netdev = std::move(netdev)};
       found->lid = found->port.lid;
     }
   }
   if (!found.has_value()) {
     return absl::NotFoundError(absl::StrCat(
-        "no RDMA device has a RoCE v2 GID for ", ipv4,
+        "no RDMA device has a RoCE v2 GID for ", address,
         ", nor an InfiniBand port its IPoIB interface (", ports.size(), " ports seen)"));
   }
   if (found->port.state != IBV_PORT_ACTIVE) {
     return absl::FailedPreconditionError(
-        absl::StrCat(found->port.device, " port ", found->port.port, " carries ", ipv4,
+        absl::StrCat(found->port.device, " port ", found->port.port, " carries ", address,
                      " but is ", ibv_port_state_str(found->port.state)));
   }
   if (found->port.link_layer == IBV_LINK_LAYER_INFINIBAND && found->lid == 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat(found->port.device, " port ", found->port.port, " carries ", ipv4,
+        absl::StrCat(found->port.device, " port ", found->port.port, " carries ", address,
                      " but has no LID yet (is a subnet manager running?)"));
   }
   return *std::move(found);

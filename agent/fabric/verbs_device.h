@@ -1,9 +1,9 @@
-// RDMA device discovery: which verbs device, port and GID serve a NIC given by its
-// IPv4 address. A wrong GID index is the most reported RoCE bring-up failure, so the
+// RDMA device discovery: which verbs device, port and GID serve a NIC given by its IPv4
+// or IPv6 address. A wrong GID index is the most reported RoCE bring-up failure, so the
 // GID is never a configured number: it is the RoCE v2 entry whose GID is the address's
-// IPv4-mapped form (::ffff:a.b.c.d), read from the device's GID table
-// (ibv_query_gid_table, which carries each entry's type from sysfs gid_attrs/types and
-// its netdev from gid_attrs/ndevs).
+// own (an IPv4 address's IPv4-mapped form ::ffff:a.b.c.d, an IPv6 address itself), read
+// from the device's GID table (ibv_query_gid_table, which carries each entry's type
+// from sysfs gid_attrs/types and its netdev from gid_attrs/ndevs).
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -59,11 +59,18 @@ struct NicBinding {
   VerbsPort port;
   uint32_t gid_index = 0;
   ibv_gid gid{};
-  uint16_t lid = 0;  // InfiniBand: the port's LID
+  uint16_t lid = 0;    // InfiniBand: the port's LID
+  std::string netdev;  // the interface of the GID entry (RoCE) or the IPoIB interface
 };
 
 // The IPv4-mapped GID of a dotted-quad address; INVALID_ARGUMENT for anything else.
 absl::StatusOr<ibv_gid> Ipv4MappedGid(absl::string_view ipv4);
+// The RoCE v2 GID of a NIC address: an IPv4 address's IPv4-mapped form, an IPv6
+// address's own 16 bytes. INVALID_ARGUMENT for text that is neither, and for the IPv6
+// addresses no NIC is bound by: link-local (fe80::/10: meaningful only with a scope
+// id, and not routed between nodes), multicast, unspecified, and IPv4-mapped (give
+// the IPv4 address instead: its socket and its GID entry are the IPv4 ones).
+absl::StatusOr<ibv_gid> AddressGid(absl::string_view address);
 // The RoCE v2 entry among `entries` whose GID is `gid`; pure, for tests.
 std::optional<uint32_t> ChooseRoceV2Gid(std::span<const GidEntry> entries,
                                         const ibv_gid& gid);
@@ -77,11 +84,12 @@ std::optional<size_t> ChooseIpoibPort(std::span<const VerbsPort> ports,
 
 // Every port of every device; empty (not an error) when the host has none.
 absl::StatusOr<std::vector<VerbsPort>> DiscoverPorts();
-// The active port that serves `ipv4`: an Ethernet port with a RoCE v2 GID for it, or
-// the InfiniBand port behind the IPoIB interface that holds it (addressed by LID, GID
-// index 0). NOT_FOUND when no device carries the address, FAILED_PRECONDITION when
-// its port is not active.
-absl::StatusOr<NicBinding> BindAddress(absl::string_view ipv4);
+// The active port that serves `address` (IPv4 or IPv6, see AddressGid): an Ethernet
+// port with a RoCE v2 GID for it, or the InfiniBand port behind the IPoIB interface
+// that holds it (addressed by LID, GID index 0). INVALID_ARGUMENT as AddressGid,
+// NOT_FOUND when no device carries the address, FAILED_PRECONDITION when its port is
+// not active.
+absl::StatusOr<NicBinding> BindAddress(absl::string_view address);
 // True when every address binds (BindAddress succeeds for each): the agent then picks
 // the verbs transport, else tcp.
 bool VerbsAvailable(std::span<const std::string> addresses);

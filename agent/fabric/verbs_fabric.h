@@ -68,8 +68,9 @@ inline constexpr uint32_t kMaxWindowRegistrationsPerNic = 1 << 20;
 struct VerbsFabricOptions {
   // Introduces this node in the QP handshake; 1..255 printable ASCII characters.
   std::string node_name;
-  // NIC i is the RDMA port whose RoCE v2 GID is nics[i].address (IPv4) and listens
-  // for control connections on nics[i].address:nics[i].port (0: the kernel picks).
+  // NIC i is the RDMA port whose RoCE v2 GID is nics[i].address (IPv4 or global
+  // IPv6, see verbs::BindAddress) and listens for control connections on
+  // nics[i].address:nics[i].port (0: the kernel picks).
   std::vector<Endpoint> nics;
   // RC QPs per (peer, NIC) pair.
   int qps_per_peer_nic = 2;

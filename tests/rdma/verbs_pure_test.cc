@@ -1,11 +1,14 @@
 // The verbs fabric's pure parts: control frames, wr_id encoding, GID choice, the
 // source's window tables, the worker. No device.
+#include <arpa/inet.h>
+
 #include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "agent/common/status_macros.h"
 #include "agent/fabric/little_endian.h"
 #include "agent/fabric/verbs_device.h"
 #include "agent/fabric/verbs_nic.h"
@@ -367,6 +370,91 @@ TEST(VerbsGid, ChoosesTheRoceV2EntryOfTheAddress) {
   EXPECT_FALSE(Ipv4MappedGid("fe80::1").ok());
 }
 
+// An IPv6 GID as the kernel lists it (sysfs gids/N, inet_pton's bytes).
+ibv_gid Gid6(const char* text) {
+  ibv_gid gid{};
+  EXPECT_EQ(inet_pton(AF_INET6, text, gid.raw), 1) << text;
+  return gid;
+}
+
+// What rxe's GID table holds for a netdev with 10.1.0.2 and fd00:fe:1::2: the
+// link-local default GID of its MAC, then each address as RoCE v1 and v2.
+std::vector<GidEntry> DualStackTable() {
+  return {
+      {.gid = Gid6("fe80::5054:ff:fe12:3456"),
+       .index = 0,
+       .type = IBV_GID_TYPE_ROCE_V1,
+       .netdev = "vB1"},
+      {.gid = Gid6("fe80::5054:ff:fe12:3456"),
+       .index = 1,
+       .type = IBV_GID_TYPE_ROCE_V2,
+       .netdev = "vB1"},
+      {.gid = *Ipv4MappedGid("10.1.0.2"),
+       .index = 2,
+       .type = IBV_GID_TYPE_ROCE_V1,
+       .netdev = "vB1"},
+      {.gid = *Ipv4MappedGid("10.1.0.2"),
+       .index = 3,
+       .type = IBV_GID_TYPE_ROCE_V2,
+       .netdev = "vB1"},
+      {.gid = Gid6("fd00:fe:1::2"),
+       .index = 4,
+       .type = IBV_GID_TYPE_ROCE_V1,
+       .netdev = "vB1"},
+      {.gid = Gid6("fd00:fe:1::2"),
+       .index = 5,
+       .type = IBV_GID_TYPE_ROCE_V2,
+       .netdev = "vB1"},
+  };
+}
+
+TEST(VerbsGid, AnIpv6AddressIsItsOwnGid) {
+  absl::StatusOr<ibv_gid> gid = AddressGid("fd00:fe:1::2");
+  ASSERT_TRUE(gid.ok()) << gid.status();
+  EXPECT_EQ(std::memcmp(gid->raw, Gid6("fd00:fe:1::2").raw, 16), 0);
+  EXPECT_EQ(GidToString(*gid), "fd00:fe:1::2");
+  // Another spelling of the same address is the same GID.
+  absl::StatusOr<ibv_gid> long_form = AddressGid("FD00:00FE:0001:0:0:0:0:0002");
+  ASSERT_TRUE(long_form.ok()) << long_form.status();
+  EXPECT_EQ(std::memcmp(long_form->raw, gid->raw, 16), 0);
+  absl::StatusOr<ibv_gid> global = AddressGid("2001:db8::7");
+  ASSERT_TRUE(global.ok()) << global.status();
+  EXPECT_EQ(GidToString(*global), "2001:db8::7");
+}
+
+TEST(VerbsGid, ChoosesTheRoceV2EntryOfAnIpv6Address) {
+  const std::vector<GidEntry> table = DualStackTable();
+  EXPECT_EQ(ChooseRoceV2Gid(table, *AddressGid("fd00:fe:1::2")), 5u);
+  // IPv4 unchanged, beside an IPv6 address on the same netdev.
+  EXPECT_EQ(ChooseRoceV2Gid(table, *AddressGid("10.1.0.2")), 3u);
+  EXPECT_EQ(std::memcmp(AddressGid("10.1.0.2")->raw, Ipv4MappedGid("10.1.0.2")->raw, 16),
+            0);
+  // An address no entry has: none (BindAddress answers NOT_FOUND).
+  EXPECT_EQ(ChooseRoceV2Gid(table, *AddressGid("fd00:fe:1::3")), std::nullopt);
+  EXPECT_EQ(ChooseRoceV2Gid(table, *AddressGid("fd00:fe:2::2")), std::nullopt);
+  // Only RoCE v1 carries it: none.
+  std::vector<GidEntry> v1_only = table;
+  v1_only.pop_back();
+  EXPECT_EQ(ChooseRoceV2Gid(v1_only, *AddressGid("fd00:fe:1::2")), std::nullopt);
+}
+
+TEST(VerbsGid, RefusesIpv6AddressesThatCannotNameANic) {
+  for (const char* link_local : {"fe80::5054:ff:fe12:3456", "fe80::1", "febf::1"}) {
+    absl::StatusOr<ibv_gid> gid = AddressGid(link_local);
+    EXPECT_EQ(gid.status().code(), absl::StatusCode::kInvalidArgument) << link_local;
+    EXPECT_EQ(ReasonOf(gid.status()), "LINK_LOCAL_ADDRESS") << link_local;
+    EXPECT_NE(gid.status().message().find("link-local"), absl::string_view::npos);
+  }
+  // With a scope id it is not even an address inet_pton reads.
+  EXPECT_EQ(AddressGid("fe80::1%vA0").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (const char* unfit : {"ff02::1", "::", "::ffff:10.1.0.2", "10.1.0", "vB1", ""}) {
+    EXPECT_EQ(AddressGid(unfit).status().code(), absl::StatusCode::kInvalidArgument)
+        << unfit;
+  }
+  EXPECT_TRUE(AddressGid("fec0::1").ok());  // fe80::/10 only: fec0:: is not in it
+}
+
 TEST(VerbsAddress, CarriesTheTrafficClassAndServiceLevel) {
   RemoteQp remote{.qpn = 7, .psn = 9, .gid = *Ipv4MappedGid("10.0.0.2")};
   RcParams params{.port = 2, .gid_index = 3, .traffic_class = 106, .service_level = 3};
@@ -382,6 +470,19 @@ TEST(VerbsAddress, CarriesTheTrafficClassAndServiceLevel) {
   const ibv_ah_attr plain = RcAddressVector(RcParams{}, remote);
   EXPECT_EQ(plain.grh.traffic_class, 0);
   EXPECT_EQ(plain.sl, 0);
+}
+
+// Nothing in the address vector assumes an IPv4-mapped GID: an IPv6 peer's GID is the
+// GRH's destination as it is, and the local GID index picks the IPv6 source (the
+// kernel takes the packet's IP version from that GID entry).
+TEST(VerbsAddress, AnIpv6PeerIsTheGrhDestination) {
+  RemoteQp remote{.qpn = 7, .psn = 9, .gid = *AddressGid("fd00:fe:1::1")};
+  const ibv_ah_attr ah = RcAddressVector(RcParams{.port = 1, .gid_index = 5}, remote);
+  EXPECT_EQ(ah.is_global, 1);
+  EXPECT_EQ(GidToString(ah.grh.dgid), "fd00:fe:1::1");
+  EXPECT_EQ(ah.grh.sgid_index, 5);
+  EXPECT_EQ(ah.grh.hop_limit, 64);
+  EXPECT_EQ(ah.dlid, 0);
 }
 
 TEST(VerbsAddress, InfinibandGoesByLidWithoutAGrh) {

@@ -33,8 +33,7 @@ class Discoverer {
 void Discoverer::CheckAddress(NicCandidate& c) const {
   if (c.netdevs.empty()) {
     ExcludeNic(c, "NO_NETDEV",
-               "no network interface: fuselink's connections need an IPv4 "
-               "address");
+               "no network interface: fuselink's connections need an IP address");
     return;
   }
   // The first netdev with an address: on RoCE over a VLAN or an IPoIB child the
@@ -49,7 +48,8 @@ void Discoverer::CheckAddress(NicCandidate& c) const {
   }
   ExcludeNic(c, "NO_IPV4",
              absl::StrCat(absl::StrJoin(c.netdevs, ", "),
-                          c.netdevs.size() == 1 ? " has" : " have", " no IPv4 address"));
+                          c.netdevs.size() == 1 ? " has" : " have",
+                          " no IPv4 or global IPv6 address"));
 }
 
 absl::StatusOr<Topology> Discoverer::Run() {
@@ -192,10 +192,14 @@ absl::StatusOr<Topology> Discoverer::Run() {
 
 }  // namespace
 
-absl::StatusOr<InterfaceAddresses> SystemIpv4Addresses() {
-  FL_ASSIGN_OR_RETURN(std::vector<InterfaceAddress> list, ListInterfaces());
+absl::StatusOr<InterfaceAddresses> SystemAddresses() {
+  FL_ASSIGN_OR_RETURN(std::vector<InterfaceAddress> v4, ListInterfaces());
+  FL_ASSIGN_OR_RETURN(std::vector<Ipv6InterfaceAddress> v6, ListIpv6Interfaces());
   InterfaceAddresses out;
-  for (InterfaceAddress& a : list) out[a.name].push_back(std::move(a.ipv4));
+  for (InterfaceAddress& a : v4) out[a.name].push_back(std::move(a.ipv4));
+  for (Ipv6InterfaceAddress& a : v6) {
+    if (!a.loopback && IsNicAddress(a.ipv6)) out[a.name].push_back(std::move(a.ipv6));
+  }
   return out;
 }
 
@@ -204,7 +208,7 @@ absl::StatusOr<Topology> DiscoverTopology(const DiscoveryOptions& options) {
   if (options.addresses) {
     FL_ASSIGN_OR_RETURN(addresses, options.addresses());
   } else {
-    FL_ASSIGN_OR_RETURN(addresses, SystemIpv4Addresses());
+    FL_ASSIGN_OR_RETURN(addresses, SystemAddresses());
   }
   return Discoverer(options, addresses).Run();
 }

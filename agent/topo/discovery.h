@@ -23,11 +23,13 @@
 
 namespace fuselink::topo {
 
-// netdev name -> its IPv4 addresses, primary first.
+// netdev name -> its addresses, the preferred first.
 using InterfaceAddresses = absl::flat_hash_map<std::string, std::vector<std::string>>;
 
-// This host's IPv4 addresses by interface (getifaddrs). UNAVAILABLE when it fails.
-absl::StatusOr<InterfaceAddresses> SystemIpv4Addresses();
+// This host's addresses by interface (getifaddrs): IPv4 first (primary first), then
+// the IPv6 ones a NIC may have (IsNicAddress: no link-local), so a netdev without IPv4
+// is found by its global IPv6 address. UNAVAILABLE when getifaddrs fails.
+absl::StatusOr<InterfaceAddresses> SystemAddresses();
 
 struct DiscoveryOptions {
   std::string sysfs_root = "/sys";
@@ -37,7 +39,7 @@ struct DiscoveryOptions {
   // Where GPUs come from. Null: the sysfs probe of sysfs_root under `cuda`.
   const GpuProbe* gpus = nullptr;
   CudaEnvironment cuda;
-  // Interface addresses. Null: SystemIpv4Addresses.
+  // Interface addresses. Null: SystemAddresses.
   std::function<absl::StatusOr<InterfaceAddresses>()> addresses;
 };
 

@@ -84,10 +84,9 @@ absl::Status ValidateTopology(Topology& topology) {
     if (!names.insert(nic.name()).second) {
       return BadTopology(absl::StrCat("NIC name '", nic.name(), "' appears twice"));
     }
-    in_addr addr{};
-    if (inet_pton(AF_INET, nic.address().c_str(), &addr) != 1) {
+    if (!IsNicAddress(nic.address())) {
       return BadTopology(absl::StrCat("NIC '", nic.name(), "' address '", nic.address(),
-                                      "' is not an IPv4 address"));
+                                      "' is not an IPv4 or global IPv6 address"));
     }
     if (!rails.insert(RailOf(nic)).second) {
       return BadTopology(absl::StrCat("NIC '", nic.name(), "' rail ", RailOf(nic),
@@ -123,6 +122,16 @@ int DirectNic(const Topology& topology, uint32_t gpu) {
     if (nic.owner_gpu() == gpu) return static_cast<int>(nic.index());
   }
   return 0;
+}
+
+bool IsNicAddress(absl::string_view address) {
+  const std::string text(address);
+  in_addr v4{};
+  if (inet_pton(AF_INET, text.c_str(), &v4) == 1) return true;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, text.c_str(), &v6) == 1 && !IN6_IS_ADDR_LINKLOCAL(&v6) &&
+         !IN6_IS_ADDR_MULTICAST(&v6) && !IN6_IS_ADDR_UNSPECIFIED(&v6) &&
+         !IN6_IS_ADDR_V4MAPPED(&v6);
 }
 
 uint32_t RailOf(const v1::Nic& nic) { return nic.has_rail() ? nic.rail() : nic.index(); }

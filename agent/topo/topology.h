@@ -28,10 +28,15 @@ absl::StatusOr<Topology> ParseTopologyJson(absl::string_view json);
 // `rate_bytes_per_s`.
 Topology EmulatedTopology(int nics, int loopback_net, uint64_t rate_bytes_per_s);
 
-// Checks names unique, addresses IPv4, rails unique, owners and direct NICs existing, one
-// gpu_distance entry per GPU (or none), counts within bounds; fills NIC indices.
-// INVALID_ARGUMENT (reason BAD_TOPOLOGY) otherwise.
+// Checks names unique, addresses IsNicAddress, rails unique, owners and direct NICs
+// existing, one gpu_distance entry per GPU (or none), counts within bounds; fills NIC
+// indices. INVALID_ARGUMENT (reason BAD_TOPOLOGY) otherwise.
 absl::Status ValidateTopology(Topology& topology);
+
+// Whether a NIC may be addressed as `address`: a dotted-quad IPv4 address, or an IPv6
+// address other than link-local (it needs a scope id and is not routed between
+// nodes), multicast, unspecified or IPv4-mapped.
+bool IsNicAddress(absl::string_view address);
 
 // The NIC `gpu` starts on: its direct_nic where discovery set one, else the NIC it
 // owns (the first such NIC if several), else NIC 0.

@@ -173,6 +173,22 @@ TEST(Discovery, DownPortsAndOperatorExclusionsAreLeftOutWithReasons) {
   EXPECT_THAT(DirectNics(*t), ElementsAre(0, 1, 2, 0, 3, 3, 4, 5));
 }
 
+// A netdev without IPv4 is found by its global IPv6 address (RoCE v2 with IPv6 GIDs);
+// IPv4 is preferred where both exist.
+TEST(Discovery, ANetdevWithOnlyIpv6IsFoundByIt) {
+  SysfsFixture f;
+  BuildDgx(f);
+  InterfaceAddresses addresses = DgxAddresses();
+  addresses["ib0"] = {"fd00:10::2"};
+  addresses["ib1"].push_back("fd00:11::2");
+  absl::StatusOr<Topology> t = DiscoverTopology(Options(f, addresses));
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_GE(t->nics_size(), 2);
+  EXPECT_EQ(t->nics(0).address(), "fd00:10::2");
+  EXPECT_EQ(t->nics(1).address(), "10.10.1.2");
+  EXPECT_TRUE(ValidateTopology(*t).ok());
+}
+
 TEST(Discovery, NoDataNicIsAnErrorNamingEachReason) {
   SysfsFixture f;
   BuildDgx(f);
@@ -183,7 +199,8 @@ TEST(Discovery, NoDataNicIsAnErrorNamingEachReason) {
   const absl::Status s = RequireDataNics(*t);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ReasonOf(s), "NO_DATA_NIC");
-  EXPECT_THAT(s.message(), HasSubstr("mlx5_0: NO_IPV4 (ib0 has no IPv4 address)"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("mlx5_0: NO_IPV4 (ib0 has no IPv4 or global IPv6 address)"));
   EXPECT_THAT(s.message(), HasSubstr("mlx5_4: MANAGEMENT"));
 
   SysfsFixture empty;
@@ -645,7 +662,7 @@ TEST(Discovery, PortAddressIsOnItsOwnNetdevPreferringOneWithIpv4) {
     for (const v1::ExcludedNic& x : t->excluded_nics()) {
       if (x.name() == "mlx5_0") {
         EXPECT_EQ(x.reason(), "NO_IPV4");
-        EXPECT_EQ(x.detail(), "ib0, ib0.8001 have no IPv4 address");
+        EXPECT_EQ(x.detail(), "ib0, ib0.8001 have no IPv4 or global IPv6 address");
       }
     }
   }
@@ -821,12 +838,16 @@ TEST(Discovery, ThisMachine) {
   DiscoveryOptions o;
   absl::StatusOr<Topology> t = DiscoverTopology(o);
   ASSERT_TRUE(t.ok()) << t.status();
-  absl::StatusOr<InterfaceAddresses> addresses = SystemIpv4Addresses();
+  absl::StatusOr<InterfaceAddresses> addresses = SystemAddresses();
   ASSERT_TRUE(addresses.ok());
-  for (const auto& [name, list] : *addresses) {  // lo's ::1 and the like are left out
+  for (const auto& [name, list] : *addresses) {  // lo's ::1, fe80:: are left out
+    bool ipv6_seen = false;
     for (const std::string& a : list) {
+      EXPECT_TRUE(IsNicAddress(a)) << name << " " << a;
       in_addr v4{};
-      EXPECT_EQ(inet_pton(AF_INET, a.c_str(), &v4), 1) << name << " " << a;
+      const bool ipv4 = inet_pton(AF_INET, a.c_str(), &v4) == 1;
+      EXPECT_FALSE(ipv4 && ipv6_seen) << name << ": IPv4 " << a << " after IPv6";
+      ipv6_seen |= !ipv4;
     }
   }
   std::set<std::string> names;

@@ -26,6 +26,9 @@ TEST(Topology, RejectsBadFiles) {
       const char* bad : {
           R"({"nics": []})",
           R"({"nics": [{"name": "a", "address": "not-an-ip"}]})",
+          R"({"nics": [{"name": "a", "address": "fe80::1"}]})",  // link-local
+          R"({"nics": [{"name": "a", "address": "ff02::1"}]})",  // multicast
+          R"({"nics": [{"name": "a", "address": "::ffff:10.0.0.1"}]})",
           R"({"nics": [{"name": "a", "address": "1.2.3.4", "owner_gpu": 3}]})",
           R"({"nics": [{"name": "a", "address": "1.2.3.4"}, {"name": "a", "address": "1.2.3.5"}]})",
           R"({"nics": [{"name": "a", "address": "1.2.3.4", "speed": 1}]})",
@@ -35,6 +38,16 @@ TEST(Topology, RejectsBadFiles) {
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_EQ(ReasonOf(t.status()), "BAD_TOPOLOGY") << bad;
   }
+}
+
+TEST(Topology, NicsMayHaveGlobalIpv6Addresses) {
+  absl::StatusOr<Topology> t = ParseTopologyJson(
+      R"({"nics": [{"name": "a", "address": "fd00:fe:0::1"}, {"name": "b", "address": "10.0.0.1"}]})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->nics(0).address(), "fd00:fe:0::1");
+  EXPECT_TRUE(IsNicAddress("2001:db8::7"));
+  EXPECT_FALSE(IsNicAddress("::"));
+  EXPECT_FALSE(IsNicAddress("10.0.0.1:80"));
 }
 
 TEST(Topology, EmulatedNodeHasOneGpuPerNic) {

@@ -24,6 +24,8 @@
 #      then, informational only (d-back INFO), a new transfer once rail1 is back up
 #   c  --transport=tcp on the same addresses: tcp reported, demo bytes match; and
 #      --transport=auto with an address that has no RDMA device picks tcp
+#   v6 verbs with the rails' IPv6 addresses as NICs (RoCE v2 IPv6 GIDs): demo bytes
+#      match on both rails
 set -u
 build=$1
 pki=${2:-$(dirname "$0")/pki}
@@ -271,6 +273,33 @@ if start node-c "$run/lo.json" --transport=auto; then
   result c-auto $? "--transport=auto with 127.0.0.1 (no RDMA device) among the NICs picks: $got"
 else
   result c-auto 1 "agent node-c did not start"
+fi
+stop_all
+
+# --- (v6) verbs over RoCE v2 IPv6 GIDs: the NICs are the rails' IPv6 addresses
+topology6() {
+  cat >"$1" <<EOF
+{"gpus":[{"index":0},{"index":1}],
+ "nics":[{"name":"rail0","address":"fd00:fe:0::$2","owner_gpu":0},
+         {"name":"rail1","address":"fd00:fe:1::$2","owner_gpu":1}]}
+EOF
+}
+topology6 "$run/a6.json" 1
+topology6 "$run/b6.json" 2
+v6=(--transport=verbs --policy=stripe --qps_per_nic=2 --chunk_bytes=1048576)
+if start node-b "$run/b6.json" "${v6[@]}" &&
+  start node-a "$run/a6.json" "${v6[@]}" --peer="node-b=$(grpc_of node-b)"; then
+  a=$(grpc_of node-a) b=$(grpc_of node-b)
+  demo "$run/v6.out" 8 16 131072
+  rc=$?
+  show "$run/v6.out"
+  split=$(per_nic "$run/v6.out")
+  ok=1
+  [ $rc -eq 0 ] && verified "$run/v6.out" && both_rails "$split" &&
+    [ "$(ready_transport node-a)" = verbs ] && ok=0
+  result v6 $ok "verbs with NICs fd00:fe:0::1, fd00:fe:1::1 (RoCE v2 IPv6 GIDs): demo 16 MiB rc=$rc, MiB per NIC: $split"
+else
+  result v6 1 "agents on IPv6 NIC addresses did not start"
 fi
 stop_all
 echo "agent-check: took $(since "$t0") s"

@@ -197,6 +197,8 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   // On the closer thread, once no arrival through the window is being delivered:
   // deregisters its registrations, runs `drained`, tells the peer.
   void FinishClose(WindowKey key, absl::AnyInvocable<void() &&> drained);
+  // A key for `region`, its MRs made; RESOURCE_EXHAUSTED past kMaxRegions.
+  absl::StatusOr<RegionKey> AddRegion(std::shared_ptr<VerbsRegion> region);
   // The host shadow of a window into GPU memory that some NIC reaches only by
   // staging; none otherwise.
   absl::Status MakeShadow(VerbsWindow& window);

@@ -53,6 +53,10 @@ absl::StatusOr<RegionKey> VerbsFabric::RegisterRegion(
     }
     region->mrs.push_back(*std::move(mr));
   }
+  return AddRegion(std::move(region));
+}
+
+absl::StatusOr<RegionKey> VerbsFabric::AddRegion(std::shared_ptr<VerbsRegion> region) {
   absl::MutexLock lock(&regions_mu_);
   if (regions_.size() >= kMaxRegions || next_region_key_ == 0) {
     return absl::ResourceExhaustedError(
@@ -116,14 +120,7 @@ absl::StatusOr<RegionKey> VerbsFabric::RegisterDeviceRegion(
     }
     region->mrs.push_back(*std::move(mr));
   }
-  absl::MutexLock lock(&regions_mu_);
-  if (regions_.size() >= kMaxRegions || next_region_key_ == 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("already ", regions_.size(), " regions registered"));
-  }
-  const RegionKey key = next_region_key_++;
-  regions_.emplace(key, std::move(region));
-  return key;
+  return AddRegion(std::move(region));
 }
 
 absl::Status VerbsFabric::DeregisterRegion(RegionKey key) {

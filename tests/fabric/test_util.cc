@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -309,6 +310,18 @@ absl::StatusOr<std::shared_ptr<uint8_t>> HostStager::AllocatePinned(int nic,
     log->pinned_bytes -= bytes;
     std::free(p);
   });
+}
+
+std::vector<uint8_t> ManyBytes(size_t bytes, uint64_t seed) {
+  std::vector<uint8_t> out(bytes);
+  for (size_t i = 0; i < bytes; i += 8) {
+    uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    std::memcpy(out.data() + i, &z, std::min<size_t>(8, bytes - i));
+  }
+  return out;
 }
 
 }  // namespace fuselink::fabric::testing

@@ -118,6 +118,9 @@ class HostStager final : public DeviceStager {
   Log log_;
 };
 
+// Many bytes quickly (splitmix64), where mt19937 per byte is slow (under TCG).
+std::vector<uint8_t> ManyBytes(size_t bytes, uint64_t seed);
+
 // A fence that answers `result` and counts its waits; `done`, when set, runs at the
 // wait (the device work the fence stood for, e.g. writing the source).
 class CountingFence final : public Fence {

@@ -41,6 +41,7 @@
 namespace fuselink::fabric {
 namespace {
 
+using testing::ManyBytes;
 using testing::RecordingHandler;
 using Clock = std::chrono::steady_clock;
 
@@ -91,19 +92,6 @@ std::vector<uint8_t> RandomBytes(size_t bytes, uint32_t seed) {
   std::mt19937 random(seed);
   std::vector<uint8_t> out(bytes);
   for (uint8_t& byte : out) byte = static_cast<uint8_t>(random());
-  return out;
-}
-
-// Many bytes quickly (splitmix64), where mt19937 per byte is slow under TCG.
-std::vector<uint8_t> ManyBytes(size_t bytes, uint64_t seed) {
-  std::vector<uint8_t> out(bytes);
-  for (size_t i = 0; i < bytes; i += 8) {
-    uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    std::memcpy(out.data() + i, &z, std::min<size_t>(8, bytes - i));
-  }
   return out;
 }
 

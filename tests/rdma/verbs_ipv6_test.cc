@@ -89,19 +89,6 @@ int64_t Ipv6Counter(const std::string& netdev, absl::string_view name) {
   return -1;
 }
 
-// Many bytes quickly (splitmix64), where mt19937 per byte is slow under TCG.
-std::vector<uint8_t> ManyBytes(size_t bytes, uint64_t seed) {
-  std::vector<uint8_t> out(bytes);
-  for (size_t i = 0; i < bytes; i += 8) {
-    uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    std::memcpy(out.data() + i, &z, std::min<size_t>(8, bytes - i));
-  }
-  return out;
-}
-
 class VerbsIpv6Test : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -239,7 +226,7 @@ TEST_F(VerbsIpv6Test, WritesOverIpv6GidsLandOnEveryNic) {
   constexpr uint32_t kWriteBytes = 64 << 10;
   constexpr int kWritesPerNic = 8;
   const size_t total = size_t{kWriteBytes} * kWritesPerNic * nic_count;
-  std::vector<uint8_t>& source = buffers_.Keep(ManyBytes(total, 6));
+  std::vector<uint8_t>& source = buffers_.Keep(testing::ManyBytes(total, 6));
   std::vector<uint8_t>& target = buffers_.Keep(std::vector<uint8_t>(total, kUntouched));
   absl::StatusOr<RegionKey> from = a_->RegisterRegion(source.data(), total, nullptr);
   ASSERT_TRUE(from.ok()) << from.status();

@@ -199,5 +199,25 @@ TEST_F(VerbsStagingTest, BenchStagingAgainstOnePcieCopy) {
   }
 }
 
+// Not a pass/fail test: what a window's host shadow costs to pin when the target opens
+// the window (AllocatePinned is cuMemHostAlloc), by size, each freed before the next.
+TEST_F(VerbsStagingTest, BenchPinningAShadow) {
+  for (uint64_t mib : {4, 64, 256, 1024}) {
+    for (int round = 0; round < 3; ++round) {
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<std::shared_ptr<uint8_t>> shadow =
+          stager_->AllocatePinned(0, mib << 20);
+      const double pinned = Seconds(start);
+      ASSERT_TRUE(shadow.ok()) << shadow.status();
+      const auto freeing = std::chrono::steady_clock::now();
+      shadow->reset();
+      std::printf(
+          "bench: shadow of %4llu MiB, round %d: pinned in %.2f ms, freed in %.2f ms\n",
+          static_cast<unsigned long long>(mib), round, pinned * 1e3,
+          Seconds(freeing) * 1e3);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fuselink::gpu::testing

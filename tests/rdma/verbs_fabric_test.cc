@@ -1319,8 +1319,12 @@ TEST_F(VerbsGpuTest, ThroughputStagedAgainstHostMemory) {
       size_t posted = 0;
       const auto started = Clock::now();
       while (Clock::now() - started < std::chrono::seconds(3)) {
-        // In flight until delivered at b (after the landing's copy), not just ACKed.
-        while (posted - (b_events_.arrivals().size() - delivered) >= kDepth) {
+        // In flight until delivered at b (after the landing's copy), not just ACKed. A
+        // write that failed is never delivered: the wait is bounded, and the checks
+        // below then say what went wrong instead of the loop spinning forever.
+        const auto give_up = Clock::now() + std::chrono::seconds(20);
+        while (posted - (b_events_.arrivals().size() - delivered) >= kDepth &&
+               Clock::now() < give_up) {
           std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
         ASSERT_TRUE(Post(0, {.local_key = from[src],

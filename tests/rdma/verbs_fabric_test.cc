@@ -37,6 +37,7 @@
 #include "agent/fabric/verbs_wire.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
+#include "tests/rdma/rails.h"
 
 namespace fuselink::fabric {
 namespace {
@@ -47,34 +48,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint8_t kUntouched = 0xAB;
 
-struct Rail {
-  std::string a, b;            // addresses
-  std::string a_veth, b_veth;  // interfaces
-};
+using testing::Rail;
 
-std::vector<std::pair<std::string, std::string>> Pairs(const char* env) {
-  std::vector<std::pair<std::string, std::string>> out;
-  const char* value = std::getenv(env);
-  if (value == nullptr) return out;
-  for (absl::string_view rail : absl::StrSplit(value, ';', absl::SkipEmpty())) {
-    std::vector<std::string> ends = absl::StrSplit(rail, ',');
-    if (ends.size() == 2) out.push_back({ends[0], ends[1]});
-  }
-  return out;
-}
-
-std::vector<Rail> Rails() {
-  std::vector<Rail> rails;
-  auto addresses = Pairs("FUSELINK_RDMA_RAILS");
-  auto veths = Pairs("FUSELINK_RDMA_VETHS");
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    Rail rail{
-        .a = addresses[i].first, .b = addresses[i].second, .a_veth = "", .b_veth = ""};
-    if (i < veths.size()) std::tie(rail.a_veth, rail.b_veth) = veths[i];
-    rails.push_back(rail);
-  }
-  return rails;
-}
+std::vector<Rail> Rails() { return testing::RailsFrom("FUSELINK_RDMA_RAILS"); }
 
 // Why the hardware tests cannot run here, or empty.
 std::string SkipReason() {

@@ -29,42 +29,16 @@
 #include "agent/fabric/verbs_fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
+#include "tests/rdma/rails.h"
 
 namespace fuselink::fabric {
 namespace {
 
 constexpr uint8_t kUntouched = 0xAB;
 
-struct Rail {
-  std::string a, b;            // addresses
-  std::string a_veth, b_veth;  // interfaces, empty when not given
-};
+using testing::Rail;
 
-std::vector<std::pair<std::string, std::string>> Pairs(const char* env) {
-  std::vector<std::pair<std::string, std::string>> out;
-  const char* value = std::getenv(env);
-  if (value == nullptr) return out;
-  for (absl::string_view rail : absl::StrSplit(value, ';', absl::SkipEmpty())) {
-    std::vector<std::string> ends = absl::StrSplit(rail, ',');
-    if (ends.size() == 2) out.push_back({ends[0], ends[1]});
-  }
-  return out;
-}
-
-std::vector<Rail> Rails(const char* env) {
-  std::vector<Rail> rails;
-  auto addresses = Pairs(env);
-  auto veths = Pairs("FUSELINK_RDMA_VETHS");
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    Rail rail{
-        .a = addresses[i].first, .b = addresses[i].second, .a_veth = "", .b_veth = ""};
-    if (i < veths.size()) std::tie(rail.a_veth, rail.b_veth) = veths[i];
-    rails.push_back(rail);
-  }
-  return rails;
-}
-
-std::vector<Rail> Rails6() { return Rails("FUSELINK_RDMA_RAILS6"); }
+std::vector<Rail> Rails6() { return testing::RailsFrom("FUSELINK_RDMA_RAILS6"); }
 
 // The 16 bytes of an IPv6 address as text in any spelling (sysfs writes every group
 // in full), or all zero.
@@ -140,7 +114,7 @@ class VerbsIpv6Test : public ::testing::Test {
 // and netdev of the rail, beside (not instead of) the IPv4 GID of the same port.
 TEST_F(VerbsIpv6Test, DiscoveryPicksTheIpv6RoceV2GidOfEachAddress) {
   const std::vector<Rail> rails6 = Rails6();
-  const std::vector<Rail> rails4 = Rails("FUSELINK_RDMA_RAILS");
+  const std::vector<Rail> rails4 = testing::RailsFrom("FUSELINK_RDMA_RAILS");
   for (size_t i = 0; i < rails6.size(); ++i) {
     const Rail& rail = rails6[i];
     for (const std::string& address : {rail.a, rail.b}) {

@@ -9,6 +9,8 @@
 #include "agent/common/status_macros.h"
 #include "agent/gpu/ipc.h"
 #include "agent/gpu/vmm.h"
+#include "agent/memory/host_mapping.h"
+#include "agent/transfer/layout_proto.h"
 #include "services/request_checks.h"
 
 namespace fuselink::services {
@@ -29,14 +31,10 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
 
 void ToProto(const memory::TensorInfo& info, absl::string_view node, v1::Tensor* out) {
   out->set_name(info.name);
-  v1::Layout* l = out->mutable_layout();
-  l->set_layers(info.layout.layers);
-  l->set_blocks_per_layer(info.layout.blocks_per_layer);
-  l->set_block_bytes(info.layout.block_bytes);
-  l->set_block_stride_bytes(info.layout.block_stride_bytes);
-  l->set_layer_stride_bytes(info.layout.layer_stride_bytes);
+  transfer::LayoutToProto(info.layout, out->mutable_layout());
   out->set_memory_kind(info.memory_kind);
   out->set_size_bytes(info.size_bytes);
+  *out->mutable_region_bytes() = {info.region_bytes.begin(), info.region_bytes.end()};
   out->set_home_gpu(info.home_gpu);
   out->set_node(std::string(node));
   out->set_owner(info.owner);
@@ -188,17 +186,141 @@ grpc::ServerUnaryReactor* AgentService::RegisterTensor(
   return Answer(context, info.status());
 }
 
+namespace {
+
+uint32_t GpuOf(const v1::TensorMemory& memory, uint32_t home_gpu) {
+  switch (memory.kind_case()) {
+    case v1::TensorMemory::kCudaIpc:
+      return memory.cuda_ipc().gpu();
+    case v1::TensorMemory::kVmm:
+      return memory.vmm().gpu();
+    default:
+      return home_gpu;
+  }
+}
+
+uint64_t SizeOf(const v1::TensorMemory& memory) {
+  switch (memory.kind_case()) {
+    case v1::TensorMemory::kHost:
+      return memory.host().size_bytes();
+    case v1::TensorMemory::kCudaIpc:
+      return memory.cuda_ipc().size_bytes();
+    case v1::TensorMemory::kVmm:
+      return memory.vmm().size_bytes();
+    default:
+      return 0;
+  }
+}
+
+absl::Status BadMemory(absl::string_view why) {
+  return WithReason(absl::InvalidArgumentError(why), "BAD_MEMORY");
+}
+
+// The memory regions a request lends: `memory`, or `regions`, all of one kind on one
+// GPU, each of a size the layout may name.
+absl::StatusOr<std::vector<const v1::TensorMemory*>> RegionsOf(
+    const v1::RegisterTensorRequest& request) {
+  if (request.has_memory() == (request.regions_size() > 0)) {
+    return BadMemory("give memory or regions, one of them");
+  }
+  if (static_cast<size_t>(request.regions_size()) > memory::kMaxRegions) {
+    return BadMemory(
+        absl::StrCat(request.regions_size(), " regions; at most ", memory::kMaxRegions));
+  }
+  std::vector<const v1::TensorMemory*> regions;
+  if (request.has_memory()) regions.push_back(&request.memory());
+  for (const v1::TensorMemory& m : request.regions()) regions.push_back(&m);
+  const v1::TensorMemory& first = *regions.front();
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const v1::TensorMemory& m = *regions[i];
+    const std::string which =
+        request.has_memory() ? "memory" : absl::StrCat("regions[", i, "]");
+    if (m.kind_case() == v1::TensorMemory::KIND_NOT_SET) {
+      return BadMemory(absl::StrCat(which, " names no memory"));
+    }
+    if (m.kind_case() != first.kind_case() ||
+        GpuOf(m, request.home_gpu()) != GpuOf(first, request.home_gpu())) {
+      return BadMemory(absl::StrCat(which, " is not of the kind and GPU of regions[0]"));
+    }
+    if (m.kind_case() != v1::TensorMemory::kHost && SizeOf(m) == 0) {
+      return BadMemory(absl::StrCat(which, ": GPU memory needs size_bytes"));
+    }
+    if (SizeOf(m) > memory::kMaxRegionBytes) {
+      return BadMemory(absl::StrCat(which, ": over ", memory::kMaxRegionBytes, " bytes"));
+    }
+    if (m.kind_case() == v1::TensorMemory::kCudaIpc &&
+        m.cuda_ipc().handle().size() != sizeof(gpu::IpcMemHandle)) {
+      return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                            which, ": cuda_ipc.handle has ", m.cuda_ipc().handle().size(),
+                            " bytes; a CUDA IPC handle has ", sizeof(gpu::IpcMemHandle))),
+                        "BAD_GPU_HANDLE");
+    }
+  }
+  return regions;
+}
+
+}  // namespace
+
+absl::StatusOr<memory::RegionMemory> AgentService::Import(const v1::TensorMemory& memory,
+                                                          memory::Lender* lender) {
+  switch (memory.kind_case()) {
+    case v1::TensorMemory::kHost: {
+      const v1::HostMemory& host = memory.host();
+      FL_ASSIGN_OR_RETURN(memory::LentFd lent, node_->fd_tokens().Take(host.fd_token()));
+      if (!lender->known) *lender = lent.lender;
+      FL_ASSIGN_OR_RETURN(
+          std::shared_ptr<memory::HostMapping> mapping,
+          memory::HostMapping::Map(std::move(lent.fd), host.offset_bytes(),
+                                   host.size_bytes()));
+      auto* base = static_cast<uint8_t*>(mapping->data());
+      return memory::RegionMemory{base, host.size_bytes(), std::move(mapping)};
+    }
+    case v1::TensorMemory::kCudaIpc: {
+      const v1::CudaIpcMemory& ipc = memory.cuda_ipc();
+      gpu::IpcMemHandle handle;
+      std::memcpy(handle.data(), ipc.handle().data(), handle.size());
+      absl::StatusOr<gpu::IpcImport> import =
+          gpu::IpcImport::Open(node_->gpu()->context(static_cast<int>(ipc.gpu())), handle,
+                               ipc.offset_bytes(), ipc.size_bytes());
+      if (!import.ok()) return HandleRefused(import.status());
+      auto held = std::make_shared<gpu::IpcImport>(std::move(*import));
+      return memory::RegionMemory{reinterpret_cast<uint8_t*>(held->ptr()),
+                                  ipc.size_bytes(), held};
+    }
+    case v1::TensorMemory::kVmm: {
+      const v1::VmmMemory& vmm = memory.vmm();
+      FL_ASSIGN_OR_RETURN(memory::LentFd lent, node_->fd_tokens().Take(vmm.fd_token()));
+      if (!lender->known) *lender = lent.lender;
+      const UniqueFd fd = std::move(lent.fd);
+      const gpu::PrimaryContext& ctx = node_->gpu()->context(static_cast<int>(vmm.gpu()));
+      uint64_t allocation = vmm.allocation_bytes();
+      if (allocation == 0) {
+        FL_ASSIGN_OR_RETURN(size_t granule, gpu::VmmGranule(ctx));
+        FL_ASSIGN_OR_RETURN(
+            allocation,
+            gpu::RoundUpToGranule(vmm.offset_bytes() + vmm.size_bytes(), granule));
+      }
+      FL_RETURN_IF_ERROR(
+          gpu::CheckSubrange(allocation, vmm.offset_bytes(), vmm.size_bytes()));
+      absl::StatusOr<gpu::VmmBuffer> buffer =
+          gpu::VmmBuffer::ImportFd(ctx, fd.get(), allocation);
+      if (!buffer.ok()) return HandleRefused(buffer.status());
+      auto held = std::make_shared<gpu::VmmBuffer>(std::move(*buffer));
+      return memory::RegionMemory{
+          reinterpret_cast<uint8_t*>(held->ptr() + vmm.offset_bytes()), vmm.size_bytes(),
+          held};
+    }
+    default:
+      return BadMemory("unknown memory kind");
+  }
+}
+
 absl::StatusOr<memory::TensorInfo> AgentService::Register(
     const v1::RegisterTensorRequest& request, const security::Caller& caller) {
-  const v1::TensorMemory& memory = request.memory();
-  if (memory.kind_case() == v1::TensorMemory::KIND_NOT_SET) {
-    return WithReason(absl::InvalidArgumentError("memory is required"), "BAD_MEMORY");
-  }
-  const bool on_gpu = memory.kind_case() != v1::TensorMemory::kHost;
-  const uint32_t gpu =
-      memory.kind_case() == v1::TensorMemory::kCudaIpc ? memory.cuda_ipc().gpu()
-      : memory.kind_case() == v1::TensorMemory::kVmm   ? memory.vmm().gpu()
-                                                       : request.home_gpu();
+  FL_ASSIGN_OR_RETURN(std::vector<const v1::TensorMemory*> regions, RegionsOf(request));
+  const v1::TensorMemory& first = *regions.front();
+  const bool on_gpu = first.kind_case() != v1::TensorMemory::kHost;
+  const uint32_t gpu = GpuOf(first, request.home_gpu());
   if (gpu >= static_cast<uint32_t>(node_->topology().gpus_size())) {
     return WithReason(
         absl::InvalidArgumentError(absl::StrCat(on_gpu ? "gpu " : "home_gpu ", gpu,
@@ -214,20 +336,11 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
   if (readers.empty() && writers.empty()) {
     readers = writers = {std::string(kDefaultGrant)};
   }
-  if (memory.kind_case() == v1::TensorMemory::kCudaIpc &&
-      memory.cuda_ipc().handle().size() != sizeof(gpu::IpcMemHandle)) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                          "cuda_ipc.handle has ", memory.cuda_ipc().handle().size(),
-                          " bytes; a CUDA IPC handle has ", sizeof(gpu::IpcMemHandle))),
-                      "BAD_GPU_HANDLE");
-  }
-  const uint64_t gpu_bytes = memory.kind_case() == v1::TensorMemory::kCudaIpc
-                                 ? memory.cuda_ipc().size_bytes()
-                                 : memory.vmm().size_bytes();
-  if (on_gpu && gpu_bytes == 0) {
-    return WithReason(absl::InvalidArgumentError("GPU memory needs size_bytes"),
-                      "BAD_MEMORY");
-  }
+  FL_ASSIGN_OR_RETURN(memory::Layout layout, transfer::LayoutFromProto(request.layout()));
+  // The layout must fit the sizes the request declares, before any token is spent.
+  std::vector<uint64_t> sizes;
+  for (const v1::TensorMemory* m : regions) sizes.push_back(SizeOf(*m));
+  FL_ASSIGN_OR_RETURN(layout, memory::NormalizeLayout(std::move(layout), sizes));
   const gpu::Runtime* runtime = node_->gpu();
   if (on_gpu && (runtime == nullptr || !runtime->has(static_cast<int>(gpu)))) {
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
@@ -238,73 +351,33 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
   // The lender is who passed the memory's descriptor, else who passed the owner's
   // pidfd: the kernel's word for both (memory::Lender), not the request's.
   UniqueFd owner;
-  memory::Lender lender;
+  memory::Lender owner_lender;
   if (request.owner_fd_token() != 0) {
     FL_ASSIGN_OR_RETURN(memory::LentFd lent,
                         node_->fd_tokens().Take(request.owner_fd_token()));
     owner = std::move(lent.fd);
-    lender = lent.lender;
+    owner_lender = lent.lender;
+  }
+  memory::Lender lender;  // of the first region lent by descriptor
+  std::vector<memory::RegionMemory> imported;
+  for (const v1::TensorMemory* m : regions) {
+    FL_ASSIGN_OR_RETURN(memory::RegionMemory region, Import(*m, &lender));
+    imported.push_back(std::move(region));
   }
   memory::TensorInfo want;
   want.name = request.name();
   want.owner = caller.identity;
   want.readers = std::move(readers);
   want.writers = std::move(writers);
-  const v1::Layout& l = request.layout();
-  want.layout = memory::Layout{l.layers(), l.blocks_per_layer(), l.block_bytes(),
-                               l.block_stride_bytes(), l.layer_stride_bytes()};
+  want.layout = std::move(layout);
   want.home_gpu = gpu;
-  want.lender = lender;
-  memory::Registry& registry = node_->registry();
-  switch (memory.kind_case()) {
-    case v1::TensorMemory::kHost: {
-      FL_ASSIGN_OR_RETURN(memory::LentFd lent,
-                          node_->fd_tokens().Take(memory.host().fd_token()));
-      want.lender = lent.lender;
-      return registry.RegisterHost(std::move(want), std::move(lent.fd),
-                                   memory.host().offset_bytes(),
-                                   memory.host().size_bytes(), std::move(owner));
-    }
-    case v1::TensorMemory::kCudaIpc: {
-      const v1::CudaIpcMemory& ipc = memory.cuda_ipc();
-      gpu::IpcMemHandle handle;
-      std::memcpy(handle.data(), ipc.handle().data(), handle.size());
-      absl::StatusOr<gpu::IpcImport> import =
-          gpu::IpcImport::Open(runtime->context(static_cast<int>(gpu)), handle,
-                               ipc.offset_bytes(), ipc.size_bytes());
-      if (!import.ok()) return HandleRefused(import.status());
-      auto held = std::make_shared<gpu::IpcImport>(std::move(*import));
-      want.memory_kind = "cuda_ipc";
-      return registry.RegisterGpu(std::move(want), held->ptr(), static_cast<int>(gpu),
-                                  ipc.size_bytes(), held, std::move(owner));
-    }
-    case v1::TensorMemory::kVmm: {
-      const v1::VmmMemory& vmm = memory.vmm();
-      FL_ASSIGN_OR_RETURN(memory::LentFd lent, node_->fd_tokens().Take(vmm.fd_token()));
-      want.lender = lent.lender;
-      const UniqueFd fd = std::move(lent.fd);
-      const gpu::PrimaryContext& ctx = runtime->context(static_cast<int>(gpu));
-      uint64_t allocation = vmm.allocation_bytes();
-      if (allocation == 0) {
-        FL_ASSIGN_OR_RETURN(size_t granule, gpu::VmmGranule(ctx));
-        FL_ASSIGN_OR_RETURN(
-            allocation,
-            gpu::RoundUpToGranule(vmm.offset_bytes() + vmm.size_bytes(), granule));
-      }
-      FL_RETURN_IF_ERROR(
-          gpu::CheckSubrange(allocation, vmm.offset_bytes(), vmm.size_bytes()));
-      absl::StatusOr<gpu::VmmBuffer> buffer =
-          gpu::VmmBuffer::ImportFd(ctx, fd.get(), allocation);
-      if (!buffer.ok()) return HandleRefused(buffer.status());
-      auto held = std::make_shared<gpu::VmmBuffer>(std::move(*buffer));
-      want.memory_kind = "vmm";
-      return registry.RegisterGpu(std::move(want), held->ptr() + vmm.offset_bytes(),
-                                  static_cast<int>(gpu), vmm.size_bytes(), held,
-                                  std::move(owner));
-    }
-    default:
-      return WithReason(absl::InvalidArgumentError("unknown memory kind"), "BAD_MEMORY");
-  }
+  want.lender = lender.known ? lender : owner_lender;
+  want.memory_kind = first.kind_case() == v1::TensorMemory::kHost      ? "host"
+                     : first.kind_case() == v1::TensorMemory::kCudaIpc ? "cuda_ipc"
+                                                                       : "vmm";
+  return node_->registry().Register(std::move(want), std::move(imported),
+                                    on_gpu ? static_cast<int>(gpu) : -1,
+                                    std::move(owner));
 }
 
 grpc::ServerUnaryReactor* AgentService::UnregisterTensor(

@@ -47,6 +47,10 @@ class AgentService final : public CheckedService<v1::Agent> {
   absl::StatusOr<security::Caller> Authorize(grpc::CallbackServerContext* context,
                                              security::Roles any_of,
                                              absl::string_view action);
+  // Maps or imports one region of a tensor's memory; `*lender`, when still unknown,
+  // becomes whoever passed its descriptor.
+  absl::StatusOr<memory::RegionMemory> Import(const v1::TensorMemory& memory,
+                                              memory::Lender* lender);
   // Checks the request, imports or maps the memory, registers it as the caller's.
   absl::StatusOr<memory::TensorInfo> Register(const v1::RegisterTensorRequest& request,
                                               const security::Caller& caller);

@@ -172,7 +172,9 @@ void Node::ReapExitedOwners() {
                    "OWNER_EXITED");
     engine_->AbortTensor(gone.id, why);
     landing_->AbortTensor(gone.id, why);
-    fabric_->DeregisterRegion(gone.region_key).IgnoreError();
+    for (fabric::RegionKey key : gone.region_keys) {
+      fabric_->DeregisterRegion(key).IgnoreError();
+    }
   }
 }
 

@@ -12,10 +12,8 @@ namespace fuselink::memory {
 struct TensorLease::Record {
   TensorInfo info;
   uint64_t id = 0;
-  uint8_t* base = nullptr;
+  std::vector<Region> regions;
   int gpu = -1;
-  std::shared_ptr<const void> memory;  // the mapping or the GPU import
-  fabric::RegionKey region_key = 0;
   UniqueFd owner;  // pidfd of the lending process; may be empty
   std::atomic<int> leases{0};
 };
@@ -33,10 +31,9 @@ TensorLease& TensorLease::operator=(TensorLease&& other) noexcept {
   return *this;
 }
 const TensorInfo& TensorLease::info() const { return record_->info; }
-uint8_t* TensorLease::base() const { return record_->base; }
+const std::vector<Region>& TensorLease::regions() const { return record_->regions; }
 int TensorLease::gpu() const { return record_->gpu; }
 uint64_t TensorLease::id() const { return record_->id; }
-fabric::RegionKey TensorLease::region_key() const { return record_->region_key; }
 
 namespace {
 
@@ -85,48 +82,65 @@ absl::StatusOr<TensorInfo> Registry::RegisterHost(TensorInfo want, UniqueFd fd,
   FL_RETURN_IF_ERROR(CheckRoom(want));
   FL_ASSIGN_OR_RETURN(std::shared_ptr<HostMapping> mapping,
                       HostMapping::Map(std::move(fd), offset_bytes, size_bytes));
-  auto record = std::make_shared<TensorLease::Record>();
   want.memory_kind = "host";
-  record->info = std::move(want);
-  record->owner = std::move(owner);
-  void* base = mapping->data();
-  return Insert(std::move(record), base, size_bytes, -1, std::move(mapping));
+  std::vector<RegionMemory> regions;
+  regions.push_back({static_cast<uint8_t*>(mapping->data()), size_bytes, mapping});
+  return Register(std::move(want), std::move(regions), -1, std::move(owner));
 }
 
 absl::StatusOr<TensorInfo> Registry::RegisterGpu(TensorInfo want, uint64_t address,
                                                  int gpu, uint64_t size_bytes,
                                                  std::shared_ptr<const void> memory,
                                                  UniqueFd owner) {
-  FL_ASSIGN_OR_RETURN(want.layout, NormalizeLayout(want.layout, size_bytes));
-  FL_RETURN_IF_ERROR(CheckRoom(want));
-  auto record = std::make_shared<TensorLease::Record>();
-  want.home_gpu = static_cast<uint32_t>(gpu);
-  record->info = std::move(want);
-  record->owner = std::move(owner);
-  return Insert(std::move(record), reinterpret_cast<void*>(address), size_bytes, gpu,
-                std::move(memory));
+  std::vector<RegionMemory> regions;
+  regions.push_back({reinterpret_cast<uint8_t*>(address), size_bytes, std::move(memory)});
+  return Register(std::move(want), std::move(regions), gpu, std::move(owner));
 }
 
-absl::StatusOr<TensorInfo> Registry::Insert(std::shared_ptr<TensorLease::Record> record,
-                                            void* base, uint64_t size_bytes, int gpu,
-                                            std::shared_ptr<const void> memory) {
-  record->info.size_bytes = size_bytes;
+void Registry::Deregister(const std::vector<Region>& regions) {
+  for (const Region& r : regions) fabric_->DeregisterRegion(r.key).IgnoreError();
+}
+
+absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
+                                              std::vector<RegionMemory> regions, int gpu,
+                                              UniqueFd owner) {
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
+  for (const RegionMemory& r : regions) {
+    if (r.bytes > kMaxRegionBytes) {
+      return WithReason(
+          absl::InvalidArgumentError(absl::StrCat("a memory region of ", r.bytes,
+                                                  " bytes; at most ", kMaxRegionBytes)),
+          "BAD_MEMORY");
+    }
+    sizes.push_back(r.bytes);
+    total += r.bytes;  // at most kMaxRegions of them: no overflow
+  }
+  FL_ASSIGN_OR_RETURN(want.layout, NormalizeLayout(std::move(want.layout), sizes));
+  FL_RETURN_IF_ERROR(CheckRoom(want));
+  auto record = std::make_shared<TensorLease::Record>();
+  if (gpu >= 0) want.home_gpu = static_cast<uint32_t>(gpu);
+  want.size_bytes = total;
+  want.region_bytes = std::move(sizes);
+  record->info = std::move(want);
+  record->owner = std::move(owner);
   record->id = next_id_.fetch_add(1, std::memory_order_relaxed);
-  record->base = static_cast<uint8_t*>(base);
   record->gpu = gpu;
-  record->memory = memory;
-  if (gpu >= 0) {
-    FL_ASSIGN_OR_RETURN(record->region_key, fabric_->RegisterDeviceRegion(
-                                                reinterpret_cast<uintptr_t>(base),
-                                                size_bytes, gpu, std::move(memory)));
-  } else {
-    FL_ASSIGN_OR_RETURN(record->region_key,
-                        fabric_->RegisterRegion(base, size_bytes, std::move(memory)));
+  for (RegionMemory& r : regions) {
+    absl::StatusOr<fabric::RegionKey> key =
+        gpu >= 0 ? fabric_->RegisterDeviceRegion(reinterpret_cast<uintptr_t>(r.base),
+                                                 r.bytes, gpu, std::move(r.keepalive))
+                 : fabric_->RegisterRegion(r.base, r.bytes, std::move(r.keepalive));
+    if (!key.ok()) {
+      Deregister(record->regions);
+      return key.status();
+    }
+    record->regions.push_back(Region{r.base, r.bytes, *key});
   }
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = tensors_.emplace(record->info.name, record);
   if (!inserted) {  // lost a race with a registration of the same name
-    fabric_->DeregisterRegion(record->region_key).IgnoreError();
+    Deregister(record->regions);
     return WithReason(absl::AlreadyExistsError(absl::StrCat(
                           "a tensor named '", BoundedForMessage(record->info.name),
                           "' is already registered")),
@@ -151,7 +165,9 @@ std::vector<Revoked> Registry::TakeExitedOwners() {
   for (auto it = tensors_.begin(); it != tensors_.end();) {
     const TensorLease::Record& r = *it->second;
     if (r.owner.get() >= 0 && absl::c_linear_search(exited, r.owner.get())) {
-      out.push_back(Revoked{it->first, r.id, r.region_key});
+      std::vector<fabric::RegionKey> keys;
+      for (const Region& region : r.regions) keys.push_back(region.key);
+      out.push_back(Revoked{it->first, r.id, std::move(keys)});
       it = tensors_.erase(it);
     } else {
       ++it;
@@ -178,7 +194,9 @@ absl::Status Registry::Unregister(
     record = std::move(it->second);
     tensors_.erase(it);
   }
-  return fabric_->DeregisterRegion(record->region_key);
+  absl::Status status;
+  for (const Region& r : record->regions) status.Update(fabric_->DeregisterRegion(r.key));
+  return status;
 }
 
 absl::StatusOr<TensorInfo> Registry::Get(absl::string_view name) const {

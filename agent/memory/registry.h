@@ -34,7 +34,8 @@ struct TensorInfo {
   std::string name;
   Layout layout;
   std::string memory_kind;  // "host", "cuda_ipc" or "vmm"
-  uint64_t size_bytes = 0;
+  uint64_t size_bytes = 0;  // every region's
+  std::vector<uint64_t> region_bytes;
   uint32_t home_gpu = 0;  // for GPU memory: the GPU that holds it
   // Who may use it (agent/security/policy.h): kept here as given, checked by the
   // services. `owner` is the registering identity (empty under open access).
@@ -52,7 +53,22 @@ struct TensorInfo {
 struct Revoked {
   std::string name;
   uint64_t id = 0;
-  fabric::RegionKey region_key = 0;
+  std::vector<fabric::RegionKey> region_keys;
+};
+
+// One region of memory a tensor is lent in, as the caller mapped or imported it: host
+// memory, or a device address on the tensor's GPU, alive while `keepalive` is.
+struct RegionMemory {
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  std::shared_ptr<const void> keepalive;
+};
+
+// A registered region: where it is, and the fabric's key for it.
+struct Region {
+  uint8_t* base = nullptr;  // host memory, or a device address
+  uint64_t bytes = 0;
+  fabric::RegionKey key = 0;
 };
 
 class Registry;
@@ -66,11 +82,11 @@ class TensorLease {
   ~TensorLease() { Release(); }
 
   const TensorInfo& info() const;
-  // Host memory, or the device address of GPU memory (gpu() >= 0).
-  uint8_t* base() const;
+  // The tensor's regions, as its layout numbers them (layout.h); on gpu() when that
+  // is not -1.
+  const std::vector<Region>& regions() const;
   // -1 for host memory.
   int gpu() const;
-  fabric::RegionKey region_key() const;
   // Unique among every tensor this registry ever held.
   uint64_t id() const;
   bool valid() const { return record_ != nullptr; }
@@ -87,16 +103,18 @@ class Registry {
  public:
   explicit Registry(fabric::Fabric* fabric) : fabric_(fabric) {}
 
-  // Maps host memory from `fd` and registers it under `want.name`. `want` gives the
-  // name, layout and home GPU; the layout is normalized and checked against
-  // `size_bytes`.
-  // `owner` (may be empty): a pidfd of the process that lent the memory; see
-  // TakeExitedOwners.
+  // Registers `regions` with the fabric as one tensor under `want.name`: host memory
+  // when `gpu` is -1, else memory on GPU `gpu` (`want.memory_kind` says how it was
+  // imported). `want` gives the name, layout and home GPU; the layout is normalized
+  // and checked against the regions. `owner` (may be empty): a pidfd of the process
+  // that lent the memory; see TakeExitedOwners.
+  absl::StatusOr<TensorInfo> Register(TensorInfo want, std::vector<RegionMemory> regions,
+                                      int gpu, UniqueFd owner = UniqueFd());
+  // One region of host memory mapped from `fd`.
   absl::StatusOr<TensorInfo> RegisterHost(TensorInfo want, UniqueFd fd,
                                           uint64_t offset_bytes, uint64_t size_bytes,
                                           UniqueFd owner = UniqueFd());
-  // GPU memory the caller imported: [address, address + size_bytes) on `gpu`, alive
-  // while `memory` is. `want.memory_kind` says how it was imported.
+  // One region of GPU memory: [address, address + size_bytes) on `gpu`.
   absl::StatusOr<TensorInfo> RegisterGpu(TensorInfo want, uint64_t address, int gpu,
                                          uint64_t size_bytes,
                                          std::shared_ptr<const void> memory,
@@ -119,10 +137,8 @@ class Registry {
   size_t size() const;
 
  private:
-  absl::StatusOr<TensorInfo> Insert(std::shared_ptr<TensorLease::Record> record,
-                                    void* base, uint64_t size_bytes, int gpu,
-                                    std::shared_ptr<const void> memory);
   absl::Status CheckRoom(const TensorInfo& want) const;
+  void Deregister(const std::vector<Region>& regions);
 
   fabric::Fabric* const fabric_;
   std::atomic<uint64_t> next_id_{1};

@@ -7,6 +7,7 @@
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
 #include "agent/topo/topology.h"
+#include "agent/transfer/layout_proto.h"
 #include "grpcpp/grpcpp.h"
 
 namespace fuselink::peer {
@@ -339,15 +340,23 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
 
   transfer::Prepared prepared;
   prepared.peer = peer;
-  prepared.window = response.window_key();
   prepared.slot = response.slot();
   prepared.idle_nic_mask = response.idle_nic_mask();
-  const v1::Layout& l = response.layout();
-  prepared.layout = memory::Layout{l.layers(), l.blocks_per_layer(), l.block_bytes(),
-                                   l.block_stride_bytes(), l.layer_stride_bytes()};
   // The target's layout is checked like our own: a peer's bytes are never trusted.
+  // Its regions' sizes stay the target's; each is as large as a region may be.
+  FL_ASSIGN_OR_RETURN(prepared.layout, transfer::LayoutFromProto(response.layout()));
+  const std::vector<uint64_t> regions(memory::RegionsNamed(prepared.layout),
+                                      memory::kMaxRegionBytes);
   FL_ASSIGN_OR_RETURN(prepared.layout,
-                      memory::NormalizeLayout(prepared.layout, UINT64_MAX));
+                      memory::NormalizeLayout(std::move(prepared.layout), regions));
+  if (response.window_keys_size() != static_cast<int>(regions.size())) {
+    return WithReason(
+        absl::InternalError(absl::StrCat("node '", session.name, "' answered ",
+                                         response.window_keys_size(), " windows for ",
+                                         regions.size(), " regions")),
+        "TARGET_PROTOCOL");
+  }
+  prepared.windows.assign(response.window_keys().begin(), response.window_keys().end());
   return prepared;
 }
 

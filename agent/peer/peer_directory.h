@@ -25,7 +25,7 @@
 namespace fuselink::peer {
 
 // The Peer service's protocol version, in every Hello both ways; 2: fabric keys.
-inline constexpr uint32_t kPeerProtocolVersion = 2;
+inline constexpr uint32_t kPeerProtocolVersion = 3;
 
 // The 32 bytes of a Hello's fabric_key; INVALID_ARGUMENT (PROTOCOL) otherwise.
 absl::StatusOr<fabric::SessionKey> ParseFabricKey(absl::string_view bytes);

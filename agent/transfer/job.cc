@@ -78,7 +78,7 @@ void Job::OnPrepared(absl::StatusOr<Prepared> prepared,
   const LayerRange layers = Layers(transfer_->request(), source_layout_);
   const WindowEnv env{ctx_->fabric, ctx_->scheduler,
                       source_.gpu() >= 0 ? ctx_->gpu_relay : nullptr};
-  const SourceMemory memory{source_.region_key(), source_.base(), source_.gpu()};
+  SourceMemory memory{source_.regions(), source_.gpu()};
   window_.emplace(env, serial_, direct_nic_, memory, *target_, std::move(extents),
                   o.chunk_bytes, o.window_chunks, &reach_, target_node());
   accepted_ = true;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/window_table.h"
+#include "agent/transfer/layout_proto.h"
 #include "agent/transfer/plan.h"
 
 namespace fuselink::transfer {
@@ -172,13 +173,13 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     }
     FL_RETURN_IF_ERROR(CheckRoomLocked(request.source_node()));
   }
-  // The window: these blocks, this source, nothing else.
-  absl::StatusOr<fabric::WindowKey> window =
-      fabric_->OpenWindow(tensor.region_key(), request.source_node(), blocks);
-  if (!window.ok()) {
+  // The windows: these blocks, this source, nothing else; one per region written.
+  absl::StatusOr<std::vector<fabric::WindowKey>> windows =
+      OpenWindows(tensor, request.source_node(), blocks);
+  if (!windows.ok()) {
     return WithReason(
         absl::UnavailableError(absl::StrCat("cannot open a window for the transfer: ",
-                                            window.status().message())),
+                                            windows.status().message())),
         "WINDOW_FAILED");
   }
   const int rail = static_cast<int>(request.source_nic());
@@ -207,7 +208,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       slot.layer_begin = request.layer_begin();
       slot.layer_end = request.layer_end();
       slot.rail = rail;
-      slot.window = *window;
+      slot.windows = *windows;
       slot.blocks = std::move(blocks);
       slot.expected_bytes = expected;
       slot.in_flight_bytes = request.in_flight_bytes();
@@ -221,19 +222,14 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       ++owner_slots_[rail];
       ++open_;
 
-      response.set_window_key(*window);
-      v1::Layout* out = response.mutable_layout();
-      out->set_layers(layout.layers);
-      out->set_blocks_per_layer(layout.blocks_per_layer);
-      out->set_block_bytes(layout.block_bytes);
-      out->set_block_stride_bytes(layout.block_stride_bytes);
-      out->set_layer_stride_bytes(layout.layer_stride_bytes);
+      *response.mutable_window_keys() = {windows->begin(), windows->end()};
+      LayoutToProto(layout, response.mutable_layout());
       response.set_slot(SlotId{index, slot.generation}.Pack());
       response.set_idle_nic_mask(IdleMaskLocked());
     }
   }
   if (!room.ok()) {  // lost the race for the last slot, or shut down meanwhile
-    fabric_->CloseWindow(*window, [] {});
+    CloseWindows(*windows, [] {});
     return room;
   }
   TellIdle();
@@ -250,14 +246,62 @@ Landing::Ending Landing::BeginCloseLocked(uint32_t index, absl::Status verdict) 
   if (auto it = per_source_.find(slot.source_node); it != per_source_.end()) {
     if (--it->second == 0) per_source_.erase(it);
   }
-  return Ending{index, slot.generation, slot.window};
+  return Ending{index, slot.generation, slot.windows};
+}
+
+absl::StatusOr<std::vector<fabric::WindowKey>> Landing::OpenWindows(
+    const memory::TensorLease& tensor, absl::string_view source,
+    std::span<const fabric::Extent> blocks) {
+  const std::vector<memory::Region>& regions = tensor.regions();
+  std::vector<fabric::WindowKey> windows(regions.size(), 0);
+  std::vector<fabric::Extent> in_region;
+  for (size_t first = 0; first < blocks.size();) {  // blocks are sorted: by region
+    const uint32_t region = memory::RegionOf(blocks[first].offset);
+    in_region.clear();
+    size_t last = first;
+    for (; last < blocks.size() && memory::RegionOf(blocks[last].offset) == region;
+         ++last) {
+      in_region.push_back(
+          {memory::OffsetInRegion(blocks[last].offset), blocks[last].bytes});
+    }
+    absl::StatusOr<fabric::WindowKey> key =
+        fabric_->OpenWindow(regions[region].key, source, in_region);
+    if (!key.ok()) {
+      CloseWindows(windows, [] {});
+      return key.status();
+    }
+    windows[region] = *key;
+    first = last;
+  }
+  return windows;
+}
+
+void Landing::CloseWindows(const std::vector<fabric::WindowKey>& windows,
+                           absl::AnyInvocable<void() &&> drained) {
+  // `drained` runs once, after the last window drained.
+  struct Countdown {
+    std::atomic<size_t> left;
+    absl::AnyInvocable<void() &&> done;
+  };
+  size_t open = 0;
+  for (fabric::WindowKey w : windows) open += w != 0;
+  if (open == 0) return std::move(drained)();
+  auto countdown = std::make_shared<Countdown>(open, std::move(drained));
+  for (fabric::WindowKey w : windows) {
+    if (w == 0) continue;
+    fabric_->CloseWindow(w, [countdown] {
+      if (countdown->left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::move(countdown->done)();
+      }
+    });
+  }
 }
 
 void Landing::Drain(const Ending& ending) {
-  fabric_->CloseWindow(ending.window,
-                       [this, index = ending.index, generation = ending.generation] {
-                         Finish(index, generation);
-                       });
+  CloseWindows(ending.windows,
+               [this, index = ending.index, generation = ending.generation] {
+                 Finish(index, generation);
+               });
 }
 
 void Landing::DrainAll(const std::vector<Ending>& endings) {
@@ -304,14 +348,17 @@ void Landing::Finish(uint32_t index, uint32_t generation) {
 std::optional<Landing::Ending> Landing::OnDataLocked(const fabric::Arrival& arrival,
                                                      Slot& slot) {
   const uint32_t index = static_cast<uint32_t>(&slot - slots_.data());
-  if (arrival.window != slot.window ||
-      !fabric::InsideExtents(slot.blocks, arrival.offset, arrival.bytes)) {
+  const auto region = std::find(slot.windows.begin(), slot.windows.end(), arrival.window);
+  const uint64_t offset = memory::TensorOffset(
+      static_cast<uint32_t>(region - slot.windows.begin()), arrival.offset);
+  if (arrival.window == 0 || region == slot.windows.end() ||
+      !fabric::InsideExtents(slot.blocks, offset, arrival.bytes)) {
     // The window admitted it, so the bytes are inside one of this source's own
     // windows; naming another of its slots in the immediate breaks the protocol.
     stray_writes_.fetch_add(1);
     return BeginCloseLocked(index, TargetStatus(Verdict::kProtocol));
   }
-  slot.landed.Add(arrival.offset, arrival.bytes);
+  slot.landed.Add(offset, arrival.bytes);
   auto& counter = arrival.nic == slot.rail ? nic_bytes_[arrival.nic].own
                                            : nic_bytes_[arrival.nic].borrowed;
   counter.fetch_add(arrival.bytes, std::memory_order_relaxed);

@@ -20,11 +20,13 @@
 #include <deque>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -144,8 +146,9 @@ class Landing {
     std::vector<uint32_t> block_ids;
     uint32_t layer_begin = 0, layer_end = 0;
     int rail = 0;  // the source's direct NIC: its own traffic arrives on this rail
-    fabric::WindowKey window = 0;
-    std::vector<fabric::Extent> blocks;  // the window's extents
+    // By target region; 0 for a region the transfer does not write.
+    std::vector<fabric::WindowKey> windows;
+    std::vector<fabric::Extent> blocks;  // the windows' extents, in tensor offsets
     uint64_t expected_bytes = 0;
     // The source's bytes in flight at most (PrepareIncomingRequest); 0: not said.
     uint64_t in_flight_bytes = 0;
@@ -161,8 +164,16 @@ class Landing {
   struct Ending {
     uint32_t index;
     uint32_t generation;
-    fabric::WindowKey window;
+    std::vector<fabric::WindowKey> windows;
   };
+  // One window per region that `blocks` (tensor offsets, sorted) fall in; none stays
+  // open on an error.
+  absl::StatusOr<std::vector<fabric::WindowKey>> OpenWindows(
+      const memory::TensorLease& tensor, absl::string_view source,
+      std::span<const fabric::Extent> blocks);
+  // Closes the windows (0s skipped); `drained` runs once all have drained.
+  void CloseWindows(const std::vector<fabric::WindowKey>& windows,
+                    absl::AnyInvocable<void() &&> drained);
   Ending BeginCloseLocked(uint32_t index, absl::Status verdict)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the window; the slot is told once it has drained.

@@ -37,8 +37,9 @@ struct IncomingSpec {
 // The target's answer: where to write, and the slot to name in every immediate.
 struct Prepared {
   fabric::PeerId peer = 0;
-  // The window the target opened for this transfer alone: exactly its target blocks.
-  fabric::WindowKey window = 0;
+  // The windows the target opened for this transfer alone, by target region (0 for a
+  // region it does not write): exactly its target blocks.
+  std::vector<fabric::WindowKey> windows;
   memory::Layout layout;
   uint32_t slot = 0;
   uint32_t idle_nic_mask = 0;  // the target's idle NICs when it accepted

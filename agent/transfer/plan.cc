@@ -57,18 +57,52 @@ std::vector<Extent> PlanExtents(const memory::Layout& source,
                                 std::span<const uint32_t> target_ids,
                                 uint32_t layer_begin, uint32_t layer_end) {
   std::vector<Extent> extents;
-  const uint64_t block_bytes = source.block_bytes;
-  const bool packed = source.blocks_packed() && target.blocks_packed();
-  for (uint32_t layer = layer_begin; layer < layer_end; ++layer) {
-    for (size_t i = 0; i < source_ids.size(); ++i) {
-      const uint64_t s = source.BlockOffset(layer, source_ids[i]);
-      const uint64_t t = target.BlockOffset(layer, target_ids[i]);
-      if (packed && i > 0 && source_ids[i] == source_ids[i - 1] + 1 &&
-          target_ids[i] == target_ids[i - 1] + 1) {
-        extents.back().bytes += block_bytes;
-        continue;
+  // Appends a run, joined to the last one when both sides continue it.
+  auto add = [&](uint32_t layer, uint64_t s, uint64_t t, uint64_t bytes) {
+    if (!extents.empty()) {
+      Extent& last = extents.back();
+      if (last.layer == layer && last.source_offset + last.bytes == s &&
+          last.target_offset + last.bytes == t) {
+        last.bytes += bytes;
+        return;
       }
-      extents.push_back(Extent{layer, s, t, block_bytes});
+    }
+    extents.push_back(Extent{layer, s, t, bytes});
+  };
+  // Where the parts of the two sides meet, per layer: a block's bytes are its parts'
+  // in order on each side, so a stretch where neither side changes part is one run.
+  // Runs go stretch by stretch, block by block, so that consecutive blocks join.
+  struct Stretch {
+    uint32_t source_part, target_part;
+    uint64_t source_skip, target_skip, bytes;  // into the parts
+  };
+  std::vector<Stretch> stretches;
+  for (uint32_t layer = layer_begin; layer < layer_end; ++layer) {
+    stretches.clear();
+    uint32_t sp = 0, tp = 0;
+    uint64_t s_done = 0, t_done = 0;  // bytes of the current parts behind us
+    while (sp < source.part_count() && tp < target.part_count()) {
+      const uint64_t s_bytes = source.part(layer, sp).bytes;
+      const uint64_t t_bytes = target.part(layer, tp).bytes;
+      const uint64_t bytes = std::min(s_bytes - s_done, t_bytes - t_done);
+      stretches.push_back({sp, tp, s_done, t_done, bytes});
+      s_done += bytes;
+      t_done += bytes;
+      if (s_done == s_bytes) {
+        ++sp;
+        s_done = 0;
+      }
+      if (t_done == t_bytes) {
+        ++tp;
+        t_done = 0;
+      }
+    }
+    for (const Stretch& x : stretches) {
+      for (size_t i = 0; i < source_ids.size(); ++i) {
+        add(layer, source.PartOffset(layer, x.source_part, source_ids[i]) + x.source_skip,
+            target.PartOffset(layer, x.target_part, target_ids[i]) + x.target_skip,
+            x.bytes);
+      }
     }
   }
   return extents;
@@ -77,18 +111,20 @@ std::vector<Extent> PlanExtents(const memory::Layout& source,
 absl::StatusOr<std::vector<fabric::Extent>> BlockRanges(const memory::Layout& layout,
                                                         std::span<const uint32_t> ids,
                                                         uint32_t begin, uint32_t end) {
-  const uint64_t pieces = uint64_t{ids.size()} * (end - begin);
+  const uint64_t pieces = uint64_t{ids.size()} * (end - begin) * layout.part_count();
   if (pieces > kMaxBlockPieces) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                          ids.size(), " blocks x ", end - begin, " layers is over ",
-                          kMaxBlockPieces, " block pieces; split the request")),
-                      "TOO_FRAGMENTED");
+    return WithReason(
+        absl::InvalidArgumentError(absl::StrCat(
+            ids.size(), " blocks x ", end - begin, " layers x ", layout.part_count(),
+            " parts is over ", kMaxBlockPieces, " block pieces; split the request")),
+        "TOO_FRAGMENTED");
   }
   std::vector<fabric::Extent> ranges;
   ranges.reserve(pieces);
   for (uint32_t layer = begin; layer < end; ++layer) {
-    for (uint32_t id : ids) {
-      ranges.push_back({layout.BlockOffset(layer, id), layout.block_bytes});
+    for (uint32_t p = 0; p < layout.part_count(); ++p) {
+      const uint64_t bytes = layout.part(layer, p).bytes;
+      for (uint32_t id : ids) ranges.push_back({layout.PartOffset(layer, p, id), bytes});
     }
   }
   std::sort(ranges.begin(), ranges.end(),
@@ -104,11 +140,20 @@ absl::StatusOr<std::vector<fabric::Extent>> BlockRanges(const memory::Layout& la
     }
   }
   ranges.resize(ranges.empty() ? 0 : out + 1);
-  if (ranges.size() > fabric::kMaxWindowExtents) {
-    return WithReason(absl::InvalidArgumentError(absl::StrCat(
-                          "the blocks fall in ", ranges.size(), " separate runs, over ",
-                          fabric::kMaxWindowExtents, "; split the request")),
-                      "TOO_FRAGMENTED");
+  // One window per region: each holds at most kMaxWindowExtents runs.
+  for (size_t first = 0; first < ranges.size();) {
+    const uint32_t region = memory::RegionOf(ranges[first].offset);
+    size_t last = first;
+    while (last < ranges.size() && memory::RegionOf(ranges[last].offset) == region)
+      ++last;
+    if (last - first > fabric::kMaxWindowExtents) {
+      return WithReason(
+          absl::InvalidArgumentError(absl::StrCat(
+              "the blocks fall in ", last - first, " separate runs of region ", region,
+              ", over ", fabric::kMaxWindowExtents, "; split the request")),
+          "TOO_FRAGMENTED");
+    }
+    first = last;
   }
   ranges.shrink_to_fit();
   return ranges;

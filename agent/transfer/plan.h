@@ -19,8 +19,8 @@ inline constexpr size_t kMaxBlocksPerRequest = 1u << 20;
 inline constexpr uint32_t kMinChunkBytes = 4096;
 inline constexpr uint32_t kMaxChunkBytes = 64u << 20;
 
-// A contiguous run of bytes in one layer: source and target offsets from their
-// tensors' first bytes.
+// A contiguous run of bytes in one layer, inside one region on each side: source and
+// target tensor offsets (memory/layout.h: the region in the top bits).
 struct Extent {
   uint32_t layer = 0;
   uint64_t source_offset = 0;
@@ -48,7 +48,8 @@ absl::Status ValidateBlocks(const memory::Layout& layout, std::span<const uint32
 absl::Status ValidateLayers(const memory::Layout& layout, uint32_t begin, uint32_t end);
 
 // The extents that move source_ids[i] to target_ids[i] in layers [begin, end), in
-// layer order, runs of consecutive blocks on both sides coalesced. The inputs must
+// layer order: each block's bytes in their parts' order on both sides, cut where
+// either side's part ends, runs that continue on both sides joined. The inputs must
 // have passed the checks above and have equal block sizes and counts.
 std::vector<Extent> PlanExtents(const memory::Layout& source,
                                 const memory::Layout& target,
@@ -60,10 +61,11 @@ std::vector<Extent> PlanExtents(const memory::Layout& source,
 // joined into runs: bounds the memory a request can make a target spend.
 inline constexpr uint64_t kMaxBlockPieces = 1u << 21;
 
-// The byte ranges of a tensor that blocks `ids` fill in layers [begin, end): sorted,
-// disjoint, touching ranges joined; what a target opens its window over. The inputs
-// must have passed ValidateBlocks (unique) and ValidateLayers. INVALID_ARGUMENT
-// (TOO_FRAGMENTED) past kMaxBlockPieces pieces or fabric::kMaxWindowExtents runs.
+// The byte ranges of a tensor that blocks `ids` fill in layers [begin, end), in tensor
+// offsets: sorted, disjoint, touching ranges joined; what a target opens its windows
+// over, one per region. The inputs must have passed ValidateBlocks (unique) and
+// ValidateLayers. INVALID_ARGUMENT (TOO_FRAGMENTED) past kMaxBlockPieces pieces (blocks
+// x layers x parts) or fabric::kMaxWindowExtents runs in one region.
 absl::StatusOr<std::vector<fabric::Extent>> BlockRanges(const memory::Layout& layout,
                                                         std::span<const uint32_t> ids,
                                                         uint32_t begin, uint32_t end);

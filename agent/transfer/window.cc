@@ -52,11 +52,12 @@ fabric::WriteOp Window::Op(uint16_t index) {
     op.local_offset = e.relay.offset;
     op.after = e.relay.ready;
   } else {
-    op.local_key = source_.key;
-    op.local_offset = e.chunk.source_offset;
+    op.local_key = source_.regions[memory::RegionOf(e.chunk.source_offset)].key;
+    op.local_offset = memory::OffsetInRegion(e.chunk.source_offset);
   }
-  op.remote_key = target_.window;
-  op.remote_offset = e.chunk.target_offset;
+  // Planned from the target's layout, which names as many regions as it sent windows.
+  op.remote_key = target_.windows[memory::RegionOf(e.chunk.target_offset)];
+  op.remote_offset = memory::OffsetInRegion(e.chunk.target_offset);
   op.bytes = e.chunk.bytes;
   op.imm = EncodeImm(SlotId::Unpack(target_.slot), ImmOp::kData);
   op.wr_id = EncodeWrId(WrId{job_, index, ++e.seq});
@@ -106,9 +107,10 @@ void Window::Pump(JobEffects* fx) {
         fx->wait = true;
         return;
       }
-      const absl::Status staged = env_.relay->Stage(
-          e.relay, relay::Source{source_.base + chunk.source_offset, source_.gpu},
-          chunk.bytes);
+      const uint8_t* from = source_.regions[memory::RegionOf(chunk.source_offset)].base +
+                            memory::OffsetInRegion(chunk.source_offset);
+      const absl::Status staged =
+          env_.relay->Stage(e.relay, relay::Source{from, source_.gpu}, chunk.bytes);
       if (!staged.ok()) {
         Drop(index, /*failed=*/false, fx);
         SetTrouble(Trouble::kFailed,

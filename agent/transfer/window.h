@@ -35,11 +35,11 @@
 
 namespace fuselink::transfer {
 
-// Where the window reads from.
+// Where the window reads from: the source tensor's regions, which its chunks' tensor
+// offsets name (memory/layout.h).
 struct SourceMemory {
-  fabric::RegionKey key = 0;
-  const uint8_t* base = nullptr;  // host memory, or a device address
-  int gpu = -1;                   // -1: host memory
+  std::vector<memory::Region> regions;
+  int gpu = -1;  // -1: host memory
 };
 
 struct WindowEnv {

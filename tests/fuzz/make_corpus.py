@@ -135,3 +135,42 @@ write("web_config_fuzz", "flow", b"tls_server_config: {cert_file: a}\n")
 write("web_config_fuzz", "bad_indent", b"a:\n    b: c\n  d: e\n")
 write("web_config_fuzz", "escapes", b"a: \"x\\ty\\\"z\\\\\"\nb: 'it''s'\n")
 write("web_config_fuzz", "deep", b"a:\n b:\n  c:\n   d:\n    e:\n     f:\n      g:\n       h: i\n")
+
+
+# tests/fuzz/layout_fuzz.cc: u8 region count - 1, u32 sizes, then a fuselink.v1.Layout
+# (protobuf: varint fields 1-6, BlockPart messages in field 7).
+def varint(v):
+    out = b""
+    while True:
+        b, v = v & 0x7F, v >> 7
+        out += bytes([b | (0x80 if v else 0)])
+        if not v:
+            return out
+
+
+def field(number, value):
+    return varint(number << 3) + varint(value)
+
+
+def part(region, offset, size, stride=0):
+    body = field(1, region) + field(2, offset) + field(3, stride) + field(4, size)
+    return varint(7 << 3 | 2) + varint(len(body)) + body
+
+
+def layout_input(sizes, layout):
+    return bytes([len(sizes) - 1]) + b"".join(struct.pack("<I", s) for s in sizes) + layout
+
+
+write("layout_fuzz", "strided", layout_input([4 * 8 * 64], field(1, 4) + field(2, 8) + field(3, 64)))
+write("layout_fuzz", "vllm_per_layer",
+      layout_input([2 * 8 * 32] * 3, field(1, 3) + field(2, 8) + field(6, 2) +
+                   b"".join(part(r, o, 32) for r in range(3) for o in (0, 8 * 32))))
+write("layout_fuzz", "sglang_pairs",
+      layout_input([16 + 8 * 32] * 4, field(1, 2) + field(2, 8) + field(6, 2) +
+                   b"".join(part(r, 16, 32) for r in range(4))))
+write("layout_fuzz", "interleaved",
+      layout_input([8 * 64], field(1, 1) + field(2, 8) + field(6, 2) +
+                   part(0, 0, 32, 64) + part(0, 32, 32, 64)))
+write("layout_fuzz", "overlapping",
+      layout_input([8 * 64], field(1, 1) + field(2, 8) + field(6, 2) +
+                   part(0, 0, 32, 64) + part(0, 16, 32, 64)))

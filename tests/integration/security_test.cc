@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/peer/peer_directory.h"
 #include "fuselink/v1/peer.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "services/handle_socket.h"
@@ -237,7 +238,7 @@ TEST_F(SecurityTest, TensorsAreTheirOwnersAndMoveOnlyAsGranted) {
 TEST_F(SecurityTest, APeerSpeaksOnlyForItsOwnNode) {
   auto x = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "node", "node-x"));
   v1::HelloRequest hello;
-  hello.set_version(2);
+  hello.set_version(peer::kPeerProtocolVersion);
   hello.mutable_topology()->set_node(kNodeA);  // posing as node-a
   hello.set_fabric_key(std::string(32, 'k'));
   v1::HelloResponse hello_response;
@@ -277,7 +278,7 @@ TEST_F(SecurityTest, MalformedGrantsAndFabricKeysAreRefused) {
   EXPECT_TRUE(HasError(bad.status, grpc::StatusCode::INVALID_ARGUMENT, "BAD_GRANT"));
   auto peer = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "node", "node-c"));
   v1::HelloRequest hello;
-  hello.set_version(2);
+  hello.set_version(peer::kPeerProtocolVersion);
   hello.mutable_topology()->set_node("node-c");
   hello.set_fabric_key("short");
   v1::HelloResponse response;

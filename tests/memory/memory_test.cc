@@ -16,8 +16,8 @@ TEST(Layout, PackedStridesAreFilledIn) {
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_EQ(l->block_stride_bytes, 1024u);
   EXPECT_EQ(l->layer_stride_bytes, 8u * 1024);
-  EXPECT_EQ(l->BlockOffset(2, 3), 2u * 8192 + 3 * 1024);
-  EXPECT_TRUE(l->blocks_packed());
+  EXPECT_EQ(l->PartOffset(2, 0, 3), 2u * 8192 + 3 * 1024);
+  EXPECT_EQ(l->part_count(), 1u);
 }
 
 TEST(Layout, StridedLayoutNeedsOnlyItsLastBlock) {
@@ -41,6 +41,108 @@ TEST(Layout, RejectsBadShapes) {
         << bad.layers << "x" << bad.blocks_per_layer << "x" << bad.block_bytes;
     EXPECT_EQ(ReasonOf(l.status()), "BAD_LAYOUT");
   }
+}
+
+// An engine's KV cache as vLLM allocates it: one region per layer holding
+// [2, blocks, ...], K in the first half and V in the second.
+Layout PerLayer(uint32_t layers, uint32_t blocks, uint64_t part) {
+  Layout l{layers, blocks, 0, 0, 0, 2};
+  for (uint32_t r = 0; r < layers; ++r) {
+    l.parts.push_back(Part{r, 0, 0, part});
+    l.parts.push_back(Part{r, blocks * part, 0, part});
+  }
+  return l;
+}
+
+absl::Status Refusal(const Layout& layout, const std::vector<uint64_t>& regions) {
+  return NormalizeLayout(layout, regions).status();
+}
+
+TEST(LayoutParts, PerLayerKvIsOneTensorOfManyRegions) {
+  auto l = NormalizeLayout(PerLayer(3, 8, 256), std::vector<uint64_t>(3, 2 * 8 * 256));
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->block_bytes, 512u);  // filled in: K and V
+  EXPECT_EQ(l->part_count(), 2u);
+  EXPECT_EQ(l->part(1, 1).block_stride, 256u);
+  // Block 5's V part of layer 2: region 2, after the 8 K parts.
+  EXPECT_EQ(l->PartOffset(2, 1, 5), TensorOffset(2, 8 * 256 + 5 * 256));
+  EXPECT_EQ(RegionOf(l->PartOffset(2, 1, 5)), 2u);
+  EXPECT_EQ(OffsetInRegion(l->PartOffset(2, 1, 5)), 13u * 256);
+}
+
+TEST(LayoutParts, InterleavedPartsOfOneStrideFit) {
+  // K and V of a block side by side, blocks every 512 bytes: [blocks, 2, ...].
+  Layout l{1, 4, 0, 0, 0, 2, {Part{0, 0, 512, 256}, Part{0, 256, 512, 256}}};
+  EXPECT_TRUE(NormalizeLayout(l, 4 * 512).ok());
+  l.parts[1].offset = 128;  // V now starts inside K
+  EXPECT_EQ(ReasonOf(Refusal(l, {4 * 512})), "BAD_LAYOUT");
+}
+
+TEST(LayoutParts, EachInconsistencyIsNamed) {
+  const std::vector<uint64_t> three(3, 2 * 8 * 256);
+  struct Case {
+    const char* what;
+    Layout layout;
+    std::vector<uint64_t> regions;
+    const char* reason;
+  };
+  std::vector<Case> cases;
+  auto with = [&](const char* what, auto change, const char* reason = "BAD_LAYOUT",
+                  std::vector<uint64_t> regions = {}) {
+    Layout l = PerLayer(3, 8, 256);
+    change(l);
+    cases.push_back({what, l, regions.empty() ? three : regions, reason});
+  };
+  with(
+      "a part past its region", [](Layout& l) { l.parts[5].offset += 1; },
+      "LAYOUT_EXCEEDS_MEMORY");
+  with("a region too small", [](Layout&) {}, "LAYOUT_EXCEEDS_MEMORY",
+       {2 * 8 * 256, 2 * 8 * 256 - 1, 2 * 8 * 256});
+  with("a region nobody uses", [](Layout&) {}, "BAD_LAYOUT",
+       {2 * 8 * 256, 2 * 8 * 256, 2 * 8 * 256, 4096});
+  with("an unknown region", [](Layout& l) { l.parts[0].region = 7; });
+  with("parts that overlap", [](Layout& l) { l.parts[1].offset = 7 * 256; });
+  with("parts in two layers that overlap", [](Layout& l) { l.parts[2].region = 0; });
+  with("a layer whose parts sum to another size", [](Layout& l) {
+    l.parts[3].bytes = 128;
+    l.parts[3].block_stride = 256;
+  });
+  with("a stride under the part", [](Layout& l) { l.parts[0].block_stride = 100; });
+  with("an empty part", [](Layout& l) { l.parts[0].bytes = 0; });
+  with("too few parts", [](Layout& l) { l.parts.pop_back(); });
+  with("block strides beside parts", [](Layout& l) { l.block_stride_bytes = 512; });
+  with("no parts_per_block", [](Layout& l) { l.parts_per_block = 0; });
+  with("too many parts per block", [](Layout& l) { l.parts_per_block = 17; });
+  with("a part that overflows", [](Layout& l) { l.parts[0].offset = UINT64_MAX - 10; });
+  for (const Case& c : cases) {
+    const absl::Status s = Refusal(c.layout, c.regions);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_EQ(ReasonOf(s), c.reason) << c.what << ": " << s;
+  }
+  // A strided layout names one region.
+  EXPECT_EQ(ReasonOf(Refusal(Layout{1, 1, 8, 0, 0}, {8, 8})), "BAD_LAYOUT");
+  EXPECT_EQ(ReasonOf(Refusal(Layout{1, 1, 8, 0, 0, 2}, {8})), "BAD_LAYOUT");
+}
+
+TEST(LayoutParts, ManyInterleavedPartsAreRefusedNotSearched) {
+  // 65 parts of one stride interleaved in one region: refused without pairwise work.
+  // One part per layer, 65 layers, every part in region 0 every 65 * 8 bytes.
+  Layout l{65, 2, 0, 0, 0, 1};
+  for (uint32_t i = 0; i < 65; ++i) l.parts.push_back(Part{0, i * 8, 65 * 8, 8});
+  const absl::Status s = Refusal(l, {2 * 65 * 8});
+  EXPECT_EQ(ReasonOf(s), "BAD_LAYOUT");
+  EXPECT_NE(s.message().find("interleave"), absl::string_view::npos) << s;
+  l.layers = 64;
+  l.parts.pop_back();
+  EXPECT_TRUE(NormalizeLayout(l, std::vector<uint64_t>{2 * 65 * 8}).ok());
+}
+
+TEST(LayoutParts, RegionsNamed) {
+  EXPECT_EQ(RegionsNamed(Layout{1, 1, 8, 0, 0}), 1u);
+  EXPECT_EQ(RegionsNamed(PerLayer(5, 2, 8)), 5u);
+  Layout far = PerLayer(1, 2, 8);
+  far.parts[0].region = kMaxRegions;
+  EXPECT_EQ(RegionsNamed(far), 0u);
 }
 
 TEST(FdTokens, TokenIsSpentOnce) {

@@ -19,6 +19,8 @@ import unittest
 import grpc
 
 import fuselink
+from fuselink.memory import send_fd
+from fuselink.v1 import agent_pb2, tensor_pb2
 
 LAYERS = 4
 BLOCKS = 16
@@ -149,6 +151,109 @@ class ClientTest(unittest.TestCase):
             self.source.register_kv_cache("py-odd", odd, LAYERS, BLOCKS)
         with self.assertRaises(TypeError):
             self.source.register_kv_cache("py-bytes", bytearray(SIZE_BYTES), LAYERS, BLOCKS)
+
+    def test_per_layer_kv_caches_move_between_engine_layouts(self):
+        """vLLM's layout on node-a (a buffer per layer, K half then V half) into SGLang's
+        on node-b (a K and a V buffer per layer, with room before the blocks), blocks
+        to other ids: every part lands where its block's part is, nothing else moves."""
+        part = BLOCK_BYTES // 2
+        pad = 4096
+
+        def buffers(count, size, fill):
+            out = []
+            for _ in range(count):
+                b = fuselink.HostBuffer(size)
+                self.addCleanup(b.close)
+                if fill:
+                    b.data[:] = os.urandom(size)
+                out.append(b)
+            return out
+
+        vllm = buffers(LAYERS, 2 * BLOCKS * part, True)
+        sglang = buffers(2 * LAYERS, pad + BLOCKS * part, True)
+        before = [bytes(b.data) for b in sglang]
+        src = self.source.register_kv_layers("py-vllm", vllm, BLOCKS)
+        self.addCleanup(self.source.unregister, "py-vllm")
+        self.assertEqual(src.layout.parts_per_block, 2)
+        self.assertEqual(src.layout.block_bytes, BLOCK_BYTES)
+        self.assertEqual(list(src.region_bytes), [2 * BLOCKS * part] * LAYERS)
+        # SGLang's buffers here hold their blocks after `pad` bytes: said part by part.
+        pairs = [(sglang[2 * l], sglang[2 * l + 1]) for l in range(LAYERS)]
+        parts = [[fuselink.Part(2 * l, pad, part), fuselink.Part(2 * l + 1, pad, part)]
+                 for l in range(LAYERS)]
+        dst = self.target.register_kv_parts("py-sglang", sglang, BLOCKS, parts)
+        self.addCleanup(self.target.unregister, "py-sglang")
+        self.assertEqual(dst.layout.block_bytes, BLOCK_BYTES)
+
+        blocks, target_blocks = [0, 1, 2, 9], [15, 3, 4, 5]
+        final = self.router.transfer("py-vllm", self.target_node, "py-sglang",
+                                     blocks=blocks, target_blocks=target_blocks,
+                                     layers=(1, LAYERS), timeout=WAIT_S)
+        self.assertEqual(final.completed.total_bytes,
+                         (LAYERS - 1) * len(blocks) * BLOCK_BYTES)
+        landed = self.target.wait_for_transfer("py-sglang", timeout=WAIT_S)
+        self.assertEqual(landed.code, 0)
+        for layer in range(LAYERS):
+            for kv in range(2):
+                got = bytes(pairs[layer][kv].data)
+                want = bytearray(before[2 * layer + kv])
+                if layer >= 1:
+                    for s, t in zip(blocks, target_blocks):
+                        at = (kv * BLOCKS + s) * part
+                        want[pad + t * part:pad + (t + 1) * part] = vllm[layer].data[at:at + part]
+                self.assertEqual(got, bytes(want), f"layer {layer}, {'KV'[kv]}")
+        # The same blocks back into vLLM's layout on node-a needs no adapting either.
+        back = buffers(LAYERS, 2 * BLOCKS * part, False)
+        self.source.register_kv_layers("py-vllm-back", back, BLOCKS, watch=False)
+        self.addCleanup(self.source.unregister, "py-vllm-back")
+        sglang_pairs = self.target.register_kv_layers(
+            "py-sglang-pairs", pairs, BLOCKS, part_bytes=part, watch=False)
+        self.assertEqual(sglang_pairs.layout.parts[1].region, 1)
+        self.target.unregister("py-sglang-pairs")
+
+    def test_layouts_of_parts_are_checked(self):
+        def request(name, parts, sizes, layers=1, blocks=2, **layout):
+            r = agent_pb2.RegisterTensorRequest(name=name)
+            r.layout.CopyFrom(tensor_pb2.Layout(
+                layers=layers, blocks_per_layer=blocks, parts_per_block=len(parts) // layers,
+                **layout))
+            for region, offset, size in parts:
+                r.layout.parts.add(region=region, offset_bytes=offset, bytes=size)
+            for size in sizes:
+                b = fuselink.HostBuffer(size)
+                self.addCleanup(b.close)
+                r.regions.add().host.CopyFrom(tensor_pb2.HostMemory(
+                    fd_token=send_fd(self.source.handle_socket, b.fd), size_bytes=size))
+            return r
+
+        bad = grpc.StatusCode.INVALID_ARGUMENT
+        register = lambda r: self.source._call(self.source._stub.RegisterTensor, r)
+        cases = [
+            ("overlapping parts", request("py-p1", [(0, 0, 64), (0, 64, 64)], [256]),
+             "BAD_LAYOUT"),
+            ("a region holding no part", request("py-p2", [(0, 0, 64)], [128, 128]),
+             "BAD_LAYOUT"),
+            ("a part past its region", request("py-p3", [(0, 100, 64)], [128]),
+             "LAYOUT_EXCEEDS_MEMORY"),
+            ("an unknown region", request("py-p4", [(3, 0, 64)], [128]), "BAD_LAYOUT"),
+            ("strides beside parts",
+             request("py-p5", [(0, 0, 64)], [128], block_stride_bytes=64), "BAD_LAYOUT"),
+        ]
+        both = request("py-p6", [(0, 0, 64)], [128])
+        both.memory.CopyFrom(both.regions[0])
+        cases.append(("memory and regions", both, "BAD_MEMORY"))
+        for what, r, reason in cases:
+            with self.subTest(what):
+                self.assertError(bad, reason, register, r)
+        # The agent keeps serving, and none of them was registered.
+        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TENSOR", self.source.get_tensor,
+                         "py-p1")
+        # Checked here: a layer entry that is no pair, a buffer that splits unevenly.
+        with fuselink.HostBuffer(100) as odd:
+            with self.assertRaises(ValueError):
+                self.source.register_kv_layers("py-odd-layers", [odd], BLOCKS)
+            with self.assertRaises(ValueError):
+                self.source.register_kv_layers("py-odd-layers", [(odd, odd, odd)], BLOCKS)
 
     def test_unregister(self):
         with fuselink.HostBuffer(SIZE_BYTES) as buffer:

@@ -371,7 +371,7 @@ v1::TransferRequest MakeRequest(const std::string& request_id, const std::string
 Prepared MakePrepared(const memory::Layout& layout, uint32_t idle_mask) {
   Prepared p;
   p.peer = 1;
-  p.window = 77;
+  p.windows = {77};
   p.layout = layout;
   p.slot = SlotId{5, 300}.Pack();
   p.idle_nic_mask = idle_mask;

@@ -45,7 +45,10 @@ class FakeFabric final : public fabric::Fabric {
   absl::StatusOr<fabric::WindowKey> OpenWindow(
       fabric::RegionKey region, absl::string_view peer,
       std::span<const fabric::Extent> extents) override {
-    if (fail_open) return absl::ResourceExhaustedError("no windows left");
+    if (fail_open || opens_left == 0) {
+      return absl::ResourceExhaustedError("no windows left");
+    }
+    if (opens_left > 0) --opens_left;
     const fabric::WindowKey key = next_window_++;
     windows[key] = Window{region, std::string(peer), {extents.begin(), extents.end()}};
     return key;
@@ -83,6 +86,7 @@ class FakeFabric final : public fabric::Fabric {
   std::map<fabric::WindowKey, Window> windows;
   bool hold_drains = false;
   bool fail_open = false;
+  int opens_left = -1;  // windows that open before the next fails; -1: all
   std::vector<absl::AnyInvocable<void() &&>> held;
 
  private:
@@ -142,7 +146,7 @@ class LandingTest : public ::testing::Test {
         landing_->Prepare(Request(transfer_id));
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return {};
-    return Prepared{SlotId::Unpack(r->slot()), r->window_key()};
+    return Prepared{SlotId::Unpack(r->slot()), r->window_keys(0)};
   }
 
   static uint64_t Offset(uint32_t layer, uint32_t block) {
@@ -472,6 +476,129 @@ TEST_F(LandingTest, RefusesWhatItCannotPrepare) {
   absl::StatusOr<v1::PrepareIncomingResponse> no_window = landing_->Prepare(Request());
   EXPECT_EQ(no_window.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(ReasonOf(no_window.status()), "WINDOW_FAILED");
+  EXPECT_EQ(landing_->active(), 0u);
+}
+
+// A KV cache as vLLM keeps it, one host region per layer (K half, V half), on the
+// same landing: each written region gets its own window, and the slot counts bytes by
+// region.
+class LandingPartsTest : public LandingTest {
+ protected:
+  static constexpr uint32_t kRegions = 3;
+  static constexpr uint64_t kPart = kBlockBytes / 2;
+  static constexpr uint64_t kRegionBytes = 2 * kBlocks * kPart;
+
+  void SetUp() override {
+    LandingTest::SetUp();
+    std::vector<memory::RegionMemory> regions;
+    for (uint32_t r = 0; r < kRegions; ++r) {
+      memory_.push_back(std::make_shared<std::vector<uint8_t>>(kRegionBytes));
+      regions.push_back({memory_.back()->data(), kRegionBytes, memory_.back()});
+    }
+    memory::TensorInfo want;
+    want.name = "kv-layers";
+    want.memory_kind = "host";
+    want.layout = memory::Layout(kRegions, kBlocks, 0, 0, 0, 2);
+    for (uint32_t r = 0; r < kRegions; ++r) {
+      want.layout.parts.push_back({r, 0, 0, kPart});
+      want.layout.parts.push_back({r, kBlocks * kPart, 0, kPart});
+    }
+    ASSERT_TRUE(registry_.Register(std::move(want), std::move(regions), -1).ok());
+  }
+  // Blocks 2 and 3 of layers 1 and 2.
+  v1::PrepareIncomingRequest PartsRequest() const {
+    v1::PrepareIncomingRequest r = Request("parts");
+    r.set_tensor("kv-layers");
+    r.clear_block_ids();
+    r.add_block_ids(2);
+    r.add_block_ids(3);
+    r.set_layer_begin(1);
+    r.set_layer_end(3);
+    r.set_total_bytes(2 * 2 * kBlockBytes);
+    return r;
+  }
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> memory_;
+};
+
+TEST_F(LandingPartsTest, EachRegionWrittenGetsItsOwnWindow) {
+  absl::StatusOr<v1::PrepareIncomingResponse> r = landing_->Prepare(PartsRequest());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->window_keys_size(), 3);
+  EXPECT_EQ(r->window_keys(0), 0u);  // layer 0 is not moved
+  EXPECT_EQ(r->layout().parts_per_block(), 2u);
+  EXPECT_EQ(r->layout().parts_size(), 6);
+  for (int region : {1, 2}) {
+    const FakeFabric::Window& w = fabric_.windows[r->window_keys(region)];
+    EXPECT_EQ(w.peer, "node-a");
+    // In-region offsets: K parts 2-3, then V parts 2-3.
+    const std::vector<fabric::Extent> want = {{2 * kPart, 2 * kPart},
+                                              {(kBlocks + 2) * kPart, 2 * kPart}};
+    ASSERT_EQ(w.extents.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(w.extents[i].offset, want[i].offset) << region << "/" << i;
+      EXPECT_EQ(w.extents[i].bytes, want[i].bytes) << region << "/" << i;
+    }
+  }
+  EXPECT_NE(fabric_.windows[r->window_keys(1)].region,
+            fabric_.windows[r->window_keys(2)].region);
+}
+
+TEST_F(LandingPartsTest, BytesCountByRegionAndTheVerdictWaitsForEveryWindow) {
+  absl::StatusOr<v1::PrepareIncomingResponse> r = landing_->Prepare(PartsRequest());
+  ASSERT_TRUE(r.ok()) << r.status();
+  const SlotId slot = SlotId::Unpack(r->slot());
+  auto data = [&](int region, uint64_t offset, uint32_t bytes) {
+    landing_->OnArrival(fabric::Arrival{.peer = 1,
+                                        .peer_name = "node-a",
+                                        .nic = 0,
+                                        .window = r->window_keys(region),
+                                        .offset = offset,
+                                        .bytes = bytes,
+                                        .imm = EncodeImm(slot, ImmOp::kData)});
+  };
+  // The same in-region bytes through both windows are two different places.
+  for (int region : {1, 2}) {
+    data(region, 2 * kPart, 2 * kPart);
+    data(region, (kBlocks + 2) * kPart, 2 * kPart);
+  }
+  fabric_.hold_drains = true;
+  landing_->OnArrival(fabric::Arrival{
+      .peer = 1, .peer_name = "node-a", .imm = EncodeImm(slot, ImmOp::kCommit)});
+  ASSERT_EQ(fabric_.held.size(), 2u);  // both windows close
+  EXPECT_FALSE(fabric_.windows[r->window_keys(1)].open);
+  EXPECT_FALSE(fabric_.windows[r->window_keys(2)].open);
+  std::move(fabric_.held[0])();
+  EXPECT_TRUE(events_.empty());  // one window still drains
+  std::move(fabric_.held[1])();
+  fabric_.held.clear();
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_EQ(events_[0].code(), 0);
+  EXPECT_EQ(events_[0].bytes(), 4 * kBlockBytes);
+}
+
+TEST_F(LandingPartsTest, AWriteOutsideItsRegionsBlocksIsAStray) {
+  absl::StatusOr<v1::PrepareIncomingResponse> r = landing_->Prepare(PartsRequest());
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Block 5's K part of region 1: inside the region, outside the prepared blocks.
+  landing_->OnArrival(
+      fabric::Arrival{.peer = 1,
+                      .peer_name = "node-a",
+                      .nic = 0,
+                      .window = r->window_keys(1),
+                      .offset = 5 * kPart,
+                      .bytes = static_cast<uint32_t>(kPart),
+                      .imm = EncodeImm(SlotId::Unpack(r->slot()), ImmOp::kData)});
+  EXPECT_EQ(landing_->stray_writes(), 1u);
+  ASSERT_EQ(events_.size(), 1u);
+  EXPECT_NE(events_[0].code(), 0);
+}
+
+TEST_F(LandingPartsTest, AWindowThatCannotOpenClosesTheOthers) {
+  fabric_.opens_left = 1;  // region 1's opens, region 2's fails
+  absl::StatusOr<v1::PrepareIncomingResponse> r = landing_->Prepare(PartsRequest());
+  EXPECT_EQ(ReasonOf(r.status()), "WINDOW_FAILED");
+  ASSERT_EQ(fabric_.windows.size(), 1u);
+  EXPECT_FALSE(fabric_.windows.begin()->second.open);
   EXPECT_EQ(landing_->active(), 0u);
 }
 

@@ -5,11 +5,11 @@ The generated protobuf and gRPC modules live beside this package, in fuselink.v1
 build/python (see clients/python/README.md).
 """
 
-from .client import DEFAULT_CALL_TIMEOUT_S, Agent
+from .client import DEFAULT_CALL_TIMEOUT_S, Agent, Part
 from .errors import FuselinkError
 from .memory import HostBuffer
 from .tls import Tls
 from .watch import MAX_PENDING_EVENTS, Watch
 
-__all__ = ["Agent", "FuselinkError", "HostBuffer", "Tls", "Watch", "DEFAULT_CALL_TIMEOUT_S",
+__all__ = ["Agent", "Part", "FuselinkError", "HostBuffer", "Tls", "Watch", "DEFAULT_CALL_TIMEOUT_S",
            "MAX_PENDING_EVENTS"]

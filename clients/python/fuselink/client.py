@@ -10,6 +10,7 @@ blocks. Every failed call raises FuselinkError with the agent's code and reason.
     event = agent.wait_for_transfer("kv0", timeout=60)
 """
 
+import collections
 import threading
 import uuid
 
@@ -26,6 +27,22 @@ from .watch import Watch
 DEFAULT_RUNTIME_DIR = "/run/fuselink"
 # Deadline of the short calls (register, get, unregister, topology), in seconds.
 DEFAULT_CALL_TIMEOUT_S = 10
+
+
+class Part(collections.namedtuple(
+        "Part", ["region", "offset_bytes", "bytes", "block_stride_bytes"], defaults=[0])):
+    """One part of every block of a layer (fuselink.v1.BlockPart): block b's part is
+    `bytes` at offset_bytes + b * block_stride_bytes (0: bytes) of region `region`."""
+
+
+def _size_of(tensor):
+    """Bytes of a lendable tensor, or TypeError."""
+    if is_cuda_tensor(tensor):
+        return tensor.numel() * tensor.element_size()
+    if isinstance(tensor, HostBuffer):
+        return tensor.size_bytes
+    raise TypeError(f"expected a PyTorch CUDA tensor or a HostBuffer, not "
+                    f"{type(tensor).__name__}")
 
 
 class Agent:
@@ -100,33 +117,112 @@ class Agent:
         client (identities, prefixes ending in "*", or "role:<role>"; the agent's
         default: ["role:router"]). Returns the agent's fuselink.v1.Tensor.
         """
-        cuda = is_cuda_tensor(tensor)
-        if cuda:
-            handle, offset_bytes, size_bytes, gpu = cuda_ipc_export(tensor)
-        elif isinstance(tensor, HostBuffer):
-            size_bytes = tensor.size_bytes
-        else:
-            raise TypeError(f"expected a PyTorch CUDA tensor or a HostBuffer, not "
-                            f"{type(tensor).__name__}")
+        memory, size_bytes, cuda = self._memory(tensor)
         if block_bytes is None:
             block_bytes, extra = divmod(size_bytes, layers * blocks_per_layer)
             if extra or block_bytes == 0:
                 raise ValueError(f"{size_bytes} bytes do not split into {layers} x "
                                  f"{blocks_per_layer} equal blocks; give block_bytes")
         request = agent_pb2.RegisterTensorRequest(
-            name=name, home_gpu=home_gpu,
+            name=name, home_gpu=home_gpu, memory=memory,
             layout=tensor_pb2.Layout(layers=layers, blocks_per_layer=blocks_per_layer,
                                      block_bytes=block_bytes,
                                      block_stride_bytes=block_stride_bytes,
                                      layer_stride_bytes=layer_stride_bytes))
+        return self._register(request, [tensor], cuda, owner_pidfd, watch, readers, writers)
+
+    def register_kv_layers(self, name, layers, blocks_per_layer, *, part_bytes=None,
+                           home_gpu=0, owner_pidfd=None, watch=True, readers=None,
+                           writers=None):
+        """Lends a KV cache kept as engines keep it, one allocation per layer (or per
+        layer and K/V), as one tensor of `blocks_per_layer` blocks in each layer. Nothing
+        is copied: each allocation is registered where it lies.
+
+        `layers` has one entry per layer, each either
+          - one tensor (a PyTorch CUDA tensor or a HostBuffer) holding
+            [2, blocks_per_layer, ...]: K in its first half, V in its second (vLLM's
+            per-layer layout), or
+          - a pair (k, v) of two, each holding blocks_per_layer blocks one after the
+            other (SGLang's per-layer K and V buffers; `part_bytes` gives a block's
+            bytes in each when the buffers hold more than the blocks).
+        A block is its K part then its V part in every layer, so a transfer moves blocks
+        between these layouts and any other of the same block size. The other
+        arguments are register_kv_cache's. Returns the agent's fuselink.v1.Tensor.
+        """
+        if not layers:
+            raise ValueError("layers is empty")
+        regions, parts = [], []
+        for index, entry in enumerate(layers):
+            pair = isinstance(entry, (tuple, list))
+            halves = list(entry) if pair else [entry]
+            if pair and len(halves) != 2:
+                raise ValueError(f"layer {index}: a pair (k, v), not {len(halves)} tensors")
+            layer_parts = []
+            for half in halves:
+                size_bytes = _size_of(half)
+                count = blocks_per_layer if pair else 2 * blocks_per_layer
+                if pair and part_bytes is not None:
+                    bytes_, fits = part_bytes, 0 < part_bytes * count <= size_bytes
+                else:
+                    bytes_ = size_bytes // count
+                    fits = bytes_ > 0 and bytes_ * count == size_bytes
+                if not fits:
+                    raise ValueError(f"layer {index}: {size_bytes} bytes do not hold "
+                                     f"{count} equal parts" + ("; give part_bytes" if pair else ""))
+                offsets = [0] if pair else [0, blocks_per_layer * bytes_]
+                layer_parts += [Part(len(regions), offset, bytes_) for offset in offsets]
+                regions.append(half)
+            parts.append(layer_parts)
+        return self.register_kv_parts(name, regions, blocks_per_layer, parts,
+                                      home_gpu=home_gpu, owner_pidfd=owner_pidfd,
+                                      watch=watch, readers=readers, writers=writers)
+
+    def register_kv_parts(self, name, regions, blocks_per_layer, parts, *, home_gpu=0,
+                          owner_pidfd=None, watch=True, readers=None, writers=None):
+        """Lends a KV cache of any layout of parts (fuselink.v1.Layout): `regions` are
+        the tensors or HostBuffers it lies in, `parts[l]` the list of fuselink.Part
+        that make up every block of layer l, in order (the same number in each layer).
+        Part(region, offset_bytes, bytes, block_stride_bytes=0) says block b's part is
+        `bytes` at offset_bytes + b * block_stride_bytes (0: bytes) of regions[region].
+        register_kv_layers is this for the engines' usual layouts.
+        """
+        if not parts or not regions:
+            raise ValueError("parts and regions must not be empty")
+        per_block = len(parts[0])
+        if any(len(layer) != per_block for layer in parts):
+            raise ValueError("every layer needs the same number of parts")
+        layout = tensor_pb2.Layout(layers=len(parts), blocks_per_layer=blocks_per_layer,
+                                   parts_per_block=per_block)
+        for layer in parts:
+            for p in layer:
+                layout.parts.add(region=p.region, offset_bytes=p.offset_bytes,
+                                 bytes=p.bytes, block_stride_bytes=p.block_stride_bytes)
+        memories, cuda = [], False
+        for region in regions:
+            memory, _, cuda = self._memory(region)
+            memories.append(memory)
+        request = agent_pb2.RegisterTensorRequest(name=name, home_gpu=home_gpu,
+                                                  regions=memories, layout=layout)
+        return self._register(request, list(regions), cuda, owner_pidfd, watch, readers,
+                              writers)
+
+    def _memory(self, tensor):
+        """The fuselink.v1.TensorMemory that lends `tensor`, its bytes, and whether it
+        is on a GPU."""
+        if is_cuda_tensor(tensor):
+            handle, offset_bytes, size_bytes, gpu = cuda_ipc_export(tensor)
+            return tensor_pb2.TensorMemory(cuda_ipc=tensor_pb2.CudaIpcMemory(
+                handle=handle, offset_bytes=offset_bytes, size_bytes=size_bytes,
+                gpu=gpu)), size_bytes, True
+        size_bytes = _size_of(tensor)  # a TypeError unless a HostBuffer
+        return tensor_pb2.TensorMemory(host=tensor_pb2.HostMemory(
+            fd_token=send_fd(self.handle_socket, tensor.fd),
+            size_bytes=size_bytes)), size_bytes, False
+
+    def _register(self, request, tensors, cuda, owner_pidfd, watch, readers, writers):
+        name = request.name
         request.readers.extend(readers or [])
         request.writers.extend(writers or [])
-        if cuda:
-            request.memory.cuda_ipc.CopyFrom(tensor_pb2.CudaIpcMemory(
-                handle=handle, offset_bytes=offset_bytes, size_bytes=size_bytes, gpu=gpu))
-        else:
-            request.memory.host.CopyFrom(tensor_pb2.HostMemory(
-                fd_token=send_fd(self.handle_socket, tensor.fd), size_bytes=size_bytes))
         if owner_pidfd is None:
             owner_pidfd = cuda
         if owner_pidfd:
@@ -150,7 +246,7 @@ class Agent:
                            agent_pb2.UnregisterTensorRequest(name=name))
                 raise
         with self._lock:
-            self._lent[name] = tensor
+            self._lent[name] = tensors
             if watcher is not None:
                 self._watches[name] = watcher
         return registered

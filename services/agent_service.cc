@@ -104,13 +104,16 @@ class TransferStream final : public grpc::ServerWriteReactor<v1::TransferEvent>,
 class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
                           public WatchSink {
  public:
-  WatchStream(WatchHub& hub, std::string tensor, const absl::Status& allowed)
+  WatchStream(grpc::CallbackServerContext* context, WatchHub& hub, std::string tensor,
+              bool outgoing, const absl::Status& allowed)
       : hub_(hub) {
     if (!allowed.ok()) {
       Finish(ToGrpcStatus(allowed));
       return;
     }
-    hub_.Add(this, std::move(tensor), &watcher_);
+    hub_.Add(this, std::move(tensor), outgoing, &watcher_);
+    // Said outright, so that a client never takes a refusal's empty metadata for it.
+    context->AddInitialMetadata(std::string(kWatchReadyKey), "1");
     // Tells the client the watch is in place: every transfer that finishes from now
     // on reaches it. Without this a client cannot know when it may start the
     // transfers it watches for. gRPC holds operations started in the constructor
@@ -508,7 +511,8 @@ grpc::ServerWriteReactor<v1::WatchEvent>* AgentService::WatchTransfers(
                           : info.status();
     }
   }
-  return new WatchStream(node_->watch_hub(), request->tensor(), allowed);
+  return new WatchStream(context, node_->watch_hub(), request->tensor(),
+                         request->outgoing(), allowed);
 }
 
 grpc::ServerUnaryReactor* AgentService::GetTopology(grpc::CallbackServerContext* context,

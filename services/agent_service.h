@@ -11,6 +11,10 @@
 
 namespace fuselink::services {
 
+// The initial-metadata key a WatchTransfers stream carries, set to "1", once the watch
+// is in place (a refused watch sends none).
+inline constexpr absl::string_view kWatchReadyKey = "fuselink-watch-ready";
+
 class AgentService final : public CheckedService<v1::Agent> {
  public:
   explicit AgentService(Node* node);

@@ -77,6 +77,7 @@ absl::Status Node::Start() {
       [this](uint32_t mask) { TellIdleNics(mask); }, options_.landing);
   transfer::EngineOptions engine_options = options_.engine;
   engine_options.node = options_.node;
+  engine_options.on_outgoing = [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); };
   engine_ = std::make_unique<transfer::Engine>(
       engine_options, topology_, registry_.get(), fabric_.get(), peers_.get(),
       scheduler_.get(), relay_.get(), gpu_relay_.get(), observer_);

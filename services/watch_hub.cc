@@ -9,6 +9,7 @@ namespace fuselink::services {
 struct WatchHub::Watcher {
   WatchSink* sink = nullptr;
   std::string tensor;  // filter; empty: all
+  bool outgoing = false;
   std::deque<v1::WatchEvent> queue;
   v1::WatchEvent writing_event;
   bool writing = false;
@@ -20,7 +21,7 @@ struct WatchHub::Watcher {
 WatchHub::WatchHub() = default;
 WatchHub::~WatchHub() = default;
 
-void WatchHub::Add(WatchSink* sink, std::string tensor, Watcher** handle) {
+void WatchHub::Add(WatchSink* sink, std::string tensor, bool outgoing, Watcher** handle) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
@@ -28,6 +29,7 @@ void WatchHub::Add(WatchSink* sink, std::string tensor, Watcher** handle) {
     Watcher* w = watchers_.back().get();
     w->sink = sink;
     w->tensor = std::move(tensor);
+    w->outgoing = outgoing;
     *handle = w;
     Advance(w, &actions);
   }
@@ -65,7 +67,10 @@ void WatchHub::Publish(const v1::WatchEvent& event) {
   {
     absl::MutexLock lock(&mu_);
     for (auto& w : watchers_) {
-      if (w->finished || (!w->tensor.empty() && w->tensor != event.tensor())) continue;
+      if (w->finished || w->outgoing != event.outgoing() ||
+          (!w->tensor.empty() && w->tensor != event.tensor())) {
+        continue;
+      }
       if (w->queue.size() >= kMaxQueuedWatchEvents) {
         w->overflowed = true;
       } else {

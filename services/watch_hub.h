@@ -1,5 +1,5 @@
-// Fans out the ends of incoming transfers to WatchTransfers streams. Each stream
-// has a bounded queue; a stream that falls kMaxQueuedWatchEvents behind is ended
+// Fans out the ends of transfers (incoming, or outgoing) to WatchTransfers streams. Each
+// stream has a bounded queue; a stream that falls kMaxQueuedWatchEvents behind is ended
 // RESOURCE_EXHAUSTED rather than grown. Stream state lives here, under the hub's
 // lock, and the sink is called with no lock held, at most one write outstanding.
 #pragma once
@@ -34,7 +34,8 @@ class WatchHub {
   ~WatchHub();
 
   // Stores the handle in `*handle` before the sink's first call.
-  void Add(WatchSink* sink, std::string tensor, Watcher** handle);
+  // `outgoing`: the sink hears transfers this node sent, not those it received.
+  void Add(WatchSink* sink, std::string tensor, bool outgoing, Watcher** handle);
   void OnWriteDone(Watcher* watcher, bool ok);
   void OnCancel(Watcher* watcher);
   // The sink is done for good.

@@ -195,6 +195,7 @@ void Engine::Apply(const JobPtr& job, JobEffects& fx) {
   // The source tensor is free before anyone hears the transfer ended: a caller that
   // unregisters it on the final event never finds it still pinned.
   fx.released = memory::TensorLease();
+  if (fx.outgoing && options_.on_outgoing) options_.on_outgoing(*fx.outgoing);
   if (fx.notify) job->transfer()->Notify(fx.progress_only, options_.progress_interval);
   if (fx.query) AskVerdict(job, fx.query_deadline);
 }

@@ -68,6 +68,9 @@ struct EngineOptions {
   bool housekeeping_thread = true;
   // The engine's clock, for tests.
   std::function<absl::Time()> clock = [] { return absl::Now(); };
+  // Told the end of every transfer this node sent (its outgoing watch event), off the
+  // engine's locks. May be empty.
+  std::function<void(const v1::WatchEvent&)> on_outgoing;
 };
 
 // What the engine reports as it happens (to metrics). Called off the engine's locks.

@@ -338,12 +338,42 @@ void Job::Finish(JobEffects* fx) {
   fx->free_request_id =
       !accepted_ || absl::IsUnavailable(outcome) || absl::IsAborted(outcome);
   fx->released = std::move(source_);  // the source tensor may be unregistered now
+  fx->outgoing = OutgoingEvent(outcome);
   window_.reset();  // nothing is in flight: a kept transfer holds no extents
   if (accepted_) ctx_->scheduler->OwnerStopped(direct_nic_);
   if (abort_owed_ && target_ && !verdict_seen_) {
     abort_ = AbortState::kPending;
     abort_until_ = now() + ctx_->options.abort_patience;
   }
+}
+
+v1::WatchEvent Job::OutgoingEvent(const absl::Status& outcome) const {
+  const v1::TransferRequest& request = transfer_->request();
+  v1::WatchEvent e;
+  e.set_outgoing(true);
+  e.set_transfer_id(transfer_->id());
+  e.set_source_node(request.source().node());
+  e.set_target_node(target_node());
+  e.set_tensor(request.source().tensor());
+  *e.mutable_block_ids() = request.source().block_ids();
+  const LayerRange layers = Layers(request, source_layout_);
+  e.mutable_layers()->set_begin(layers.begin);
+  e.mutable_layers()->set_end(layers.end);
+  e.set_bytes(transfer_->bytes_done_locked());
+  e.set_code(static_cast<int>(outcome.code()));
+  e.set_message(std::string(outcome.message()));
+  if (window_ && target_) {
+    // What the target acknowledged, block by block in its own layout.
+    const auto& target_ids = request.target().block_ids();
+    const auto& source_ids = request.source().block_ids();
+    SetCoverage(outcome.ok(), target_->layout,
+                {target_ids.data(), static_cast<size_t>(target_ids.size())},
+                {source_ids.data(), static_cast<size_t>(source_ids.size())}, layers.begin,
+                layers.end, window_->acked(), &e);
+  } else {
+    *e.mutable_failed_block_ids() = request.source().block_ids();  // none left
+  }
+  return e;
 }
 
 void Job::Settle(JobEffects* fx) {

@@ -157,6 +157,9 @@ class Job {
   // The status of a verdict (or an answer) from the target.
   absl::Status FromTarget(absl::Status verdict) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   bool SourceMayStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
+  // What the source's outgoing watches hear of the job's end.
+  v1::WatchEvent OutgoingEvent(const absl::Status& outcome) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   uint32_t in_flight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   absl::Time now() const { return ctx_->clock(); }
 

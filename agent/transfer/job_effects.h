@@ -6,12 +6,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/time/time.h"
 #include "agent/memory/registry.h"
 #include "agent/relay/relay_pool.h"
 #include "agent/transfer/transfer.h"
+#include "fuselink/v1/agent.pb.h"
 
 namespace fuselink::transfer {
 
@@ -44,6 +46,8 @@ struct JobEffects {
   // The source tensor's lease, let go of with no lock held and before the streams
   // and metrics hear the transfer ended.
   memory::TensorLease released;
+  // With `finished`: the event for the source's outgoing watches.
+  std::optional<v1::WatchEvent> outgoing;
 };
 
 }  // namespace fuselink::transfer

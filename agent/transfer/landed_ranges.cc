@@ -30,4 +30,49 @@ uint64_t LandedRanges::Add(uint64_t offset, uint64_t bytes) {
   return added;
 }
 
+bool LandedRanges::Covers(uint64_t offset, uint64_t bytes) const {
+  if (bytes == 0) return true;
+  auto it = ranges_.upper_bound(offset);  // ranges are disjoint and never touch
+  if (it == ranges_.begin()) return false;
+  --it;
+  return it->first <= offset && it->second >= offset + bytes;
+}
+
+Coverage CoverageOf(const memory::Layout& layout, std::span<const uint32_t> ids,
+                    uint32_t begin, uint32_t end, const LandedRanges& landed) {
+  Coverage out;
+  std::vector<bool> missing(ids.size(), false);
+  for (uint32_t layer = begin; layer < end; ++layer) {
+    bool whole = true;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (uint32_t p = 0; p < layout.part_count(); ++p) {
+        if (!landed.Covers(layout.PartOffset(layer, p, ids[i]),
+                           layout.part(layer, p).bytes)) {
+          missing[i] = true;
+          whole = false;
+          break;
+        }
+      }
+    }
+    if (whole) out.layers_done.push_back(layer);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (missing[i]) out.missing.push_back(static_cast<uint32_t>(i));
+  }
+  return out;
+}
+
+void SetCoverage(bool complete, const memory::Layout& layout,
+                 std::span<const uint32_t> ids, std::span<const uint32_t> named,
+                 uint32_t begin, uint32_t end, const LandedRanges& landed,
+                 v1::WatchEvent* event) {
+  if (complete) {
+    for (uint32_t layer = begin; layer < end; ++layer) event->add_layers_done(layer);
+    return;
+  }
+  const Coverage c = CoverageOf(layout, ids, begin, end, landed);
+  *event->mutable_layers_done() = {c.layers_done.begin(), c.layers_done.end()};
+  for (uint32_t i : c.missing) event->add_failed_block_ids(named[i]);
+}
+
 }  // namespace fuselink::transfer

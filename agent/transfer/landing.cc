@@ -326,6 +326,8 @@ void Landing::Finish(uint32_t index, uint32_t generation) {
     event.mutable_layers()->set_end(slot.layer_end);
     slot.landed_bytes = slot.landed.bytes();
     event.set_bytes(slot.landed_bytes);
+    SetCoverage(slot.verdict.ok(), slot.tensor.info().layout, slot.block_ids,
+                slot.block_ids, slot.layer_begin, slot.layer_end, slot.landed, &event);
     event.set_code(static_cast<int>(slot.verdict.code()));
     event.set_message(std::string(slot.verdict.message()));
     source = slot.source_node;

@@ -94,6 +94,9 @@ class Transfer {
   uint64_t total_bytes_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return total_bytes_;
   }
+  uint64_t bytes_done_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return bytes_done_;
+  }
   // Tells streams what changed. Call with mu() released; progress alone is
   // throttled to `progress_interval`.
   void Notify(bool progress_only, absl::Duration progress_interval);

@@ -193,6 +193,7 @@ bool Window::OnCompletion(uint16_t entry, uint16_t seq,
       e.relay = relay::Slot{};
       e.state = Entry::State::kFree;
       free_.push_back(entry);
+      acked_.Add(e.chunk.target_offset, e.chunk.bytes);
       fx->notify = true;
       if (transfer.AddDone(e.choice.nic, e.chunk.layer, e.chunk.bytes)) {
         fx->progress_only = false;  // a layer is done

@@ -29,6 +29,7 @@
 #include "agent/sched/scheduler.h"
 #include "agent/transfer/failover.h"
 #include "agent/transfer/job_effects.h"
+#include "agent/transfer/landed_ranges.h"
 #include "agent/transfer/peer_link.h"
 #include "agent/transfer/plan.h"
 #include "agent/transfer/transfer.h"
@@ -76,6 +77,8 @@ class Window {
 
   void set_remote_idle(uint32_t mask) { remote_idle_ = mask; }
   uint32_t in_flight() const { return in_flight_; }
+  // The target bytes (tensor offsets of its layout) whose writes it acknowledged.
+  const LandedRanges& acked() const { return acked_; }
   // Every chunk's write completed OK, once, and `transfer` counted every byte.
   bool all_landed(const Transfer& transfer) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(transfer.mu());
@@ -120,6 +123,7 @@ class Window {
   bool halted_ = false;
   Trouble trouble_ = Trouble::kNone;
   absl::Status trouble_status_;
+  LandedRanges acked_;
 };
 
 }  // namespace fuselink::transfer

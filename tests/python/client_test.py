@@ -211,6 +211,39 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(sglang_pairs.layout.parts[1].region, 1)
         self.target.unregister("py-sglang-pairs")
 
+    def test_the_source_engine_hears_its_blocks_left_or_did_not(self):
+        self.lend(self.source, "py-out-src", fill=True, watch=False)
+        self.lend(self.target, "py-out-dst", fill=False)
+        closed = ["spiffe://fuselink/router/other"]  # this router may not write it
+        self.lend(self.target, "py-out-closed", fill=False, readers=closed, writers=closed)
+        with self.source.watch("py-out-src", outgoing=True) as out:
+            done = self.router.transfer("py-out-src", self.target_node, "py-out-dst",
+                                        blocks=[1, 2], timeout=WAIT_S)
+            left = out.wait(WAIT_S)
+            self.assertTrue(left.outgoing)
+            self.assertEqual(left.transfer_id, done.transfer_id)
+            self.assertEqual((left.tensor, left.target_node), ("py-out-src", self.target_node))
+            self.assertEqual(list(left.block_ids), [1, 2])
+            self.assertEqual(list(left.layers_done), list(range(LAYERS)))
+            self.assertEqual(list(left.failed_block_ids), [])
+            self.assertEqual(left.bytes, 2 * LAYERS * BLOCK_BYTES)
+            # Refused by the target: nothing left, every block is the source's still.
+            with self.assertRaises(fuselink.FuselinkError):
+                self.router.transfer("py-out-src", self.target_node, "py-out-closed",
+                                     blocks=[3, 0], timeout=WAIT_S)
+            with self.assertRaises(fuselink.FuselinkError) as caught:
+                out.wait(WAIT_S)
+            failed = caught.exception.event
+            self.assertEqual(failed.code, grpc.StatusCode.PERMISSION_DENIED.value[0])
+            self.assertEqual(list(failed.failed_block_ids), [3, 0])
+            self.assertEqual(list(failed.layers_done), [])
+        # An incoming watch on the same node hears none of it.
+        with self.assertRaises(TimeoutError):
+            self.target.wait_for_transfer("py-out-closed", timeout=0.2)
+        # An engine watches the outgoing transfers of its own tensors only.
+        self.assertError(grpc.StatusCode.PERMISSION_DENIED, "ROLE_REQUIRED", self.source.watch,
+                         "", outgoing=True)
+
     def test_layouts_of_parts_are_checked(self):
         def request(name, parts, sizes, layers=1, blocks=2, **layout):
             r = agent_pb2.RegisterTensorRequest(name=name)

@@ -91,6 +91,7 @@ class JobTest : public ::testing::Test {
     queries_ += fx.query;
     grow_relay_ |= fx.grow_relay;
     for (const relay::Slot& s : fx.release_after_fence) after_fence_.push_back(s);
+    if (fx.outgoing) outgoing_ = fx.outgoing;
   }
   void Deliver(const fabric::Completion& c) {
     const WrId w = DecodeWrId(c.wr_id);
@@ -182,6 +183,7 @@ class JobTest : public ::testing::Test {
   std::shared_ptr<Job> job_;
   bool prepare_now_ = true;
   std::vector<Posted> held_;
+  std::optional<v1::WatchEvent> outgoing_;  // what the outgoing watches heard
   bool finished_ = false;
   bool free_request_id_ = false;
   bool last_known_ = false;

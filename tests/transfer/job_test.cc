@@ -31,6 +31,17 @@ TEST_F(JobTest, CompletesOnlyOnTheTargetsCompletedVerdict) {
   EXPECT_EQ(Posts(ImmOp::kCommit), 1);
   EXPECT_EQ(Posts(ImmOp::kAbort), 0);
   EXPECT_FALSE(free_request_id_);  // a completed request id stays its transfer's
+  // The source's engine hears it too: its blocks left, every layer.
+  ASSERT_TRUE(outgoing_.has_value());
+  EXPECT_TRUE(outgoing_->outgoing());
+  EXPECT_EQ(outgoing_->code(), 0);
+  EXPECT_EQ(outgoing_->tensor(), "src");
+  EXPECT_EQ(outgoing_->target_node(), "node-b");
+  EXPECT_EQ(outgoing_->bytes(), 2 * 8192u);
+  EXPECT_EQ(std::vector<uint32_t>(outgoing_->layers_done().begin(),
+                                  outgoing_->layers_done().end()),
+            (std::vector<uint32_t>{0, 1}));
+  EXPECT_TRUE(outgoing_->failed_block_ids().empty());
 }
 
 class EveryVerdictTest : public JobTest, public ::testing::WithParamInterface<uint8_t> {};
@@ -253,6 +264,16 @@ TEST_F(JobTest, CancelMidTransfer) {
   EXPECT_TRUE(finished_);
   EXPECT_EQ(state(), State::kCancelled);
   EXPECT_EQ(Posts(ImmOp::kAbort), 1);
+  // The window held layer 0 of both blocks when it stopped: that layer left whole,
+  // layer 1 of neither did, so both blocks are reported failed.
+  ASSERT_TRUE(outgoing_.has_value());
+  EXPECT_EQ(outgoing_->code(), static_cast<int>(absl::StatusCode::kCancelled));
+  EXPECT_EQ(std::vector<uint32_t>(outgoing_->layers_done().begin(),
+                                  outgoing_->layers_done().end()),
+            (std::vector<uint32_t>{0}));
+  EXPECT_EQ(std::vector<uint32_t>(outgoing_->failed_block_ids().begin(),
+                                  outgoing_->failed_block_ids().end()),
+            (std::vector<uint32_t>{0, 1}));
   absl::Status again;
   Do([&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
     again = j.Stop(absl::CancelledError("x"), false, fx);
@@ -286,6 +307,9 @@ TEST_F(JobTest, TargetRefusalBeforeAcceptanceFailsWithItsCode) {
   });
   EXPECT_TRUE(finished_);
   EXPECT_TRUE(free_request_id_);
+  ASSERT_TRUE(outgoing_.has_value());  // nothing left: every block failed
+  EXPECT_EQ(outgoing_->failed_block_ids_size(), 1);
+  EXPECT_TRUE(outgoing_->layers_done().empty());
   EXPECT_EQ(End(),
             std::make_pair(absl::StatusCode::kNotFound, std::string("UNKNOWN_TENSOR")));
 }

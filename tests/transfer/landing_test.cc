@@ -299,6 +299,8 @@ TEST_F(LandingTest, CompletesOnlyWithACommitAndEveryByte) {
   ASSERT_EQ(events_.size(), 1u);
   EXPECT_EQ(events_[0].code(), 0);
   EXPECT_EQ(events_[0].bytes(), 3 * kLayers * kBlockBytes);
+  EXPECT_EQ(events_[0].layers_done_size(), static_cast<int>(kLayers));
+  EXPECT_TRUE(events_[0].failed_block_ids().empty());
   EXPECT_EQ(VerdictTold(), static_cast<uint8_t>(Verdict::kCompleted));
   EXPECT_TRUE(VerdictNames(DecodeVerdict(notices_.back().second), p.slot));
   EXPECT_FALSE(fabric_.windows[p.window].open);
@@ -320,6 +322,14 @@ TEST_F(LandingTest, ADuplicateChunkCountsOnce) {
   EXPECT_EQ(events_[0].code(), static_cast<int>(absl::StatusCode::kDataLoss));
   EXPECT_EQ(events_[0].bytes(), (2 * kLayers + 1) * kBlockBytes);
   EXPECT_EQ(VerdictTold(), static_cast<uint8_t>(Verdict::kIncompleteCommit));
+  // What the engine recomputes: block 5, whose layer 1 never came.
+  EXPECT_EQ(std::vector<uint32_t>(events_[0].layers_done().begin(),
+                                  events_[0].layers_done().end()),
+            (std::vector<uint32_t>{0}));
+  EXPECT_EQ(std::vector<uint32_t>(events_[0].failed_block_ids().begin(),
+                                  events_[0].failed_block_ids().end()),
+            (std::vector<uint32_t>{5}));
+  EXPECT_FALSE(events_[0].outgoing());
 }
 
 TEST_F(LandingTest, ACommitWaitsForDataAnotherNicHasNotCountedYet) {

@@ -262,13 +262,16 @@ class Agent:
                 return None
             raise
 
-    def watch(self, tensor=""):
+    def watch(self, tensor="", outgoing=False):
         """A Watch on transfers into `tensor` ("" for all), in place when it returns.
 
         For tensors not registered here with watch=True: open it, then trigger the
-        transfer, then wait() on it.
+        transfer, then wait() on it. With `outgoing`, the transfers out of `tensor`
+        instead, as its source's agent ends them: a prefill engine frees its blocks
+        once one completed, and keeps (or recomputes) its `failed_block_ids` when one
+        failed (wait() raises FuselinkError with the event in `.event`).
         """
-        return Watch(self._stub, tensor)
+        return Watch(self._stub, tensor, outgoing)
 
     def wait_for_transfer(self, tensor_name, timeout=None):
         """Waits for a transfer into `tensor_name` to finish; returns its WatchEvent.

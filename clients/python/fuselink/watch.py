@@ -19,6 +19,8 @@ from .errors import FuselinkError, code_from_int, from_rpc_error
 # Finished transfers kept for wait() before the oldest is dropped; an engine that never
 # waits must not grow without bound.
 MAX_PENDING_EVENTS = 1024
+# The initial-metadata entry the agent sends once a watch is in place.
+WATCH_READY_KEY = "fuselink-watch-ready"
 
 
 class Watch:
@@ -29,16 +31,20 @@ class Watch:
     the stream.
     """
 
-    def __init__(self, stub, tensor=""):
+    def __init__(self, stub, tensor="", outgoing=False):
         self.tensor = tensor
         self.dropped_events = 0  # events lost to MAX_PENDING_EVENTS
         self._events = collections.deque()
         self._cond = threading.Condition()
         self._error = None  # why the stream ended, once it has
-        self._call = stub.WatchTransfers(agent_pb2.WatchTransfersRequest(tensor=tensor))
-        # Returns once the agent has the watch in place, or the call has failed.
-        self._call.initial_metadata()
-        if self._call.done() and self._call.code() != grpc.StatusCode.OK:
+        self._call = stub.WatchTransfers(
+            agent_pb2.WatchTransfersRequest(tensor=tensor, outgoing=outgoing))
+        # Returns once the agent has the watch in place (its metadata says so), or the
+        # call has failed: a refusal may still be on its way when metadata without the
+        # mark returns, so wait for its status then.
+        metadata = dict(self._call.initial_metadata() or ())
+        if metadata.get(WATCH_READY_KEY) != "1":
+            self._call.code()  # blocks until the refused call has its status
             raise from_rpc_error(self._call)
         self._reader = threading.Thread(target=self._read, name=f"fuselink-watch-{tensor}",
                                         daemon=True)

@@ -182,13 +182,13 @@ class Model:
         positions = torch.arange(n)
         blocks, offsets = self._slots(block_table, positions)
         x = self.embed[torch.tensor(tokens, dtype=torch.long)]
-        for l, block in enumerate(self.blocks):
+        for index, block in enumerate(self.blocks):
             q, k, v = self._qkv(block, self._norm(x, block["attn_norm"]), positions)
-            layer = self.cache.layers[l]
+            layer = self.cache.layers[index]
             layer[0, blocks, offsets] = k
             layer[1, blocks, offsets] = v
             if on_layer is not None:
-                on_layer(l)
+                on_layer(index)
             x = x + self._attend(q, k, v, causal=True) @ block["wo"]
             x = self._mlp(block, x)
         return self._logits(x)
@@ -202,9 +202,9 @@ class Model:
         positions = torch.tensor([position])
         blocks, offsets = self._slots(block_table, positions)
         x = self.embed[torch.tensor([token], dtype=torch.long)]
-        for l, block in enumerate(self.blocks):
+        for index, block in enumerate(self.blocks):
             q, k, v = self._qkv(block, self._norm(x, block["attn_norm"]), positions)
-            layer = self.cache.layers[l]
+            layer = self.cache.layers[index]
             layer[0, blocks, offsets] = k
             layer[1, blocks, offsets] = v
             # Every key and value comes back from the cache, the new one included: the

@@ -305,7 +305,8 @@ def _lend(args, config, role):
 def _write_ready(path, info):
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(info, f)
+        # No spaces, as agents write theirs: scripts/lib/agents.sh's field() reads both.
+        json.dump(info, f, separators=(",", ":"))
     os.replace(tmp, path)  # whoever polls for it never reads half a file
 
 

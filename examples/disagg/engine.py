@@ -273,8 +273,8 @@ def reference_generate(config, prompts, max_new):
 
 def _lend(args, config, role):
     """The cache in HostBuffers registered with this node's agent. Returns
-    (cache, engine agent, router agent or None); the agent client and the cache's
-    views keep the buffers alive."""
+    (cache, engine agent, router agent or None, watch or None); the agent client and
+    the cache's views keep the buffers alive."""
     import fuselink
 
     buffers = [fuselink.HostBuffer(config.layer_bytes(args.blocks), f"disagg-{role}-{layer}")
@@ -283,7 +283,7 @@ def _lend(args, config, role):
     tls = lambda kind, name: fuselink.Tls.from_dir(args.tls_dir, kind, name)  # noqa: E731
     engine_agent = fuselink.Agent(args.agent, handle_socket=args.handle_socket,
                                   tls=tls("engine", args.engine_name))
-    router_agent = None
+    router_agent = watch = None
     if role == "prefill":
         # The prefill engine lends its cache as an engine and asks for the transfer
         # as a router: it alone knows which blocks hold the prompt and when they are
@@ -295,11 +295,16 @@ def _lend(args, config, role):
                                         watch=False, readers=[reader])
     else:
         # Only the named writers (the prefill engine's router identity) may land
-        # blocks here, and nobody may read them out. The watch this starts is what
-        # /generate waits on.
+        # blocks here, and nobody may read them out.
         engine_agent.register_kv_layers(args.tensor, buffers, args.blocks, owner_pidfd=True,
-                                        watch=True, writers=args.writers.split(","))
-    return cache, engine_agent, router_agent
+                                        watch=False, writers=args.writers.split(","))
+        # What /generate waits on, in place before the engine says it is ready. Opened
+        # here on a tensor we own, not by watch=True: that first tries a watch before
+        # registering, which the agent refuses an engine, and gRPC's Python client can
+        # hear of the refusal only after the Watch has returned (the initial metadata
+        # and the status come as two events), leaving a watch that is already dead.
+        watch = engine_agent.watch(args.tensor)
+    return cache, engine_agent, router_agent, watch
 
 
 def _write_ready(path, info):
@@ -312,7 +317,7 @@ def _write_ready(path, info):
 
 def _serve(args):
     config = Config()
-    cache, engine_agent, router_agent = _lend(args, config, args.role)
+    cache, engine_agent, router_agent, watch = _lend(args, config, args.role)
     node = engine_agent.node
     model = Model(config, cache)
     allocator = BlockAllocator(args.blocks)
@@ -321,8 +326,8 @@ def _serve(args):
                                AgentSender(router_agent, args.tensor, args.wait_s))
     else:
         arrivals = Arrivals()
-        threading.Thread(target=follow_watch, args=(engine_agent, args.tensor, arrivals),
-                         name="watch", daemon=True).start()
+        threading.Thread(target=follow_watch, args=(watch, arrivals), name="watch",
+                         daemon=True).start()
         engine = DecodeEngine(model, allocator, arrivals, node, args.tensor, args.wait_s)
 
     def info():
@@ -338,6 +343,8 @@ def _serve(args):
         server.serve_forever()
     finally:
         server.server_close()
+        if watch is not None:
+            watch.close()
         try:
             engine_agent.unregister(args.tensor)
         except Exception as e:  # noqa: BLE001 (the agent may be gone; it drops it then)

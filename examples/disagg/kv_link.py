@@ -84,15 +84,15 @@ class Arrivals:
             raise TransferFailed(f"the transfer into blocks {list(key)} failed: {error}", error)
 
 
-def follow_watch(agent, tensor, arrivals):
-    """Feeds `arrivals` from the watch that agent.register_kv_layers(..., watch=True)
-    put on `tensor`, until the watch ends (then closes `arrivals`). Runs in its own
-    thread; returns when the Agent is closed."""
+def follow_watch(watch, arrivals):
+    """Feeds `arrivals` from `watch` (a fuselink.Watch on the engine's own tensor)
+    until it ends, then closes `arrivals`. Runs in its own thread; returns once the
+    watch is closed."""
     import fuselink
 
     while True:
         try:
-            event = agent.wait_for_transfer(tensor)
+            event = watch.wait()
         except fuselink.FuselinkError as e:
             if e.event is not None:  # one transfer failed; the watch goes on
                 arrivals.landed(e.event.block_ids, error=e)

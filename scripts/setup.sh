@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus iperf3 iproute2 gnuplot-nox curl jq procps
   python3-grpcio python3-protobuf
+  python3-torch  # examples/disagg: the model its engines serve (CPU)
   qemu-system-x86 debootstrap
 )
 

@@ -1,0 +1,233 @@
+"""A small decoder-only transformer whose attention keeps K and V in a paged cache.
+
+The cache is vLLM's per-layer layout: one tensor per layer of shape
+[2, num_blocks, block_size, kv_heads, head_dim], K at index 0 and V at index 1. A
+request's block table lists the blocks that hold its positions in order: position p
+is slot p % block_size of block table[p // block_size]. Decoding reads K and V back
+through the block table, so the next token depends only on the cache's bytes and the
+table. Copy a request's blocks byte for byte into another cache at other ids, hand
+over the new table, and decoding goes on bit for bit as it would have.
+
+Weights come from a seeded torch.Generator: nothing is downloaded. Everything is
+float32 on the CPU on one thread, so two processes with the same config compute the
+same bits.
+"""
+
+import dataclasses
+import math
+
+import torch
+
+# Intra-op threads change how matmuls split their sums, and so their last bits: one
+# thread everywhere keeps a prefill engine, a decode engine and the reference equal.
+torch.set_num_threads(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    vocab: int = 512
+    layers: int = 4
+    d_model: int = 128
+    heads: int = 4
+    kv_heads: int = 2  # grouped-query attention: two query heads share each K/V head
+    mlp_hidden: int = 384
+    block_size: int = 16  # positions per cache block
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    seed: int = 20261201
+
+    @property
+    def head_dim(self):
+        return self.d_model // self.heads
+
+    def blocks_for(self, positions):
+        """Blocks that hold `positions` positions."""
+        return -(-positions // self.block_size)
+
+    def layer_shape(self, num_blocks):
+        """Shape of one layer's cache tensor."""
+        return (2, num_blocks, self.block_size, self.kv_heads, self.head_dim)
+
+    def layer_bytes(self, num_blocks):
+        """Bytes of one layer's cache tensor (float32)."""
+        return math.prod(self.layer_shape(num_blocks)) * 4
+
+
+class PagedKvCache:
+    """One cache tensor per layer, each a view over memory the caller owns.
+
+    `buffers` has one writable buffer per layer (a bytearray, an mmap, a HostBuffer's
+    `data`), each at least config.layer_bytes(num_blocks) long; nothing is copied, so
+    whoever else maps that memory sees every write at once. The caller keeps the
+    buffers alive at least as long as this cache.
+    """
+
+    def __init__(self, config, num_blocks, buffers):
+        if len(buffers) != config.layers:
+            raise ValueError(f"{len(buffers)} buffers for {config.layers} layers")
+        self.config = config
+        self.num_blocks = num_blocks
+        count = math.prod(config.layer_shape(num_blocks))
+        self.layers = [torch.frombuffer(b, dtype=torch.float32, count=count)
+                       .view(config.layer_shape(num_blocks)) for b in buffers]
+
+    def copy_blocks(self, source_blocks, target, target_blocks):
+        """Copies the K and V of `source_blocks` in every layer into `target` (another
+        PagedKvCache of the same config) at `target_blocks`."""
+        if len(source_blocks) != len(target_blocks):
+            raise ValueError("source and target block lists differ in length")
+        src = torch.tensor(source_blocks, dtype=torch.long)
+        dst = torch.tensor(target_blocks, dtype=torch.long)
+        for mine, theirs in zip(self.layers, target.layers):
+            theirs[:, dst] = mine[:, src]
+
+
+class Model:
+    """The transformer: token embedding, then per layer RMSNorm, attention with rotary
+    positions (grouped-query), RMSNorm, SwiGLU MLP, each around a residual; a final
+    RMSNorm and the LM head. Stateless between calls: all a request carries from one
+    call to the next is in the cache. Safe to call from several threads on disjoint
+    blocks."""
+
+    def __init__(self, config, cache):
+        self.config = config
+        self.cache = cache
+        gen = torch.Generator().manual_seed(config.seed)
+        d, hd = config.d_model, config.head_dim
+
+        def weight(rows, cols):
+            return torch.randn(rows, cols, generator=gen) / math.sqrt(rows)
+
+        self.embed = torch.randn(config.vocab, d, generator=gen)
+        self.blocks = []
+        for _ in range(config.layers):
+            self.blocks.append({
+                "attn_norm": 1 + 0.1 * torch.randn(d, generator=gen),
+                "wq": weight(d, config.heads * hd),
+                "wk": weight(d, config.kv_heads * hd),
+                "wv": weight(d, config.kv_heads * hd),
+                "wo": weight(config.heads * hd, d),
+                "mlp_norm": 1 + 0.1 * torch.randn(d, generator=gen),
+                "w_gate": weight(d, config.mlp_hidden),
+                "w_up": weight(d, config.mlp_hidden),
+                "w_down": weight(config.mlp_hidden, d),
+            })
+        self.final_norm = 1 + 0.1 * torch.randn(d, generator=gen)
+        self.lm_head = weight(d, config.vocab)
+        half = hd // 2
+        self.inv_freq = 1.0 / config.rope_base ** (torch.arange(half, dtype=torch.float32) / half)
+
+    def _norm(self, x, weight):
+        scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.norm_eps)
+        return x * scale * weight
+
+    def _rotate(self, x, positions):
+        """Rotary positions on [n, heads, head_dim]: each half-pair turned by its angle."""
+        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+    def _attend(self, q, k, v, causal):
+        """q [n, heads, hd] over k, v [m, kv_heads, hd]; query i sees keys up to
+        m - n + i when `causal`. Returns [n, d_model]."""
+        group = self.config.heads // self.config.kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.config.head_dim)
+        if causal:
+            n, m = q.shape[0], k.shape[0]
+            future = torch.ones(n, m, dtype=torch.bool).triu(m - n + 1)
+            scores = scores.masked_fill(future, float("-inf"))
+        out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+        return out.reshape(q.shape[0], -1)
+
+    def _qkv(self, block, h, positions):
+        n, hd = h.shape[0], self.config.head_dim
+        q = (h @ block["wq"]).view(n, self.config.heads, hd)
+        k = (h @ block["wk"]).view(n, self.config.kv_heads, hd)
+        v = (h @ block["wv"]).view(n, self.config.kv_heads, hd)
+        return self._rotate(q, positions), self._rotate(k, positions), v
+
+    def _mlp(self, block, x):
+        h = self._norm(x, block["mlp_norm"])
+        gate = torch.nn.functional.silu(h @ block["w_gate"])
+        return x + (gate * (h @ block["w_up"])) @ block["w_down"]
+
+    def _slots(self, block_table, positions):
+        """(block ids, offsets) of `positions` under `block_table`."""
+        size = self.config.block_size
+        table = torch.tensor(block_table, dtype=torch.long)
+        return table[positions // size], positions % size
+
+    def _check_table(self, block_table, positions):
+        if len(block_table) < self.config.blocks_for(positions):
+            raise ValueError(f"{len(block_table)} blocks cannot hold {positions} positions")
+        if any(not 0 <= b < self.cache.num_blocks for b in block_table):
+            raise ValueError(f"a block id outside 0..{self.cache.num_blocks - 1}")
+
+    def _logits(self, x):
+        return (self._norm(x, self.final_norm) @ self.lm_head)[-1]
+
+    @torch.no_grad()
+    def prefill(self, tokens, block_table, on_layer=None):
+        """Runs the prompt `tokens`, writes every layer's K and V for positions
+        0..len-1 into the blocks of `block_table`, and returns the logits of the last
+        position ([vocab]). `on_layer(l)` is called once layer l's K and V are in the
+        cache, before layer l + 1 starts: the place for a layer-by-layer transfer."""
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("empty prompt")
+        self._check_table(block_table, n)
+        positions = torch.arange(n)
+        blocks, offsets = self._slots(block_table, positions)
+        x = self.embed[torch.tensor(tokens, dtype=torch.long)]
+        for index, block in enumerate(self.blocks):
+            q, k, v = self._qkv(block, self._norm(x, block["attn_norm"]), positions)
+            layer = self.cache.layers[index]
+            layer[0, blocks, offsets] = k
+            layer[1, blocks, offsets] = v
+            if on_layer is not None:
+                on_layer(index)
+            x = x + self._attend(q, k, v, causal=True) @ block["wo"]
+            x = self._mlp(block, x)
+        return self._logits(x)
+
+    @torch.no_grad()
+    def decode_step(self, token, position, block_table):
+        """Feeds `token` at `position` (the cache holds positions 0..position-1 of this
+        request), appends its K and V, and returns the logits of the next token."""
+        self._check_table(block_table, position + 1)
+        used = torch.tensor(block_table[:self.config.blocks_for(position + 1)], dtype=torch.long)
+        positions = torch.tensor([position])
+        blocks, offsets = self._slots(block_table, positions)
+        x = self.embed[torch.tensor([token], dtype=torch.long)]
+        for index, block in enumerate(self.blocks):
+            q, k, v = self._qkv(block, self._norm(x, block["attn_norm"]), positions)
+            layer = self.cache.layers[index]
+            layer[0, blocks, offsets] = k
+            layer[1, blocks, offsets] = v
+            # Every key and value comes back from the cache, the new one included: the
+            # result is a function of the cache's bytes alone.
+            shape = (-1, self.config.kv_heads, self.config.head_dim)
+            keys = layer[0, used].reshape(shape)[:position + 1]
+            values = layer[1, used].reshape(shape)[:position + 1]
+            x = x + self._attend(q, keys, values, causal=False) @ block["wo"]
+            x = self._mlp(block, x)
+        return self._logits(x)
+
+
+def greedy_decode(model, first_token, prompt_len, block_table, max_new):
+    """`max_new` tokens, `first_token` (the prefill's) first, then greedy steps; the
+    last token is never fed back, so the table needs prompt_len + max_new - 1
+    positions."""
+    tokens = [first_token]
+    for step in range(max_new - 1):
+        logits = model.decode_step(tokens[-1], prompt_len + step, block_table)
+        tokens.append(int(logits.argmax()))
+    return tokens
+
+
+def positions_needed(prompt_len, max_new):
+    """Cache positions a request of `prompt_len` tokens generating `max_new` fills."""
+    return prompt_len + max(max_new, 1) - 1

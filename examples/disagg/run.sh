@@ -1,0 +1,109 @@
+#!/bin/bash
+# Disaggregated serving through fuselink, end to end on one machine: two agents on
+# loopback over mutual TLS (node-a the prefill side, node-b the decode side, started
+# as tests/python/client_test.sh starts them), a prefill engine lending its KV cache
+# to node-a's agent, a decode engine lending its own to node-b's, and the router. Each
+# prompt's K/V moves from one cache into the other through the agents; the run passes
+# only when every request's tokens equal a single engine's (router.py --check).
+#
+# Usage: run.sh [AGENT_BINARY [PYTHON_DIR]]  the agents' run
+#        run.sh --standin [PYTHON_DIR]       standin_test.py: both engines in one
+#                                            process, a block copy for the agents
+# AGENT_BINARY and PYTHON_DIR default to build/services/fuselink-agent and
+# build/python (the client the build made). PROMPTS (8), SEED (1), MAX_LEN (80) and
+# MAX_NEW (16) shape the run: random prompt lengths in 1..MAX_LEN from SEED.
+# Exit: 0 all tokens match, 1 otherwise, 77 (skipped) where no python3 has torch,
+# grpc and protobuf.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+standin=""
+if [ "${1:-}" = --standin ]; then
+  standin=1
+  pydir=${2:-$here/build/python}
+else
+  # shellcheck disable=SC2034  # read by start_agent (scripts/lib/agents.sh)
+  agent=${1:-$here/build/services/fuselink-agent}
+  pydir=${2:-$here/build/python}
+fi
+example=$here/examples/disagg
+
+# The first interpreter with all three: $FUSELINK_PYTHON, the one on PATH, then
+# Debian's (where python3-torch and the grpc packages install).
+python=""
+for p in ${FUSELINK_PYTHON:-} python3 /usr/bin/python3; do
+  if "$p" -c 'import torch, grpc, google.protobuf' 2>/dev/null; then
+    python=$p
+    break
+  fi
+done
+if [ -z "$python" ]; then
+  echo "SKIP: no python3 with the torch, grpc and protobuf modules" \
+    "(apt-get install python3-torch python3-grpcio python3-protobuf)"
+  exit 77
+fi
+export PYTHONPATH="$pydir${PYTHONPATH:+:$PYTHONPATH}"
+[ -z "$standin" ] || exec "$python" "$example/standin_test.py" -v
+
+run=$(mktemp -d /tmp/fuselink-disagg.XXXXXX)
+# shellcheck source=scripts/lib/agents.sh
+. "$here/scripts/lib/agents.sh"
+engines=()
+stop_all() {
+  # Engines first: each unregisters its cache from an agent still there.
+  for p in "${engines[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${engines[@]}"; do wait "$p" 2>/dev/null || true; done
+  stop_agents
+}
+show_logs() {
+  for f in node-a node-b prefill decode; do
+    [ -f "$run/$f.log" ] && { echo "--- $f.log"; tail -n 30 "$run/$f.log"; }
+  done
+}
+trap 'stop_all; rm -rf "$run"' EXIT
+pki_init "$run/pki"
+# Each engine lends as an engine of its own, so each owns only its cache. The
+# prefill engine also asks for the transfers, as router/prefill (engine.py says
+# why); the caches grant reading and writing to that identity alone.
+for id in engine/prefill engine/decode router/prefill; do
+  "$here/scripts/certs.sh" "$run/pki" "${id%/*}" "${id#*/}"
+done
+mover=spiffe://fuselink/router/prefill
+
+start_agent node-b 2 "" --nics=2
+b=$(field "$run/node-b.json" grpc)
+start_agent node-a 1 "node-b=$b" --nics=2
+a=$(field "$run/node-a.json" grpc)
+
+# start_engine ROLE AGENT NODE [FLAGS...]: an engine.py in the background, waited
+# for until its ready file names its URL.
+start_engine() {
+  local role=$1 address=$2 node=$3
+  shift 3
+  "$python" "$example/engine.py" --role "$role" --agent "$address" \
+    --handle_socket "$run/$node.sock" --tls_dir "$run/pki" \
+    --ready_file "$run/$role.json" "$@" >"$run/$role.log" 2>&1 &
+  engines+=($!)
+  for _ in $(seq 300); do
+    [ -s "$run/$role.json" ] && return 0
+    kill -0 "${engines[-1]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "the $role engine did not start" >&2
+  show_logs >&2
+  return 1
+}
+start_engine decode "$b" node-b --writers "$mover"
+start_engine prefill "$a" node-a --router_name prefill
+
+status=0
+"$python" "$example/router.py" --prefill "$(field "$run/prefill.json" url)" \
+  --decode "$(field "$run/decode.json" url)" --prompts "${PROMPTS:-8}" \
+  --seed "${SEED:-1}" --max_len "${MAX_LEN:-80}" --max_new "${MAX_NEW:-16}" \
+  --check >"$run/summary.json" || status=$?
+cat "$run/summary.json"
+if [ "$status" -ne 0 ]; then
+  echo "FAIL: a request failed or its tokens differ from the single engine's" >&2
+  show_logs >&2
+  exit 1
+fi
+echo "PASS: every request's tokens equal the single engine's"

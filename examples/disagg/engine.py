@@ -1,8 +1,9 @@
 """A prefill or a decode engine of the model in model.py, behind a small HTTP/JSON API.
 
 Each engine owns a paged KV cache whose layers are views over fuselink.HostBuffers
-(memfds), lends it to its node's agent without copying (register_kv_layers), and
-hands out its blocks with a BlockAllocator.
+(memfds) or, with --device cuda, CUDA tensors of their own (exported by CUDA IPC),
+lends it to its node's agent without copying (register_kv_layers), and hands out its
+blocks with a BlockAllocator.
 
   decode   POST /allocate {n_tokens, max_new}            -> {block_ids, node, tensor}
            POST /generate {request_id, prompt_len, first_token, block_ids, max_new}
@@ -19,7 +20,7 @@ Errors answer {"error": text}: 400 a bad request, 503 no free blocks, 502 the KV
 transfer failed, 504 the KV did not land in time.
 
   engine.py --role decode --agent ADDR --handle_socket SOCK --tls_dir PKI --ready_file F
-  engine.py --reference < {"prompts": [[tok, ...], ...], "max_new": N}
+  engine.py --reference [--device cuda] < {"prompts": [[tok, ...], ...], "max_new": N}
 """
 
 import argparse
@@ -33,11 +34,18 @@ import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import torch
+
 from kv_link import AgentSender, Arrivals, TransferFailed, follow_watch
-from model import Config, Model, PagedKvCache, greedy_decode, positions_needed
+from model import Config, Model, PagedKvCache, greedy_decode, positions_needed, setup_device
 
 MAX_BODY_BYTES = 1 << 20  # far more than any prompt here; no request reads without end
 DEFAULT_BLOCKS = 64  # per engine: 8 requests of up to 128 positions at once
+# On a GPU each layer must be an allocation of its own: the agent opens one CUDA IPC
+# handle per layer, and a handle opens once per process. PyTorch's caching allocator
+# gives a request of 10 MiB or more, in whole 2 MiB, a segment of exactly that size;
+# smaller ones share segments. 1280 blocks of 8 KiB (this model's) are 10 MiB a layer.
+DEFAULT_CUDA_BLOCKS = 1280
 
 
 class BadRequest(ValueError):
@@ -136,6 +144,10 @@ class PrefillEngine:
         try:
             started = time.monotonic()
             first_token = int(self.model.prefill(tokens, blocks).argmax())
+            if self.model.device.type == "cuda":
+                # The agent reads the blocks straight from the GPU: every write to
+                # them must be complete before the transfer starts.
+                torch.cuda.synchronize(self.model.device)
             computed = time.monotonic()
             self.send(request_id, blocks, target_node, target_tensor, target_blocks[:count])
             sent = time.monotonic()
@@ -254,14 +266,20 @@ def make_server(routes, info, port=0):
     return server
 
 
-def reference_generate(config, prompts, max_new):
+def reference_generate(config, prompts, max_new, device="cpu"):
     """The proof's baseline: every prompt run by one engine, prefill then greedy
-    decode steps through the same code as the two engines, into its own cache at
-    blocks 0, 1, ... . Returns one token list per prompt."""
+    decode steps through the same code as the two engines, on the same `device`
+    (setup_device's names), into its own cache at blocks 0, 1, ... . Returns one
+    token list per prompt."""
+    device = setup_device(device)
     longest = max(positions_needed(len(p), max_new) for p in prompts)
     num_blocks = config.blocks_for(longest)
-    cache = PagedKvCache(config, num_blocks,
-                         [bytearray(config.layer_bytes(num_blocks)) for _ in range(config.layers)])
+    if device.type == "cuda":
+        buffers = [torch.zeros(config.layer_shape(num_blocks), dtype=torch.float32,
+                               device=device) for _ in range(config.layers)]
+    else:
+        buffers = [bytearray(config.layer_bytes(num_blocks)) for _ in range(config.layers)]
+    cache = PagedKvCache(config, num_blocks, buffers)
     model = Model(config, cache)
     table = list(range(num_blocks))
     out = []
@@ -271,15 +289,39 @@ def reference_generate(config, prompts, max_new):
     return out
 
 
-def _lend(args, config, role):
-    """The cache in HostBuffers registered with this node's agent. Returns
-    (cache, engine agent, router agent or None, watch or None); the agent client and
-    the cache's views keep the buffers alive."""
+def _own_allocations(layers):
+    """ValueError unless each CUDA tensor of `layers` is alone in its allocation (a
+    segment of PyTorch's caching allocator, which is one cudaMalloc)."""
+    segments = [(s["address"], s["address"] + s["total_size"])
+                for s in torch.cuda.memory_snapshot()]
+    seen = set()
+    for index, layer in enumerate(layers):
+        address = layer.data_ptr()
+        segment = next((s for s in segments if s[0] <= address < s[1]), None)
+        if segment is None or segment in seen:
+            raise ValueError(f"layer {index}'s cache shares an allocation with another "
+                             f"layer; give --blocks of at least {DEFAULT_CUDA_BLOCKS}, a "
+                             "multiple of 256, and no expandable segments")
+        seen.add(segment)
+
+
+def _lend(args, config, role, device):
+    """The cache in HostBuffers (CPU) or CUDA tensors, one per layer, registered with
+    this node's agent. Returns (cache, engine agent, router agent or None, watch or
+    None); the agent client and the cache's views keep the buffers alive."""
     import fuselink
 
-    buffers = [fuselink.HostBuffer(config.layer_bytes(args.blocks), f"disagg-{role}-{layer}")
-               for layer in range(config.layers)]
-    cache = PagedKvCache(config, args.blocks, [b.data for b in buffers])
+    if device.type == "cuda":
+        # One allocation per layer, as vLLM keeps them, each lent by CUDA IPC.
+        buffers = [torch.zeros(config.layer_shape(args.blocks), dtype=torch.float32,
+                               device=device) for _ in range(config.layers)]
+        _own_allocations(buffers)
+        cache = PagedKvCache(config, args.blocks, buffers)
+    else:
+        buffers = [fuselink.HostBuffer(config.layer_bytes(args.blocks),
+                                       f"disagg-{role}-{layer}")
+                   for layer in range(config.layers)]
+        cache = PagedKvCache(config, args.blocks, [b.data for b in buffers])
     tls = lambda kind, name: fuselink.Tls.from_dir(args.tls_dir, kind, name)  # noqa: E731
     engine_agent = fuselink.Agent(args.agent, handle_socket=args.handle_socket,
                                   tls=tls("engine", args.engine_name))
@@ -317,7 +359,9 @@ def _write_ready(path, info):
 
 def _serve(args):
     config = Config()
-    cache, engine_agent, router_agent, watch = _lend(args, config, args.role)
+    device = setup_device(args.device)
+    # The caches first, in a fresh allocator: nothing freed yet to carve them from.
+    cache, engine_agent, router_agent, watch = _lend(args, config, args.role, device)
     node = engine_agent.node
     model = Model(config, cache)
     allocator = BlockAllocator(args.blocks)
@@ -332,7 +376,7 @@ def _serve(args):
 
     def info():
         return {"role": args.role, "config": dataclasses.asdict(config), "node": node,
-                "tensor": args.tensor, "blocks": args.blocks,
+                "device": str(device), "tensor": args.tensor, "blocks": args.blocks,
                 "free_blocks": allocator.free_count()}
 
     server = make_server(engine.routes(), info, args.port)
@@ -361,7 +405,11 @@ def main():
     p.add_argument("--role", choices=("prefill", "decode"))
     p.add_argument("--port", type=int, default=0, help="HTTP port on 127.0.0.1; 0: any")
     p.add_argument("--ready_file", help="written with {url, node, tensor, ...} once serving")
-    p.add_argument("--blocks", type=int, default=DEFAULT_BLOCKS, help="cache blocks")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, or cuda[:index]: the model, its compute and the cache")
+    p.add_argument("--blocks", type=int,
+                   help=f"cache blocks (default: {DEFAULT_BLOCKS}, on CUDA "
+                        f"{DEFAULT_CUDA_BLOCKS})")
     p.add_argument("--agent", help="this node's agent, host:port")
     p.add_argument("--handle_socket", help="the agent's handle socket")
     p.add_argument("--tls_dir", help="scripts/certs.sh's folder")
@@ -377,13 +425,16 @@ def main():
     if args.reference:
         request = json.load(sys.stdin)
         json.dump({"tokens": reference_generate(Config(), request["prompts"],
-                                                request["max_new"])}, sys.stdout)
+                                                request["max_new"], args.device)},
+                  sys.stdout)
         print()
         return
     missing = [f"--{n}" for n in ("role", "agent", "handle_socket", "tls_dir", "ready_file")
                if getattr(args, n) is None]
     if missing:
         p.error(f"serving needs {' '.join(missing)}")
+    if args.blocks is None:
+        args.blocks = DEFAULT_CUDA_BLOCKS if args.device.startswith("cuda") else DEFAULT_BLOCKS
     args.engine_name = args.engine_name or args.role
     args.tensor = args.tensor or f"kv-{args.role}"
     _serve(args)

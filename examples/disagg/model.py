@@ -8,19 +8,41 @@ through the block table, so the next token depends only on the cache's bytes and
 table. Copy a request's blocks byte for byte into another cache at other ids, hand
 over the new table, and decoding goes on bit for bit as it would have.
 
-Weights come from a seeded torch.Generator: nothing is downloaded. Everything is
-float32 on the CPU on one thread, so two processes with the same config compute the
-same bits.
+Weights come from a seeded torch.Generator (on the CPU): nothing is downloaded.
+Everything is float32 on one device: the CPU on one thread, or a CUDA GPU
+(setup_device: no TF32, a fixed cuBLAS workspace), where the model and its cache
+live when the cache's tensors are there. Two processes with the same config on the
+same device compute the same bits.
 """
 
 import dataclasses
 import math
+import os
 
 import torch
 
 # Intra-op threads change how matmuls split their sums, and so their last bits: one
 # thread everywhere keeps a prefill engine, a decode engine and the reference equal.
 torch.set_num_threads(1)
+
+
+def setup_device(name):
+    """The torch.device `name` names ("cpu", "cuda", "cuda:1"); a bare "cuda" is
+    cuda:0. On a GPU, matmuls and convolutions stay exact float32 (no TF32) and cuBLAS
+    keeps a fixed workspace, so the same op on the same shapes gives the same bits in
+    every process. RuntimeError where torch has no CUDA."""
+    device = torch.device(name)
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"device {name!r}: cpu or cuda[:index]")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r}: torch {torch.__version__} finds no CUDA GPU")
+    # Read when cuBLAS makes its first handle: before any matmul of this process.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch.device("cuda", 0 if device.index is None else device.index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,10 +78,12 @@ class Config:
 class PagedKvCache:
     """One cache tensor per layer, each a view over memory the caller owns.
 
-    `buffers` has one writable buffer per layer (a bytearray, an mmap, a HostBuffer's
-    `data`), each at least config.layer_bytes(num_blocks) long; nothing is copied, so
-    whoever else maps that memory sees every write at once. The caller keeps the
-    buffers alive at least as long as this cache.
+    `buffers` has one entry per layer: a writable buffer (a bytearray, an mmap, a
+    HostBuffer's `data`) at least config.layer_bytes(num_blocks) long, or a float32
+    torch tensor of config.layer_shape(num_blocks) (a CUDA tensor: the cache is on
+    that GPU), all on one device; nothing is copied, so whoever else maps that memory
+    sees every write at once. The caller keeps the buffers alive at least as long as
+    this cache.
     """
 
     def __init__(self, config, num_blocks, buffers):
@@ -68,16 +92,28 @@ class PagedKvCache:
         self.config = config
         self.num_blocks = num_blocks
         count = math.prod(config.layer_shape(num_blocks))
-        self.layers = [torch.frombuffer(b, dtype=torch.float32, count=count)
-                       .view(config.layer_shape(num_blocks)) for b in buffers]
+        self.layers = [self._layer(b, count) for b in buffers]
+        self.device = self.layers[0].device
+        if any(layer.device != self.device for layer in self.layers):
+            raise ValueError("the layers lie on different devices")
+
+    def _layer(self, buffer, count):
+        shape = self.config.layer_shape(self.num_blocks)
+        if isinstance(buffer, torch.Tensor):
+            if (buffer.dtype != torch.float32 or tuple(buffer.shape) != shape
+                    or not buffer.is_contiguous()):
+                raise ValueError(f"a layer tensor must be contiguous float32 {shape}, not "
+                                 f"{buffer.dtype} {tuple(buffer.shape)}")
+            return buffer
+        return torch.frombuffer(buffer, dtype=torch.float32, count=count).view(shape)
 
     def copy_blocks(self, source_blocks, target, target_blocks):
         """Copies the K and V of `source_blocks` in every layer into `target` (another
         PagedKvCache of the same config) at `target_blocks`."""
         if len(source_blocks) != len(target_blocks):
             raise ValueError("source and target block lists differ in length")
-        src = torch.tensor(source_blocks, dtype=torch.long)
-        dst = torch.tensor(target_blocks, dtype=torch.long)
+        src = torch.tensor(source_blocks, dtype=torch.long, device=self.device)
+        dst = torch.tensor(target_blocks, dtype=torch.long, device=target.device)
         for mine, theirs in zip(self.layers, target.layers):
             theirs[:, dst] = mine[:, src]
 
@@ -87,35 +123,41 @@ class Model:
     positions (grouped-query), RMSNorm, SwiGLU MLP, each around a residual; a final
     RMSNorm and the LM head. Stateless between calls: all a request carries from one
     call to the next is in the cache. Safe to call from several threads on disjoint
-    blocks."""
+    blocks. Weights and compute are on the cache's device; the weights are drawn on
+    the CPU and moved there, so they are the same on every device."""
 
     def __init__(self, config, cache):
         self.config = config
         self.cache = cache
+        self.device = device = cache.device
         gen = torch.Generator().manual_seed(config.seed)
         d, hd = config.d_model, config.head_dim
 
         def weight(rows, cols):
-            return torch.randn(rows, cols, generator=gen) / math.sqrt(rows)
+            return (torch.randn(rows, cols, generator=gen) / math.sqrt(rows)).to(device)
 
-        self.embed = torch.randn(config.vocab, d, generator=gen)
+        def vector(n):
+            return (1 + 0.1 * torch.randn(n, generator=gen)).to(device)
+
+        self.embed = torch.randn(config.vocab, d, generator=gen).to(device)
         self.blocks = []
         for _ in range(config.layers):
             self.blocks.append({
-                "attn_norm": 1 + 0.1 * torch.randn(d, generator=gen),
+                "attn_norm": vector(d),
                 "wq": weight(d, config.heads * hd),
                 "wk": weight(d, config.kv_heads * hd),
                 "wv": weight(d, config.kv_heads * hd),
                 "wo": weight(config.heads * hd, d),
-                "mlp_norm": 1 + 0.1 * torch.randn(d, generator=gen),
+                "mlp_norm": vector(d),
                 "w_gate": weight(d, config.mlp_hidden),
                 "w_up": weight(d, config.mlp_hidden),
                 "w_down": weight(config.mlp_hidden, d),
             })
-        self.final_norm = 1 + 0.1 * torch.randn(d, generator=gen)
+        self.final_norm = vector(d)
         self.lm_head = weight(d, config.vocab)
         half = hd // 2
-        self.inv_freq = 1.0 / config.rope_base ** (torch.arange(half, dtype=torch.float32) / half)
+        self.inv_freq = (1.0 / config.rope_base
+                         ** (torch.arange(half, dtype=torch.float32) / half)).to(device)
 
     def _norm(self, x, weight):
         scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.norm_eps)
@@ -137,7 +179,7 @@ class Model:
         scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.config.head_dim)
         if causal:
             n, m = q.shape[0], k.shape[0]
-            future = torch.ones(n, m, dtype=torch.bool).triu(m - n + 1)
+            future = torch.ones(n, m, dtype=torch.bool, device=q.device).triu(m - n + 1)
             scores = scores.masked_fill(future, float("-inf"))
         out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
         return out.reshape(q.shape[0], -1)
@@ -157,7 +199,7 @@ class Model:
     def _slots(self, block_table, positions):
         """(block ids, offsets) of `positions` under `block_table`."""
         size = self.config.block_size
-        table = torch.tensor(block_table, dtype=torch.long)
+        table = torch.tensor(block_table, dtype=torch.long, device=self.device)
         return table[positions // size], positions % size
 
     def _check_table(self, block_table, positions):
@@ -179,9 +221,9 @@ class Model:
         if n == 0:
             raise ValueError("empty prompt")
         self._check_table(block_table, n)
-        positions = torch.arange(n)
+        positions = torch.arange(n, device=self.device)
         blocks, offsets = self._slots(block_table, positions)
-        x = self.embed[torch.tensor(tokens, dtype=torch.long)]
+        x = self.embed[torch.tensor(tokens, dtype=torch.long, device=self.device)]
         for index, block in enumerate(self.blocks):
             q, k, v = self._qkv(block, self._norm(x, block["attn_norm"]), positions)
             layer = self.cache.layers[index]
@@ -198,10 +240,11 @@ class Model:
         """Feeds `token` at `position` (the cache holds positions 0..position-1 of this
         request), appends its K and V, and returns the logits of the next token."""
         self._check_table(block_table, position + 1)
-        used = torch.tensor(block_table[:self.config.blocks_for(position + 1)], dtype=torch.long)
-        positions = torch.tensor([position])
+        used = torch.tensor(block_table[:self.config.blocks_for(position + 1)],
+                            dtype=torch.long, device=self.device)
+        positions = torch.tensor([position], device=self.device)
         blocks, offsets = self._slots(block_table, positions)
-        x = self.embed[torch.tensor([token], dtype=torch.long)]
+        x = self.embed[torch.tensor([token], dtype=torch.long, device=self.device)]
         for index, block in enumerate(self.blocks):
             q, k, v = self._qkv(block, self._norm(x, block["attn_norm"]), positions)
             layer = self.cache.layers[index]

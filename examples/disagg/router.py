@@ -93,12 +93,12 @@ def serve_all(prefill, decode, prompts, max_new, concurrency):
         return list(pool.map(one, range(len(prompts))))
 
 
-def check(results, prompts, max_new, config):
-    """Marks each result with `match` against the single-engine reference; True when
-    all match."""
+def check(results, prompts, max_new, config, device="cpu"):
+    """Marks each result with `match` against the single-engine reference, run on
+    `device` (the engines' own, for the same kernels); True when all match."""
     from engine import reference_generate
 
-    expected = reference_generate(config, prompts, max_new)
+    expected = reference_generate(config, prompts, max_new, device)
     for result, want in zip(results, expected):
         result["match"] = result.get("tokens") == want
         if not result["match"]:
@@ -118,9 +118,12 @@ def main():
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--check", action="store_true",
                    help="compare with a single engine's tokens; exit 1 on a difference")
+    p.add_argument("--device", default="cpu",
+                   help="--check: where the single engine runs; the engines' device")
     args = p.parse_args()
 
-    configs = [call(url, "/info")["config"] for url in (args.prefill, args.decode)]
+    infos = [call(url, "/info") for url in (args.prefill, args.decode)]
+    configs = [info["config"] for info in infos]
     if configs[0] != configs[1]:
         sys.exit(f"the engines run different models: {configs[0]} vs {configs[1]}")
     prompts = make_prompts(args.seed, args.prompts, args.min_len, args.max_len,
@@ -134,7 +137,14 @@ def main():
         config = Config()
         if dataclasses.asdict(config) != configs[0]:
             sys.exit("the engines run another model than model.Config(): cannot check")
-        summary["all_match"] = check(results, prompts, args.max_new, config)
+        from model import setup_device
+
+        # Token-exact only on the engines' device: another one computes other bits.
+        want = str(setup_device(args.device))
+        devices = [info.get("device", "cpu") for info in infos]
+        if any(d != want for d in devices):
+            sys.exit(f"the engines run on {devices}, the check on {want}: cannot check")
+        summary["all_match"] = check(results, prompts, args.max_new, config, args.device)
         ok = ok and summary["all_match"]
     print(json.dumps(summary))
     sys.exit(0 if ok else 1)

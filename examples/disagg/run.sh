@@ -12,8 +12,13 @@
 # AGENT_BINARY and PYTHON_DIR default to build/services/fuselink-agent and
 # build/python (the client the build made). PROMPTS (8), SEED (1), MAX_LEN (80) and
 # MAX_NEW (16) shape the run: random prompt lengths in 1..MAX_LEN from SEED.
+# DEVICE (cpu) is where the engines keep the model, compute and their KV caches:
+# DEVICE=cuda puts both engines (and the router's single-engine check) on cuda:0,
+# each cache one CUDA tensor per layer lent by CUDA IPC; the agents then use the GPU
+# (topology GPU i is CUDA device i: run everything with the same
+# CUDA_VISIBLE_DEVICES). The stand-in runs on the CPU only.
 # Exit: 0 all tokens match, 1 otherwise, 77 (skipped) where no python3 has torch,
-# grpc and protobuf.
+# grpc and protobuf, or with DEVICE=cuda where torch finds no CUDA GPU.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 standin=""
@@ -41,6 +46,28 @@ if [ -z "$python" ]; then
     "(apt-get install python3-torch python3-grpcio python3-protobuf)"
   exit 77
 fi
+device=${DEVICE:-cpu}
+case $device in
+  cpu) echo "device: cpu" ;;
+  cuda | cuda:0)
+    if [ -n "$standin" ]; then
+      echo "the stand-in runs on the CPU only: run it without DEVICE=$device" >&2
+      exit 2
+    fi
+    device=cuda:0
+    gpu=$("$python" -c 'import torch; print(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else exit(1)' 2>/dev/null) || {
+      echo "SKIP: DEVICE=cuda, but $python's torch finds no CUDA GPU" \
+        "(torch $("$python" -c 'import torch; print(torch.__version__, "CUDA build", torch.version.cuda)' 2>&1))"
+      exit 77
+    }
+    echo "device: $device ($gpu; CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset})"
+    export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
+    ;;
+  *)
+    echo "DEVICE=$device: cpu or cuda (both engines on cuda:0)" >&2
+    exit 2
+    ;;
+esac
 export PYTHONPATH="$pydir${PYTHONPATH:+:$PYTHONPATH}"
 [ -z "$standin" ] || exec "$python" "$example/standin_test.py" -v
 
@@ -73,6 +100,17 @@ start_agent node-b 2 "" --nics=2
 b=$(field "$run/node-b.json" grpc)
 start_agent node-a 1 "node-b=$b" --nics=2
 a=$(field "$run/node-a.json" grpc)
+if [ "$device" != cpu ]; then
+  # What each agent made of the GPUs, as it logs it at start (Node::OpenGpus).
+  for n in node-a node-b; do
+    gpus=$(grep -m1 -E "GPUs are CUDA devices here|^no GPUs|GPU paths off" "$run/$n.log" || true)
+    echo "$n: ${gpus:-no GPU status in its log}"
+    [[ $gpus =~ ^[1-9][0-9]*\ of\ the\ topology ]] || {
+      echo "FAIL: agent $n has no CUDA device; it cannot import the caches" >&2
+      exit 1
+    }
+  done
+fi
 
 # start_engine ROLE AGENT NODE [FLAGS...]: an engine.py in the background, waited
 # for until its ready file names its URL.
@@ -81,9 +119,9 @@ start_engine() {
   shift 3
   "$python" "$example/engine.py" --role "$role" --agent "$address" \
     --handle_socket "$run/$node.sock" --tls_dir "$run/pki" \
-    --ready_file "$run/$role.json" "$@" >"$run/$role.log" 2>&1 &
+    --ready_file "$run/$role.json" --device "$device" "$@" >"$run/$role.log" 2>&1 &
   engines+=($!)
-  for _ in $(seq 300); do
+  for _ in $(seq 600); do
     [ -s "$run/$role.json" ] && return 0
     kill -0 "${engines[-1]}" 2>/dev/null || break
     sleep 0.1
@@ -99,11 +137,11 @@ status=0
 "$python" "$example/router.py" --prefill "$(field "$run/prefill.json" url)" \
   --decode "$(field "$run/decode.json" url)" --prompts "${PROMPTS:-8}" \
   --seed "${SEED:-1}" --max_len "${MAX_LEN:-80}" --max_new "${MAX_NEW:-16}" \
-  --check >"$run/summary.json" || status=$?
+  --device "$device" --check >"$run/summary.json" || status=$?
 cat "$run/summary.json"
 if [ "$status" -ne 0 ]; then
   echo "FAIL: a request failed or its tokens differ from the single engine's" >&2
   show_logs >&2
   exit 1
 fi
-echo "PASS: every request's tokens equal the single engine's"
+echo "PASS: every request's tokens equal the single engine's (device: $device)"

@@ -282,13 +282,16 @@ absl::StatusOr<memory::RegionMemory> AgentService::Import(const v1::TensorMemory
       const v1::CudaIpcMemory& ipc = memory.cuda_ipc();
       gpu::IpcMemHandle handle;
       std::memcpy(handle.data(), ipc.handle().data(), handle.size());
-      absl::StatusOr<gpu::IpcImport> import =
-          gpu::IpcImport::Open(node_->gpu()->context(static_cast<int>(ipc.gpu())), handle,
-                               ipc.offset_bytes(), ipc.size_bytes());
+      const int gpu = static_cast<int>(ipc.gpu());
+      absl::StatusOr<std::shared_ptr<const gpu::IpcImport>> import =
+          node_->ipc_imports().Open(gpu, node_->gpu()->context(gpu), handle);
       if (!import.ok()) return HandleRefused(import.status());
-      auto held = std::make_shared<gpu::IpcImport>(std::move(*import));
-      return memory::RegionMemory{reinterpret_cast<uint8_t*>(held->ptr()),
-                                  ipc.size_bytes(), held};
+      const std::shared_ptr<const gpu::IpcImport>& held = *import;
+      FL_RETURN_IF_ERROR(gpu::CheckSubrange(held->allocation_bytes(), ipc.offset_bytes(),
+                                            ipc.size_bytes()));
+      return memory::RegionMemory{
+          reinterpret_cast<uint8_t*>(held->allocation_base() + ipc.offset_bytes()),
+          ipc.size_bytes(), held};
     }
     case v1::TensorMemory::kVmm: {
       const v1::VmmMemory& vmm = memory.vmm();

@@ -26,6 +26,7 @@
 #include "agent/transfer/engine.h"
 #include "agent/transfer/landing.h"
 #include "services/handle_socket_stats.h"
+#include "services/ipc_imports.h"
 #include "services/watch_hub.h"
 
 namespace fuselink::services {
@@ -85,6 +86,7 @@ class Node final : public fabric::Handler {
   const v1::Topology& topology() const { return topology_; }
   memory::Registry& registry() { return *registry_; }
   memory::FdTokens& fd_tokens() { return fd_tokens_; }
+  IpcImports& ipc_imports() { return ipc_imports_; }
   // What the handle socket that fills fd_tokens() counted; the socket writes them,
   // the metrics read them.
   HandleSocketCounters& handle_socket_counters() { return handle_socket_counters_; }
@@ -139,6 +141,7 @@ class Node final : public fabric::Handler {
   transfer::EngineObserver* const observer_;
   v1::Topology topology_;
   memory::FdTokens fd_tokens_;
+  IpcImports ipc_imports_;
   HandleSocketCounters handle_socket_counters_;
   WatchHub watch_hub_;
   security::Guard guard_;

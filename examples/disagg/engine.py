@@ -41,11 +41,6 @@ from model import Config, Model, PagedKvCache, greedy_decode, positions_needed, 
 
 MAX_BODY_BYTES = 1 << 20  # far more than any prompt here; no request reads without end
 DEFAULT_BLOCKS = 64  # per engine: 8 requests of up to 128 positions at once
-# On a GPU each layer must be an allocation of its own: the agent opens one CUDA IPC
-# handle per layer, and a handle opens once per process. PyTorch's caching allocator
-# gives a request of 10 MiB or more, in whole 2 MiB, a segment of exactly that size;
-# smaller ones share segments. 1280 blocks of 8 KiB (this model's) are 10 MiB a layer.
-DEFAULT_CUDA_BLOCKS = 1280
 
 
 class BadRequest(ValueError):
@@ -289,22 +284,6 @@ def reference_generate(config, prompts, max_new, device="cpu"):
     return out
 
 
-def _own_allocations(layers):
-    """ValueError unless each CUDA tensor of `layers` is alone in its allocation (a
-    segment of PyTorch's caching allocator, which is one cudaMalloc)."""
-    segments = [(s["address"], s["address"] + s["total_size"])
-                for s in torch.cuda.memory_snapshot()]
-    seen = set()
-    for index, layer in enumerate(layers):
-        address = layer.data_ptr()
-        segment = next((s for s in segments if s[0] <= address < s[1]), None)
-        if segment is None or segment in seen:
-            raise ValueError(f"layer {index}'s cache shares an allocation with another "
-                             f"layer; give --blocks of at least {DEFAULT_CUDA_BLOCKS}, a "
-                             "multiple of 256, and no expandable segments")
-        seen.add(segment)
-
-
 def _lend(args, config, role, device):
     """The cache in HostBuffers (CPU) or CUDA tensors, one per layer, registered with
     this node's agent. Returns (cache, engine agent, router agent or None, watch or
@@ -315,7 +294,6 @@ def _lend(args, config, role, device):
         # One allocation per layer, as vLLM keeps them, each lent by CUDA IPC.
         buffers = [torch.zeros(config.layer_shape(args.blocks), dtype=torch.float32,
                                device=device) for _ in range(config.layers)]
-        _own_allocations(buffers)
         cache = PagedKvCache(config, args.blocks, buffers)
     else:
         buffers = [fuselink.HostBuffer(config.layer_bytes(args.blocks),
@@ -408,8 +386,7 @@ def main():
     p.add_argument("--device", default="cpu",
                    help="cpu, or cuda[:index]: the model, its compute and the cache")
     p.add_argument("--blocks", type=int,
-                   help=f"cache blocks (default: {DEFAULT_BLOCKS}, on CUDA "
-                        f"{DEFAULT_CUDA_BLOCKS})")
+                   help=f"cache blocks (default: {DEFAULT_BLOCKS})")
     p.add_argument("--agent", help="this node's agent, host:port")
     p.add_argument("--handle_socket", help="the agent's handle socket")
     p.add_argument("--tls_dir", help="scripts/certs.sh's folder")
@@ -434,7 +411,7 @@ def main():
     if missing:
         p.error(f"serving needs {' '.join(missing)}")
     if args.blocks is None:
-        args.blocks = DEFAULT_CUDA_BLOCKS if args.device.startswith("cuda") else DEFAULT_BLOCKS
+        args.blocks = DEFAULT_BLOCKS
     args.engine_name = args.engine_name or args.role
     args.tensor = args.tensor or f"kv-{args.role}"
     _serve(args)

@@ -164,6 +164,7 @@ AgentService::AgentService(Node* node) : node_(node) {
   Check("TransferKVCache", &AgentService::TransferKVCache);
   Check("GetTransfer", &AgentService::GetTransfer);
   Check("CancelTransfer", &AgentService::CancelTransfer);
+  Check("LayersReady", &AgentService::LayersReady);
   Check("WatchTransfers", &AgentService::WatchTransfers);
   Check("GetTopology", &AgentService::GetTopology);
 }
@@ -493,6 +494,20 @@ grpc::ServerUnaryReactor* AgentService::CancelTransfer(
                         *caller);
   if (!t.ok()) return Answer(context, t.status());
   absl::Status s = node_->engine().Cancel(*t);
+  *response = (*t)->Status();
+  return Answer(context, s);
+}
+
+grpc::ServerUnaryReactor* AgentService::LayersReady(grpc::CallbackServerContext* context,
+                                                    const v1::LayersReadyRequest* request,
+                                                    v1::TransferStatus* response) {
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, Bit(Role::kRouter), "tell transfers their layers are ready");
+  if (!caller.ok()) return Answer(context, caller.status());
+  auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id(),
+                        *caller);
+  if (!t.ok()) return Answer(context, t.status());
+  absl::Status s = node_->engine().LayersReady(*t, request->ready_end());
   *response = (*t)->Status();
   return Answer(context, s);
 }

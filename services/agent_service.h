@@ -36,6 +36,9 @@ class AgentService final : public CheckedService<v1::Agent> {
   grpc::ServerUnaryReactor* GetTransfer(grpc::CallbackServerContext* context,
                                         const v1::GetTransferRequest* request,
                                         v1::TransferStatus* response) override;
+  grpc::ServerUnaryReactor* LayersReady(grpc::CallbackServerContext* context,
+                                        const v1::LayersReadyRequest* request,
+                                        v1::TransferStatus* response) override;
   grpc::ServerUnaryReactor* CancelTransfer(grpc::CallbackServerContext* context,
                                            const v1::CancelTransferRequest* request,
                                            v1::TransferStatus* response) override;

@@ -311,6 +311,17 @@ absl::Status Engine::Cancel(const std::shared_ptr<Transfer>& transfer) {
   return result;
 }
 
+absl::Status Engine::LayersReady(const std::shared_ptr<Transfer>& transfer,
+                                 uint32_t end) {
+  absl::StatusOr<JobPtr> job = transfers_.Find(transfer->id(), "");
+  if (!job.ok()) return job.status();
+  absl::Status result;
+  Run(*job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
+    result = j.SetLayersReady(end, fx);
+  });
+  return result;
+}
+
 void Engine::AbortTensor(uint64_t tensor_id, const absl::Status& why) {
   for (const JobPtr& job : transfers_.Live()) {
     Run(job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {

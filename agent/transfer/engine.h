@@ -121,6 +121,8 @@ class Engine {
   // FAILED_PRECONDITION (TRANSFER_FINISHED) once it has ended, or once it is the
   // target's to end (committed, or refused).
   absl::Status Cancel(const std::shared_ptr<Transfer>& transfer);
+  // Layers below `end` of a layer-by-layer transfer are ready (Job::SetLayersReady).
+  absl::Status LayersReady(const std::shared_ptr<Transfer>& transfer, uint32_t end);
 
   // From the fabric; safe during and after Shutdown (the fabric's last flush).
   void OnCompletion(const fabric::Completion& completion);

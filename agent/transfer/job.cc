@@ -36,7 +36,10 @@ Job::Job(uint32_t serial, std::shared_ptr<Transfer> transfer, memory::TensorLeas
       requester_(std::move(requester)),
       source_(std::move(source)),
       reach_(ctx->fabric->nic_count()),
-      wait_(ctx->options.verdict) {}
+      wait_(ctx->options.verdict) {
+  const LayerRange layers = Layers(transfer_->request(), source_layout_);
+  ready_end_ = transfer_->request().layer_by_layer() ? layers.begin : layers.end;
+}
 
 std::optional<IncomingSpec> Job::BeginPrepare(JobEffects* fx) {
   if (phase_ == Phase::kPreparing && !outcome_) {
@@ -79,8 +82,10 @@ void Job::OnPrepared(absl::StatusOr<Prepared> prepared,
   const WindowEnv env{ctx_->fabric, ctx_->scheduler,
                       source_.gpu() >= 0 ? ctx_->gpu_relay : nullptr};
   SourceMemory memory{source_.regions(), source_.gpu()};
-  window_.emplace(env, serial_, direct_nic_, memory, *target_, std::move(extents),
-                  o.chunk_bytes, o.window_chunks, &reach_, target_node());
+  window_.emplace(env, serial_, direct_nic_, std::move(memory), *target_,
+                  std::move(extents), o.chunk_bytes, o.window_chunks, &reach_,
+                  target_node());
+  window_->set_ready_end(ready_end_);
   accepted_ = true;
   phase_ = Phase::kSending;
   ctx_->scheduler->OwnerStarted(direct_nic_);  // its owner is busy from now on
@@ -196,6 +201,30 @@ absl::Status Job::Stop(absl::Status why, bool force, JobEffects* fx) {
         "the transfer is committed or refused: its end is the target's to decide");
   }
   Decide(std::move(why), /*abort=*/true, fx);
+  Settle(fx);
+  return absl::OkStatus();
+}
+
+absl::Status Job::SetLayersReady(uint32_t end, JobEffects* fx) {
+  if (!transfer_->request().layer_by_layer()) {
+    return WithReason(absl::FailedPreconditionError(
+                          "the transfer was not started layer by layer: every layer is "
+                          "ready already"),
+                      "NOT_LAYER_BY_LAYER");
+  }
+  if (phase_ == Phase::kDone || outcome_.has_value()) {
+    return FinishedStatus("the transfer has already finished or is stopping");
+  }
+  const LayerRange layers = Layers(transfer_->request(), source_layout_);
+  if (end > layers.end) {
+    return WithReason(absl::OutOfRangeError(absl::StrCat(
+                          "ready_end ", end, " is past the transfer's layers [",
+                          layers.begin, ", ", layers.end, ")")),
+                      "LAYER_OUT_OF_RANGE");
+  }
+  if (end <= ready_end_) return absl::OkStatus();
+  ready_end_ = end;
+  if (window_) window_->set_ready_end(end);
   Settle(fx);
   return absl::OkStatus();
 }

@@ -118,6 +118,9 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   // The receiver's idle NICs, from its notices.
   void SetRemoteIdle(uint32_t mask) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
+  // Layer by layer: layers below `end` may be sent now (LayersReady's errors).
+  absl::Status SetLayersReady(uint32_t end, JobEffects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
 
   // --- Queries. ---
   bool accepted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) { return accepted_; }
@@ -178,6 +181,8 @@ class Job {
   NicReach reach_ ABSL_GUARDED_BY(mu());
   std::optional<Window> window_ ABSL_GUARDED_BY(mu());
   bool listed_ ABSL_GUARDED_BY(mu()) = false;  // on the engine's wait list
+  // Layers below this are ready to send: the request's end, unless layer by layer.
+  uint32_t ready_end_ ABSL_GUARDED_BY(mu());
 
   bool commit_posted_ ABSL_GUARDED_BY(mu()) = false;  // ever: the target may decide
   bool commit_in_flight_ ABSL_GUARDED_BY(mu()) = false;

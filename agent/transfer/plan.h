@@ -79,6 +79,8 @@ class ChunkCursor {
   // The next chunk, or false when every extent is done.
   bool Next(Chunk* chunk);
   bool done() const { return index_ >= extents_.size(); }
+  // The layer of the next chunk; only when not done().
+  uint32_t next_layer() const { return extents_[index_].layer; }
 
  private:
   std::span<const Extent> extents_;

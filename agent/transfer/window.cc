@@ -77,8 +77,9 @@ void Window::Pump(JobEffects* fx) {
     if (!again_.empty()) {
       chunk = again_.back();
       again_.pop_back();
-    } else if (!cursor_.Next(&chunk)) {
-      return;
+    } else if (cursor_.done() || cursor_.next_layer() >= ready_end_ ||
+               !cursor_.Next(&chunk)) {
+      return;  // all sent, or the next layer is not computed yet
     }
     uint32_t usable = reach_->mask();
     // A relay GPU short of memory lends none of its NICs; the direct NIC needs none.

@@ -76,6 +76,8 @@ class Window {
   void Halt(JobEffects* fx);
 
   void set_remote_idle(uint32_t mask) { remote_idle_ = mask; }
+  // Chunks of layers at or past `end` wait (layer by layer); see Job::SetLayersReady.
+  void set_ready_end(uint32_t end) { ready_end_ = end; }
   uint32_t in_flight() const { return in_flight_; }
   // The target bytes (tensor offsets of its layout) whose writes it acknowledged.
   const LandedRanges& acked() const { return acked_; }
@@ -115,6 +117,7 @@ class Window {
   NicReach* const reach_;
   const std::string target_node_;
   uint32_t remote_idle_;
+  uint32_t ready_end_ = UINT32_MAX;
   std::vector<Entry> entries_;
   std::vector<uint16_t> free_;
   std::vector<Chunk> again_;  // to send again (failover), or not yet given a NIC

@@ -119,10 +119,12 @@ def _str(body, name):
 class PrefillEngine:
     """Runs prompts into its own blocks and sends their K/V to the decode side."""
 
-    def __init__(self, model, allocator, send):
+    def __init__(self, model, allocator, send, layer_by_layer=False):
         self.model = model
         self.allocator = allocator
         self.send = send  # kv_link's send(); returns once the blocks have landed
+        # Send each layer as soon as it is computed (send.start), not all at the end.
+        self.layer_by_layer = layer_by_layer
 
     def prefill(self, body):
         config = self.model.config
@@ -136,15 +138,31 @@ class PrefillEngine:
             raise BadRequest(f"{len(tokens)} tokens need {count} target blocks, "
                              f"not {len(target_blocks)}")
         blocks = self.allocator.allocate(count)
+        cuda = self.model.device.type == "cuda"
         try:
             started = time.monotonic()
-            first_token = int(self.model.prefill(tokens, blocks).argmax())
-            if self.model.device.type == "cuda":
-                # The agent reads the blocks straight from the GPU: every write to
-                # them must be complete before the transfer starts.
-                torch.cuda.synchronize(self.model.device)
-            computed = time.monotonic()
-            self.send(request_id, blocks, target_node, target_tensor, target_blocks[:count])
+            if self.layer_by_layer:
+                layered = self.send.start(blocks, target_node, target_tensor,
+                                          target_blocks[:count])
+
+                def layer_done(layer):
+                    if cuda:  # the agent reads the layer straight from the GPU
+                        torch.cuda.synchronize(self.model.device)
+                    layered.ready(layer + 1)
+
+                first_token = int(self.model.prefill(tokens, blocks,
+                                                     on_layer=layer_done).argmax())
+                computed = time.monotonic()
+                layered.wait(request_id)
+            else:
+                first_token = int(self.model.prefill(tokens, blocks).argmax())
+                if cuda:
+                    # The agent reads the blocks straight from the GPU: every write to
+                    # them must be complete before the transfer starts.
+                    torch.cuda.synchronize(self.model.device)
+                computed = time.monotonic()
+                self.send(request_id, blocks, target_node, target_tensor,
+                          target_blocks[:count])
             sent = time.monotonic()
         finally:
             # Whether the transfer completed or failed, the agent is done with them.
@@ -345,7 +363,8 @@ def _serve(args):
     allocator = BlockAllocator(args.blocks)
     if args.role == "prefill":
         engine = PrefillEngine(model, allocator,
-                               AgentSender(router_agent, args.tensor, args.wait_s))
+                               AgentSender(router_agent, args.tensor, args.wait_s),
+                               layer_by_layer=args.layer_by_layer)
     else:
         arrivals = Arrivals()
         threading.Thread(target=follow_watch, args=(watch, arrivals), name="watch",
@@ -396,6 +415,8 @@ def main():
     p.add_argument("--writers", default="role:router",
                    help="decode: who may land blocks, comma-separated")
     p.add_argument("--tensor", help="the cache's name at the agent (default: kv-ROLE)")
+    p.add_argument("--layer_by_layer", action="store_true",
+                   help="prefill: send each layer's K/V as soon as it is computed")
     p.add_argument("--wait_s", type=float, default=30,
                    help="bound on a transfer, and on waiting for one to land")
     args = p.parse_args()

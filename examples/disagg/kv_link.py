@@ -124,6 +124,59 @@ class AgentSender:
             raise TransferFailed(f"request {request_id}: {e}", e) from None
 
 
+    def start(self, source_blocks, target_node, target_tensor, target_blocks):
+        """The same transfer, layer by layer: started now, sent as ready() tells each
+        layer computed; wait() returns once it completed."""
+        return LayeredTransfer(self, source_blocks, target_node, target_tensor,
+                               target_blocks)
+
+
+class LayeredTransfer:
+    """One layer-by-layer transfer: TransferKVCache runs on a thread of its own while
+    the prefill computes, and LayersReady tells the agent each layer that is done."""
+
+    def __init__(self, sender, source_blocks, target_node, target_tensor, target_blocks):
+        import uuid
+
+        self._agent = sender._agent
+        self._request_id = uuid.uuid4().hex
+        self._error = None
+
+        def run():
+            import fuselink
+
+            try:
+                self._agent.transfer(sender._source_tensor, target_node, target_tensor,
+                                     blocks=source_blocks, target_blocks=target_blocks,
+                                     request_id=self._request_id, layer_by_layer=True,
+                                     timeout=sender._timeout_s)
+            except fuselink.FuselinkError as e:
+                self._error = e
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def ready(self, layers):
+        """Layers below `layers` are computed (and, on a GPU, synchronized)."""
+        import fuselink
+
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self._agent.layers_ready(self._request_id, layers)
+                return
+            except fuselink.FuselinkError as e:
+                # The transfer's own thread may not have reached the agent yet.
+                if e.reason != "UNKNOWN_TRANSFER" or time.monotonic() > deadline:
+                    raise TransferFailed(f"layers ready: {e}", e) from None
+                time.sleep(0.001)
+
+    def wait(self, request_id):
+        self._thread.join()
+        if self._error is not None:
+            raise TransferFailed(f"request {request_id}: {self._error}", self._error)
+
+
 class LocalLink:
     """send() in one process, standing in for the agents: copies the blocks' bytes
     from `source_cache` into `target_cache` (model.PagedKvCache objects) and records

@@ -12,6 +12,7 @@
 # AGENT_BINARY and PYTHON_DIR default to build/services/fuselink-agent and
 # build/python (the client the build made). PROMPTS (8), SEED (1), MAX_LEN (80) and
 # MAX_NEW (16) shape the run: random prompt lengths in 1..MAX_LEN from SEED.
+# LAYER_BY_LAYER=1: the prefill engine sends each layer as soon as it is computed.
 # DEVICE (cpu) is where the engines keep the model, compute and their KV caches:
 # DEVICE=cuda puts both engines (and the router's single-engine check) on cuda:0,
 # each cache one CUDA tensor per layer lent by CUDA IPC; the agents then use the GPU
@@ -131,7 +132,7 @@ start_engine() {
   return 1
 }
 start_engine decode "$b" node-b --writers "$mover"
-start_engine prefill "$a" node-a --router_name prefill
+start_engine prefill "$a" node-a --router_name prefill ${LAYER_BY_LAYER:+--layer_by_layer}
 
 status=0
 "$python" "$example/router.py" --prefill "$(field "$run/prefill.json" url)" \

@@ -27,6 +27,7 @@ const google::protobuf::Message* const kTypes[] = {
     &v1::ListTensorsRequest::default_instance(),
     &v1::GetTransferRequest::default_instance(),
     &v1::CancelTransferRequest::default_instance(),
+    &v1::LayersReadyRequest::default_instance(),
     &v1::WatchTransfersRequest::default_instance(),
     &v1::GetTopologyRequest::default_instance(),
 };

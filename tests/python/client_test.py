@@ -14,6 +14,8 @@ FL_TARGET_SOCKET, FL_TARGET_NODE (node-b), FL_PKI (scripts/certs.sh's folder).
 """
 
 import os
+import threading
+import time
 import unittest
 
 import grpc
@@ -243,6 +245,53 @@ class ClientTest(unittest.TestCase):
         # An engine watches the outgoing transfers of its own tensors only.
         self.assertError(grpc.StatusCode.PERMISSION_DENIED, "ROLE_REQUIRED", self.source.watch,
                          "", outgoing=True)
+
+    def test_layer_by_layer(self):
+        src = self.lend(self.source, "py-lbl-src", fill=True)
+        dst = self.lend(self.target, "py-lbl-dst", fill=False)
+        events, outcome = [], {}
+
+        def run():
+            try:
+                outcome["done"] = self.router.transfer(
+                    "py-lbl-src", self.target_node, "py-lbl-dst", blocks=[2, 3],
+                    request_id="py-lbl", layer_by_layer=True, timeout=WAIT_S,
+                    on_event=events.append)
+            except fuselink.FuselinkError as e:
+                outcome["error"] = e
+
+        sender = threading.Thread(target=run)
+        sender.start()
+        status = None
+        for _ in range(200):  # until the transfer exists at the source
+            try:
+                status = self.router.layers_ready("py-lbl", 0)
+                break
+            except fuselink.FuselinkError as e:
+                self.assertEqual(e.reason, "UNKNOWN_TRANSFER")
+                time.sleep(0.01)
+        self.assertIsNotNone(status)
+        for ready in range(1, LAYERS + 1):
+            time.sleep(0.05)  # "computing" the next layer
+            status = self.router.layers_ready("py-lbl", ready)
+            # Nothing past the layers told ready has been sent.
+            self.assertLessEqual(status.progress.bytes_done, ready * 2 * BLOCK_BYTES)
+        sender.join(WAIT_S)
+        self.assertIn("done", outcome, outcome.get("error"))
+        done_layers = [e.layer_done.layer for e in events if e.HasField("layer_done")]
+        self.assertEqual(sorted(done_layers), list(range(LAYERS)))
+        for layer in range(LAYERS):
+            for b in (2, 3):
+                self.assertEqual(block(dst, layer, b), block(src, layer, b))
+        self.assertError(grpc.StatusCode.FAILED_PRECONDITION, "TRANSFER_FINISHED",
+                         self.router.layers_ready, "py-lbl", LAYERS)
+        # A transfer started whole has every layer ready; an unknown one is unknown.
+        self.router.transfer("py-lbl-src", self.target_node, "py-lbl-dst", blocks=[4],
+                             request_id="py-whole", timeout=WAIT_S)
+        self.assertError(grpc.StatusCode.FAILED_PRECONDITION, "NOT_LAYER_BY_LAYER",
+                         self.router.layers_ready, "py-whole", 1)
+        self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TRANSFER",
+                         self.router.layers_ready, "py-none", 1)
 
     def test_layouts_of_parts_are_checked(self):
         def request(name, parts, sizes, layers=1, blocks=2, **layout):

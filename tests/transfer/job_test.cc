@@ -314,6 +314,55 @@ TEST_F(JobTest, TargetRefusalBeforeAcceptanceFailsWithItsCode) {
             std::make_pair(absl::StatusCode::kNotFound, std::string("UNKNOWN_TENSOR")));
 }
 
+TEST_F(JobTest, LayerByLayerSendsOnlyTheLayersToldReady) {
+  layer_by_layer_ = true;
+  Start();                            // one block: 2 chunks in each of the 2 layers
+  EXPECT_EQ(Posts(ImmOp::kData), 0);  // nothing is computed yet
+  auto ready = [&](uint32_t end) {
+    absl::Status s;
+    Do([&](Job& j, JobEffects* fx)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { s = j.SetLayersReady(end, fx); });
+    return s;
+  };
+  EXPECT_TRUE(ready(1).ok());
+  EXPECT_EQ(Posts(ImmOp::kData), 2);  // layer 0 only
+  fabric_.CompleteAll();
+  EXPECT_EQ(Posts(ImmOp::kCommit), 0);  // layer 1 is still being computed
+  EXPECT_TRUE(ready(1).ok());           // told again: nothing changes
+  EXPECT_EQ(Posts(ImmOp::kData), 2);
+  EXPECT_EQ(ReasonOf(ready(3)), "LAYER_OUT_OF_RANGE");
+  EXPECT_TRUE(ready(2).ok());
+  EXPECT_EQ(Posts(ImmOp::kData), 4);
+  LandData();
+  std::optional<Posted> commit = TakeCommit();
+  ASSERT_TRUE(commit.has_value());
+  fabric_.Complete(*commit);
+  Verdict(Verdict::kCompleted);
+  EXPECT_EQ(state(), State::kCompleted);
+  EXPECT_EQ(ReasonOf(ready(2)), "TRANSFER_FINISHED");
+}
+
+TEST_F(JobTest, LayersReadyBeforeTheTargetAcceptedAreKept) {
+  layer_by_layer_ = true;
+  prepare_now_ = false;
+  Start();
+  absl::Status s;
+  Do([&](Job& j, JobEffects* fx)
+         ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { s = j.SetLayersReady(2, fx); });
+  EXPECT_TRUE(s.ok());
+  Accept(testing::MakePrepared(layout_));
+  EXPECT_EQ(Posts(ImmOp::kData), 4);  // both layers, at once
+}
+
+TEST_F(JobTest, LayersReadyNeedsALayerByLayerTransfer) {
+  Start();
+  absl::Status s;
+  Do([&](Job& j, JobEffects* fx)
+         ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { s = j.SetLayersReady(1, fx); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(s), "NOT_LAYER_BY_LAYER");
+}
+
 TEST_F(JobTest, NothingIsPostedAfterShutdown) {
   Start();
   ctx_.posting_stopped.store(true);

@@ -291,7 +291,7 @@ class Agent:
 
     def transfer(self, source_tensor, target_node, target_tensor, blocks=None,
                  target_blocks=None, layers=None, request_id=None, timeout=None,
-                 on_event=None):
+                 on_event=None, layer_by_layer=False):
         """Moves blocks of `source_tensor` on this agent's node into `target_tensor` on
         `target_node`, and returns the final fuselink.v1.TransferEvent (`completed`).
 
@@ -300,7 +300,10 @@ class Agent:
         or a range; default all. `request_id` makes the call idempotent (default: a
         fresh one). `timeout` bounds the whole transfer, in seconds. `on_event` is
         called with every event (accepted, progress, layer_done, ...). A CUDA source
-        must be complete: synchronize the stream that wrote it first. Raises
+        must be complete: synchronize the stream that wrote it first. With
+        `layer_by_layer`, no layer is sent until layers_ready() says it exists: call
+        this from one thread, and layers_ready() with the same `request_id` from the
+        one that computes them. Raises
         FuselinkError when the agent refuses the request or the transfer fails (the
         last event seen in `.event`).
         """
@@ -312,7 +315,8 @@ class Agent:
             request_id=request_id or uuid.uuid4().hex,
             source=agent_pb2.BlockSet(node=self.node, tensor=source_tensor, block_ids=blocks),
             target=agent_pb2.BlockSet(node=target_node, tensor=target_tensor,
-                                      block_ids=target_blocks))
+                                      block_ids=target_blocks),
+            layer_by_layer=layer_by_layer)
         if layers is not None:
             begin, end = (layers.start, layers.stop) if isinstance(layers, range) else layers
             request.layers.CopyFrom(agent_pb2.LayerRange(begin=begin, end=end))
@@ -330,6 +334,13 @@ class Agent:
             raise FuselinkError(grpc.StatusCode.UNKNOWN,
                                 "the transfer stream ended without a final event", event=last)
         return last
+
+    def layers_ready(self, request_id, ready_end):
+        """Tells the layer-by-layer transfer `request_id` (this client's) that its layers
+        below `ready_end` exist; they are sent while the rest are computed. Returns
+        its fuselink.v1.TransferStatus."""
+        return self._call(self._stub.LayersReady, agent_pb2.LayersReadyRequest(
+            request_id=request_id, ready_end=ready_end))
 
     def unregister(self, name):
         """Takes the tensor back from the agent and lets go of it here."""

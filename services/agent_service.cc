@@ -472,44 +472,43 @@ grpc::ServerWriteReactor<v1::TransferEvent>* AgentService::TransferKVCache(
   return new TransferStream(node_->engine(), context, *request, std::move(requester));
 }
 
+template <typename Request>
+grpc::ServerUnaryReactor* AgentService::OnOwnTransfer(
+    grpc::CallbackServerContext* context, const Request& request,
+    absl::string_view action, v1::TransferStatus* response,
+    absl::FunctionRef<absl::Status(const std::shared_ptr<transfer::Transfer>&)> act) {
+  absl::StatusOr<security::Caller> caller =
+      Authorize(context, Bit(Role::kRouter), action);
+  if (!caller.ok()) return Answer(context, caller.status());
+  auto t =
+      FindTransfer(node_->engine(), request.transfer_id(), request.request_id(), *caller);
+  if (!t.ok()) return Answer(context, t.status());
+  const absl::Status s = act(*t);
+  *response = (*t)->Status();
+  return Answer(context, s);
+}
+
 grpc::ServerUnaryReactor* AgentService::GetTransfer(grpc::CallbackServerContext* context,
                                                     const v1::GetTransferRequest* request,
                                                     v1::TransferStatus* response) {
-  absl::StatusOr<security::Caller> caller =
-      Authorize(context, Bit(Role::kRouter), "follow transfers");
-  if (!caller.ok()) return Answer(context, caller.status());
-  auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id(),
-                        *caller);
-  if (t.ok()) *response = (*t)->Status();
-  return Answer(context, t.status());
+  return OnOwnTransfer(context, *request, "follow transfers", response,
+                       [](const auto&) { return absl::OkStatus(); });
 }
 
 grpc::ServerUnaryReactor* AgentService::CancelTransfer(
     grpc::CallbackServerContext* context, const v1::CancelTransferRequest* request,
     v1::TransferStatus* response) {
-  absl::StatusOr<security::Caller> caller =
-      Authorize(context, Bit(Role::kRouter), "cancel transfers");
-  if (!caller.ok()) return Answer(context, caller.status());
-  auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id(),
-                        *caller);
-  if (!t.ok()) return Answer(context, t.status());
-  absl::Status s = node_->engine().Cancel(*t);
-  *response = (*t)->Status();
-  return Answer(context, s);
+  return OnOwnTransfer(context, *request, "cancel transfers", response,
+                       [&](const auto& t) { return node_->engine().Cancel(t); });
 }
 
 grpc::ServerUnaryReactor* AgentService::LayersReady(grpc::CallbackServerContext* context,
                                                     const v1::LayersReadyRequest* request,
                                                     v1::TransferStatus* response) {
-  absl::StatusOr<security::Caller> caller =
-      Authorize(context, Bit(Role::kRouter), "tell transfers their layers are ready");
-  if (!caller.ok()) return Answer(context, caller.status());
-  auto t = FindTransfer(node_->engine(), request->transfer_id(), request->request_id(),
-                        *caller);
-  if (!t.ok()) return Answer(context, t.status());
-  absl::Status s = node_->engine().LayersReady(*t, request->ready_end());
-  *response = (*t)->Status();
-  return Answer(context, s);
+  return OnOwnTransfer(context, *request, "tell transfers their layers are ready",
+                       response, [&](const auto& t) {
+                         return node_->engine().LayersReady(t, request->ready_end());
+                       });
 }
 
 grpc::ServerWriteReactor<v1::WatchEvent>* AgentService::WatchTransfers(

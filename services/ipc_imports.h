@@ -19,15 +19,22 @@ namespace fuselink::services {
 
 class IpcImports {
  public:
-  // The allocation `handle` names on `gpu`, opened once while anyone holds it.
+  IpcImports() : state_(std::make_shared<State>()) {}
+
+  // The allocation `handle` names on `gpu`, opened once while anyone holds it. A
+  // handle whose last holder is closing it right now is waited for, then opened anew.
   absl::StatusOr<std::shared_ptr<const gpu::IpcImport>> Open(
       int gpu, const gpu::PrimaryContext& context, const gpu::IpcMemHandle& handle);
 
  private:
-  absl::Mutex mu_;
-  // By GPU and handle bytes; entries whose import is gone are dropped as found.
-  std::map<std::pair<int, std::string>, std::weak_ptr<const gpu::IpcImport>> open_
-      ABSL_GUARDED_BY(mu_);
+  using Key = std::pair<int, std::string>;  // GPU, handle bytes
+  // Shared with the imports' deleters, which may outlive this object.
+  struct State {
+    absl::Mutex mu;
+    // An entry lives from its open until its import is closed (by its deleter).
+    std::map<Key, std::weak_ptr<const gpu::IpcImport>> open ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace fuselink::services

@@ -13,6 +13,10 @@ struct TensorLease::Record {
   TensorInfo info;
   uint64_t id = 0;
   std::vector<Region> regions;
+  // The mappings or GPU imports: a leased tensor's memory stays mapped, whatever the
+  // fabric has let go of (a revoked tensor's regions are deregistered while a relay
+  // copy may still read it).
+  std::vector<std::shared_ptr<const void>> memory;
   int gpu = -1;
   UniqueFd owner;  // pidfd of the lending process; may be empty
   std::atomic<int> leases{0};
@@ -127,6 +131,7 @@ absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
   record->id = next_id_.fetch_add(1, std::memory_order_relaxed);
   record->gpu = gpu;
   for (RegionMemory& r : regions) {
+    record->memory.push_back(r.keepalive);
     absl::StatusOr<fabric::RegionKey> key =
         gpu >= 0 ? fabric_->RegisterDeviceRegion(reinterpret_cast<uintptr_t>(r.base),
                                                  r.bytes, gpu, std::move(r.keepalive))

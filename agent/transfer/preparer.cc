@@ -56,8 +56,30 @@ absl::StatusOr<std::vector<Extent>> PlanTransfer(const v1::TransferRequest& requ
                                          fits.message().substr(0, 256))),
         "TARGET_PROTOCOL");
   }
-  return PlanExtents(source, target.layout, Ids(request.source().block_ids()),
-                     Ids(request.target().block_ids()), layers.begin, layers.end);
+  // Runs per block and layer: at most one per part boundary of either side. Bounded
+  // here too, whatever a target accepted.
+  const uint64_t runs =
+      uint64_t{static_cast<uint32_t>(request.source().block_ids_size())} *
+      (layers.end - layers.begin) * (source.part_count() + target.layout.part_count());
+  if (runs > kMaxBlockPieces) {
+    return WithReason(absl::InvalidArgumentError(
+                          absl::StrCat("blocks x layers x parts of both sides is over ",
+                                       kMaxBlockPieces, "; split the request")),
+                      "TOO_FRAGMENTED");
+  }
+  std::vector<Extent> extents =
+      PlanExtents(source, target.layout, Ids(request.source().block_ids()),
+                  Ids(request.target().block_ids()), layers.begin, layers.end);
+  for (const Extent& e : extents) {
+    const uint32_t region = memory::RegionOf(e.target_offset);
+    if (region >= target.windows.size() || target.windows[region] == 0) {
+      return WithReason(
+          absl::InternalError(absl::StrCat("the target opened no window on region ",
+                                           region, ", which the request writes")),
+          "TARGET_PROTOCOL");
+    }
+  }
+  return extents;
 }
 
 }  // namespace fuselink::transfer

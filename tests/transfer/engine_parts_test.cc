@@ -423,6 +423,34 @@ TEST(Preparer, TheTargetsAnswerMustHoldTheRequest) {
   request.mutable_layers()->set_begin(1);
   request.mutable_layers()->set_end(3);
   EXPECT_EQ(ReasonOf(PlanTransfer(request, *layout, ok).status()), "TARGET_PROTOCOL");
+  // A region the request writes needs a window from the target.
+  request.clear_layers();
+  Prepared no_window = ok;
+  no_window.windows = {0};
+  EXPECT_EQ(ReasonOf(PlanTransfer(request, *layout, no_window).status()),
+            "TARGET_PROTOCOL");
+  no_window.windows = {};
+  EXPECT_EQ(ReasonOf(PlanTransfer(request, *layout, no_window).status()),
+            "TARGET_PROTOCOL");
+}
+
+TEST(Preparer, APlanIsBoundedWhateverTheTargetAccepted) {
+  // 16 parts a block on the source, in 16 regions so that no run joins another, and
+  // a target that accepted 2^17 blocks of 4096 layers: refused before it is planned.
+  memory::Layout source(memory::kMaxLayers, 1u << 17, 0, 0, 0, 16);
+  for (uint32_t layer = 0; layer < memory::kMaxLayers; ++layer) {
+    for (uint32_t p = 0; p < 16; ++p)
+      source.parts.push_back({p, layer * 16ull, 1ull << 20, 16});
+  }
+  absl::StatusOr<memory::Layout> target =
+      memory::NormalizeLayout({memory::kMaxLayers, 1u << 17, 256, 0, 0}, UINT64_MAX);
+  ASSERT_TRUE(target.ok()) << target.status();
+  std::vector<uint32_t> ids(1u << 17);
+  for (uint32_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  v1::TransferRequest request = testing::MakeRequest("r", "s", ids, "d", ids);
+  Prepared accepted = testing::MakePrepared(*target);
+  source.block_bytes = 256;
+  EXPECT_EQ(ReasonOf(PlanTransfer(request, source, accepted).status()), "TOO_FRAGMENTED");
 }
 
 }  // namespace

@@ -21,6 +21,8 @@ from .errors import FuselinkError, code_from_int, from_rpc_error
 MAX_PENDING_EVENTS = 1024
 # The initial-metadata entry the agent sends once a watch is in place.
 WATCH_READY_KEY = "fuselink-watch-ready"
+# How long a watch without that mark waits for the refusal's status to arrive.
+_REFUSAL_WAIT_S = 2.0
 
 
 class Watch:
@@ -44,8 +46,14 @@ class Watch:
         # mark returns, so wait for its status then.
         metadata = dict(self._call.initial_metadata() or ())
         if metadata.get(WATCH_READY_KEY) != "1":
-            self._call.code()  # blocks until the refused call has its status
-            raise from_rpc_error(self._call)
+            deadline = time.monotonic() + _REFUSAL_WAIT_S
+            while not self._call.done() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if self._call.done():
+                raise from_rpc_error(self._call)
+            self._call.cancel()  # an agent that does not mark its watches: no promise
+            raise FuselinkError(grpc.StatusCode.FAILED_PRECONDITION,
+                                "the agent did not confirm the watch is in place")
         self._reader = threading.Thread(target=self._read, name=f"fuselink-watch-{tensor}",
                                         daemon=True)
         self._reader.start()

@@ -280,6 +280,8 @@ void Landing::CloseWindows(const std::vector<fabric::WindowKey>& windows,
                            absl::AnyInvocable<void() &&> drained) {
   // `drained` runs once, after the last window drained.
   struct Countdown {
+    Countdown(size_t n, absl::AnyInvocable<void() &&> then)
+        : left(n), done(std::move(then)) {}
     std::atomic<size_t> left;
     absl::AnyInvocable<void() &&> done;
   };

@@ -33,15 +33,9 @@ else
 fi
 example=$here/examples/disagg
 
-# The first interpreter with all three: $FUSELINK_PYTHON, the one on PATH, then
-# Debian's (where python3-torch and the grpc packages install).
-python=""
-for p in ${FUSELINK_PYTHON:-} python3 /usr/bin/python3; do
-  if "$p" -c 'import torch, grpc, google.protobuf' 2>/dev/null; then
-    python=$p
-    break
-  fi
-done
+# shellcheck source=scripts/lib/agents.sh
+. "$here/scripts/lib/agents.sh"
+find_python torch grpc google.protobuf
 if [ -z "$python" ]; then
   echo "SKIP: no python3 with the torch, grpc and protobuf modules" \
     "(apt-get install python3-torch python3-grpcio python3-protobuf)"
@@ -73,8 +67,6 @@ export PYTHONPATH="$pydir${PYTHONPATH:+:$PYTHONPATH}"
 [ -z "$standin" ] || exec "$python" "$example/standin_test.py" -v
 
 run=$(mktemp -d /tmp/fuselink-disagg.XXXXXX)
-# shellcheck source=scripts/lib/agents.sh
-. "$here/scripts/lib/agents.sh"
 engines=()
 stop_all() {
   # Engines first: each unregisters its cache from an agent still there.

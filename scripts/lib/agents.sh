@@ -104,3 +104,17 @@ start_agent() {
   launch_agent "$name" $(emulated_flag) --loopback_net="$net" --listen=127.0.0.1:0 \
     --metrics_listen=127.0.0.1:0 ${peer:+--peer="$peer"} "$@"
 }
+
+# find_python MODULE...: sets `python` to the first interpreter that imports every
+# MODULE: $FUSELINK_PYTHON, the one on PATH, then Debian's (where the apt packages
+# install, whatever PATH puts first); empty when none does.
+find_python() {
+  python=""
+  local p
+  for p in ${FUSELINK_PYTHON:-} python3 /usr/bin/python3; do
+    if "$p" -c "import $(IFS=,; echo "$*")" 2>/dev/null; then
+      python=$p
+      return 0
+    fi
+  done
+}

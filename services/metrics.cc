@@ -307,6 +307,30 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
       }
       out.push_back(std::move(refusals));
     }
+    // In-node moves (fabric/in_node_fabric.h): copies by this node's own engines,
+    // which no NIC carries, so they are in none of the per-NIC series above.
+    {
+      const fabric::InNodeCounters c = node.in_node_counters();
+      prometheus::MetricFamily f{
+          "fuselink_in_node_bytes_total",
+          "Payload bytes of in-node moves (source and target on this agent), by what "
+          "copied them: memcpy between host memory, or a GPU's copy engine (GPU to "
+          "GPU over NVLink, host to GPU and back over PCIe). No NIC carries them.",
+          MetricType::Counter,
+          {}};
+      for (const auto& [memory, bytes] :
+           {std::pair{"host", c.host_bytes}, std::pair{"gpu", c.device_bytes}}) {
+        prometheus::ClientMetric m;
+        m.label = {{"copy", memory}};
+        m.counter.value = static_cast<double>(bytes);
+        f.metric.push_back(std::move(m));
+      }
+      out.push_back(std::move(f));
+    }
+    counter("fuselink_in_node_failed_copies_total",
+            "In-node copies that failed on their GPU; their transfers failed "
+            "(LOCAL_COPY).",
+            static_cast<double>(node.in_node_counters().failed_copies));
     counter("fuselink_incoming_share_refusals_total",
             "PrepareIncoming calls refused because their source held its share of the "
             "incoming slots (RESOURCE_EXHAUSTED, SOURCE_SHARE).",

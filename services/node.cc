@@ -7,6 +7,7 @@
 #include "agent/fabric/tcp_fabric.h"
 #include "agent/fabric/verbs_device.h"
 #include "agent/fabric/verbs_fabric.h"
+#include "agent/relay/cuda_copier.h"
 #include "agent/topo/affinity.h"
 #include "agent/transfer/imm.h"
 
@@ -30,7 +31,19 @@ absl::Status Node::Start() {
   FL_ASSIGN_OR_RETURN(sched::Policy policy, sched::ParsePolicy(options_.policy));
 
   OpenGpus();
-  FL_ASSIGN_OR_RETURN(fabric_, MakeFabric());
+  FL_ASSIGN_OR_RETURN(std::unique_ptr<fabric::Fabric> wire, MakeFabric());
+  // In-node moves: this node as a peer of its own, through its copy engines.
+  fabric::InNodeOptions in_node{.node = options_.node};
+  if (gpu_ != nullptr) {
+    in_node.copier =
+        [gpu = gpu_.get()]() -> absl::StatusOr<std::unique_ptr<fabric::DeviceCopier>> {
+      return std::make_unique<relay::CudaCopier>(gpu);
+    };
+  }
+  auto lane =
+      std::make_unique<fabric::InNodeFabric>(std::move(wire), this, std::move(in_node));
+  in_node_ = lane.get();
+  fabric_ = std::move(lane);
   topology_.set_transport(std::string(fabric_->transport()));
   for (const fabric::Endpoint& e : fabric_->endpoints()) {
     topology_.mutable_nics(e.nic)->set_port(e.port);
@@ -73,13 +86,25 @@ absl::Status Node::Start() {
   landing_ = std::make_unique<transfer::Landing>(
       registry_.get(), fabric_.get(), topology_.nics_size(),
       [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); },
-      [this](const std::string& source, uint32_t imm) { notifier_->Send(source, imm); },
+      [this](const std::string& source, uint32_t imm) {
+        if (source != options_.node) {
+          notifier_->Send(source, imm);
+          return;
+        }
+        // An in-node move's verdict: a notice on the in-node lane, which always
+        // takes notices (until it stops, when the engine has stopped too).
+        in_node_->PostWrite(fabric::InNodeFabric::kSelf, 0, fabric::WriteOp{.imm = imm})
+            .IgnoreError();
+      },
       [this](uint32_t mask) { TellIdleNics(mask); }, options_.landing);
+  route_ =
+      std::make_unique<LocalRoute>(options_.node, peers_.get(), landing_.get(), &guard_);
   transfer::EngineOptions engine_options = options_.engine;
   engine_options.node = options_.node;
+  engine_options.in_node_moves = true;
   engine_options.on_outgoing = [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); };
   engine_ = std::make_unique<transfer::Engine>(
-      engine_options, topology_, registry_.get(), fabric_.get(), peers_.get(),
+      engine_options, topology_, registry_.get(), fabric_.get(), route_.get(),
       scheduler_.get(), relay_.get(), gpu_relay_.get(), observer_);
   nicstat::ForeignOptions foreign = options_.foreign;
   foreign.rdma = fabric_->transport() == "verbs";

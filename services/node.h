@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
+#include "agent/fabric/in_node_fabric.h"
 #include "agent/gpu/runtime.h"
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/registry.h"
@@ -27,6 +28,7 @@
 #include "agent/transfer/landing.h"
 #include "services/handle_socket_stats.h"
 #include "services/ipc_imports.h"
+#include "services/local_route.h"
 #include "services/watch_hub.h"
 
 namespace fuselink::services {
@@ -94,6 +96,8 @@ class Node final : public fabric::Handler {
   transfer::Landing& landing() { return *landing_; }
   WatchHub& watch_hub() { return watch_hub_; }
   fabric::Fabric& fabric() { return *fabric_; }
+  // The in-node lane, which fabric() is: what it copied.
+  fabric::InNodeCounters in_node_counters() const { return in_node_->in_node_counters(); }
   // The keys the fabric proves and checks; the peer bootstrap fills them (Hello).
   fabric::FabricKeys& fabric_keys() { return fabric_keys_; }
   peer::PeerDirectory& peers() { return *peers_; }
@@ -159,8 +163,10 @@ class Node final : public fabric::Handler {
   std::unique_ptr<peer::PeerDirectory> peers_;
   std::unique_ptr<peer::Notifier> notifier_;
   std::unique_ptr<transfer::Landing> landing_;
+  std::unique_ptr<LocalRoute> route_;  // the engine's peers
   std::unique_ptr<transfer::Engine> engine_;
-  std::unique_ptr<fabric::Fabric> fabric_;
+  std::unique_ptr<fabric::Fabric> fabric_;   // the in-node lane around the NICs' fabric
+  fabric::InNodeFabric* in_node_ = nullptr;  // fabric_
   std::unique_ptr<nicstat::ForeignWatch> foreign_;
   std::atomic<bool> stop_{false};
   // Expires slots, reaps exited lenders, maintains the GPU relay: never blocks.

@@ -318,18 +318,7 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
   Session& session = *found;
   FL_ASSIGN_OR_RETURN(fabric::PeerId peer, Connect(session, spec.deadline));
 
-  v1::PrepareIncomingRequest request;
-  request.set_source_node(local_.node());
-  request.set_transfer_id(spec.transfer_id);
-  request.set_tensor(spec.tensor);
-  *request.mutable_block_ids() = {spec.block_ids.begin(), spec.block_ids.end()};
-  request.set_layer_begin(spec.layer_begin);
-  request.set_layer_end(spec.layer_end);
-  request.set_block_bytes(spec.block_bytes);
-  request.set_total_bytes(spec.total_bytes);
-  request.set_source_nic(static_cast<uint32_t>(spec.source_nic));
-  request.set_in_flight_bytes(spec.in_flight_bytes);
-  request.set_requester(spec.requester);
+  const v1::PrepareIncomingRequest request = PrepareRequestOf(spec, local_.node());
   v1::PrepareIncomingResponse response;
   Call call(*this);
   if (call.refused()) return ShuttingDown();
@@ -338,26 +327,7 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
       session.stub->PrepareIncoming(&call.context(), request, &response);
   if (!status.ok()) return PeerCallStatus(status, session.name, spec.deadline);
 
-  transfer::Prepared prepared;
-  prepared.peer = peer;
-  prepared.slot = response.slot();
-  prepared.idle_nic_mask = response.idle_nic_mask();
-  // The target's layout is checked like our own: a peer's bytes are never trusted.
-  // Its regions' sizes stay the target's; each is as large as a region may be.
-  FL_ASSIGN_OR_RETURN(prepared.layout, transfer::LayoutFromProto(response.layout()));
-  const std::vector<uint64_t> regions(memory::RegionsNamed(prepared.layout),
-                                      memory::kMaxRegionBytes);
-  FL_ASSIGN_OR_RETURN(prepared.layout,
-                      memory::NormalizeLayout(std::move(prepared.layout), regions));
-  if (response.window_keys_size() != static_cast<int>(regions.size())) {
-    return WithReason(
-        absl::InternalError(absl::StrCat("node '", session.name, "' answered ",
-                                         response.window_keys_size(), " windows for ",
-                                         regions.size(), " regions")),
-        "TARGET_PROTOCOL");
-  }
-  prepared.windows.assign(response.window_keys().begin(), response.window_keys().end());
-  return prepared;
+  return PreparedOf(response, peer, session.name);
 }
 
 absl::StatusOr<std::optional<absl::Status>> PeerDirectory::QueryVerdict(
@@ -377,6 +347,53 @@ absl::StatusOr<std::optional<absl::Status>> PeerDirectory::QueryVerdict(
   SetDeadline(call.context(), deadline);
   grpc::Status status = session->stub->GetIncoming(&call.context(), request, &state);
   if (!status.ok()) return PeerCallStatus(status, target_node, deadline);
+  return VerdictOf(state, target_node);
+}
+
+v1::PrepareIncomingRequest PrepareRequestOf(const transfer::IncomingSpec& spec,
+                                            absl::string_view source_node) {
+  v1::PrepareIncomingRequest request;
+  request.set_source_node(std::string(source_node));
+  request.set_transfer_id(spec.transfer_id);
+  request.set_tensor(spec.tensor);
+  *request.mutable_block_ids() = {spec.block_ids.begin(), spec.block_ids.end()};
+  request.set_layer_begin(spec.layer_begin);
+  request.set_layer_end(spec.layer_end);
+  request.set_block_bytes(spec.block_bytes);
+  request.set_total_bytes(spec.total_bytes);
+  request.set_source_nic(static_cast<uint32_t>(spec.source_nic));
+  request.set_in_flight_bytes(spec.in_flight_bytes);
+  request.set_requester(spec.requester);
+  return request;
+}
+
+absl::StatusOr<transfer::Prepared> PreparedOf(const v1::PrepareIncomingResponse& response,
+                                              fabric::PeerId peer,
+                                              absl::string_view target_node) {
+  transfer::Prepared prepared;
+  prepared.peer = peer;
+  prepared.slot = response.slot();
+  prepared.idle_nic_mask = response.idle_nic_mask();
+  // The target's layout is checked like our own: a peer's bytes are never trusted.
+  // Its regions' sizes stay the target's; each is as large as a region may be.
+  FL_ASSIGN_OR_RETURN(prepared.layout, transfer::LayoutFromProto(response.layout()));
+  const std::vector<uint64_t> regions(memory::RegionsNamed(prepared.layout),
+                                      memory::kMaxRegionBytes);
+  FL_ASSIGN_OR_RETURN(prepared.layout,
+                      memory::NormalizeLayout(std::move(prepared.layout), regions));
+  if (response.window_keys_size() != static_cast<int>(regions.size())) {
+    return WithReason(
+        absl::InternalError(absl::StrCat("node '", target_node, "' answered ",
+                                         response.window_keys_size(), " windows for ",
+                                         regions.size(), " regions")),
+        "TARGET_PROTOCOL");
+  }
+  prepared.windows.assign(response.window_keys().begin(), response.window_keys().end());
+  return prepared;
+}
+
+absl::StatusOr<std::optional<absl::Status>> VerdictOf(const v1::IncomingState& state,
+                                                      absl::string_view target_node) {
   if (state.open()) return std::optional<absl::Status>();
   if (state.code() == 0) return std::optional<absl::Status>(absl::OkStatus());
   // The peer's code is checked like any of its bytes.

@@ -156,4 +156,16 @@ class PeerDirectory final : public transfer::PeerLink {
       ABSL_GUARDED_BY(remembered_mu_);
 };
 
+// What a source asks a target to prepare for `spec`, as node `source_node`.
+v1::PrepareIncomingRequest PrepareRequestOf(const transfer::IncomingSpec& spec,
+                                            absl::string_view source_node);
+// The target's answer, checked (INTERNAL, TARGET_PROTOCOL, when it is not one); its
+// writes go to `peer`.
+absl::StatusOr<transfer::Prepared> PreparedOf(const v1::PrepareIncomingResponse& response,
+                                              fabric::PeerId peer,
+                                              absl::string_view target_node);
+// How `target_node` says it ended a transfer (PeerLink::QueryVerdict's answer).
+absl::StatusOr<std::optional<absl::Status>> VerdictOf(const v1::IncomingState& state,
+                                                      absl::string_view target_node);
+
 }  // namespace fuselink::peer

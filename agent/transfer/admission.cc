@@ -2,6 +2,7 @@
 
 #include <span>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/plan.h"
@@ -27,7 +28,7 @@ absl::Status CheckRequestId(absl::string_view request_id) {
 }
 
 absl::Status CheckNodes(const v1::TransferRequest& request, absl::string_view local_node,
-                        const PeerLink& peers) {
+                        const PeerLink& peers, bool in_node) {
   const v1::BlockSet& src = request.source();
   const v1::BlockSet& dst = request.target();
   if (src.node() != local_node) {
@@ -41,11 +42,13 @@ absl::Status CheckNodes(const v1::TransferRequest& request, absl::string_view lo
                                        "'; send the request to that node's agent")),
                       "SOURCE_NOT_LOCAL");
   }
-  if (dst.node() == local_node) {
-    return WithReason(absl::UnimplementedError("source and target are the same node"),
+  if (dst.node() == local_node && !in_node) {
+    return WithReason(absl::UnimplementedError(
+                          "source and target are the same node, and this agent moves "
+                          "nothing within its node"),
                       "LOCAL_TARGET");
   }
-  if (!peers.Knows(dst.node())) {
+  if (dst.node() != local_node && !peers.Knows(dst.node())) {
     return WithReason(absl::NotFoundError(absl::StrCat(
                           "unknown target node '", BoundedForMessage(dst.node()), "'")),
                       "UNKNOWN_NODE");
@@ -55,6 +58,19 @@ absl::Status CheckNodes(const v1::TransferRequest& request, absl::string_view lo
                           absl::StrCat("source lists ", src.block_ids_size(),
                                        " blocks, target ", dst.block_ids_size())),
                       "BLOCK_COUNT_MISMATCH");
+  }
+  if (dst.node() == local_node && dst.tensor() == src.tensor()) {
+    const absl::flat_hash_set<uint32_t> sources(src.block_ids().begin(),
+                                                src.block_ids().end());
+    for (uint32_t id : dst.block_ids()) {
+      if (sources.contains(id)) {
+        return WithReason(
+            absl::InvalidArgumentError(absl::StrCat("block ", id, " of tensor '",
+                                                    BoundedForMessage(src.tensor()),
+                                                    "' is both source and target")),
+            "SAME_BLOCKS");
+      }
+    }
   }
   return absl::OkStatus();
 }

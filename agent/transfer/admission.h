@@ -21,10 +21,11 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 
 // INVALID_ARGUMENT (BAD_REQUEST_ID).
 absl::Status CheckRequestId(absl::string_view request_id);
-// The nodes (the source is `local_node`, the target another node `peers` knows) and
-// the block counts.
+// The nodes (the source is `local_node`, the target a node `peers` knows; this one
+// only with `in_node`) and the block counts. An in-node move within one tensor names
+// no block on both sides (INVALID_ARGUMENT, SAME_BLOCKS): it would copy onto itself.
 absl::Status CheckNodes(const v1::TransferRequest& request, absl::string_view local_node,
-                        const PeerLink& peers);
+                        const PeerLink& peers, bool in_node = false);
 // Pins the source tensor and checks the request's blocks and layers against it.
 absl::StatusOr<memory::TensorLease> PinSource(const v1::TransferRequest& request,
                                               memory::Registry& registry);

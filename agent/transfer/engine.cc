@@ -57,6 +57,7 @@ Engine::Engine(EngineOptions options, const topo::Topology& topology,
       nic_names_(NicNames(topology)),
       id_prefix_(absl::StrFormat("%s-%08x-", options_.node,
                                  static_cast<uint32_t>(std::random_device{}()))),
+      local_scheduler_(sched::Policy::kStatic, 1, sched::Limits{}),
       transfers_(RegistryOptions{options_.max_active_transfers,
                                  options_.max_finished_kept, options_.finished_kept_for}),
       next_collect_(options_.clock() + kCollectEvery),
@@ -66,8 +67,16 @@ Engine::Engine(EngineOptions options, const topo::Topology& topology,
   ctx_.fabric = fabric;
   ctx_.scheduler = scheduler;
   ctx_.gpu_relay = gpu_relay;
+  ctx_.lanes = fabric->nic_count();
+  ctx_.transport = std::string(fabric->transport());
   ctx_.options = MakeJobOptions(options_);
   ctx_.clock = options_.clock;
+  local_ctx_.fabric = fabric;
+  local_ctx_.scheduler = &local_scheduler_;
+  local_ctx_.lanes = 1;
+  local_ctx_.transport = "local";
+  local_ctx_.options = ctx_.options;
+  local_ctx_.clock = options_.clock;
   if (options_.housekeeping_thread) {
     housekeeping_ = std::thread([this] { HousekeepingLoop(); });
   }
@@ -85,18 +94,22 @@ absl::StatusOr<std::shared_ptr<Transfer>> Engine::Submit(
   std::string fingerprint = Fingerprint(request);
   FL_ASSIGN_OR_RETURN(JobPtr existing, transfers_.Existing(key, fingerprint));
   if (existing != nullptr) return existing->transfer();
-  FL_RETURN_IF_ERROR(CheckNodes(request, options_.node, *peers_));
+  FL_RETURN_IF_ERROR(CheckNodes(request, options_.node, *peers_, options_.in_node_moves));
+  const bool in_node = request.target().node() == options_.node;
   const absl::Time deadline = std::min(RequestDeadline(request), call_deadline);
   if (deadline <= now()) return DeadlineStatus();
   FL_ASSIGN_OR_RETURN(memory::TensorLease lease, PinSource(request, *registry_));
   if (requester.may_read) FL_RETURN_IF_ERROR(requester.may_read(lease.info()));
-  const int direct_nic = topo::DirectNic(topology_, lease.info().home_gpu);
+  // An in-node move's one lane is NIC 0 of its own context, named "local" in its
+  // per-NIC split.
+  const int direct_nic = in_node ? 0 : topo::DirectNic(topology_, lease.info().home_gpu);
   auto make = [&](uint32_t serial, uint64_t number) {
-    auto transfer =
-        std::make_shared<Transfer>(absl::StrCat(id_prefix_, number), request,
-                                   std::move(fingerprint), nic_names_, deadline);
+    auto transfer = std::make_shared<Transfer>(
+        absl::StrCat(id_prefix_, number), request, std::move(fingerprint),
+        in_node ? std::vector<std::string>{"local"} : nic_names_, deadline);
     return std::make_shared<Job>(serial, std::move(transfer), std::move(lease),
-                                 direct_nic, &ctx_, requester.identity);
+                                 direct_nic, in_node ? &local_ctx_ : &ctx_,
+                                 requester.identity);
   };
   bool fresh = false;
   FL_ASSIGN_OR_RETURN(JobPtr job, transfers_.Admit(key, fingerprint, make, &fresh));
@@ -349,6 +362,7 @@ void Engine::Shutdown() {
   preparers_.Stop(/*run_queued=*/false);
   stop_all();
   ctx_.posting_stopped.store(true);
+  local_ctx_.posting_stopped.store(true);
   relay_worker_.Stop(/*run_queued=*/true);  // its fences and releases still run
 }
 

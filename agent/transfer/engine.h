@@ -68,6 +68,10 @@ struct EngineOptions {
   bool housekeeping_thread = true;
   // The engine's clock, for tests.
   std::function<absl::Time()> clock = [] { return absl::Now(); };
+  // Moves whose target is this node: an in-node lane (fabric/in_node_fabric.h) as
+  // the fabric's peer this node, and peers that prepare this node (services'
+  // LocalRoute). Off: such a request is UNIMPLEMENTED (LOCAL_TARGET).
+  bool in_node_moves = false;
   // Told the end of every transfer this node sent (its outgoing watch event), off the
   // engine's locks. May be empty.
   std::function<void(const v1::WatchEvent&)> on_outgoing;
@@ -185,6 +189,9 @@ class Engine {
   const std::string id_prefix_;
 
   JobContext ctx_;
+  // In-node moves: one lane, always the job's own (never borrowed, nothing relayed).
+  sched::Scheduler local_scheduler_;
+  JobContext local_ctx_;
   TransferRegistry transfers_;
   WaitList<Job> waiting_;
   TimerQueue<Job> timers_;

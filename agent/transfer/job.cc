@@ -35,7 +35,7 @@ Job::Job(uint32_t serial, std::shared_ptr<Transfer> transfer, memory::TensorLeas
       source_layout_(source.info().layout),
       requester_(std::move(requester)),
       source_(std::move(source)),
-      reach_(ctx->fabric->nic_count()),
+      reach_(ctx->lanes),
       wait_(ctx->options.verdict) {
   const LayerRange layers = Layers(transfer_->request(), source_layout_);
   ready_end_ = transfer_->request().layer_by_layer() ? layers.begin : layers.end;
@@ -90,8 +90,7 @@ void Job::OnPrepared(absl::StatusOr<Prepared> prepared,
   phase_ = Phase::kSending;
   ctx_->scheduler->OwnerStarted(direct_nic_);  // its owner is busy from now on
   transfer_->AcceptLocked(total_bytes, chunks, layers.begin, layers.end - layers.begin,
-                          ctx_->fabric->transport(),
-                          sched::PolicyName(ctx_->scheduler->policy()));
+                          ctx_->transport, sched::PolicyName(ctx_->scheduler->policy()));
   fx->notify = true;
   fx->progress_only = false;
   Settle(fx);

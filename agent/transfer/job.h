@@ -60,6 +60,9 @@ struct JobContext {
   fabric::Fabric* fabric = nullptr;
   sched::Scheduler* scheduler = nullptr;
   relay::Pool* gpu_relay = nullptr;  // null on nodes without one
+  // The NICs the jobs' writes may take: the fabric's, or the one lane of in-node moves.
+  int lanes = 0;
+  std::string transport;  // what the transfer's status names: the fabric's, or "local"
   JobOptions options;
   std::function<absl::Time()> clock = [] { return absl::Now(); };
   // Set by Engine::Shutdown: nothing is posted afterwards.

@@ -72,7 +72,8 @@ uint64_t Landing::AdmissibleBytes() const {
   uint64_t bytes = 0;
   absl::MutexLock lock(&mu_);
   for (const Slot& slot : slots_) {
-    if (slot.state == SlotState::kOpen || slot.state == SlotState::kClosing) {
+    if (!slot.local &&
+        (slot.state == SlotState::kOpen || slot.state == SlotState::kClosing)) {
       const uint64_t remaining =
           slot.expected_bytes - std::min(slot.expected_bytes, slot.landed.bytes());
       bytes += slot.in_flight_bytes == 0 ? remaining
@@ -86,7 +87,7 @@ std::vector<std::string> Landing::ActiveSources() const {
   std::vector<std::string> out;
   absl::MutexLock lock(&mu_);
   for (const Slot& slot : slots_) {
-    if (slot.state == SlotState::kOpen &&
+    if (slot.state == SlotState::kOpen && !slot.local &&
         std::find(out.begin(), out.end(), slot.source_node) == out.end()) {
       out.push_back(slot.source_node);
     }
@@ -134,7 +135,7 @@ absl::Status Landing::CheckRoomLocked(const std::string& source) {
 
 absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     const v1::PrepareIncomingRequest& request,
-    absl::FunctionRef<absl::Status(const memory::TensorInfo&)> may_write) {
+    absl::FunctionRef<absl::Status(const memory::TensorInfo&)> may_write, Source from) {
   FL_ASSIGN_OR_RETURN(memory::TensorLease tensor, registry_->Acquire(request.tensor()));
   FL_RETURN_IF_ERROR(may_write(tensor.info()));
   const memory::Layout& layout = tensor.info().layout;
@@ -208,6 +209,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       slot.layer_begin = request.layer_begin();
       slot.layer_end = request.layer_end();
       slot.rail = rail;
+      slot.local = from == Source::kThisNode;
       slot.windows = *windows;
       slot.blocks = std::move(blocks);
       slot.expected_bytes = expected;
@@ -219,7 +221,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       slot.verdict = absl::OkStatus();
       by_transfer_[TransferKey(slot.source_node, slot.transfer_id)] = index;
       ++per_source_[slot.source_node];
-      ++owner_slots_[rail];
+      if (!slot.local) ++owner_slots_[rail];
       ++open_;
 
       *response.mutable_window_keys() = {windows->begin(), windows->end()};
@@ -241,7 +243,7 @@ Landing::Ending Landing::BeginCloseLocked(uint32_t index, absl::Status verdict) 
   slot.state = SlotState::kClosing;
   slot.verdict = std::move(verdict);
   slot.commit_deadline = absl::InfiniteFuture();
-  --owner_slots_[slot.rail];
+  if (!slot.local) --owner_slots_[slot.rail];
   --open_;
   if (auto it = per_source_.find(slot.source_node); it != per_source_.end()) {
     if (--it->second == 0) per_source_.erase(it);
@@ -363,8 +365,9 @@ std::optional<Landing::Ending> Landing::OnDataLocked(const fabric::Arrival& arri
     return BeginCloseLocked(index, TargetStatus(Verdict::kProtocol));
   }
   slot.landed.Add(offset, arrival.bytes);
-  auto& counter = arrival.nic == slot.rail ? nic_bytes_[arrival.nic].own
-                                           : nic_bytes_[arrival.nic].borrowed;
+  auto& counter = slot.local                 ? local_bytes_
+                  : arrival.nic == slot.rail ? nic_bytes_[arrival.nic].own
+                                             : nic_bytes_[arrival.nic].borrowed;
   counter.fetch_add(arrival.bytes, std::memory_order_relaxed);
   if (slot.landed.ranges() > slot.blocks.size() + kMaxRangesOverRuns) {
     return BeginCloseLocked(index, TargetStatus(Verdict::kProtocol));

@@ -84,10 +84,15 @@ class Landing {
   // `may_write` says whether the transfer may write into the tensor (its grants),
   // checked on the pinned tensor. RESOURCE_EXHAUSTED (SOURCE_SHARE) when the source
   // holds max_per_source slots already.
+  // `from` kThisNode: an in-node move (fabric/in_node_fabric.h), whose source is this
+  // node's own engine. Its bytes load no NIC: they count in local_bytes(), not in any
+  // NIC's own or borrowed bytes, and its slot makes no NIC busy (IdleMask).
+  enum class Source { kPeer, kThisNode };
   absl::StatusOr<v1::PrepareIncomingResponse> Prepare(
       const v1::PrepareIncomingRequest& request,
       absl::FunctionRef<absl::Status(const memory::TensorInfo&)> may_write =
-          [](const memory::TensorInfo&) { return absl::OkStatus(); });
+          [](const memory::TensorInfo&) { return absl::OkStatus(); },
+      Source from = Source::kPeer);
 
   // A write or notice from a source (not idle masks or verdicts: those are the
   // engine's).
@@ -134,6 +139,8 @@ class Landing {
   // Nodes with open slots here: the ones to tell of idle-mask changes.
   std::vector<std::string> ActiveSources() const;
   LandingNicStats Stats(int nic) const;
+  // Bytes that in-node moves placed here.
+  uint64_t local_bytes() const { return local_bytes_.load(std::memory_order_relaxed); }
 
  private:
   enum class SlotState { kFree, kOpen, kClosing, kClosed };
@@ -145,7 +152,8 @@ class Landing {
     memory::TensorLease tensor;
     std::vector<uint32_t> block_ids;
     uint32_t layer_begin = 0, layer_end = 0;
-    int rail = 0;  // the source's direct NIC: its own traffic arrives on this rail
+    int rail = 0;        // the source's direct NIC: its own traffic arrives on this rail
+    bool local = false;  // an in-node move: no NIC carries it
     // By target region; 0 for a region the transfer does not write.
     std::vector<fabric::WindowKey> windows;
     std::vector<fabric::Extent> blocks;  // the windows' extents, in tensor offsets
@@ -205,6 +213,7 @@ class Landing {
     std::atomic<uint64_t> own{0}, borrowed{0};
   };
   std::array<NicBytes, topo::kMaxNics> nic_bytes_;
+  std::atomic<uint64_t> local_bytes_{0};
   absl::Mutex tell_mu_;
   uint32_t told_mask_ ABSL_GUARDED_BY(tell_mu_) = UINT32_MAX;
   std::atomic<uint32_t> foreign_busy_{0};

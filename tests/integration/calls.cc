@@ -65,10 +65,11 @@ TransferResult RunTransfer(v1::Agent::Stub& stub, const v1::TransferRequest& req
   return call.Finish();
 }
 
-WatchCall::WatchCall(v1::Agent::Stub& stub, const std::string& tensor) {
+WatchCall::WatchCall(v1::Agent::Stub& stub, const std::string& tensor, bool outgoing) {
   context_.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
   v1::WatchTransfersRequest request;
   request.set_tensor(tensor);
+  request.set_outgoing(outgoing);
   thread_ = std::thread([this, &stub, request] {
     std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader =
         stub.WatchTransfers(&context_, request);

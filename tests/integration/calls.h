@@ -64,7 +64,8 @@ TransferResult RunTransfer(v1::Agent::Stub& stub, const v1::TransferRequest& req
 // reaches it. Thread-safe.
 class WatchCall {
  public:
-  WatchCall(v1::Agent::Stub& stub, const std::string& tensor);
+  // `outgoing`: the transfers the agent sends, not those landing there.
+  WatchCall(v1::Agent::Stub& stub, const std::string& tensor, bool outgoing = false);
   ~WatchCall();
   WatchCall(const WatchCall&) = delete;
   WatchCall& operator=(const WatchCall&) = delete;

@@ -40,6 +40,19 @@ absl::StatusOr<HostTensor> RegisterTensor(AgentProcess& agent, const std::string
                                           const v1::Layout& layout, uint64_t seed,
                                           uint32_t home_gpu = 0, int owner_pidfd = -1);
 
+// What `target` must hold after moving source_ids[i] to target_ids[i] in layers
+// [layer_begin, layer_end): `before` with those blocks replaced.
+std::vector<uint8_t> Expected(const HostTensor& source, const HostTensor& target,
+                              std::vector<uint8_t> before,
+                              const std::vector<uint32_t>& source_ids,
+                              const std::vector<uint32_t>& target_ids,
+                              uint32_t layer_begin, uint32_t layer_end);
+// The tensor's bytes now.
+std::vector<uint8_t> Snapshot(const HostTensor& tensor);
+// The tensor's memory equals `expected`, or where the first difference is.
+::testing::AssertionResult Holds(const HostTensor& tensor,
+                                 const std::vector<uint8_t>& expected);
+
 // A request moving source_blocks[i] of node-a's `source` to target_blocks[i] of
 // node-b's `target`, in every layer.
 v1::TransferRequest MakeRequest(const std::string& request_id, const std::string& source,

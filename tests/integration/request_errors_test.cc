@@ -102,10 +102,12 @@ TEST_F(RequestErrorTest, TooManyBlocks) {
                 grpc::StatusCode::INVALID_ARGUMENT, "TOO_MANY_BLOCKS");
 }
 
-TEST_F(RequestErrorTest, TargetOnTheSourceNode) {
-  v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {1});
+// An in-node move (tests/integration/in_node_test.cc) may not copy a block onto
+// itself.
+TEST_F(RequestErrorTest, InNodeMoveOfABlockOntoItself) {
+  v1::TransferRequest request = MakeRequest("r", "kv", {0, 1}, "kv", {1, 2});
   request.mutable_target()->set_node(kNodeA);
-  ExpectRefused(request, grpc::StatusCode::UNIMPLEMENTED, "LOCAL_TARGET");
+  ExpectRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "SAME_BLOCKS");
 }
 
 TEST_F(RequestErrorTest, SourceBlockOutsideTheTensor) {

@@ -23,45 +23,6 @@ constexpr int kNics = 4;  // the agent's default emulated node
 // Bytes a transfer of `blocks` blocks over `layers` layers moves.
 uint64_t Bytes(size_t blocks, uint32_t layers) { return blocks * layers * kBlockBytes; }
 
-// What `target` must hold after moving source_ids[i] to target_ids[i] in layers
-// [layer_begin, layer_end): `before` with those blocks replaced.
-std::vector<uint8_t> Expected(const HostTensor& source, const HostTensor& target,
-                              std::vector<uint8_t> before,
-                              const std::vector<uint32_t>& source_ids,
-                              const std::vector<uint32_t>& target_ids,
-                              uint32_t layer_begin, uint32_t layer_end) {
-  for (uint32_t layer = layer_begin; layer < layer_end; ++layer) {
-    for (size_t i = 0; i < source_ids.size(); ++i) {
-      std::span<const uint8_t> from = source.Block(layer, source_ids[i]);
-      std::span<uint8_t> to = target.Block(layer, target_ids[i]);
-      std::memcpy(before.data() + (to.data() - target.buffer->data()), from.data(),
-                  from.size());
-    }
-  }
-  return before;
-}
-
-std::vector<uint8_t> Snapshot(const HostTensor& tensor) {
-  return {tensor.buffer->data(), tensor.buffer->data() + tensor.buffer->bytes()};
-}
-
-// The tensor's memory equals `expected`, or where the first difference is.
-::testing::AssertionResult Holds(const HostTensor& tensor,
-                                 const std::vector<uint8_t>& expected) {
-  const uint8_t* got = tensor.buffer->data();
-  if (std::memcmp(got, expected.data(), expected.size()) == 0) {
-    return ::testing::AssertionSuccess();
-  }
-  size_t at = 0;
-  while (got[at] == expected[at]) ++at;
-  const uint64_t layer = at / tensor.layout.layer_stride_bytes();
-  const uint64_t in_layer = at % tensor.layout.layer_stride_bytes();
-  return ::testing::AssertionFailure()
-         << tensor.name << " differs first at byte " << at << " (layer " << layer
-         << ", block slot " << in_layer / tensor.layout.block_stride_bytes() << ", byte "
-         << in_layer % tensor.layout.block_stride_bytes() << ")";
-}
-
 uint64_t NicBytes(const v1::Completed& completed, int nic) {
   return completed.per_nic(nic).bytes();
 }

@@ -282,6 +282,7 @@ class RegistryTest : public ::testing::Test {
       : fabric_(2), registry_(&fabric_), scheduler_(sched::Policy::kStatic, 2, {}) {
     ctx_.fabric = &fabric_;
     ctx_.scheduler = &scheduler_;
+    ctx_.lanes = fabric_.nic_count();
   }
   void SetUp() override {
     ASSERT_TRUE(testing::RegisterHostTensor(registry_, "s", {1, 1, 4096, 0, 0}).ok());
@@ -400,6 +401,12 @@ TEST(Admission, NodesAreCheckedAndQuotedShort) {
   request = testing::MakeRequest("r", "s", {0}, "d", {0});
   request.mutable_target()->set_node("node-a");
   EXPECT_EQ(ReasonOf(CheckNodes(request, "node-a", peers)), "LOCAL_TARGET");
+  EXPECT_TRUE(CheckNodes(request, "node-a", peers, /*in_node=*/true).ok());
+  request = testing::MakeRequest("r", "s", {0, 4}, "s", {3, 0});
+  request.mutable_target()->set_node("node-a");
+  EXPECT_EQ(ReasonOf(CheckNodes(request, "node-a", peers, true)), "SAME_BLOCKS");
+  request.mutable_target()->set_tensor("d");
+  EXPECT_TRUE(CheckNodes(request, "node-a", peers, true).ok());
   request = testing::MakeRequest("r", "s", {0, 1}, "d", {0});
   EXPECT_EQ(ReasonOf(CheckNodes(request, "node-a", peers)), "BLOCK_COUNT_MISMATCH");
 }

@@ -34,6 +34,7 @@ class JobTest : public ::testing::Test {
       : fabric_(2), registry_(&fabric_), scheduler_(policy, 2, limits) {
     ctx_.fabric = &fabric_;
     ctx_.scheduler = &scheduler_;
+    ctx_.lanes = fabric_.nic_count();
     ctx_.options.chunk_bytes = kChunkBytes;
     ctx_.options.window_chunks = kWindow;
     ctx_.options.verdict.notice_wait = absl::Seconds(1);

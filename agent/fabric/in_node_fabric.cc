@@ -1,0 +1,265 @@
+#include "agent/fabric/in_node_fabric.h"
+
+#include <cstring>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+
+namespace fuselink::fabric {
+
+InNodeFabric::InNodeFabric(std::unique_ptr<Fabric> wrapped, Handler* handler,
+                           InNodeOptions options)
+    : wrapped_(std::move(wrapped)), handler_(handler), options_(std::move(options)) {
+  for (int i = 0; i < std::max(1, options_.workers); ++i) {
+    std::unique_ptr<DeviceCopier> copier;
+    if (options_.copier) {
+      absl::StatusOr<std::unique_ptr<DeviceCopier>> made = options_.copier();
+      if (made.ok()) copier = std::move(*made);  // else its GPU copies fail
+    }
+    workers_.emplace_back(
+        [this, c = std::move(copier)]() mutable { Work(std::move(c)); });
+  }
+}
+
+InNodeFabric::~InNodeFabric() {
+  std::deque<Queued> left;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    stopping_ = true;
+    queue_cv_.SignalAll();
+  }
+  for (std::thread& t : workers_) t.join();
+  {
+    absl::MutexLock lock(&queue_mu_);
+    left.swap(queue_);
+  }
+  for (const Queued& q : left) {
+    handler_->OnCompletion(
+        Completion{.wr_id = q.op.wr_id,
+                   .nic = 0,
+                   .bytes = q.op.bytes,
+                   .status = absl::UnavailableError("the in-node lane stopped")});
+  }
+}
+
+absl::StatusOr<RegionKey> InNodeFabric::RegisterRegion(
+    void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) {
+  FL_ASSIGN_OR_RETURN(RegionKey key, wrapped_->RegisterRegion(base, bytes, keepalive));
+  auto region = std::make_shared<Region>();
+  region->base = static_cast<uint8_t*>(base);
+  region->bytes = bytes;
+  region->keepalive = std::move(keepalive);
+  absl::MutexLock lock(&regions_mu_);
+  regions_[key] = std::move(region);
+  return key;
+}
+
+absl::StatusOr<RegionKey> InNodeFabric::RegisterDeviceRegion(
+    uint64_t address, uint64_t bytes, int gpu, std::shared_ptr<const void> keepalive) {
+  FL_ASSIGN_OR_RETURN(RegionKey key,
+                      wrapped_->RegisterDeviceRegion(address, bytes, gpu, keepalive));
+  auto region = std::make_shared<Region>();
+  region->base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(address));
+  region->bytes = bytes;
+  region->keepalive = std::move(keepalive);
+  region->gpu = gpu;
+  absl::MutexLock lock(&regions_mu_);
+  regions_[key] = std::move(region);
+  return key;
+}
+
+absl::Status InNodeFabric::DeregisterRegion(RegionKey key) {
+  {
+    absl::MutexLock lock(&regions_mu_);
+    regions_.erase(key);  // open windows and queued writes hold theirs
+  }
+  return wrapped_->DeregisterRegion(key);
+}
+
+absl::StatusOr<WindowKey> InNodeFabric::OpenWindow(RegionKey region,
+                                                   absl::string_view peer_name,
+                                                   std::span<const Extent> extents) {
+  if (peer_name != options_.node) {
+    for (;;) {
+      FL_ASSIGN_OR_RETURN(WindowKey key,
+                          wrapped_->OpenWindow(region, peer_name, extents));
+      absl::MutexLock lock(&keys_mu_);
+      if (!own_windows_.contains(key)) {
+        wrapped_windows_.insert(key);
+        return key;
+      }
+      wrapped_->CloseWindow(key, [] {});  // nothing was written through it yet
+    }
+  }
+  std::shared_ptr<const Region> memory;
+  {
+    absl::MutexLock lock(&regions_mu_);
+    auto it = regions_.find(region);
+    if (it == regions_.end()) {
+      return absl::NotFoundError(absl::StrCat("no region ", region));
+    }
+    memory = it->second;
+  }
+  for (;;) {
+    FL_ASSIGN_OR_RETURN(WindowKey key, windows_.Open(memory, peer_name, extents));
+    absl::MutexLock lock(&keys_mu_);
+    if (!wrapped_windows_.contains(key)) {
+      own_windows_.insert(key);
+      return key;
+    }
+    windows_.Close(key, [] {});
+  }
+}
+
+void InNodeFabric::CloseWindow(WindowKey window, absl::AnyInvocable<void() &&> drained) {
+  bool own;
+  {
+    absl::MutexLock lock(&keys_mu_);
+    own = own_windows_.erase(window) > 0;
+    if (!own) wrapped_windows_.erase(window);
+  }
+  if (own) {
+    windows_.Close(window, std::move(drained));
+  } else {
+    wrapped_->CloseWindow(window, std::move(drained));
+  }
+}
+
+absl::StatusOr<PeerId> InNodeFabric::Connect(absl::string_view peer_name,
+                                             const std::vector<Endpoint>& remote) {
+  if (peer_name == options_.node) return kSelf;
+  return wrapped_->Connect(peer_name, remote);
+}
+
+void InNodeFabric::Disconnect(PeerId peer) {
+  if (peer != kSelf) wrapped_->Disconnect(peer);
+}
+
+std::string InNodeFabric::PeerName(PeerId peer) const {
+  return peer == kSelf ? options_.node : wrapped_->PeerName(peer);
+}
+
+std::optional<PeerId> InNodeFabric::FindPeer(absl::string_view name) const {
+  if (name == options_.node) return kSelf;
+  return wrapped_->FindPeer(name);
+}
+
+absl::Status InNodeFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
+  if (peer != kSelf) return wrapped_->PostWrite(peer, nic, op);
+  if (nic != 0) {
+    return absl::UnavailableError(absl::StrCat("the in-node lane has no NIC ", nic));
+  }
+  Queued write{op, nullptr};
+  if (op.bytes > 0) {
+    absl::MutexLock lock(&regions_mu_);
+    auto it = regions_.find(op.local_key);
+    if (it == regions_.end() ||
+        !ExtentFits(op.local_offset, op.bytes, it->second->bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("source extent outside region ", op.local_key));
+    }
+    write.source = it->second;
+  }
+  absl::MutexLock lock(&queue_mu_);
+  if (stopping_) return absl::UnavailableError("the in-node lane stopped");
+  if (op.bytes > 0) {
+    if (queued_data_ >= options_.queue_depth) {
+      return absl::ResourceExhaustedError("the in-node lane's queue is full");
+    }
+    ++queued_data_;
+  }
+  queue_.push_back(std::move(write));
+  queue_cv_.Signal();
+  return absl::OkStatus();
+}
+
+InNodeCounters InNodeFabric::in_node_counters() const {
+  return InNodeCounters{host_bytes_.load(), device_bytes_.load(), refused_.load(),
+                        failed_.load()};
+}
+
+void InNodeFabric::Work(std::unique_ptr<DeviceCopier> copier) {
+  for (;;) {
+    Queued write;
+    {
+      absl::MutexLock lock(&queue_mu_);
+      while (queue_.empty() && !stopping_) queue_cv_.Wait(&queue_mu_);
+      if (stopping_) return;  // the destructor completes what is left
+      write = std::move(queue_.front());
+      queue_.pop_front();
+      if (write.op.bytes > 0) --queued_data_;
+    }
+    const Completion done = Land(write, copier.get());
+    handler_->OnCompletion(done);
+  }
+}
+
+Completion InNodeFabric::Land(const Queued& write, DeviceCopier* copier) {
+  const WriteOp& op = write.op;
+  Completion done{.wr_id = op.wr_id, .nic = 0, .bytes = op.bytes};
+  Arrival arrival{.peer = kSelf,
+                  .peer_name = options_.node,
+                  .nic = 0,
+                  .window = op.bytes > 0 ? op.remote_key : 0,
+                  .offset = op.remote_offset,
+                  .bytes = op.bytes,
+                  .imm = op.imm};
+  if (op.bytes == 0) {
+    handler_->OnArrival(arrival);
+    return done;
+  }
+  std::variant<WindowTable::Placement, Refusal> admitted =
+      windows_.Admit(op.remote_key, options_.node, op.remote_offset, op.bytes);
+  if (const Refusal* refusal = std::get_if<Refusal>(&admitted)) {
+    refused_.fetch_add(1);
+    done.status = RefusalStatus(*refusal);
+    done.refusal = *refusal;
+    return done;
+  }
+  if (op.after != nullptr) done.status = op.after->Wait();
+  {
+    // Told while the window still counts it as placing: the landing hears of the
+    // bytes before anyone hears the window drained.
+    const WindowTable::Placement placement =
+        std::move(std::get<WindowTable::Placement>(admitted));
+    if (done.status.ok()) {
+      done.status = Copy(placement.region(), op.remote_offset, *write.source,
+                         op.local_offset, op.bytes, copier);
+    }
+    if (!done.status.ok()) {
+      failed_.fetch_add(1);
+      return done;
+    }
+    handler_->OnArrival(arrival);
+  }
+  return done;
+}
+
+absl::Status InNodeFabric::Copy(const Region& to, uint64_t to_offset, const Region& from,
+                                uint64_t from_offset, uint32_t bytes,
+                                DeviceCopier* copier) {
+  const Place target{to.base + to_offset, to.gpu};
+  const Place source{from.base + from_offset, from.gpu};
+  if (!to.on_gpu() && !from.on_gpu()) {
+    std::memcpy(target.base, source.base, bytes);
+    host_bytes_.fetch_add(bytes);
+    return absl::OkStatus();
+  }
+  if (copier == nullptr) {
+    return WithReason(absl::FailedPreconditionError(
+                          "the in-node lane has no GPU copier for GPU memory"),
+                      "LOCAL_COPY");
+  }
+  absl::Status copied = copier->Copy(target, source, bytes);
+  if (!copied.ok()) {
+    return WithReason(absl::InternalError(absl::StrCat("in-node copy: ",
+                                                       copied.message().substr(0, 256))),
+                      "LOCAL_COPY");
+  }
+  device_bytes_.fetch_add(bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace fuselink::fabric

@@ -1,0 +1,34 @@
+// The in-node lane's GPU copies (fabric/in_node_fabric.h) on CUDA: one stream per
+// GPU it touches, made on first use. GPU to GPU crosses NVLink (or PCIe P2P) when the
+// runtime enabled peer access between the two, else the driver stages it; host memory
+// to and from a GPU crosses that GPU's PCIe link. Each copy returns once it is done.
+// Used by one thread at a time.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "agent/fabric/in_node_fabric.h"
+#include "agent/gpu/runtime.h"
+#include "agent/gpu/stream.h"
+
+namespace fuselink::relay {
+
+class CudaCopier final : public fabric::DeviceCopier {
+ public:
+  // `runtime` outlives the copier.
+  explicit CudaCopier(const gpu::Runtime* runtime)
+      : runtime_(runtime), streams_(runtime->count()) {}
+
+  absl::Status Copy(const fabric::Place& to, const fabric::Place& from,
+                    uint64_t bytes) override;
+
+ private:
+  absl::StatusOr<gpu::Stream*> StreamOf(int gpu);
+
+  const gpu::Runtime* const runtime_;
+  std::vector<std::optional<gpu::Stream>> streams_;
+};
+
+}  // namespace fuselink::relay

@@ -1,0 +1,40 @@
+#include "services/local_route.h"
+
+#include "agent/fabric/in_node_fabric.h"
+
+namespace fuselink::services {
+
+void LocalRoute::Bootstrap(absl::string_view node, absl::Time deadline,
+                           BootstrapDone done) {
+  if (node == node_) {
+    std::move(done)(absl::OkStatus());
+    return;
+  }
+  peers_->Bootstrap(node, deadline, std::move(done));
+}
+
+absl::StatusOr<transfer::Prepared> LocalRoute::PrepareIncoming(
+    const transfer::IncomingSpec& spec) {
+  if (spec.target_node != node_) return peers_->PrepareIncoming(spec);
+  const security::Caller requester = guard_->CallerOf(spec.requester);
+  absl::StatusOr<v1::PrepareIncomingResponse> response = landing_->Prepare(
+      peer::PrepareRequestOf(spec, node_),
+      [&](const memory::TensorInfo& tensor) {
+        return guard_->RequireGrant(requester, tensor.owner, tensor.writers, "into",
+                                    tensor.name);
+      },
+      transfer::Landing::Source::kThisNode);
+  if (!response.ok()) return response.status();
+  return peer::PreparedOf(*response, fabric::InNodeFabric::kSelf, node_);
+}
+
+absl::StatusOr<std::optional<absl::Status>> LocalRoute::QueryVerdict(
+    absl::string_view target_node, absl::string_view transfer_id, absl::Time deadline) {
+  if (target_node != node_)
+    return peers_->QueryVerdict(target_node, transfer_id, deadline);
+  absl::StatusOr<v1::IncomingState> state = landing_->Query(node_, transfer_id);
+  if (!state.ok()) return state.status();
+  return peer::VerdictOf(*state, node_);
+}
+
+}  // namespace fuselink::services

@@ -181,70 +181,99 @@ InNodeCounters InNodeFabric::in_node_counters() const {
 }
 
 void InNodeFabric::Work(std::unique_ptr<DeviceCopier> copier) {
+  std::vector<Queued> batch;
   for (;;) {
-    Queued write;
+    batch.clear();
     {
       absl::MutexLock lock(&queue_mu_);
       while (queue_.empty() && !stopping_) queue_cv_.Wait(&queue_mu_);
       if (stopping_) return;  // the destructor completes what is left
-      write = std::move(queue_.front());
-      queue_.pop_front();
-      if (write.op.bytes > 0) --queued_data_;
+      while (!queue_.empty() && batch.size() < kBatch) {
+        if (queue_.front().op.bytes > 0) --queued_data_;
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
     }
-    const Completion done = Land(write, copier.get());
-    handler_->OnCompletion(done);
+    LandBatch(batch, copier.get());
   }
 }
 
-Completion InNodeFabric::Land(const Queued& write, DeviceCopier* copier) {
-  const WriteOp& op = write.op;
-  Completion done{.wr_id = op.wr_id, .nic = 0, .bytes = op.bytes};
-  Arrival arrival{.peer = kSelf,
-                  .peer_name = options_.node,
-                  .nic = 0,
-                  .window = op.bytes > 0 ? op.remote_key : 0,
-                  .offset = op.remote_offset,
-                  .bytes = op.bytes,
-                  .imm = op.imm};
-  if (op.bytes == 0) {
-    handler_->OnArrival(arrival);
-    return done;
-  }
-  std::variant<WindowTable::Placement, Refusal> admitted =
-      windows_.Admit(op.remote_key, options_.node, op.remote_offset, op.bytes);
-  if (const Refusal* refusal = std::get_if<Refusal>(&admitted)) {
-    refused_.fetch_add(1);
-    done.status = RefusalStatus(*refusal);
-    done.refusal = *refusal;
-    return done;
-  }
-  if (op.after != nullptr) done.status = op.after->Wait();
-  {
-    // Told while the window still counts it as placing: the landing hears of the
-    // bytes before anyone hears the window drained.
-    const WindowTable::Placement placement =
-        std::move(std::get<WindowTable::Placement>(admitted));
-    if (done.status.ok()) {
-      done.status = Copy(placement.region(), op.remote_offset, *write.source,
-                         op.local_offset, op.bytes, copier);
+void InNodeFabric::LandBatch(std::vector<Queued>& batch, DeviceCopier* copier) {
+  struct Pending {
+    const Queued* write;
+    Completion done;
+    WindowTable::Placement placement;  // held until the arrival is told
+    bool placed = false;
+  };
+  std::vector<Pending> landings;
+  landings.reserve(batch.size());
+  bool device = false;
+  for (const Queued& write : batch) {
+    const WriteOp& op = write.op;
+    Pending& l = landings.emplace_back(
+        Pending{&write, Completion{.wr_id = op.wr_id, .nic = 0, .bytes = op.bytes}, {}});
+    if (op.bytes == 0) continue;  // a notice
+    std::variant<WindowTable::Placement, Refusal> admitted =
+        windows_.Admit(op.remote_key, options_.node, op.remote_offset, op.bytes);
+    if (const Refusal* refusal = std::get_if<Refusal>(&admitted)) {
+      refused_.fetch_add(1);
+      l.done.status = RefusalStatus(*refusal);
+      l.done.refusal = *refusal;
+      continue;
     }
-    if (!done.status.ok()) {
+    l.placement = std::move(std::get<WindowTable::Placement>(admitted));
+    if (op.after != nullptr) l.done.status = op.after->Wait();
+    if (l.done.status.ok()) {
+      l.done.status = Start(l.placement.region(), op.remote_offset, *write.source,
+                            op.local_offset, op.bytes, copier, &device);
+    }
+    l.placed = l.done.status.ok();
+  }
+  // The GPU copies of the batch went out together: one wait for all of them.
+  absl::Status copied = absl::OkStatus();
+  if (device) {
+    copied = copier->Wait();
+    if (!copied.ok()) {
+      copied = WithReason(absl::InternalError(absl::StrCat(
+                              "in-node copy: ", copied.message().substr(0, 256))),
+                          "LOCAL_COPY");
+    }
+  }
+  for (Pending& l : landings) {
+    const WriteOp& op = l.write->op;
+    const bool on_gpu =
+        l.placed && (l.placement.region().on_gpu() || l.write->source->on_gpu());
+    if (on_gpu && !copied.ok()) {
+      l.done.status = copied;
+      l.placed = false;
+    }
+    if (op.bytes > 0 && !l.placed && l.done.refusal == Refusal::kNone) {
       failed_.fetch_add(1);
-      return done;
     }
-    handler_->OnArrival(arrival);
+    if (l.placed) (on_gpu ? device_bytes_ : host_bytes_).fetch_add(op.bytes);
+    if (op.bytes == 0 || l.placed) {
+      // Told while the window still counts the write as placing: the landing hears
+      // of the bytes before anyone hears the window drained.
+      handler_->OnArrival(Arrival{.peer = kSelf,
+                                  .peer_name = options_.node,
+                                  .nic = 0,
+                                  .window = op.bytes > 0 ? op.remote_key : 0,
+                                  .offset = op.remote_offset,
+                                  .bytes = op.bytes,
+                                  .imm = op.imm});
+    }
+    l.placement = WindowTable::Placement();
+    handler_->OnCompletion(l.done);
   }
-  return done;
 }
 
-absl::Status InNodeFabric::Copy(const Region& to, uint64_t to_offset, const Region& from,
-                                uint64_t from_offset, uint32_t bytes,
-                                DeviceCopier* copier) {
+absl::Status InNodeFabric::Start(const Region& to, uint64_t to_offset, const Region& from,
+                                 uint64_t from_offset, uint32_t bytes,
+                                 DeviceCopier* copier, bool* device) {
   const Place target{to.base + to_offset, to.gpu};
   const Place source{from.base + from_offset, from.gpu};
   if (!to.on_gpu() && !from.on_gpu()) {
     std::memcpy(target.base, source.base, bytes);
-    host_bytes_.fetch_add(bytes);
     return absl::OkStatus();
   }
   if (copier == nullptr) {
@@ -252,13 +281,13 @@ absl::Status InNodeFabric::Copy(const Region& to, uint64_t to_offset, const Regi
                           "the in-node lane has no GPU copier for GPU memory"),
                       "LOCAL_COPY");
   }
-  absl::Status copied = copier->Copy(target, source, bytes);
-  if (!copied.ok()) {
+  absl::Status started = copier->Start(target, source, bytes);
+  if (!started.ok()) {
     return WithReason(absl::InternalError(absl::StrCat("in-node copy: ",
-                                                       copied.message().substr(0, 256))),
+                                                       started.message().substr(0, 256))),
                       "LOCAL_COPY");
   }
-  device_bytes_.fetch_add(bytes);
+  *device = true;
   return absl::OkStatus();
 }
 

@@ -12,7 +12,8 @@
 // window of the node's own, and a closed window drains before it is reported closed.
 //
 // One lane (NIC 0 in completions and arrivals) served by `workers` threads, each with
-// its own GPU copier. A window key is unique across both fabrics' open windows.
+// its own GPU copier; a worker takes up to kBatch queued writes at once and waits for
+// their GPU copies together. A window key is unique across both fabrics' open windows.
 #pragma once
 
 #include <atomic>
@@ -40,12 +41,15 @@ struct Place {
   int gpu = -1;
 };
 
-// Moves bytes that touch GPU memory for one worker thread.
+// Moves bytes that touch GPU memory for one worker thread: a batch of copies is
+// started, then waited for together.
 class DeviceCopier {
  public:
   virtual ~DeviceCopier() = default;
-  // Copies `bytes` from `from` to `to`, returning once they are in place.
-  virtual absl::Status Copy(const Place& to, const Place& from, uint64_t bytes) = 0;
+  // Starts copying `bytes` from `from` to `to`.
+  virtual absl::Status Start(const Place& to, const Place& from, uint64_t bytes) = 0;
+  // Returns once every copy started since the last Wait is done; the first error.
+  virtual absl::Status Wait() = 0;
 };
 // Makes one copier per worker; empty on nodes without GPUs.
 using DeviceCopierFactory =
@@ -111,11 +115,15 @@ class InNodeFabric final : public Fabric {
     WriteOp op;
     std::shared_ptr<const Region> source;  // null for a notice
   };
+  // Writes a worker takes at once; their GPU copies share one wait.
+  static constexpr size_t kBatch = 16;
   void Work(std::unique_ptr<DeviceCopier> copier);
-  // Places one write and tells the handler; returns its completion.
-  Completion Land(const Queued& write, DeviceCopier* copier);
-  absl::Status Copy(const Region& to, uint64_t to_offset, const Region& from,
-                    uint64_t from_offset, uint32_t bytes, DeviceCopier* copier);
+  // Places the batch's writes and tells the handler of each.
+  void LandBatch(std::vector<Queued>& batch, DeviceCopier* copier);
+  // Copies host to host at once; starts a GPU copy on `copier` and sets `*device`.
+  absl::Status Start(const Region& to, uint64_t to_offset, const Region& from,
+                     uint64_t from_offset, uint32_t bytes, DeviceCopier* copier,
+                     bool* device);
 
   const std::unique_ptr<Fabric> wrapped_;
   Handler* const handler_;

@@ -148,12 +148,13 @@ class HostCopier final : public DeviceCopier {
  public:
   HostCopier(absl::Notification* go, absl::Notification* entered)
       : go_(go), entered_(entered) {}
-  absl::Status Copy(const Place& to, const Place& from, uint64_t bytes) override {
+  absl::Status Start(const Place& to, const Place& from, uint64_t bytes) override {
     if (entered_ != nullptr && !entered_->HasBeenNotified()) entered_->Notify();
     if (go_ != nullptr) go_->WaitForNotification();
     std::memcpy(to.base, from.base, bytes);
     return absl::OkStatus();
   }
+  absl::Status Wait() override { return absl::OkStatus(); }
 
  private:
   absl::Notification* go_;

@@ -6,6 +6,9 @@ addresses. Modes:
           cap, memory pressure on a relay GPU, an engine that exits mid-transfer, a
           handle the driver refuses. Exit 1 on the first failure.
   bench   one hot GPU sends --gib GiB to the other node, --rounds times; one JSON line.
+  local   in-node moves on node-a (GPU to GPU, host to host) against a plain copy of
+          the same bytes (torch copy_: cudaMemcpyAsync / peer copy, memcpy), --rounds
+          times each, side by side; one JSON line.
 """
 import argparse
 import ctypes
@@ -175,6 +178,45 @@ class Cluster:
         return done, seconds
 
 
+def cache(where, gib, fill):
+    """A cache of kv_cache's shape on GPU `where`, or in host memory ("host": a
+    HostBuffer, with a torch view of it). Returns (what to register, torch view)."""
+    if where != "host":
+        t, _ = kv_cache(where, gib, fill)
+        return t, t
+    buf = fuselink.HostBuffer(int(gib * 1024) // 4 // 8 * 8 * 4 * MIB)
+    view = torch.frombuffer(buf.data, dtype=torch.uint8)
+    if fill:
+        view.random_(0, 256)
+    return buf, view
+
+
+def in_node(c, source, target, gib):
+    """Moves a random cache at `source` into a zeroed one at `target`, both on node-a
+    (GPU index or "host"), and checks the bytes. Returns (completed event, seconds)."""
+    c.n += 1
+    src_name, dst_name = f"local-src{c.n}", f"local-dst{c.n}"
+    src, src_view = cache(source, gib, True)
+    dst, dst_view = cache(target, gib, False)
+    blocks = int(gib * 1024) // 4 // 8
+    for name, t in ((src_name, src), (dst_name, dst)):
+        c.a.register_kv_cache(name, t, layers=8, blocks_per_layer=blocks)
+    start = time.monotonic()
+    done = c.router.transfer(src_name, c.a.node, dst_name)
+    seconds = time.monotonic() - start
+    c.a.wait_for_transfer(dst_name, timeout=60)
+    ok = same_on_gpu(src_view.cuda(), dst_view.cuda())
+    c.a.unregister(src_name)
+    c.a.unregister(dst_name)
+    del src_view, dst_view  # a HostBuffer closes only once no view holds its mapping
+    for t in (src, dst):
+        if isinstance(t, fuselink.HostBuffer):
+            t.close()
+    if not ok:
+        raise AssertionError(f"in-node {source} -> {target}: bytes differ")
+    return done, seconds
+
+
 def per_nic(event):
     return {n.nic: n.bytes for n in event.completed.per_nic}
 
@@ -190,6 +232,20 @@ def check(c, args):
     # Direct, and into another GPU on the far side (lands on the NIC's GPU, crosses NVLink).
     done, _ = c.move(0, 0, 1)
     ok(f"GPU 0 -> GPU 0, 1 GiB, bytes match on the GPU; per NIC {per_nic(done)}")
+
+    # In-node moves: source and target on node-a, by its copy engines, no NIC.
+    pairs = [(0, 0), ("host", 0), (0, "host"), ("host", "host")]
+    if g >= 2:
+        pairs.insert(1, (0, 1))
+    for source, target in pairs:
+        gpu_before = metric(c.a_metrics, "fuselink_in_node_bytes_total", copy="gpu")
+        done, _ = in_node(c, source, target, 0.25)
+        total = done.completed.total_bytes
+        assert per_nic(done) == {"local": total}, f"in-node split {per_nic(done)}"
+        grew = metric(c.a_metrics, "fuselink_in_node_bytes_total", copy="gpu") - gpu_before
+        want = 0 if source == target == "host" else total
+        assert grew == want, f"in_node_bytes_total{{copy=gpu}} grew {grew}, not {want}"
+        ok(f"in-node {source} -> {target}, 256 MiB, bytes match; per NIC {per_nic(done)}")
     if g < 2:
         print(f"SKIP relay checks: they need 2 GPUs, this machine has {g}", flush=True)
     else:
@@ -371,9 +427,42 @@ def bench(c, args):
                       "per_nic_last": per_nic(done)}), flush=True)
 
 
+def local_bench(c, args):
+    """In-node moves against a plain copy of the same bytes (GPU: torch copy_, a
+    cudaMemcpyAsync or peer copy; host: one libc memcpy), rounds interleaved."""
+    pairs = [(0, 1 if c.gpus >= 2 else 0), ("host", "host")]
+    out = {"gib": args.gib, "rounds": args.rounds, "gpus": c.gpus}
+    med = lambda v: sorted(v)[len(v) // 2]
+    for source, target in pairs:
+        moved, plain = [], []
+        src, src_view = cache(source, args.gib, True)
+        dst, dst_view = cache(target, args.gib, False)
+        for _ in range(args.rounds):
+            done, seconds = in_node(c, source, target, args.gib)
+            moved.append(done.completed.total_bytes / seconds / 1e9)
+            if source == "host":
+                start = time.monotonic()
+                ctypes.memmove(dst_view.data_ptr(), src_view.data_ptr(), dst_view.numel())
+            else:
+                torch.cuda.synchronize(source)
+                start = time.monotonic()
+                dst_view.copy_(src_view)
+                torch.cuda.synchronize(source)
+                torch.cuda.synchronize(target)
+            plain.append(dst_view.numel() / (time.monotonic() - start) / 1e9)
+        out[f"{source}->{target}"] = {"fuselink_gbytes_per_s": moved,
+                                     "plain_copy_gbytes_per_s": plain,
+                                     "ratio_of_medians": med(moved) / med(plain)}
+        del src_view, dst_view
+        for t in (src, dst):
+            if isinstance(t, fuselink.HostBuffer):
+                t.close()
+    print(json.dumps(out), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["check", "bench", "engine"])
+    p.add_argument("mode", choices=["check", "bench", "local", "engine"])
     for n in ("a", "b"):
         p.add_argument(f"--{n}")
         p.add_argument(f"--{n}_socket")
@@ -391,7 +480,7 @@ def main():
     if args.mode == "engine":
         return engine(args)
     c = Cluster(args)
-    (check if args.mode == "check" else bench)(c, args)
+    {"check": check, "bench": bench, "local": local_bench}[args.mode](c, args)
 
 
 if __name__ == "__main__":

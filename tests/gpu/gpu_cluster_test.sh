@@ -64,6 +64,8 @@ if [ "${CHECKS:-1}" = 1 ]; then
   paths=$(curl -s "$(field "$out/node-a.json" metrics)" | grep '^fuselink_gpu_nic_path' || true)
   echo "$paths" | head -4
   grep -q 'path="staged"' <<<"$paths" || { echo "FAIL: no fuselink_gpu_nic_path"; exit 1; }
+  echo "== in-node moves against a plain copy of the same bytes (${LOCAL_GIB:-1} GiB)"
+  python3 "$driver" local "${addrs[@]}" --gib "${LOCAL_GIB:-1}" --rounds 5
   echo "== the Python client's example"
   python3 "$here/clients/python/examples/gpu_kv_transfer.py" --tls_dir "$pki" \
     --source_agent "${addrs[3]}" --source_socket "${addrs[5]}" \

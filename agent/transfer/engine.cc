@@ -76,6 +76,7 @@ Engine::Engine(EngineOptions options, const topo::Topology& topology,
   local_ctx_.lanes = 1;
   local_ctx_.transport = "local";
   local_ctx_.options = ctx_.options;
+  local_ctx_.options.chunk_bytes = std::max(options_.in_node_chunk_bytes, 1u);
   local_ctx_.clock = options_.clock;
   if (options_.housekeeping_thread) {
     housekeeping_ = std::thread([this] { HousekeepingLoop(); });

@@ -72,6 +72,9 @@ struct EngineOptions {
   // the fabric's peer this node, and peers that prepare this node (services'
   // LocalRoute). Off: such a request is UNIMPLEMENTED (LOCAL_TARGET).
   bool in_node_moves = false;
+  // Bytes per in-node copy: large, since a copy costs a GPU launch, not a NIC's queue
+  // place, and holds no staging memory.
+  uint32_t in_node_chunk_bytes = 64u << 20;
   // Told the end of every transfer this node sent (its outgoing watch event), off the
   // engine's locks. May be empty.
   std::function<void(const v1::WatchEvent&)> on_outgoing;

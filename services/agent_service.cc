@@ -12,6 +12,7 @@
 #include "agent/memory/host_mapping.h"
 #include "agent/transfer/layout_proto.h"
 #include "services/request_checks.h"
+#include "services/transfer_stream.h"
 
 namespace fuselink::services {
 namespace {
@@ -49,57 +50,6 @@ void ToProto(const memory::TensorInfo& info, absl::string_view node, v1::Tensor*
 
 using security::Bit;
 using security::Role;
-
-absl::Time CallDeadline(const grpc::CallbackServerContext* context) {
-  const auto deadline = context->deadline();
-  if (deadline >=
-      std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
-    return absl::InfiniteFuture();
-  }
-  return absl::FromChrono(deadline);
-}
-
-// Follows one transfer and writes its events to the caller.
-class TransferStream final : public grpc::ServerWriteReactor<v1::TransferEvent>,
-                             public transfer::EventSink {
- public:
-  TransferStream(transfer::Engine& engine, grpc::CallbackServerContext* context,
-                 const v1::TransferRequest& request,
-                 absl::StatusOr<transfer::Requester> requester) {
-    if (!requester.ok()) {
-      Finish(ToGrpcStatus(requester.status()));
-      return;
-    }
-    // A deadline that has passed, or is no Timestamp, is refused before the engine
-    // reserves anything for it.
-    if (absl::Status checked = CheckDeadline(request, absl::Now()); !checked.ok()) {
-      Finish(ToGrpcStatus(checked));
-      return;
-    }
-    absl::StatusOr<std::shared_ptr<transfer::Transfer>> t =
-        engine.Submit(request, CallDeadline(context), *requester);
-    if (!t.ok()) {
-      Finish(ToGrpcStatus(t.status()));
-      return;
-    }
-    transfer_ = std::move(*t);
-    transfer_->Subscribe(this, &sub_);
-  }
-  void SendEvent(const v1::TransferEvent* event) override { StartWrite(event); }
-  void End(const absl::Status& status) override { Finish(ToGrpcStatus(status)); }
-  void OnWriteDone(bool ok) override { transfer_->OnWriteDone(sub_, ok); }
-  void OnCancel() override {
-    if (transfer_) transfer_->OnStreamCancelled(sub_);
-  }
-  void OnDone() override {
-    if (transfer_) transfer_->Unsubscribe(sub_);
-    delete this;
-  }
-
- private:
-  std::shared_ptr<transfer::Transfer> transfer_;
-  transfer::Transfer::Subscription* sub_ = nullptr;
-};
 
 class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
                           public WatchSink {
@@ -457,18 +407,17 @@ grpc::ServerWriteReactor<v1::TransferEvent>* AgentService::TransferKVCache(
     grpc::CallbackServerContext* context, const v1::TransferRequest* request) {
   absl::StatusOr<security::Caller> caller =
       Authorize(context, Bit(Role::kRouter), "move tensors");
-  absl::StatusOr<transfer::Requester> requester = absl::UnknownError("unset");
-  if (!caller.ok()) {
-    requester = caller.status();
-  } else {
-    security::Guard* guard = &node_->guard();
-    requester = transfer::Requester{
-        .identity = caller->identity,
-        .may_read = [guard, who = *caller](const memory::TensorInfo& tensor) {
-          return guard->RequireGrant(who, tensor.owner, tensor.readers, "out of",
-                                     tensor.name);
-        }};
+  const std::string& source = request->source().node();
+  if (source != node_->name() && node_->peers().Knows(source)) {
+    // The source is another node's (the target's agent asked, say): that agent moves
+    // it, asked as this caller, and its events come back through here.
+    absl::StatusOr<std::string> requester =
+        caller.ok() ? absl::StatusOr<std::string>(caller->identity) : caller.status();
+    return new ForwardStream(node_->peers(), context, *request, node_->name(),
+                             std::move(requester));
   }
+  absl::StatusOr<transfer::Requester> requester =
+      caller.ok() ? RequesterOf(&node_->guard(), *caller) : caller.status();
   return new TransferStream(node_->engine(), context, *request, std::move(requester));
 }
 

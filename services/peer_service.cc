@@ -3,6 +3,7 @@
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
 #include "agent/peer/peer_directory.h"
+#include "services/transfer_stream.h"
 
 namespace fuselink::services {
 namespace {
@@ -71,6 +72,22 @@ grpc::ServerUnaryReactor* PeerService::PrepareIncoming(
       });
   if (prepared.ok()) *response = std::move(*prepared);
   return Answer(context, prepared.status());
+}
+
+grpc::ServerWriteReactor<v1::TransferEvent>* PeerService::ForwardTransfer(
+    grpc::CallbackServerContext* context, const v1::ForwardTransferRequest* request) {
+  absl::StatusOr<transfer::Requester> requester = absl::UnknownError("unset");
+  if (absl::StatusOr<security::Caller> peer = Authorize(context, request->from_node());
+      !peer.ok()) {
+    requester = peer.status();
+  } else {
+    // The forwarding agent authenticated its caller; the caller's rights are checked
+    // here, by the same rules as a TransferKVCache sent to this agent.
+    security::Guard& guard = node_->guard();
+    requester = RequesterOf(&guard, guard.CallerOf(request->requester()));
+  }
+  return new TransferStream(node_->engine(), context, request->request(),
+                            std::move(requester));
 }
 
 grpc::ServerUnaryReactor* PeerService::GetIncoming(grpc::CallbackServerContext* context,

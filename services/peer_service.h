@@ -21,6 +21,11 @@ class PeerService final : public v1::Peer::CallbackService {
   grpc::ServerUnaryReactor* GetIncoming(grpc::CallbackServerContext* context,
                                         const v1::GetIncomingRequest* request,
                                         v1::IncomingState* response) override;
+  // A TransferKVCache another agent was asked for, whose source is this node: run as
+  // if its requester had asked here (the router role, the source tensor's readers).
+  grpc::ServerWriteReactor<v1::TransferEvent>* ForwardTransfer(
+      grpc::CallbackServerContext* context,
+      const v1::ForwardTransferRequest* request) override;
 
  private:
   // The calling peer, if it holds the peer role and `claimed_node` is its own.

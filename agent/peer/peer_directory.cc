@@ -21,9 +21,13 @@ void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
       absl::ToChronoTime(std::min(deadline, absl::Now() + kBootstrapTimeout)));
 }
 
-// A failed peer call: the target's own verdict keeps its code; a call cut short by
-// the transfer's own `deadline` is that deadline passing, DEADLINE_EXCEEDED
-// (DEADLINE); not reaching the target at all is UNAVAILABLE, PEER_UNREACHABLE.
+absl::Status ShuttingDown() {
+  return WithReason(absl::UnavailableError("the agent is shutting down"),
+                    "SHUTTING_DOWN");
+}
+
+}  // namespace
+
 absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
                             absl::Time deadline) {
   absl::Status s = FromGrpcStatus(status);
@@ -40,13 +44,6 @@ absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
   }
   return s;
 }
-
-absl::Status ShuttingDown() {
-  return WithReason(absl::UnavailableError("the agent is shutting down"),
-                    "SHUTTING_DOWN");
-}
-
-}  // namespace
 
 PeerDirectory::Call::Call(PeerDirectory& directory) : directory_(directory) {
   absl::MutexLock lock(&directory_.calls_mu_);
@@ -305,6 +302,24 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node)
   }
   FL_RETURN_IF_ERROR(CheckRails(node, remote.rails));
   return fabric_->Connect(node, remote.nics);
+}
+
+absl::StatusOr<std::shared_ptr<const void>> PeerDirectory::StartForward(
+    absl::string_view node, grpc::ClientContext* context,
+    const v1::ForwardTransferRequest* request,
+    grpc::ClientReadReactor<v1::TransferEvent>* reactor) {
+  std::shared_ptr<Session> session = Find(node);
+  if (session == nullptr) {
+    return WithReason(
+        absl::NotFoundError(absl::StrCat("unknown node '", BoundedForMessage(node), "'")),
+        "UNKNOWN_NODE");
+  }
+  {
+    absl::MutexLock lock(&calls_mu_);
+    if (shut_down_) return ShuttingDown();
+  }
+  session->stub->async()->ForwardTransfer(context, request, reactor);
+  return std::shared_ptr<const void>(std::move(session));
 }
 
 absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(

@@ -48,6 +48,14 @@ class PeerDirectory final : public transfer::PeerLink {
                 const std::map<std::string, std::string>& peers);
 
   bool Knows(absl::string_view node) const override;
+  // Starts `reactor`'s Peer.ForwardTransfer call of `request` on `node`'s agent (the
+  // caller then starts its reads and the call). NOT_FOUND (UNKNOWN_NODE); UNAVAILABLE
+  // (SHUTTING_DOWN). The result keeps the call's stub alive: hold it until the
+  // reactor's OnDone.
+  absl::StatusOr<std::shared_ptr<const void>> StartForward(
+      absl::string_view node, grpc::ClientContext* context,
+      const v1::ForwardTransferRequest* request,
+      grpc::ClientReadReactor<v1::TransferEvent>* reactor);
   bool SessionUp(absl::string_view node) const override;
   // One thread per session bootstrapping at a time; every caller waiting for it is
   // told when it ends. Shutdown cancels its Hello and joins it.
@@ -155,6 +163,12 @@ class PeerDirectory final : public transfer::PeerLink {
   std::map<std::string, Announced, std::less<>> remembered_
       ABSL_GUARDED_BY(remembered_mu_);
 };
+
+// A failed peer call: the target's own verdict keeps its code; a call cut short by
+// the transfer's own `deadline` is that deadline passing, DEADLINE_EXCEEDED
+// (DEADLINE); not reaching the target at all is UNAVAILABLE, PEER_UNREACHABLE.
+absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
+                            absl::Time deadline);
 
 // What a source asks a target to prepare for `spec`, as node `source_node`.
 v1::PrepareIncomingRequest PrepareRequestOf(const transfer::IncomingSpec& spec,

@@ -13,10 +13,11 @@ absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::ExistingLocked(
   auto it = by_request_.find(request_id);
   if (it == by_request_.end() || it->second.free) return JobPtr();
   if (it->second.job->transfer()->fingerprint() == fingerprint) return it->second.job;
-  return WithReason(absl::AlreadyExistsError(absl::StrCat(
-                        "request_id '", BoundedForMessage(request_id),
-                        "' was already used for a transfer with other content")),
-                    "REQUEST_ID_REUSED");
+  return WithReason(
+      absl::AlreadyExistsError(absl::StrCat(
+          "request_id '", BoundedForMessage(it->second.job->transfer()->request_id()),
+          "' was already used for a transfer with other content")),
+      "REQUEST_ID_REUSED");
 }
 
 absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::Existing(

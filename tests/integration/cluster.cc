@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/integration/calls.h"
+#include "tests/integration/net_util.h"
 
 namespace fuselink::testing {
 
@@ -134,6 +135,21 @@ void TwoNodeTest::StartNodes(const std::vector<std::string>& a_flags,
       AgentProcess::Start(dir_.path(), kNodeA, flags);
   ASSERT_TRUE(a.ok()) << a.status();
   a_ = *std::move(a);
+}
+
+void TwoNodeTest::StartMutualNodes(const std::vector<std::string>& a_flags,
+                                   const std::vector<std::string>& b_flags) {
+  uint16_t port = 0;
+  {
+    // Bound, then let go just before node-a binds it.
+    absl::StatusOr<UniqueFd> reserved = ReserveClosedPort(&port);
+    ASSERT_TRUE(reserved.ok()) << reserved.status();
+  }
+  const std::string a_address = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::string> a = a_flags, b = b_flags;
+  a.push_back(absl::StrCat("--listen=", a_address));
+  b.push_back(absl::StrCat("--peer=", kNodeA, "=", a_address));
+  StartNodes(a, b);
 }
 
 void TwoNodeTest::PrintLogs() {

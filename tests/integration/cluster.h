@@ -81,6 +81,10 @@ class TwoNodeTest : public ::testing::Test {
   void StartNodes(const std::vector<std::string>& a_flags = {},
                   const std::vector<std::string>& b_flags = {},
                   const std::string& extra_peers = "");
+  // The same, with node-b told of node-a too (--peer), as a cluster's agents all know
+  // each other: node-a listens on a port picked before either starts.
+  void StartMutualNodes(const std::vector<std::string>& a_flags = {},
+                        const std::vector<std::string>& b_flags = {});
   // Prints the logs of `a_` and `b_` (and any agents a test adds here).
   void PrintLogs();
 

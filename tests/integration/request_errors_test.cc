@@ -88,10 +88,12 @@ TEST_F(RequestErrorTest, UnknownSourceNode) {
   ExpectRefused(request, grpc::StatusCode::NOT_FOUND, "UNKNOWN_NODE");
 }
 
-TEST_F(RequestErrorTest, SourceOnAnotherNode) {
+// Forwarded to node-b's agent (tests/integration/forward_test.cc), which refuses an
+// in-node move of a block onto itself; its reason comes back unchanged.
+TEST_F(RequestErrorTest, SourceOnAnotherNodeIsForwardedAndItsRefusalComesBack) {
   v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {0});
   request.mutable_source()->set_node(kNodeB);
-  ExpectRefused(request, grpc::StatusCode::FAILED_PRECONDITION, "SOURCE_NOT_LOCAL");
+  ExpectRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "SAME_BLOCKS");
 }
 
 // Past the per-request bound (about 1 MiB of block ids on each side, still a

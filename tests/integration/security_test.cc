@@ -86,7 +86,7 @@ class SecurityTest : public TwoNodeTest {
  protected:
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(
-        StartNodes(AgentTlsFlags(kNodeA, false), AgentTlsFlags(kNodeB, false)));
+        StartMutualNodes(AgentTlsFlags(kNodeA, false), AgentTlsFlags(kNodeB, false)));
   }
 };
 
@@ -204,6 +204,24 @@ TEST_F(SecurityTest, TensorsAreTheirOwnersAndMoveOnlyAsGranted) {
       << "a refused transfer changed the target";
   EXPECT_EQ(Refusals(*a_, "TENSOR_ACCESS"), 1);
   EXPECT_EQ(Refusals(*b_, "TENSOR_ACCESS"), 1);
+  // Asked of node-b instead (a pull), node-a still decides by r2's rights: its
+  // refusal comes back through node-b, which moved nothing.
+  auto r2_at_b = b_->StubAs("router", "r2");
+  r = RunTransfer(*r2_at_b,
+                  MakeRequest("r2-pull", "src", AllBlocks(), "open-dst", AllBlocks()));
+  EXPECT_TRUE(HasError(r.status, grpc::StatusCode::PERMISSION_DENIED, "TENSOR_ACCESS"));
+  EXPECT_EQ(Refusals(*a_, "TENSOR_ACCESS"), 2);
+  // Only a router may ask node-b to pull, as only one may ask node-a to push.
+  r = RunTransfer(
+      *e1b, MakeRequest("e1-pull", "open-src", AllBlocks(), "open-dst", AllBlocks()));
+  EXPECT_TRUE(HasError(r.status, grpc::StatusCode::PERMISSION_DENIED, "ROLE_REQUIRED"));
+  // r1 may pull `src` into `dst` through node-b.
+  auto r1_at_b = b_->StubAs("router", "r1");
+  r = RunTransfer(*r1_at_b,
+                  MakeRequest("r1-pull", "src", AllBlocks(), "dst", AllBlocks()));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_TRUE(SameBytes(*src.buffer, *dst.buffer));
+  std::fill(dst.buffer->span().begin(), dst.buffer->span().end(), 0);
   // r1 is granted both: the bytes arrive.
   r = RunTransfer(*r1, MakeRequest("r1", "src", AllBlocks(), "dst", AllBlocks()));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
@@ -259,12 +277,24 @@ TEST_F(SecurityTest, APeerSpeaksOnlyForItsOwnNode) {
   grpc::ClientContext c3;
   EXPECT_TRUE(HasError(x->GetIncoming(&c3, query, &state),
                        grpc::StatusCode::PERMISSION_DENIED, "NODE_MISMATCH"));
+  // Nor may it forward a transfer as node-a, for any requester.
+  v1::ForwardTransferRequest forward;
+  forward.set_from_node(kNodeA);
+  forward.set_requester("spiffe://fuselink/router/r1");
+  *forward.mutable_request() = MakeRequest("x", "kv", {0}, "kv", {0});
+  grpc::ClientContext c5;
+  v1::TransferEvent event;
+  std::unique_ptr<grpc::ClientReader<v1::TransferEvent>> forwarded =
+      x->ForwardTransfer(&c5, forward);
+  EXPECT_FALSE(forwarded->Read(&event));
+  EXPECT_TRUE(HasError(forwarded->Finish(), grpc::StatusCode::PERMISSION_DENIED,
+                       "NODE_MISMATCH"));
   // A router's certificate is no peer's.
   auto router = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "router", "r1"));
   grpc::ClientContext c4;
   EXPECT_TRUE(HasError(router->PrepareIncoming(&c4, prepare, &prepared),
                        grpc::StatusCode::PERMISSION_DENIED, "ROLE_REQUIRED"));
-  EXPECT_EQ(Refusals(*b_, "NODE_MISMATCH"), 3);
+  EXPECT_EQ(Refusals(*b_, "NODE_MISMATCH"), 4);
   EXPECT_TRUE(Serves(*b_));
 }
 

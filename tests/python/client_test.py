@@ -110,6 +110,25 @@ class ClientTest(unittest.TestCase):
                 self.assertEqual(block(dst, layer, target_blocks[b]), want,
                                  f"layer {layer}, source block {b}")
 
+    def test_in_node_move(self):
+        """Source and target on node-a: its copy engines move it, on one lane."""
+        src = self.lend(self.source, "py-local-src", fill=True)
+        dst = self.lend(self.source, "py-local-dst", fill=False)
+        final = self.router.transfer("py-local-src", self.router.node, "py-local-dst",
+                                     blocks=[0, 5], target_blocks=[7, 2], timeout=WAIT_S)
+        self.assertEqual({n.nic: n.bytes for n in final.completed.per_nic},
+                         {"local": 2 * LAYERS * BLOCK_BYTES})
+        landed = self.source.wait_for_transfer("py-local-dst", timeout=WAIT_S)
+        self.assertEqual((landed.code, landed.source_node), (0, "node-a"))
+        for layer in range(LAYERS):
+            self.assertEqual(block(dst, layer, 7), block(src, layer, 0))
+            self.assertEqual(block(dst, layer, 2), block(src, layer, 5))
+        self.assertError(grpc.StatusCode.INVALID_ARGUMENT, "SAME_BLOCKS",
+                         self.router.transfer, "py-local-src", self.router.node,
+                         "py-local-src", blocks=[1], timeout=WAIT_S)
+        self.assertRaises(ValueError, self.router.transfer, "kv", self.router.node, "kv",
+                          source_node=self.target_node)
+
     def test_explicit_watch(self):
         src = self.lend(self.source, "py-watch-src", fill=True)
         dst = self.lend(self.target, "py-watch-dst", fill=False, watch=False)

@@ -291,9 +291,13 @@ class Agent:
 
     def transfer(self, source_tensor, target_node, target_tensor, blocks=None,
                  target_blocks=None, layers=None, request_id=None, timeout=None,
-                 on_event=None, layer_by_layer=False):
+                 on_event=None, layer_by_layer=False, source_node=None):
         """Moves blocks of `source_tensor` on this agent's node into `target_tensor` on
         `target_node`, and returns the final fuselink.v1.TransferEvent (`completed`).
+        `target_node` may be this node (an in-node move). With `source_node`, the
+        source is that node's tensor: this agent forwards the request to that node's
+        agent (the decode side pulling) and relays its events; `blocks` must then be
+        given, and layers_ready() goes to the source's agent.
 
         `blocks` are source block ids (default: every block), copied in every layer
         moved into `target_blocks` (default: the same ids). `layers` is (begin, end)
@@ -307,13 +311,17 @@ class Agent:
         FuselinkError when the agent refuses the request or the transfer fails (the
         last event seen in `.event`).
         """
+        source_node = self.node if source_node is None else source_node
         if blocks is None:
+            if source_node != self.node:
+                raise ValueError("give blocks when the source is another node's tensor")
             blocks = range(self.get_tensor(source_tensor).layout.blocks_per_layer)
         blocks = list(blocks)
         target_blocks = blocks if target_blocks is None else list(target_blocks)
         request = agent_pb2.TransferRequest(
             request_id=request_id or uuid.uuid4().hex,
-            source=agent_pb2.BlockSet(node=self.node, tensor=source_tensor, block_ids=blocks),
+            source=agent_pb2.BlockSet(node=source_node, tensor=source_tensor,
+                                      block_ids=blocks),
             target=agent_pb2.BlockSet(node=target_node, tensor=target_tensor,
                                       block_ids=target_blocks),
             layer_by_layer=layer_by_layer)

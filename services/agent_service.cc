@@ -115,6 +115,7 @@ AgentService::AgentService(Node* node) : node_(node) {
   Check("GetTransfer", &AgentService::GetTransfer);
   Check("CancelTransfer", &AgentService::CancelTransfer);
   Check("LayersReady", &AgentService::LayersReady);
+  Check("ExtendLease", &AgentService::ExtendLease);
   Check("WatchTransfers", &AgentService::WatchTransfers);
   Check("GetTopology", &AgentService::GetTopology);
 }
@@ -449,6 +450,14 @@ grpc::ServerUnaryReactor* AgentService::CancelTransfer(
     v1::TransferStatus* response) {
   return OnOwnTransfer(context, *request, "cancel transfers", response,
                        [&](const auto& t) { return node_->engine().Cancel(t); });
+}
+
+grpc::ServerUnaryReactor* AgentService::ExtendLease(grpc::CallbackServerContext* context,
+                                                    const v1::ExtendLeaseRequest* request,
+                                                    v1::TransferStatus* response) {
+  return OnOwnTransfer(
+      context, *request, "renew transfers' leases", response,
+      [&](const auto& t) { return node_->engine().ExtendLease(t, request->lease_ms()); });
 }
 
 grpc::ServerUnaryReactor* AgentService::LayersReady(grpc::CallbackServerContext* context,

@@ -40,6 +40,9 @@ class AgentService final : public CheckedService<v1::Agent> {
   grpc::ServerUnaryReactor* LayersReady(grpc::CallbackServerContext* context,
                                         const v1::LayersReadyRequest* request,
                                         v1::TransferStatus* response) override;
+  grpc::ServerUnaryReactor* ExtendLease(grpc::CallbackServerContext* context,
+                                        const v1::ExtendLeaseRequest* request,
+                                        v1::TransferStatus* response) override;
   grpc::ServerUnaryReactor* CancelTransfer(grpc::CallbackServerContext* context,
                                            const v1::CancelTransferRequest* request,
                                            v1::TransferStatus* response) override;

@@ -27,6 +27,15 @@ absl::Status CheckRequestId(absl::string_view request_id) {
   return absl::OkStatus();
 }
 
+absl::Status CheckLeaseMs(uint32_t lease_ms) {
+  if (lease_ms > kMaxLeaseMs) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat("lease_ms is ", lease_ms,
+                                                              "; at most ", kMaxLeaseMs)),
+                      "BAD_LEASE");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckNodes(const v1::TransferRequest& request, absl::string_view local_node,
                         const PeerLink& peers, bool in_node) {
   const v1::BlockSet& src = request.source();
@@ -104,6 +113,12 @@ absl::Time RequestDeadline(const v1::TransferRequest& request) {
   if (!request.has_deadline()) return absl::InfiniteFuture();
   return absl::FromUnixSeconds(request.deadline().seconds()) +
          absl::Nanoseconds(request.deadline().nanos());
+}
+
+absl::Status LeaseExpiredStatus() {
+  return WithReason(absl::DeadlineExceededError(
+                        "the transfer's lease ran out: nobody renewed it (ExtendLease)"),
+                    "LEASE_EXPIRED");
 }
 
 absl::Status DeadlineStatus() {

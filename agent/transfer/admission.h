@@ -21,6 +21,10 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 
 // INVALID_ARGUMENT (BAD_REQUEST_ID).
 absl::Status CheckRequestId(absl::string_view request_id);
+// The longest lease (TransferRequest.lease_ms, ExtendLease).
+inline constexpr uint32_t kMaxLeaseMs = 600'000;
+// INVALID_ARGUMENT (BAD_LEASE) past kMaxLeaseMs.
+absl::Status CheckLeaseMs(uint32_t lease_ms);
 // The nodes (the source is `local_node`, the target a node `peers` knows; this one
 // only with `in_node`) and the block counts. An in-node move within one tensor names
 // no block on both sides (INVALID_ARGUMENT, SAME_BLOCKS): it would copy onto itself.
@@ -38,6 +42,8 @@ absl::Time RequestDeadline(const v1::TransferRequest& request);
 
 // DEADLINE_EXCEEDED (DEADLINE): the deadline is now or past.
 absl::Status DeadlineStatus();
+// DEADLINE_EXCEEDED (LEASE_EXPIRED): nobody renewed the transfer's lease in time.
+absl::Status LeaseExpiredStatus();
 // UNAVAILABLE (SHUTTING_DOWN).
 absl::Status ShuttingDownStatus();
 

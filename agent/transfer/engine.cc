@@ -95,6 +95,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> Engine::Submit(
   std::string fingerprint = Fingerprint(request);
   FL_ASSIGN_OR_RETURN(JobPtr existing, transfers_.Existing(key, fingerprint));
   if (existing != nullptr) return existing->transfer();
+  FL_RETURN_IF_ERROR(CheckLeaseMs(request.lease_ms()));
   FL_RETURN_IF_ERROR(CheckNodes(request, options_.node, *peers_, options_.in_node_moves));
   const bool in_node = request.target().node() == options_.node;
   const absl::Time deadline = std::min(RequestDeadline(request), call_deadline);
@@ -332,6 +333,18 @@ absl::Status Engine::LayersReady(const std::shared_ptr<Transfer>& transfer,
   absl::Status result;
   Run(*job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
     result = j.SetLayersReady(end, fx);
+  });
+  return result;
+}
+
+absl::Status Engine::ExtendLease(const std::shared_ptr<Transfer>& transfer,
+                                 uint32_t lease_ms) {
+  FL_RETURN_IF_ERROR(CheckLeaseMs(lease_ms));
+  absl::StatusOr<JobPtr> job = transfers_.Find(transfer->id(), "");
+  if (!job.ok()) return job.status();
+  absl::Status result;
+  Run(*job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
+    result = j.ExtendLease(lease_ms, fx);
   });
   return result;
 }

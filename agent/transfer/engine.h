@@ -130,6 +130,9 @@ class Engine {
   absl::Status Cancel(const std::shared_ptr<Transfer>& transfer);
   // Layers below `end` of a layer-by-layer transfer are ready (Job::SetLayersReady).
   absl::Status LayersReady(const std::shared_ptr<Transfer>& transfer, uint32_t end);
+  // Renews the transfer's lease (Job::ExtendLease); INVALID_ARGUMENT (BAD_LEASE) past
+  // kMaxLeaseMs.
+  absl::Status ExtendLease(const std::shared_ptr<Transfer>& transfer, uint32_t lease_ms);
 
   // From the fabric; safe during and after Shutdown (the fabric's last flush).
   void OnCompletion(const fabric::Completion& completion);

@@ -39,12 +39,17 @@ Job::Job(uint32_t serial, std::shared_ptr<Transfer> transfer, memory::TensorLeas
       wait_(ctx->options.verdict) {
   const LayerRange layers = Layers(transfer_->request(), source_layout_);
   ready_end_ = transfer_->request().layer_by_layer() ? layers.begin : layers.end;
+  if (const uint32_t lease = transfer_->request().lease_ms(); lease > 0) {
+    lease_until_ = now() + absl::Milliseconds(lease);
+  }
 }
 
 std::optional<IncomingSpec> Job::BeginPrepare(JobEffects* fx) {
   if (phase_ == Phase::kPreparing && !outcome_) {
     if (now() >= transfer_->deadline()) {
       Decide(DeadlineStatus(), /*abort=*/false, fx);
+    } else if (now() >= lease_until_) {
+      Decide(LeaseExpiredStatus(), /*abort=*/false, fx);
     } else {
       prepare_running_ = true;
       IncomingSpec spec = MakeIncomingSpec(*transfer_, source_layout_, direct_nic_);
@@ -164,6 +169,8 @@ void Job::OnTimer(JobEffects* fx) {
   if (phase_ != Phase::kDone && !outcome_) {
     if (SourceMayStop() && t >= transfer_->deadline()) {
       Decide(DeadlineStatus(), /*abort=*/true, fx);
+    } else if (SourceMayStop() && t >= lease_until_) {
+      Decide(LeaseExpiredStatus(), /*abort=*/true, fx);
     } else if (wait_.active()) {
       switch (wait_.OnTimer(t)) {
         case VerdictWait::Step::kAsk:
@@ -224,6 +231,21 @@ absl::Status Job::SetLayersReady(uint32_t end, JobEffects* fx) {
   if (end <= ready_end_) return absl::OkStatus();
   ready_end_ = end;
   if (window_) window_->set_ready_end(end);
+  Settle(fx);
+  return absl::OkStatus();
+}
+
+absl::Status Job::ExtendLease(uint32_t lease_ms, JobEffects* fx) {
+  if (transfer_->request().lease_ms() == 0) {
+    return WithReason(
+        absl::FailedPreconditionError("the transfer was started without a lease"),
+        "NO_LEASE");
+  }
+  if (phase_ == Phase::kDone || outcome_.has_value()) {
+    return FinishedStatus("the transfer has already finished or is stopping");
+  }
+  const uint32_t lease = lease_ms > 0 ? lease_ms : transfer_->request().lease_ms();
+  lease_until_ = std::max(lease_until_, now() + absl::Milliseconds(lease));
   Settle(fx);
   return absl::OkStatus();
 }
@@ -390,6 +412,7 @@ v1::WatchEvent Job::OutgoingEvent(const absl::Status& outcome) const {
   e.set_bytes(transfer_->bytes_done_locked());
   e.set_code(static_cast<int>(outcome.code()));
   e.set_message(std::string(outcome.message()));
+  e.set_reason(ReasonOf(outcome));
   if (window_ && target_) {
     // What the target acknowledged, block by block in its own layout.
     const auto& target_ids = request.target().block_ids();
@@ -447,7 +470,7 @@ void Job::Settle(JobEffects* fx) {
   }
   absl::Time t = absl::InfiniteFuture();
   if (phase_ != Phase::kDone && !outcome_) {
-    if (SourceMayStop()) t = std::min(t, transfer_->deadline());
+    if (SourceMayStop()) t = std::min({t, transfer_->deadline(), lease_until_});
     if (wait_.active()) t = std::min(t, wait_.next());
   }
   if (listed_ && may_post && in_flight() == 0) {

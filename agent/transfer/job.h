@@ -124,6 +124,12 @@ class Job {
   // Layer by layer: layers below `end` may be sent now (LayersReady's errors).
   absl::Status SetLayersReady(uint32_t end, JobEffects* fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
+  // The lease (TransferRequest.lease_ms) now runs out `lease_ms` from now (0: the
+  // request's own), never sooner than before. FAILED_PRECONDITION: NO_LEASE without
+  // one, TRANSFER_FINISHED once it has ended or is ending. Once committed the lease
+  // no longer matters, and renewing it changes nothing.
+  absl::Status ExtendLease(uint32_t lease_ms, JobEffects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
 
   // --- Queries. ---
   bool accepted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) { return accepted_; }
@@ -186,6 +192,8 @@ class Job {
   bool listed_ ABSL_GUARDED_BY(mu()) = false;  // on the engine's wait list
   // Layers below this are ready to send: the request's end, unless layer by layer.
   uint32_t ready_end_ ABSL_GUARDED_BY(mu());
+  // When the lease runs out; InfiniteFuture without one.
+  absl::Time lease_until_ ABSL_GUARDED_BY(mu()) = absl::InfiniteFuture();
 
   bool commit_posted_ ABSL_GUARDED_BY(mu()) = false;  // ever: the target may decide
   bool commit_in_flight_ ABSL_GUARDED_BY(mu()) = false;

@@ -334,6 +334,7 @@ void Landing::Finish(uint32_t index, uint32_t generation) {
                 slot.block_ids, slot.layer_begin, slot.layer_end, slot.landed, &event);
     event.set_code(static_cast<int>(slot.verdict.code()));
     event.set_message(std::string(slot.verdict.message()));
+    event.set_reason(ReasonOf(slot.verdict));
     source = slot.source_node;
     notice = EncodeVerdict(SlotId{index, generation},
                            static_cast<uint8_t>(VerdictOf(slot.verdict)));

@@ -305,3 +305,81 @@ TEST_F(TransferTest, GetTransferAndCancelTransferByEitherId) {
 
 }  // namespace
 }  // namespace fuselink::testing
+
+namespace fuselink::testing {
+namespace {
+
+// Leases: a layer-by-layer transfer whose prefill never says a layer is ready holds
+// the source only while someone renews its lease; once nobody does, it ends with
+// LEASE_EXPIRED and the source's outgoing watch hears it.
+TEST_F(TransferTest, ALeaseNobodyRenewsEndsTheTransferAndTellsTheSource) {
+  ASSERT_NO_FATAL_FAILURE(StartWithTensors());
+  WatchCall outgoing(a_->stub(), "kv", /*outgoing=*/true);
+  ASSERT_TRUE(outgoing.established());
+  auto call = [&](auto rpc, const auto& request) {
+    v1::TransferStatus status;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+    return (a_->stub().*rpc)(&context, request, &status);
+  };
+  v1::ExtendLeaseRequest extend;
+  extend.set_request_id("leased");
+
+  // Renewed for a while, then told every layer is ready: it completes.
+  v1::TransferRequest renewed = MakeRequest("renewed", "kv", {1, 2}, "kv", {1, 2});
+  renewed.set_layer_by_layer(true);
+  renewed.set_lease_ms(400);
+  TransferCall kept(a_->stub(), renewed);
+  ASSERT_TRUE(
+      kept.WaitForEvent([](const v1::TransferEvent& e) { return e.has_accepted(); }));
+  v1::ExtendLeaseRequest renew;
+  renew.set_request_id("renewed");
+  for (int i = 0; i < 6; ++i) {  // 1.2 s in all, three leases' worth
+    absl::SleepFor(absl::Milliseconds(200));
+    ASSERT_TRUE(call(&v1::Agent::Stub::ExtendLease, renew).ok());
+  }
+  v1::LayersReadyRequest ready;
+  ready.set_request_id("renewed");
+  ready.set_ready_end(kLayers);
+  ASSERT_TRUE(call(&v1::Agent::Stub::LayersReady, ready).ok());
+  TransferResult done = kept.Finish();
+  ASSERT_TRUE(done.status.ok()) << done.status.error_message();
+  EXPECT_TRUE(done.events.back().has_completed());
+  EXPECT_TRUE(HasError(call(&v1::Agent::Stub::ExtendLease, renew),
+                       grpc::StatusCode::FAILED_PRECONDITION, "TRANSFER_FINISHED"));
+
+  // Never renewed: it ends on its own, and the source hears why.
+  v1::TransferRequest leased = MakeRequest("leased", "kv", {3}, "kv", {3});
+  leased.set_layer_by_layer(true);
+  leased.set_lease_ms(300);
+  TransferResult expired = RunTransfer(a_->stub(), leased);
+  EXPECT_TRUE(
+      HasError(expired.status, grpc::StatusCode::DEADLINE_EXCEEDED, "LEASE_EXPIRED"));
+  ASSERT_TRUE(outgoing.WaitForEvents(2));
+  const v1::WatchEvent last = outgoing.events()[1];
+  EXPECT_EQ(last.code(), static_cast<int>(grpc::StatusCode::DEADLINE_EXCEEDED));
+  EXPECT_EQ(last.reason(), "LEASE_EXPIRED");
+  EXPECT_EQ(std::vector<uint32_t>(last.failed_block_ids().begin(),
+                                  last.failed_block_ids().end()),
+            std::vector<uint32_t>{3});
+  // Its tensors are free: nothing is stranded.
+  EXPECT_TRUE(UnregisterTensor(*a_, "kv").ok());
+  EXPECT_TRUE(UnregisterTensor(*b_, "kv").ok());
+
+  // Bad leases, each with its reason.
+  v1::TransferRequest too_long = MakeRequest("too-long", "kv", {0}, "kv", {0});
+  too_long.set_lease_ms(600'001);
+  EXPECT_TRUE(HasError(RunTransfer(a_->stub(), too_long).status,
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_LEASE"));
+  extend.set_request_id("renewed");
+  extend.set_lease_ms(600'001);
+  EXPECT_TRUE(HasError(call(&v1::Agent::Stub::ExtendLease, extend),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_LEASE"));
+  extend.set_request_id("no-such");
+  extend.set_lease_ms(0);
+  EXPECT_TRUE(HasError(call(&v1::Agent::Stub::ExtendLease, extend),
+                       grpc::StatusCode::NOT_FOUND, "UNKNOWN_TRANSFER"));
+}
+
+}  // namespace
+}  // namespace fuselink::testing

@@ -129,6 +129,16 @@ class ClientTest(unittest.TestCase):
         self.assertRaises(ValueError, self.router.transfer, "kv", self.router.node, "kv",
                           source_node=self.target_node)
 
+    def test_a_lease_nobody_renews_ends_the_transfer(self):
+        self.lend(self.source, "py-lease-src", fill=True)
+        self.lend(self.target, "py-lease-dst", fill=False)
+        self.assertError(grpc.StatusCode.DEADLINE_EXCEEDED, "LEASE_EXPIRED",
+                         self.router.transfer, "py-lease-src", self.target_node,
+                         "py-lease-dst", request_id="py-lease", layer_by_layer=True,
+                         lease_ms=200, timeout=WAIT_S)
+        self.assertError(grpc.StatusCode.FAILED_PRECONDITION, "TRANSFER_FINISHED",
+                         self.router.extend_lease, "py-lease")
+
     def test_explicit_watch(self):
         src = self.lend(self.source, "py-watch-src", fill=True)
         dst = self.lend(self.target, "py-watch-dst", fill=False, watch=False)

@@ -58,6 +58,7 @@ class JobTest : public ::testing::Test {
     ASSERT_TRUE(lease.ok());
     request_ = testing::MakeRequest("r1", "src", blocks, "dst", blocks);
     request_.set_layer_by_layer(layer_by_layer_);
+    request_.set_lease_ms(lease_ms_);
     auto transfer = std::make_shared<Transfer>(
         "t1", request_, "fp", std::vector<std::string>{"rail0", "rail1"}, deadline);
     job_ = std::make_shared<Job>(7, transfer, *std::move(lease), 0, &ctx_);
@@ -186,6 +187,7 @@ class JobTest : public ::testing::Test {
   bool prepare_now_ = true;
   std::vector<Posted> held_;
   bool layer_by_layer_ = false;             // Start()s the request layer by layer
+  uint32_t lease_ms_ = 0;                   // Start()s the request under this lease
   std::optional<v1::WatchEvent> outgoing_;  // what the outgoing watches heard
   bool finished_ = false;
   bool free_request_id_ = false;

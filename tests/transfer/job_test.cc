@@ -363,6 +363,54 @@ TEST_F(JobTest, LayersReadyNeedsALayerByLayerTransfer) {
   EXPECT_EQ(ReasonOf(s), "NOT_LAYER_BY_LAYER");
 }
 
+TEST_F(JobTest, AnExpiredLeaseStopsTheSourceAndARenewedOneDoesNot) {
+  lease_ms_ = 1000;
+  layer_by_layer_ = true;  // nothing is sent: only the lease can end it
+  Start();
+  EXPECT_EQ(timer(), now_ + absl::Seconds(1));
+  auto extend = [&](uint32_t ms) {
+    absl::Status s;
+    Do([&](Job& j, JobEffects* fx)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { s = j.ExtendLease(ms, fx); });
+    return s;
+  };
+  now_ += absl::Milliseconds(900);
+  ASSERT_TRUE(extend(0).ok());  // the request's own lease, from now
+  EXPECT_EQ(timer(), now_ + absl::Seconds(1));
+  ASSERT_TRUE(extend(100).ok());  // never sooner than before
+  EXPECT_EQ(timer(), now_ + absl::Seconds(1));
+  now_ += absl::Milliseconds(999);
+  Timer();
+  EXPECT_FALSE(finished_);
+  now_ += absl::Milliseconds(1);
+  Timer();
+  ASSERT_TRUE(finished_);
+  EXPECT_EQ(End(), std::make_pair(absl::StatusCode::kDeadlineExceeded,
+                                  std::string("LEASE_EXPIRED")));
+  EXPECT_EQ(Posts(ImmOp::kAbort), 1);  // the target lets go of its slot too
+  EXPECT_EQ(ReasonOf(extend(0)), "TRANSFER_FINISHED");
+}
+
+TEST_F(JobTest, AfterTheCommitTheLeaseNoLongerMatters) {
+  lease_ms_ = 1000;
+  Start();
+  Commit();
+  now_ += absl::Seconds(5);
+  Timer();
+  EXPECT_FALSE(finished_);
+  Verdict(Verdict::kCompleted);
+  EXPECT_EQ(state(), State::kCompleted);
+}
+
+TEST_F(JobTest, ExtendLeaseNeedsALease) {
+  Start();
+  absl::Status s;
+  Do([&](Job& j, JobEffects* fx)
+         ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { s = j.ExtendLease(1000, fx); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(s), "NO_LEASE");
+}
+
 TEST_F(JobTest, NothingIsPostedAfterShutdown) {
   Start();
   ctx_.posting_stopped.store(true);

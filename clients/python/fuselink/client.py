@@ -291,13 +291,15 @@ class Agent:
 
     def transfer(self, source_tensor, target_node, target_tensor, blocks=None,
                  target_blocks=None, layers=None, request_id=None, timeout=None,
-                 on_event=None, layer_by_layer=False, source_node=None):
+                 on_event=None, layer_by_layer=False, source_node=None, lease_ms=0):
         """Moves blocks of `source_tensor` on this agent's node into `target_tensor` on
         `target_node`, and returns the final fuselink.v1.TransferEvent (`completed`).
         `target_node` may be this node (an in-node move). With `source_node`, the
         source is that node's tensor: this agent forwards the request to that node's
         agent (the decode side pulling) and relays its events; `blocks` must then be
-        given, and layers_ready() goes to the source's agent.
+        given, and layers_ready() goes to the source's agent. With `lease_ms`, the
+        transfer holds its source only while extend_lease() renews it: one nobody
+        renews in time fails DEADLINE_EXCEEDED (LEASE_EXPIRED).
 
         `blocks` are source block ids (default: every block), copied in every layer
         moved into `target_blocks` (default: the same ids). `layers` is (begin, end)
@@ -324,7 +326,7 @@ class Agent:
                                       block_ids=blocks),
             target=agent_pb2.BlockSet(node=target_node, tensor=target_tensor,
                                       block_ids=target_blocks),
-            layer_by_layer=layer_by_layer)
+            layer_by_layer=layer_by_layer, lease_ms=lease_ms)
         if layers is not None:
             begin, end = (layers.start, layers.stop) if isinstance(layers, range) else layers
             request.layers.CopyFrom(agent_pb2.LayerRange(begin=begin, end=end))
@@ -342,6 +344,12 @@ class Agent:
             raise FuselinkError(grpc.StatusCode.UNKNOWN,
                                 "the transfer stream ended without a final event", event=last)
         return last
+
+    def extend_lease(self, request_id, lease_ms=0):
+        """Renews the lease of transfer `request_id` (this client's): it now runs out
+        `lease_ms` from now (0: its own lease). Returns its fuselink.v1.TransferStatus."""
+        return self._call(self._stub.ExtendLease, agent_pb2.ExtendLeaseRequest(
+            request_id=request_id, lease_ms=lease_ms))
 
     def layers_ready(self, request_id, ready_end):
         """Tells the layer-by-layer transfer `request_id` (this client's) that its layers

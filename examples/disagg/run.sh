@@ -13,6 +13,8 @@
 # build/python (the client the build made). PROMPTS (8), SEED (1), MAX_LEN (80) and
 # MAX_NEW (16) shape the run: random prompt lengths in 1..MAX_LEN from SEED.
 # LAYER_BY_LAYER=1: the prefill engine sends each layer as soon as it is computed.
+# IN_NODE=1: the decode engine lends its cache to node-a's agent too, and each move is
+# an in-node one (the agent's own copy engines, no NIC).
 # DEVICE (cpu) is where the engines keep the model, compute and their KV caches:
 # DEVICE=cuda puts both engines (and the router's single-engine check) on cuda:0,
 # each cache one CUDA tensor per layer lent by CUDA IPC; the agents then use the GPU
@@ -123,7 +125,13 @@ start_engine() {
   show_logs >&2
   return 1
 }
-start_engine decode "$b" node-b --writers "$mover"
+if [ "${IN_NODE:-0}" = 1 ]; then
+  # Prefill and decode on one machine: both lend to node-a, which moves each
+  # prompt's blocks itself (GPU to GPU, or host to host; no NIC).
+  start_engine decode "$a" node-a --writers "$mover"
+else
+  start_engine decode "$b" node-b --writers "$mover"
+fi
 start_engine prefill "$a" node-a --router_name prefill ${LAYER_BY_LAYER:+--layer_by_layer}
 
 status=0

@@ -160,6 +160,12 @@ ABSL_FLAG(uint32_t, tls_refresh_s, 10,
 ABSL_FLAG(bool, plaintext, false,
           "Serve and call without TLS and without authentication: anyone who reaches "
           "the ports may do anything. For a trusted test network only.");
+ABSL_FLAG(bool, accept_forwarded, false,
+          "Run the transfers other agents forward here (Peer.ForwardTransfer: a router "
+          "or decode side asked them for a transfer out of this node), checked as the "
+          "requester they name. A forwarding agent may name any requester, so this "
+          "trusts every peer agent to read this node's tensors as any router would; "
+          "off, forwarded requests are PERMISSION_DENIED (FORWARDING_OFF).");
 ABSL_FLAG(std::string, access_policy, "",
           "Identities and their roles, a fuselink.v1.AccessPolicy in JSON; empty: the "
           "default policy (docs/security.md).");
@@ -342,6 +348,7 @@ int main(int argc, char** argv) {
 
   const bool plaintext = absl::GetFlag(FLAGS_plaintext);
   options.open_access = plaintext;
+  options.accept_forwarded = absl::GetFlag(FLAGS_accept_forwarded);
   if (std::string path = absl::GetFlag(FLAGS_access_policy); !path.empty()) {
     absl::StatusOr<security::Policy> policy = security::Policy::LoadFile(path);
     if (!policy.ok()) return Fail(policy.status());

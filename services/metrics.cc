@@ -328,9 +328,13 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
       out.push_back(std::move(f));
     }
     counter("fuselink_in_node_failed_copies_total",
-            "In-node copies that failed on their GPU; their transfers failed "
-            "(LOCAL_COPY).",
+            "In-node writes whose copy (or the device work it waited for) failed; "
+            "their transfers failed.",
             static_cast<double>(node.in_node_counters().failed_copies));
+    counter("fuselink_in_node_refused_writes_total",
+            "In-node writes refused before a byte landed: no open window of this "
+            "node's own under their key (late, or closed), or outside it.",
+            static_cast<double>(node.in_node_counters().refused_writes));
     counter("fuselink_incoming_share_refusals_total",
             "PrepareIncoming calls refused because their source held its share of the "
             "incoming slots (RESOURCE_EXHAUSTED, SOURCE_SHARE).",

@@ -64,6 +64,8 @@ struct NodeOptions {
   // Who may do what (agent/security); open_access is --plaintext.
   security::Policy access_policy = security::Policy::Default();
   bool open_access = false;
+  // Peer.ForwardTransfer is served (--accept_forwarded).
+  bool accept_forwarded = false;
   // Calls to peer agents; null: plaintext.
   peer::PeerCredentials peer_credentials;
   // Traffic that is not ours (agent/nicstat): how it is judged, how often looked at.
@@ -84,6 +86,7 @@ class Node final : public fabric::Handler {
   void StopTransfers();
 
   const std::string& name() const { return options_.node; }
+  bool accepts_forwarded() const { return options_.accept_forwarded; }
   // The topology with transport and listening ports filled in.
   const v1::Topology& topology() const { return topology_; }
   memory::Registry& registry() { return *registry_; }

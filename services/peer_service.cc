@@ -1,5 +1,6 @@
 #include "services/peer_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
 #include "agent/peer/peer_directory.h"
@@ -80,6 +81,12 @@ grpc::ServerWriteReactor<v1::TransferEvent>* PeerService::ForwardTransfer(
   if (absl::StatusOr<security::Caller> peer = Authorize(context, request->from_node());
       !peer.ok()) {
     requester = peer.status();
+  } else if (!node_->accepts_forwarded()) {
+    requester = WithReason(
+        absl::PermissionDeniedError(absl::StrCat(
+            "node '", node_->name(),
+            "' runs no forwarded transfers (--accept_forwarded): ask its own agent")),
+        "FORWARDING_OFF");
   } else {
     // The forwarding agent authenticated its caller; the caller's rights are checked
     // here, by the same rules as a TransferKVCache sent to this agent.

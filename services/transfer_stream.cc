@@ -92,54 +92,38 @@ ForwardStream::ForwardStream(peer::PeerDirectory& peers,
   source_ = source;
   deadline_ = deadline;
   holds_.store(2);
+  // Reads are started from the server's OnWriteDone, outside the client reactor's
+  // own reactions: the hold keeps the forwarded call from finishing (and its reader
+  // from going) while a server write is out. Let go once a read comes back empty,
+  // or once the caller is gone.
+  upstream_.AddHold();
   upstream_.StartRead(&event_);
   upstream_.StartCall();
 }
 
 void ForwardStream::OnUpstreamRead(bool ok) {
-  if (!ok) return;  // the status follows, in OnUpstreamDone
-  {
-    absl::MutexLock lock(&mu_);
-    writing_ = true;
+  if (!ok) {
+    upstream_.RemoveHold();  // the status follows, in OnUpstreamDone
+    return;
   }
   StartWrite(&event_);
 }
 
 void ForwardStream::OnWriteDone(bool ok) {
-  std::optional<grpc::Status> finish;
-  {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (upstream_status_) {
-      finish = std::move(upstream_status_);
-      upstream_status_.reset();
-    }
-  }
-  if (finish) {
-    Finish(*finish);
-  } else if (ok) {
+  if (ok) {
     upstream_.StartRead(&event_);
-  } else {
-    upstream_context_.TryCancel();  // the caller went away
+    return;
   }
+  upstream_context_.TryCancel();  // the caller went away
+  upstream_.RemoveHold();
 }
 
 void ForwardStream::OnUpstreamDone(const grpc::Status& status) {
-  // The source's own errors keep their code and reason; a source that cannot be
-  // reached is UNAVAILABLE (PEER_UNREACHABLE), its deadline DEADLINE_EXCEEDED.
-  grpc::Status relayed =
-      status.ok() ? status
-                  : ToGrpcStatus(peer::PeerCallStatus(status, source_, deadline_));
-  bool now = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (writing_) {
-      upstream_status_ = std::move(relayed);
-    } else {
-      now = true;
-    }
-  }
-  if (now) Finish(relayed);
+  // No server write is out: the hold lasted until the last one was done. The
+  // source's own errors keep their code and reason; a source that cannot be reached
+  // is UNAVAILABLE (PEER_UNREACHABLE), its deadline DEADLINE_EXCEEDED.
+  Finish(status.ok() ? status
+                     : ToGrpcStatus(peer::PeerCallStatus(status, source_, deadline_)));
   Release();
 }
 

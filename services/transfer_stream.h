@@ -6,12 +6,9 @@
 
 #include <atomic>
 #include <memory>
-#include <optional>
 #include <string>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/peer/peer_directory.h"
 #include "agent/security/guard.h"
@@ -85,11 +82,7 @@ class ForwardStream final : public grpc::ServerWriteReactor<v1::TransferEvent> {
   std::shared_ptr<const void> session_;  // keeps the stub of the forwarded call
   std::string source_;
   absl::Time deadline_ = absl::InfiniteFuture();
-  v1::TransferEvent event_;  // read from the source, then written here
-  absl::Mutex mu_;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<grpc::Status> upstream_status_ ABSL_GUARDED_BY(mu_);
+  v1::TransferEvent event_;    // read from the source, then written here
   std::atomic<int> holds_{1};  // the caller's call, and the forwarded one once started
 };
 

@@ -42,6 +42,9 @@ InNodeFabric::~InNodeFabric() {
                    .bytes = q.op.bytes,
                    .status = absl::UnavailableError("the in-node lane stopped")});
   }
+  // The wrapped fabric flushes its own writes into the handler while this one's
+  // tables still exist.
+  wrapped_.reset();
 }
 
 absl::StatusOr<RegionKey> InNodeFabric::RegisterRegion(
@@ -273,7 +276,7 @@ absl::Status InNodeFabric::Start(const Region& to, uint64_t to_offset, const Reg
   const Place target{to.base + to_offset, to.gpu};
   const Place source{from.base + from_offset, from.gpu};
   if (!to.on_gpu() && !from.on_gpu()) {
-    std::memcpy(target.base, source.base, bytes);
+    std::memmove(target.base, source.base, bytes);  // tensors may alias
     return absl::OkStatus();
   }
   if (copier == nullptr) {

@@ -125,7 +125,7 @@ class InNodeFabric final : public Fabric {
                      uint64_t from_offset, uint32_t bytes, DeviceCopier* copier,
                      bool* device);
 
-  const std::unique_ptr<Fabric> wrapped_;
+  std::unique_ptr<Fabric> wrapped_;  // reset last in the destructor's body
   Handler* const handler_;
   const InNodeOptions options_;
 

@@ -20,7 +20,8 @@ constexpr uint64_t kBlockBytes = 64 << 10;
 class ForwardTest : public TwoNodeTest {
  protected:
   void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(StartMutualNodes());
+    // node-a, the source, runs what node-b forwards.
+    ASSERT_NO_FATAL_FAILURE(StartMutualNodes({"--accept_forwarded"}));
     const v1::Layout layout = MakeLayout(kLayers, kBlocks, kBlockBytes);
     absl::StatusOr<HostTensor> source = RegisterTensor(*a_, "kv", layout, 1);
     ASSERT_TRUE(source.ok()) << source.status();

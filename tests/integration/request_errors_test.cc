@@ -88,12 +88,12 @@ TEST_F(RequestErrorTest, UnknownSourceNode) {
   ExpectRefused(request, grpc::StatusCode::NOT_FOUND, "UNKNOWN_NODE");
 }
 
-// Forwarded to node-b's agent (tests/integration/forward_test.cc), which refuses an
-// in-node move of a block onto itself; its reason comes back unchanged.
-TEST_F(RequestErrorTest, SourceOnAnotherNodeIsForwardedAndItsRefusalComesBack) {
-  v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {0});
+// Forwarded to node-b's agent (tests/integration/forward_test.cc), which runs no
+// forwarded transfers unless told to (--accept_forwarded); its refusal comes back.
+TEST_F(RequestErrorTest, SourceOnAnotherNodeIsForwardedAndRefusedByDefault) {
+  v1::TransferRequest request = MakeRequest("r", "kv", {0}, "kv", {1});
   request.mutable_source()->set_node(kNodeB);
-  ExpectRefused(request, grpc::StatusCode::INVALID_ARGUMENT, "SAME_BLOCKS");
+  ExpectRefused(request, grpc::StatusCode::PERMISSION_DENIED, "FORWARDING_OFF");
 }
 
 // Past the per-request bound (about 1 MiB of block ids on each side, still a

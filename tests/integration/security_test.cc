@@ -82,11 +82,17 @@ double Refusals(AgentProcess& agent, const std::string& reason) {
   return v.ok() ? *v : -1;
 }
 
+// node-a, the source of the pulls below, runs what node-b forwards.
+std::vector<std::string> WithForwarding(std::vector<std::string> flags) {
+  flags.push_back("--accept_forwarded");
+  return flags;
+}
+
 class SecurityTest : public TwoNodeTest {
  protected:
   void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(
-        StartMutualNodes(AgentTlsFlags(kNodeA, false), AgentTlsFlags(kNodeB, false)));
+    ASSERT_NO_FATAL_FAILURE(StartMutualNodes(WithForwarding(AgentTlsFlags(kNodeA, false)),
+                                             AgentTlsFlags(kNodeB, false)));
   }
 };
 

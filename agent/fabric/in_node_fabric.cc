@@ -47,30 +47,41 @@ InNodeFabric::~InNodeFabric() {
   wrapped_.reset();
 }
 
-absl::StatusOr<RegionKey> InNodeFabric::RegisterRegion(
-    void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) {
-  FL_ASSIGN_OR_RETURN(RegionKey key, wrapped_->RegisterRegion(base, bytes, keepalive));
-  auto region = std::make_shared<Region>();
-  region->base = static_cast<uint8_t*>(base);
-  region->bytes = bytes;
-  region->keepalive = std::move(keepalive);
-  absl::MutexLock lock(&regions_mu_);
-  regions_[key] = std::move(region);
-  return key;
+namespace {
+
+// A failed GPU copy, as its write completes.
+absl::Status CopyFailed(const absl::Status& why) {
+  return WithReason(
+      absl::InternalError(absl::StrCat("in-node copy: ", why.message().substr(0, 256))),
+      "LOCAL_COPY");
 }
 
-absl::StatusOr<RegionKey> InNodeFabric::RegisterDeviceRegion(
-    uint64_t address, uint64_t bytes, int gpu, std::shared_ptr<const void> keepalive) {
-  FL_ASSIGN_OR_RETURN(RegionKey key,
-                      wrapped_->RegisterDeviceRegion(address, bytes, gpu, keepalive));
+}  // namespace
+
+RegionKey InNodeFabric::Mirror(RegionKey key, uint8_t* base, uint64_t bytes, int gpu,
+                               std::shared_ptr<const void> keepalive) {
   auto region = std::make_shared<Region>();
-  region->base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(address));
+  region->base = base;
   region->bytes = bytes;
   region->keepalive = std::move(keepalive);
   region->gpu = gpu;
   absl::MutexLock lock(&regions_mu_);
   regions_[key] = std::move(region);
   return key;
+}
+
+absl::StatusOr<RegionKey> InNodeFabric::RegisterRegion(
+    void* base, uint64_t bytes, std::shared_ptr<const void> keepalive) {
+  FL_ASSIGN_OR_RETURN(RegionKey key, wrapped_->RegisterRegion(base, bytes, keepalive));
+  return Mirror(key, static_cast<uint8_t*>(base), bytes, -1, std::move(keepalive));
+}
+
+absl::StatusOr<RegionKey> InNodeFabric::RegisterDeviceRegion(
+    uint64_t address, uint64_t bytes, int gpu, std::shared_ptr<const void> keepalive) {
+  FL_ASSIGN_OR_RETURN(RegionKey key,
+                      wrapped_->RegisterDeviceRegion(address, bytes, gpu, keepalive));
+  return Mirror(key, reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(address)), bytes,
+                gpu, std::move(keepalive));
 }
 
 absl::Status InNodeFabric::DeregisterRegion(RegionKey key) {
@@ -236,11 +247,7 @@ void InNodeFabric::LandBatch(std::vector<Queued>& batch, DeviceCopier* copier) {
   absl::Status copied = absl::OkStatus();
   if (device) {
     copied = copier->Wait();
-    if (!copied.ok()) {
-      copied = WithReason(absl::InternalError(absl::StrCat(
-                              "in-node copy: ", copied.message().substr(0, 256))),
-                          "LOCAL_COPY");
-    }
+    if (!copied.ok()) copied = CopyFailed(copied);
   }
   for (Pending& l : landings) {
     const WriteOp& op = l.write->op;
@@ -284,11 +291,8 @@ absl::Status InNodeFabric::Start(const Region& to, uint64_t to_offset, const Reg
                           "the in-node lane has no GPU copier for GPU memory"),
                       "LOCAL_COPY");
   }
-  absl::Status started = copier->Start(target, source, bytes);
-  if (!started.ok()) {
-    return WithReason(absl::InternalError(absl::StrCat("in-node copy: ",
-                                                       started.message().substr(0, 256))),
-                      "LOCAL_COPY");
+  if (absl::Status started = copier->Start(target, source, bytes); !started.ok()) {
+    return CopyFailed(started);
   }
   *device = true;
   return absl::OkStatus();

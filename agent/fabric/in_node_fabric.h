@@ -117,6 +117,9 @@ class InNodeFabric final : public Fabric {
   };
   // Writes a worker takes at once; their GPU copies share one wait.
   static constexpr size_t kBatch = 16;
+  // Records the wrapped fabric's region `key` for the lane's copies; returns `key`.
+  RegionKey Mirror(RegionKey key, uint8_t* base, uint64_t bytes, int gpu,
+                   std::shared_ptr<const void> keepalive);
   void Work(std::unique_ptr<DeviceCopier> copier);
   // Places the batch's writes and tells the handler of each.
   void LandBatch(std::vector<Queued>& batch, DeviceCopier* copier);

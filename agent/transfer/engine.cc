@@ -314,39 +314,35 @@ absl::StatusOr<std::shared_ptr<Transfer>> Engine::Find(
   return job->transfer();
 }
 
-absl::Status Engine::Cancel(const std::shared_ptr<Transfer>& transfer) {
+absl::Status Engine::OnJob(const std::shared_ptr<Transfer>& transfer, StatusEvent event) {
   absl::StatusOr<JobPtr> job = transfers_.Find(transfer->id(), "");
   if (!job.ok()) return job.status();
   absl::Status result;
-  Run(*job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
-    result = j.Stop(
-        WithReason(absl::CancelledError("cancelled by CancelTransfer"), "CANCELLED"),
-        /*force=*/false, fx);
-  });
+  Run(*job, [&](Job& j, JobEffects* fx)
+                ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { result = event(j, fx); });
   return result;
+}
+
+absl::Status Engine::Cancel(const std::shared_ptr<Transfer>& transfer) {
+  return OnJob(
+      transfer, [](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
+        return j.Stop(
+            WithReason(absl::CancelledError("cancelled by CancelTransfer"), "CANCELLED"),
+            /*force=*/false, fx);
+      });
 }
 
 absl::Status Engine::LayersReady(const std::shared_ptr<Transfer>& transfer,
                                  uint32_t end) {
-  absl::StatusOr<JobPtr> job = transfers_.Find(transfer->id(), "");
-  if (!job.ok()) return job.status();
-  absl::Status result;
-  Run(*job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
-    result = j.SetLayersReady(end, fx);
-  });
-  return result;
+  return OnJob(transfer, [end](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                             j.mu()) { return j.SetLayersReady(end, fx); });
 }
 
 absl::Status Engine::ExtendLease(const std::shared_ptr<Transfer>& transfer,
                                  uint32_t lease_ms) {
   FL_RETURN_IF_ERROR(CheckLeaseMs(lease_ms));
-  absl::StatusOr<JobPtr> job = transfers_.Find(transfer->id(), "");
-  if (!job.ok()) return job.status();
-  absl::Status result;
-  Run(*job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
-    result = j.ExtendLease(lease_ms, fx);
-  });
-  return result;
+  return OnJob(transfer, [lease_ms](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                             j.mu()) { return j.ExtendLease(lease_ms, fx); });
 }
 
 void Engine::AbortTensor(uint64_t tensor_id, const absl::Status& why) {

@@ -169,11 +169,15 @@ class Engine {
  private:
   using JobPtr = std::shared_ptr<Job>;
   using Event = absl::FunctionRef<void(Job& job, JobEffects* fx)>;
+  using StatusEvent = absl::FunctionRef<absl::Status(Job& job, JobEffects* fx)>;
 
   // Runs `event` on `job` under its lock, then what the job asked for; lists the job
   // if it must wait, or runs it again at once if a kick came while it tried.
   void Run(const JobPtr& job, Event event);
   void Apply(const JobPtr& job, JobEffects& fx);
+  // Runs `event` on the job of `transfer` and returns what it says: a caller's call on
+  // one transfer (cancel, layers ready, lease). NOT_FOUND once the job is forgotten.
+  absl::Status OnJob(const std::shared_ptr<Transfer>& transfer, StatusEvent event);
   void PrepareJob(const JobPtr& job);
   // Asks the target (its session up) to accept `job`, on a preparer thread.
   void Prepare(const JobPtr& job, IncomingSpec spec);

@@ -37,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 
 from kv_link import AgentSender, Arrivals, TransferFailed, follow_watch
-from model import Config, Model, PagedKvCache, greedy_decode, positions_needed, setup_device
+from model import PRESETS, PagedKvCache, greedy_decode, make_model, positions_needed, setup_device
 
 MAX_BODY_BYTES = 1 << 20  # far more than any prompt here; no request reads without end
 DEFAULT_BLOCKS = 64  # per engine: 8 requests of up to 128 positions at once
@@ -125,6 +125,9 @@ class PrefillEngine:
         self.send = send  # kv_link's send(); returns once the blocks have landed
         # Send each layer as soon as it is computed (send.start), not all at the end.
         self.layer_by_layer = layer_by_layer
+        # One prefill computes at a time, as an engine's one batch does; the transfers
+        # of earlier prompts go on meanwhile.
+        self._compute = threading.Lock()
 
     def prefill(self, body):
         config = self.model.config
@@ -140,35 +143,39 @@ class PrefillEngine:
         blocks = self.allocator.allocate(count)
         cuda = self.model.device.type == "cuda"
         try:
-            started = time.monotonic()
-            if self.layer_by_layer:
-                layered = self.send.start(blocks, target_node, target_tensor,
-                                          target_blocks[:count])
+            arrived = time.monotonic()
+            layered = on_layer = None
+            with self._compute:
+                started = time.monotonic()
+                if self.layer_by_layer:
+                    layered = self.send.start(blocks, target_node, target_tensor,
+                                              target_blocks[:count])
 
-                def layer_done(layer):
-                    if cuda:  # the agent reads the layer straight from the GPU
-                        torch.cuda.synchronize(self.model.device)
-                    layered.ready(layer + 1)
+                    def on_layer(layer):
+                        if cuda:  # the agent reads the layer straight from the GPU
+                            torch.cuda.synchronize(self.model.device)
+                        layered.ready(layer + 1)
 
                 first_token = int(self.model.prefill(tokens, blocks,
-                                                     on_layer=layer_done).argmax())
-                computed = time.monotonic()
-                layered.wait(request_id)
-            else:
-                first_token = int(self.model.prefill(tokens, blocks).argmax())
+                                                     on_layer=on_layer).argmax())
                 if cuda:
                     # The agent reads the blocks straight from the GPU: every write to
                     # them must be complete before the transfer starts.
                     torch.cuda.synchronize(self.model.device)
                 computed = time.monotonic()
+            if layered is not None:
+                layered.wait(request_id)
+            else:
                 self.send(request_id, blocks, target_node, target_tensor,
                           target_blocks[:count])
             sent = time.monotonic()
         finally:
             # Whether the transfer completed or failed, the agent is done with them.
             self.allocator.free(blocks)
-        return {"first_token": first_token, "prefill_ms": _ms(computed - started),
-                "transfer_ms": _ms(sent - computed)}
+        # transfer_ms: from the end of the computation until the blocks had landed;
+        # with layer_by_layer only what did not overlap the computation.
+        return {"first_token": first_token, "queue_ms": _ms(started - arrived),
+                "prefill_ms": _ms(computed - started), "transfer_ms": _ms(sent - computed)}
 
     def routes(self):
         return {"/prefill": self.prefill}
@@ -293,7 +300,7 @@ def reference_generate(config, prompts, max_new, device="cpu"):
     else:
         buffers = [bytearray(config.layer_bytes(num_blocks)) for _ in range(config.layers)]
     cache = PagedKvCache(config, num_blocks, buffers)
-    model = Model(config, cache)
+    model = make_model(config, cache)
     table = list(range(num_blocks))
     out = []
     for prompt in prompts:
@@ -354,12 +361,12 @@ def _write_ready(path, info):
 
 
 def _serve(args):
-    config = Config()
+    config = PRESETS[args.model]
     device = setup_device(args.device)
     # The caches first, in a fresh allocator: nothing freed yet to carve them from.
     cache, engine_agent, router_agent, watch = _lend(args, config, args.role, device)
     node = engine_agent.node
-    model = Model(config, cache)
+    model = make_model(config, cache)
     allocator = BlockAllocator(args.blocks)
     if args.role == "prefill":
         engine = PrefillEngine(model, allocator,
@@ -404,6 +411,8 @@ def main():
     p.add_argument("--ready_file", help="written with {url, node, tensor, ...} once serving")
     p.add_argument("--device", default="cpu",
                    help="cpu, or cuda[:index]: the model, its compute and the cache")
+    p.add_argument("--model", choices=sorted(PRESETS), default="tiny",
+                   help="model.PRESETS: tiny (the example's own) or llama (transformers)")
     p.add_argument("--blocks", type=int,
                    help=f"cache blocks (default: {DEFAULT_BLOCKS})")
     p.add_argument("--agent", help="this node's agent, host:port")
@@ -422,7 +431,7 @@ def main():
     args = p.parse_args()
     if args.reference:
         request = json.load(sys.stdin)
-        json.dump({"tokens": reference_generate(Config(), request["prompts"],
+        json.dump({"tokens": reference_generate(PRESETS[args.model], request["prompts"],
                                                 request["max_new"], args.device)},
                   sys.stdout)
         print()

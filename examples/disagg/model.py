@@ -47,6 +47,9 @@ def setup_device(name):
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    # "tiny": Model below; "llama": transformers' LlamaForCausalLM (hf_model.py) built
+    # from the same numbers (its rotary base is Llama's default, 10000, as rope_base's).
+    family: str = "tiny"
     vocab: int = 512
     layers: int = 4
     d_model: int = 128
@@ -73,6 +76,27 @@ class Config:
     def layer_bytes(self, num_blocks):
         """Bytes of one layer's cache tensor (float32)."""
         return math.prod(self.layer_shape(num_blocks)) * 4
+
+
+# The models an engine can serve (--model): the example's own, small enough for a CPU
+# in CI, and on a GPU a Llama of about 0.9 B parameters whose K/V per token (128 KiB
+# in float32) makes the transfer a real part of the time to first token.
+PRESETS = {
+    "tiny": Config(),
+    "llama": Config(family="llama", vocab=32000, layers=16, d_model=2048, heads=16,
+                    kv_heads=8, mlp_hidden=5632),
+}
+
+
+def make_model(config, cache):
+    """The model `config.family` names, computing into `cache` (a PagedKvCache)."""
+    if config.family == "tiny":
+        return Model(config, cache)
+    if config.family == "llama":
+        from hf_model import HfModel
+
+        return HfModel(config, cache)
+    raise ValueError(f"no model family {config.family!r}: tiny or llama")
 
 
 class PagedKvCache:

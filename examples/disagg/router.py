@@ -5,13 +5,18 @@ per request. With --check it also runs every prompt through a single in-process
 engine (engine.reference_generate) and exits 1 unless all tokens match exactly.
 
   router.py --prefill URL --decode URL [--prompts 8 --seed 1 --max_new 16] [--check]
+            [--poisson RPS [--on_s S --off_s S]]
+
+Without --poisson, --concurrency requests are in flight at a time. With it, requests
+arrive open-loop, in a Poisson process of RPS per second while the load is on, on for
+--on_s seconds, then off for --off_s, and so on (an on-off load); the summary gives
+the time to first token's p50 and p99 and the transfer's share of it.
 
 Exit status: 0 all requests served (and matched, with --check), 1 otherwise.
 """
 
 import argparse
 import concurrent.futures
-import dataclasses
 import json
 import random
 import sys
@@ -53,6 +58,25 @@ def make_prompts(seed, count, min_len, max_len, vocab):
             for _ in range(count)]
 
 
+def arrival_times(seed, count, rps, on_s, off_s):
+    """`count` arrival times (seconds from the start) of a Poisson process of `rps`
+    per second that runs only while the load is on: on for `on_s`, off for `off_s`,
+    repeating (off_s 0: always on)."""
+    rng = random.Random(seed)
+    times, busy = [], 0.0  # busy: time spent in on periods so far
+    for _ in range(count):
+        busy += rng.expovariate(rps)
+        periods, into = divmod(busy, on_s)
+        times.append(periods * (on_s + off_s) + into)
+    return times
+
+
+def percentile(values, p):
+    """The nearest-rank `p`-th percentile of `values` (non-empty)."""
+    ordered = sorted(values)
+    return ordered[max(0, -(-len(ordered) * p // 100) - 1)]
+
+
 def serve(prefill, decode, request_id, prompt, max_new):
     """One request through both engines; its tokens and timings."""
     started = time.monotonic()
@@ -74,23 +98,44 @@ def serve(prefill, decode, request_id, prompt, max_new):
             # TTFT: until the first token is in the router's hands. The prefill engine
             # answers once its transfer has completed, so the transfer is counted.
             "ttft_ms": round((first_token_at - started) * 1e3, 3),
-            "prefill_ms": pre["prefill_ms"], "transfer_ms": pre["transfer_ms"],
+            "queue_ms": pre["queue_ms"], "prefill_ms": pre["prefill_ms"],
+            "transfer_ms": pre["transfer_ms"],
             "kv_wait_ms": gen["wait_ms"], "decode_ms": gen["decode_ms"],
             "total_ms": round((done - started) * 1e3, 3)}
 
 
-def serve_all(prefill, decode, prompts, max_new, concurrency):
-    """Every prompt, `concurrency` at a time; results in prompt order, each a dict
-    from serve() or {"id", "error"}."""
+def serve_all(prefill, decode, prompts, max_new, concurrency, times=None):
+    """Every prompt, `concurrency` at a time, or each at its arrival time in `times`
+    (seconds from now; open-loop: nothing waits for earlier requests); results in
+    prompt order, each a dict from serve() or {"id", "error"}."""
+    start = time.monotonic()
+
     def one(i):
         request_id = f"r{i}"
+        if times is not None:
+            time.sleep(max(0.0, start + times[i] - time.monotonic()))
         try:
             return serve(prefill, decode, request_id, prompts[i], max_new)
         except (EngineError, OSError) as e:
             return {"id": request_id, "prompt_len": len(prompts[i]), "error": str(e)}
 
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+    workers = concurrency if times is None else len(prompts)
+    with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
         return list(pool.map(one, range(len(prompts))))
+
+
+def latency_summary(results):
+    """TTFT p50/p99/mean over the served requests, and which share of all their TTFT
+    was queueing for the prefill engine, computing, and the transfer."""
+    served = [r for r in results if "error" not in r]
+    if not served:
+        return {}
+    ttft = [r["ttft_ms"] for r in served]
+    total = sum(ttft)
+    return {"ttft_ms": {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99),
+                        "mean": round(total / len(ttft), 3)},
+            "share_of_ttft": {k: round(sum(r[f"{k}_ms"] for r in served) / total, 3)
+                              for k in ("queue", "prefill", "transfer")}}
 
 
 def check(results, prompts, max_new, config, device="cpu"):
@@ -116,6 +161,10 @@ def main():
     p.add_argument("--max_len", type=int, default=80)
     p.add_argument("--max_new", type=int, default=16, help="tokens per request")
     p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--poisson", type=float, metavar="RPS",
+                   help="open-loop arrivals, RPS per second while the load is on")
+    p.add_argument("--on_s", type=float, default=2.0, help="--poisson: on periods")
+    p.add_argument("--off_s", type=float, default=0.0, help="--poisson: off periods")
     p.add_argument("--check", action="store_true",
                    help="compare with a single engine's tokens; exit 1 on a difference")
     p.add_argument("--device", default="cpu",
@@ -128,16 +177,23 @@ def main():
         sys.exit(f"the engines run different models: {configs[0]} vs {configs[1]}")
     prompts = make_prompts(args.seed, args.prompts, args.min_len, args.max_len,
                            configs[0]["vocab"])
-    results = serve_all(args.prefill, args.decode, prompts, args.max_new, args.concurrency)
+    times = None
+    if args.poisson is not None:
+        if args.poisson <= 0 or args.on_s <= 0 or args.off_s < 0:
+            sys.exit("--poisson and --on_s must be > 0, --off_s >= 0")
+        times = arrival_times(args.seed, len(prompts), args.poisson, args.on_s, args.off_s)
+    results = serve_all(args.prefill, args.decode, prompts, args.max_new, args.concurrency,
+                        times)
     ok = all("error" not in r for r in results)
-    summary = {"requests": results, "served": sum("error" not in r for r in results)}
+    summary = {"requests": results, "served": sum("error" not in r for r in results),
+               **latency_summary(results)}
     if args.check:
-        from model import Config
+        from model import Config, setup_device
 
-        config = Config()
-        if dataclasses.asdict(config) != configs[0]:
-            sys.exit("the engines run another model than model.Config(): cannot check")
-        from model import setup_device
+        try:
+            config = Config(**configs[0])
+        except TypeError as e:
+            sys.exit(f"the engines run a model model.Config cannot describe: {e}")
 
         # Token-exact only on the engines' device: another one computes other bits.
         want = str(setup_device(args.device))

@@ -20,6 +20,13 @@
 # each cache one CUDA tensor per layer lent by CUDA IPC; the agents then use the GPU
 # (topology GPU i is CUDA device i: run everything with the same
 # CUDA_VISIBLE_DEVICES). The stand-in runs on the CPU only.
+# MODEL (tiny) is model.PRESETS' name: tiny, the example's own, or llama, transformers'
+# LlamaForCausalLM (hf_model.py; needs the transformers package). BLOCKS: each engine's
+# cache blocks (engine.py's default: 64).
+# RAILS=R: the agents run in a testbed instead (scripts/testbed.sh: two namespaces, R
+# rails shaped to RATE, default 10gbit; root), under POLICY (fuselink), so that the
+# prompt's own rail is one of R and the policy decides which carry its K/V.
+# ROUTER_ARGS: more flags for router.py (an on-off load: --poisson 4 --on_s 2 --off_s 2).
 # Exit: 0 all tokens match, 1 otherwise, 77 (skipped) where no python3 has torch,
 # grpc and protobuf, or with DEVICE=cuda where torch finds no CUDA GPU.
 set -euo pipefail
@@ -35,12 +42,17 @@ else
 fi
 example=$here/examples/disagg
 
-# shellcheck source=scripts/lib/agents.sh
-. "$here/scripts/lib/agents.sh"
+# shellcheck source=scripts/lib/testbed.sh
+. "$here/scripts/lib/testbed.sh"
 find_python torch grpc google.protobuf
 if [ -z "$python" ]; then
   echo "SKIP: no python3 with the torch, grpc and protobuf modules" \
     "(apt-get install python3-torch python3-grpcio python3-protobuf)"
+  exit 77
+fi
+model=${MODEL:-tiny}
+if [ "$model" = llama ] && ! "$python" -c 'import transformers' 2>/dev/null; then
+  echo "SKIP: MODEL=llama, but $python has no transformers package"
   exit 77
 fi
 device=${DEVICE:-cpu}
@@ -76,12 +88,19 @@ stop_all() {
   for p in "${engines[@]}"; do wait "$p" 2>/dev/null || true; done
   stop_agents
 }
+state=$run  # where the agents keep their logs and sockets (a testbed's own folder)
 show_logs() {
-  for f in node-a node-b prefill decode; do
-    [ -f "$run/$f.log" ] && { echo "--- $f.log"; tail -n 30 "$run/$f.log"; }
+  for f in "$state/node-a.log" "$state/node-b.log" "$run/prefill.log" "$run/decode.log"; do
+    [ -f "$f" ] && { echo "--- ${f##*/}"; tail -n 30 "$f"; }
   done
 }
-trap 'stop_all; rm -rf "$run"' EXIT
+tb_name=""
+teardown() {
+  stop_all
+  if [ -n "$tb_name" ]; then "$here/scripts/testbed.sh" down --name "$tb_name" >/dev/null; fi
+  rm -rf "$run"
+}
+trap teardown EXIT
 pki_init "$run/pki"
 # Each engine lends as an engine of its own, so each owns only its cache. The
 # prefill engine also asks for the transfers, as router/prefill (engine.py says
@@ -91,14 +110,31 @@ for id in engine/prefill engine/decode router/prefill; do
 done
 mover=spiffe://fuselink/router/prefill
 
-start_agent node-b 2 "" --nics=2
-b=$(field "$run/node-b.json" grpc)
-start_agent node-a 1 "node-b=$b" --nics=2
-a=$(field "$run/node-a.json" grpc)
+if [ -n "${RAILS:-}" ]; then
+  # Two emulated nodes, each agent in its namespace with RAILS shaped rails: node-a is
+  # namespace 0, node-b namespace 1. Engines stay in the root namespace and reach the
+  # agents on their management addresses, their caches through the handle sockets.
+  testbed_require
+  tb_name=dsg
+  "$here/scripts/testbed.sh" up --name "$tb_name" --nodes 2 --rails "$RAILS" \
+    --rate "${RATE:-10gbit}" >/dev/null
+  testbed_load "$tb_name"
+  state=$TESTBED_STATE
+  echo "testbed: 2 nodes, $RAILS rails at ${RATE:-10gbit}, policy ${POLICY:-fuselink}"
+  testbed_start_agent 1 node-b "" --policy="${POLICY:-fuselink}"
+  b=$(field "$state/node-b.json" grpc)
+  testbed_start_agent 0 node-a "node-b=$b" --policy="${POLICY:-fuselink}"
+  a=$(field "$state/node-a.json" grpc)
+else
+  start_agent node-b 2 "" --nics=2
+  b=$(field "$run/node-b.json" grpc)
+  start_agent node-a 1 "node-b=$b" --nics=2
+  a=$(field "$run/node-a.json" grpc)
+fi
 if [ "$device" != cpu ]; then
   # What each agent made of the GPUs, as it logs it at start (Node::OpenGpus).
   for n in node-a node-b; do
-    gpus=$(grep -m1 -E "GPUs are CUDA devices here|^no GPUs|GPU paths off" "$run/$n.log" || true)
+    gpus=$(grep -m1 -E "GPUs are CUDA devices here|^no GPUs|GPU paths off" "$state/$n.log" || true)
     echo "$n: ${gpus:-no GPU status in its log}"
     [[ $gpus =~ ^[1-9][0-9]*\ of\ the\ topology ]] || {
       echo "FAIL: agent $n has no CUDA device; it cannot import the caches" >&2
@@ -113,10 +149,11 @@ start_engine() {
   local role=$1 address=$2 node=$3
   shift 3
   "$python" "$example/engine.py" --role "$role" --agent "$address" \
-    --handle_socket "$run/$node.sock" --tls_dir "$run/pki" \
-    --ready_file "$run/$role.json" --device "$device" "$@" >"$run/$role.log" 2>&1 &
+    --handle_socket "$state/$node.sock" --tls_dir "$run/pki" --model "$model" \
+    ${BLOCKS:+--blocks "$BLOCKS"} --ready_file "$run/$role.json" --device "$device" \
+    "$@" >"$run/$role.log" 2>&1 &
   engines+=($!)
-  for _ in $(seq 600); do
+  for _ in $(seq 1200); do
     [ -s "$run/$role.json" ] && return 0
     kill -0 "${engines[-1]}" 2>/dev/null || break
     sleep 0.1
@@ -135,14 +172,25 @@ fi
 start_engine prefill "$a" node-a --router_name prefill ${LAYER_BY_LAYER:+--layer_by_layer}
 
 status=0
+check=--check
+[ "${CHECK:-1}" = 1 ] || check=""
+# shellcheck disable=SC2086  # ROUTER_ARGS: several flags, split on purpose
 "$python" "$example/router.py" --prefill "$(field "$run/prefill.json" url)" \
   --decode "$(field "$run/decode.json" url)" --prompts "${PROMPTS:-8}" \
   --seed "${SEED:-1}" --max_len "${MAX_LEN:-80}" --max_new "${MAX_NEW:-16}" \
-  --device "$device" --check >"$run/summary.json" || status=$?
-cat "$run/summary.json"
+  --device "$device" ${ROUTER_ARGS:-} $check >"$run/summary.json" || status=$?
+if [ -n "${SUMMARY:-}" ]; then cp "$run/summary.json" "$SUMMARY"; else cat "$run/summary.json"; fi
 if [ "$status" -ne 0 ]; then
   echo "FAIL: a request failed or its tokens differ from the single engine's" >&2
   show_logs >&2
   exit 1
 fi
-echo "PASS: every request's tokens equal the single engine's (device: $device)"
+"$python" -c 'import json, sys
+s = json.load(open(sys.argv[1]))
+print("served", s["served"], "TTFT ms", s.get("ttft_ms"), "share", s.get("share_of_ttft"))' \
+  "$run/summary.json"
+if [ -n "$check" ]; then
+  echo "PASS: every request's tokens equal the single engine's (device: $device, model: $model)"
+else
+  echo "PASS: every request served (CHECK=0: tokens not compared; device: $device, model: $model)"
+fi

@@ -65,6 +65,31 @@ class Pair:
             s.server_close()
 
 
+class LoadTest(unittest.TestCase):
+    def test_arrivals_fall_in_on_periods_at_the_rate(self):
+        times = router.arrival_times(7, 4000, rps=50, on_s=1.0, off_s=3.0)
+        self.assertEqual(times, sorted(times))
+        self.assertTrue(all(t % 4.0 < 1.0 for t in times), "an arrival while off")
+        on_time = times[-1] // 4.0 + min(times[-1] % 4.0, 1.0)
+        self.assertAlmostEqual(len(times) / on_time, 50, delta=3)
+        self.assertEqual(times, router.arrival_times(7, 4000, 50, 1.0, 3.0))
+        always_on = router.arrival_times(7, 100, rps=50, on_s=1.0, off_s=0.0)
+        self.assertLess(always_on[-1], 4.0)
+
+    def test_percentiles_and_shares(self):
+        self.assertEqual(router.percentile([5, 1, 3], 50), 3)
+        self.assertEqual(router.percentile(list(range(1, 101)), 99), 99)
+        self.assertEqual(router.percentile([7], 99), 7)
+        results = [{"ttft_ms": 10.0, "queue_ms": 1.0, "prefill_ms": 4.0, "transfer_ms": 5.0},
+                   {"ttft_ms": 30.0, "queue_ms": 3.0, "prefill_ms": 6.0, "transfer_ms": 21.0},
+                   {"id": "r2", "error": "lost"}]
+        summary = router.latency_summary(results)
+        self.assertEqual(summary["ttft_ms"], {"p50": 10.0, "p99": 30.0, "mean": 20.0})
+        self.assertEqual(summary["share_of_ttft"],
+                         {"queue": 0.1, "prefill": 0.25, "transfer": 0.65})
+        self.assertEqual(router.latency_summary([{"error": "lost"}]), {})
+
+
 class StandinTest(unittest.TestCase):
     config = Config()
 

@@ -6,8 +6,8 @@
 #             need, the generated Python package, and iproute2's .deb files
 #   there: run tool, carry [".gpu-carry"], command `bash .gpu-carry/run.sh [size_mib]`
 #          -> logs under $OUT (env.txt, one .txt per test binary, bench.txt,
-#             relay.txt, topo.txt, cluster.txt); RUN= picks parts:
-#             unit,bench,relay,topo,cluster
+#             relay.txt, topo.txt, cluster.txt, disagg.txt); RUN= picks parts:
+#             unit,bench,relay,topo,cluster,disagg (the last not by default)
 # And for scripts/bench-ab.sh on that machine's 16 quiet cores:
 #   here:  tests/gpu/device_carry.sh pack-bench NAME=BUILD_DIR:MODE...
 #          -> .bench-carry/: each build's agent and fuselink-bench, their libraries, jq
@@ -133,13 +133,33 @@ if [[ $run == *topo* ]]; then
   } 2>&1 | tee $OUT/topo.txt
   nvidia-smi topo -m 2>&1 | tee -a $OUT/topo.txt
 fi
+# The agent with the carried libraries; python and ip with the machine's own.
+printf '#!/bin/bash\nLD_LIBRARY_PATH=%s exec %s/fuselink-agent "$@"\n' "$LD_LIBRARY_PATH" "$C" \
+  >$C/agent.sh && chmod +x $C/agent.sh
 if [[ $run == *cluster* ]]; then
-  # The agent with the carried libraries; python and ip with the machine's own.
-  printf '#!/bin/bash\nLD_LIBRARY_PATH=%s exec %s/fuselink-agent "$@"\n' "$LD_LIBRARY_PATH" "$C" \
-    >$C/agent.sh && chmod +x $C/agent.sh
   LD_LIBRARY_PATH=/tmp/debs/usr/lib/x86_64-linux-gnu:/tmp/debs/lib/x86_64-linux-gnu \
     BENCH=${BENCH:-1} timeout 420 bash $C/../tests/gpu/gpu_cluster_test.sh $C/agent.sh \
     $C/python 2>&1 | tee $OUT/cluster.txt
+fi
+if [[ $run == *disagg* ]]; then
+  # examples/disagg with transformers' Llama on this GPU: one engine's tokens first
+  # (hf_model.py on its own), then token-exact through two agents, pushed, layer by
+  # layer and in-node (DISAGG_EXACT=0 skips these); DISAGG_BENCH=1 then the TTFT
+  # table on a testbed (bench.sh).
+  ex=$C/../examples/disagg
+  [ "${DISAGG_EXACT:-1}" = 1 ] && (cd $ex && timeout 120 python3 -c 'import time; t = time.time()
+from engine import reference_generate; from model import PRESETS
+print("llama alone:", reference_generate(PRESETS["llama"], [[1, 2, 3], [4, 5, 6, 7]], 4, "cuda"), round(time.time() - t, 1), "s")') 2>&1 | tee $OUT/disagg.txt
+  [ "${DISAGG_EXACT:-1}" = 1 ] && for v in MODEL=llama LAYER_BY_LAYER=1 IN_NODE=1; do
+    echo "== $v"
+    env MODEL=llama DEVICE=cuda PROMPTS=${DISAGG_PROMPTS:-16} MAX_LEN=${DISAGG_MAX_LEN:-1024} \
+      BLOCKS=1024 $v timeout 300 bash $ex/run.sh $C/agent.sh $C/python 2>&1 | grep -v '^{'
+  done 2>&1 | tee -a $OUT/disagg.txt
+  if [ "${DISAGG_BENCH:-0}" = 1 ]; then
+    LD_LIBRARY_PATH=/tmp/debs/usr/lib/x86_64-linux-gnu:/tmp/debs/lib/x86_64-linux-gnu \
+      OUT_DIR=$OUT/disagg-bench timeout 560 bash $ex/bench.sh $C/agent.sh $C/python 2>&1 |
+      tee $OUT/disagg-bench.txt
+  fi
 fi
 RUN
 chmod +x "$carry/run.sh"

@@ -23,6 +23,8 @@ import threading
 import torch
 import transformers
 
+from model import block_slots, check_table
+
 
 def _layer_kv(cache, index):
     """(keys, values) of layer `index` of a DynamicCache, each [1, kv_heads, seq, hd]:
@@ -71,17 +73,6 @@ class HfModel:
 
         return after_layer
 
-    def _slots(self, block_table, positions):
-        size = self.config.block_size
-        table = torch.tensor(block_table, dtype=torch.long, device=self.device)
-        return table[positions // size], positions % size
-
-    def _check_table(self, block_table, positions):
-        if len(block_table) < self.config.blocks_for(positions):
-            raise ValueError(f"{len(block_table)} blocks cannot hold {positions} positions")
-        if any(not 0 <= b < self.cache.num_blocks for b in block_table):
-            raise ValueError(f"a block id outside 0..{self.cache.num_blocks - 1}")
-
     @torch.no_grad()
     def prefill(self, tokens, block_table, on_layer=None):
         """As model.Model.prefill: the prompt's K and V of every layer into the blocks
@@ -90,9 +81,9 @@ class HfModel:
         n = len(tokens)
         if n == 0:
             raise ValueError("empty prompt")
-        self._check_table(block_table, n)
+        check_table(self.cache, block_table, n)
         positions = torch.arange(n, device=self.device)
-        blocks, offsets = self._slots(block_table, positions)
+        blocks, offsets = block_slots(self.cache, block_table, positions)
         hf_cache = transformers.DynamicCache()
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         self._local.prefill = (hf_cache, blocks, offsets, on_layer)
@@ -108,7 +99,7 @@ class HfModel:
         """As model.Model.decode_step: feeds `token` at `position` over the K and V of
         positions 0..position-1 read from the paged cache, appends its own there, and
         returns the next token's logits."""
-        self._check_table(block_table, position + 1)
+        check_table(self.cache, block_table, position + 1)
         c = self.config
         used = torch.tensor(block_table[:c.blocks_for(position)], dtype=torch.long,
                             device=self.device)
@@ -122,7 +113,7 @@ class HfModel:
         where = torch.tensor([position], device=self.device)
         out = self.hf(input_ids=ids, position_ids=where[None], past_key_values=hf_cache,
                       use_cache=True)
-        blocks, offsets = self._slots(block_table, where)
+        blocks, offsets = block_slots(self.cache, block_table, where)
         for index, layer in enumerate(self.cache.layers):
             keys, values = _layer_kv(hf_cache, index)
             layer[0, blocks, offsets] = keys[0, :, position:position + 1].transpose(0, 1)

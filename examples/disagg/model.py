@@ -142,6 +142,22 @@ class PagedKvCache:
             theirs[:, dst] = mine[:, src]
 
 
+def block_slots(cache, block_table, positions):
+    """(block ids, offsets) in `cache` of `positions` (a tensor on its device) under
+    `block_table`."""
+    size = cache.config.block_size
+    table = torch.tensor(block_table, dtype=torch.long, device=cache.device)
+    return table[positions // size], positions % size
+
+
+def check_table(cache, block_table, positions):
+    """ValueError unless `block_table` holds `positions` positions of `cache`."""
+    if len(block_table) < cache.config.blocks_for(positions):
+        raise ValueError(f"{len(block_table)} blocks cannot hold {positions} positions")
+    if any(not 0 <= b < cache.num_blocks for b in block_table):
+        raise ValueError(f"a block id outside 0..{cache.num_blocks - 1}")
+
+
 class Model:
     """The transformer: token embedding, then per layer RMSNorm, attention with rotary
     positions (grouped-query), RMSNorm, SwiGLU MLP, each around a residual; a final
@@ -220,18 +236,6 @@ class Model:
         gate = torch.nn.functional.silu(h @ block["w_gate"])
         return x + (gate * (h @ block["w_up"])) @ block["w_down"]
 
-    def _slots(self, block_table, positions):
-        """(block ids, offsets) of `positions` under `block_table`."""
-        size = self.config.block_size
-        table = torch.tensor(block_table, dtype=torch.long, device=self.device)
-        return table[positions // size], positions % size
-
-    def _check_table(self, block_table, positions):
-        if len(block_table) < self.config.blocks_for(positions):
-            raise ValueError(f"{len(block_table)} blocks cannot hold {positions} positions")
-        if any(not 0 <= b < self.cache.num_blocks for b in block_table):
-            raise ValueError(f"a block id outside 0..{self.cache.num_blocks - 1}")
-
     def _logits(self, x):
         return (self._norm(x, self.final_norm) @ self.lm_head)[-1]
 
@@ -244,9 +248,9 @@ class Model:
         n = len(tokens)
         if n == 0:
             raise ValueError("empty prompt")
-        self._check_table(block_table, n)
+        check_table(self.cache, block_table, n)
         positions = torch.arange(n, device=self.device)
-        blocks, offsets = self._slots(block_table, positions)
+        blocks, offsets = block_slots(self.cache, block_table, positions)
         x = self.embed[torch.tensor(tokens, dtype=torch.long, device=self.device)]
         for index, block in enumerate(self.blocks):
             q, k, v = self._qkv(block, self._norm(x, block["attn_norm"]), positions)
@@ -263,11 +267,11 @@ class Model:
     def decode_step(self, token, position, block_table):
         """Feeds `token` at `position` (the cache holds positions 0..position-1 of this
         request), appends its K and V, and returns the logits of the next token."""
-        self._check_table(block_table, position + 1)
+        check_table(self.cache, block_table, position + 1)
         used = torch.tensor(block_table[:self.config.blocks_for(position + 1)],
                             dtype=torch.long, device=self.device)
         positions = torch.tensor([position], device=self.device)
-        blocks, offsets = self._slots(block_table, positions)
+        blocks, offsets = block_slots(self.cache, block_table, positions)
         x = self.embed[torch.tensor([token], dtype=torch.long, device=self.device)]
         for index, block in enumerate(self.blocks):
             q, k, v = self._qkv(block, self._norm(x, block["attn_norm"]), positions)

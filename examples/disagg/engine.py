@@ -158,7 +158,7 @@ class PrefillEngine:
 
                 first_token = int(self.model.prefill(tokens, blocks,
                                                      on_layer=on_layer).argmax())
-                if cuda:
+                if cuda and layered is None:
                     # The agent reads the blocks straight from the GPU: every write to
                     # them must be complete before the transfer starts.
                     torch.cuda.synchronize(self.model.device)

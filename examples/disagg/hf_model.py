@@ -23,7 +23,7 @@ import threading
 import torch
 import transformers
 
-from model import block_slots, check_table
+from model import block_slots, check_table, prompt_slots
 
 
 def _layer_kv(cache, index):
@@ -78,12 +78,7 @@ class HfModel:
         """As model.Model.prefill: the prompt's K and V of every layer into the blocks
         of `block_table`, on_layer(l) once layer l's are there; the last position's
         logits ([vocab])."""
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("empty prompt")
-        check_table(self.cache, block_table, n)
-        positions = torch.arange(n, device=self.device)
-        blocks, offsets = block_slots(self.cache, block_table, positions)
+        positions, blocks, offsets = prompt_slots(self.cache, tokens, block_table)
         hf_cache = transformers.DynamicCache()
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         self._local.prefill = (hf_cache, blocks, offsets, on_layer)

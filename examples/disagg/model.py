@@ -150,6 +150,17 @@ def block_slots(cache, block_table, positions):
     return table[positions // size], positions % size
 
 
+def prompt_slots(cache, tokens, block_table):
+    """(positions, block ids, offsets) of a prompt of `tokens` under `block_table`;
+    ValueError for an empty prompt or a table that cannot hold it."""
+    n = len(tokens)
+    if n == 0:
+        raise ValueError("empty prompt")
+    check_table(cache, block_table, n)
+    positions = torch.arange(n, device=cache.device)
+    return (positions, *block_slots(cache, block_table, positions))
+
+
 def check_table(cache, block_table, positions):
     """ValueError unless `block_table` holds `positions` positions of `cache`."""
     if len(block_table) < cache.config.blocks_for(positions):
@@ -245,12 +256,7 @@ class Model:
         0..len-1 into the blocks of `block_table`, and returns the logits of the last
         position ([vocab]). `on_layer(l)` is called once layer l's K and V are in the
         cache, before layer l + 1 starts: the place for a layer-by-layer transfer."""
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("empty prompt")
-        check_table(self.cache, block_table, n)
-        positions = torch.arange(n, device=self.device)
-        blocks, offsets = block_slots(self.cache, block_table, positions)
+        positions, blocks, offsets = prompt_slots(self.cache, tokens, block_table)
         x = self.embed[torch.tensor(tokens, dtype=torch.long, device=self.device)]
         for index, block in enumerate(self.blocks):
             q, k, v = self._qkv(block, self._norm(x, block["attn_norm"]), positions)

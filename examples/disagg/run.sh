@@ -119,11 +119,11 @@ if [ -n "${RAILS:-}" ]; then
   "$here/scripts/testbed.sh" up --name "$tb_name" --nodes 2 --rails "$RAILS" \
     --rate "${RATE:-10gbit}" >/dev/null
   testbed_load "$tb_name"
-  state=$TESTBED_STATE
-  echo "testbed: 2 nodes, $RAILS rails at ${RATE:-10gbit}, policy ${POLICY:-fuselink}"
-  testbed_start_agent 1 node-b "" --policy="${POLICY:-fuselink}"
+  state=$TESTBED_STATE policy=${POLICY:-fuselink}
+  echo "testbed: 2 nodes, $RAILS rails at ${RATE:-10gbit}, policy $policy"
+  testbed_start_agent 1 node-b "" --policy="$policy"
   b=$(field "$state/node-b.json" grpc)
-  testbed_start_agent 0 node-a "node-b=$b" --policy="${POLICY:-fuselink}"
+  testbed_start_agent 0 node-a "node-b=$b" --policy="$policy"
   a=$(field "$state/node-a.json" grpc)
 else
   start_agent node-b 2 "" --nics=2

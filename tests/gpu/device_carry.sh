@@ -147,14 +147,16 @@ if [[ $run == *disagg* ]]; then
   # layer and in-node (DISAGG_EXACT=0 skips these); DISAGG_BENCH=1 then the TTFT
   # table on a testbed (bench.sh).
   ex=$C/../examples/disagg
-  [ "${DISAGG_EXACT:-1}" = 1 ] && (cd $ex && timeout 120 python3 -c 'import time; t = time.time()
+  if [ "${DISAGG_EXACT:-1}" = 1 ]; then
+    (cd $ex && timeout 120 python3 -c 'import time; t = time.time()
 from engine import reference_generate; from model import PRESETS
 print("llama alone:", reference_generate(PRESETS["llama"], [[1, 2, 3], [4, 5, 6, 7]], 4, "cuda"), round(time.time() - t, 1), "s")') 2>&1 | tee $OUT/disagg.txt
-  [ "${DISAGG_EXACT:-1}" = 1 ] && for v in MODEL=llama LAYER_BY_LAYER=1 IN_NODE=1; do
-    echo "== $v"
-    env MODEL=llama DEVICE=cuda PROMPTS=${DISAGG_PROMPTS:-16} MAX_LEN=${DISAGG_MAX_LEN:-1024} \
-      BLOCKS=1024 $v timeout 300 bash $ex/run.sh $C/agent.sh $C/python 2>&1 | grep -v '^{'
-  done 2>&1 | tee -a $OUT/disagg.txt
+    for v in "" LAYER_BY_LAYER=1 IN_NODE=1; do
+      echo "== ${v:-pushed whole}"
+      env MODEL=llama DEVICE=cuda PROMPTS=${DISAGG_PROMPTS:-16} MAX_LEN=${DISAGG_MAX_LEN:-1024} \
+        BLOCKS=1024 $v timeout 300 bash $ex/run.sh $C/agent.sh $C/python 2>&1 | grep -v '^{'
+    done 2>&1 | tee -a $OUT/disagg.txt
+  fi
   if [ "${DISAGG_BENCH:-0}" = 1 ]; then
     LD_LIBRARY_PATH=/tmp/debs/usr/lib/x86_64-linux-gnu:/tmp/debs/lib/x86_64-linux-gnu \
       OUT_DIR=$OUT/disagg-bench timeout 560 bash $ex/bench.sh $C/agent.sh $C/python 2>&1 |

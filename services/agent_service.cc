@@ -12,6 +12,7 @@
 #include "agent/memory/host_mapping.h"
 #include "agent/transfer/layout_proto.h"
 #include "services/request_checks.h"
+#include "services/transfer_control.h"
 #include "services/transfer_stream.h"
 
 namespace fuselink::services {
@@ -85,17 +86,6 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
   WatchHub& hub_;
   WatchHub::Watcher* watcher_ = nullptr;
 };
-
-// The caller's own transfers only: another router's are NOT_FOUND, as if none.
-absl::StatusOr<std::shared_ptr<transfer::Transfer>> FindTransfer(
-    transfer::Engine& engine, const std::string& transfer_id,
-    const std::string& request_id, const security::Caller& caller) {
-  if (transfer_id.empty() && request_id.empty()) {
-    return WithReason(absl::InvalidArgumentError("give transfer_id or request_id"),
-                      "MISSING_ID");
-  }
-  return engine.Find(transfer_id, request_id, caller.identity);
-}
 
 // A handle the driver refused: INVALID_ARGUMENT (BAD_GPU_HANDLE) with the driver's
 // words; out of memory and a dead context keep their own codes.
@@ -422,51 +412,48 @@ grpc::ServerWriteReactor<v1::TransferEvent>* AgentService::TransferKVCache(
   return new TransferStream(node_->engine(), context, *request, std::move(requester));
 }
 
-template <typename Request>
-grpc::ServerUnaryReactor* AgentService::OnOwnTransfer(
-    grpc::CallbackServerContext* context, const Request& request,
-    absl::string_view action, v1::TransferStatus* response,
-    absl::FunctionRef<absl::Status(const std::shared_ptr<transfer::Transfer>&)> act) {
+grpc::ServerUnaryReactor* AgentService::Control(grpc::CallbackServerContext* context,
+                                                v1::ForwardControlRequest call,
+                                                v1::TransferStatus* response) {
   absl::StatusOr<security::Caller> caller =
-      Authorize(context, Bit(Role::kRouter), action);
+      Authorize(context, Bit(Role::kRouter), ActionOf(call));
   if (!caller.ok()) return Answer(context, caller.status());
-  auto t =
-      FindTransfer(node_->engine(), request.transfer_id(), request.request_id(), *caller);
-  if (!t.ok()) return Answer(context, t.status());
-  const absl::Status s = act(*t);
-  *response = (*t)->Status();
-  return Answer(context, s);
+  const std::string& source = SourceOf(call, node_->name());
+  if (source == node_->name()) {
+    return Answer(context, RunControl(node_->engine(), call, *caller, response));
+  }
+  // Another node's transfer: its agent answers, asked as this caller.
+  call.set_from_node(node_->name());
+  call.set_requester(caller->identity);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  node_->peers().ForwardControl(
+      source, call, CallDeadline(context), response,
+      [reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* AgentService::GetTransfer(grpc::CallbackServerContext* context,
                                                     const v1::GetTransferRequest* request,
                                                     v1::TransferStatus* response) {
-  return OnOwnTransfer(context, *request, "follow transfers", response,
-                       [](const auto&) { return absl::OkStatus(); });
+  return Control(context, ControlOf(*request), response);
 }
 
 grpc::ServerUnaryReactor* AgentService::CancelTransfer(
     grpc::CallbackServerContext* context, const v1::CancelTransferRequest* request,
     v1::TransferStatus* response) {
-  return OnOwnTransfer(context, *request, "cancel transfers", response,
-                       [&](const auto& t) { return node_->engine().Cancel(t); });
+  return Control(context, ControlOf(*request), response);
 }
 
 grpc::ServerUnaryReactor* AgentService::ExtendLease(grpc::CallbackServerContext* context,
                                                     const v1::ExtendLeaseRequest* request,
                                                     v1::TransferStatus* response) {
-  return OnOwnTransfer(
-      context, *request, "renew transfers' leases", response,
-      [&](const auto& t) { return node_->engine().ExtendLease(t, request->lease_ms()); });
+  return Control(context, ControlOf(*request), response);
 }
 
 grpc::ServerUnaryReactor* AgentService::LayersReady(grpc::CallbackServerContext* context,
                                                     const v1::LayersReadyRequest* request,
                                                     v1::TransferStatus* response) {
-  return OnOwnTransfer(context, *request, "tell transfers their layers are ready",
-                       response, [&](const auto& t) {
-                         return node_->engine().LayersReady(t, request->ready_end());
-                       });
+  return Control(context, ControlOf(*request), response);
 }
 
 grpc::ServerWriteReactor<v1::WatchEvent>* AgentService::WatchTransfers(

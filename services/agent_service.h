@@ -5,8 +5,8 @@
 // UTF-8 is INVALID_ARGUMENT (BAD_UTF8), bytes that are no message MALFORMED_REQUEST.
 #pragma once
 
-#include "absl/functional/function_ref.h"
 #include "fuselink/v1/agent.grpc.pb.h"
+#include "fuselink/v1/peer.pb.h"
 #include "services/checked_request.h"
 #include "services/node.h"
 
@@ -62,13 +62,11 @@ class AgentService final : public CheckedService<v1::Agent> {
   // becomes whoever passed its descriptor.
   absl::StatusOr<memory::RegionMemory> Import(const v1::TensorMemory& memory,
                                               memory::Lender* lender);
-  // A router's call on one of its own transfers (named by transfer_id or request_id):
-  // `act` on it, then its status in `response`.
-  template <typename Request>
-  grpc::ServerUnaryReactor* OnOwnTransfer(
-      grpc::CallbackServerContext* context, const Request& request,
-      absl::string_view action, v1::TransferStatus* response,
-      absl::FunctionRef<absl::Status(const std::shared_ptr<transfer::Transfer>&)> act);
+  // A router's call on one of its own transfers (transfer_control.h): run here, or
+  // forwarded to the agent of the source node it names.
+  grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* context,
+                                    v1::ForwardControlRequest call,
+                                    v1::TransferStatus* response);
   // Checks the request, imports or maps the memory, registers it as the caller's.
   absl::StatusOr<memory::TensorInfo> Register(const v1::RegisterTensorRequest& request,
                                               const security::Caller& caller);

@@ -33,7 +33,8 @@ absl::Status Node::Start() {
   OpenGpus();
   FL_ASSIGN_OR_RETURN(std::unique_ptr<fabric::Fabric> wire, MakeFabric());
   // In-node moves: this node as a peer of its own, through its copy engines.
-  fabric::InNodeOptions in_node{.node = options_.node};
+  fabric::InNodeOptions in_node;
+  in_node.node = options_.node;
   if (gpu_ != nullptr) {
     in_node.copier =
         [gpu = gpu_.get()]() -> absl::StatusOr<std::unique_ptr<fabric::DeviceCopier>> {

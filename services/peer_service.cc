@@ -4,6 +4,7 @@
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
 #include "agent/peer/peer_directory.h"
+#include "services/transfer_control.h"
 #include "services/transfer_stream.h"
 
 namespace fuselink::services {
@@ -14,6 +15,14 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+absl::Status ForwardingOff(absl::string_view node) {
+  return WithReason(absl::PermissionDeniedError(absl::StrCat(
+                        "node '", node,
+                        "' runs no forwarded transfers (--accept_forwarded): ask its "
+                        "own agent")),
+                    "FORWARDING_OFF");
 }
 
 }  // namespace
@@ -82,11 +91,7 @@ grpc::ServerWriteReactor<v1::TransferEvent>* PeerService::ForwardTransfer(
       !peer.ok()) {
     requester = peer.status();
   } else if (!node_->accepts_forwarded()) {
-    requester = WithReason(
-        absl::PermissionDeniedError(absl::StrCat(
-            "node '", node_->name(),
-            "' runs no forwarded transfers (--accept_forwarded): ask its own agent")),
-        "FORWARDING_OFF");
+    requester = ForwardingOff(node_->name());
   } else {
     // The forwarding agent authenticated its caller; the caller's rights are checked
     // here, by the same rules as a TransferKVCache sent to this agent.
@@ -95,6 +100,24 @@ grpc::ServerWriteReactor<v1::TransferEvent>* PeerService::ForwardTransfer(
   }
   return new TransferStream(node_->engine(), context, request->request(),
                             std::move(requester));
+}
+
+grpc::ServerUnaryReactor* PeerService::ForwardControl(
+    grpc::CallbackServerContext* context, const v1::ForwardControlRequest* request,
+    v1::TransferStatus* response) {
+  if (absl::StatusOr<security::Caller> peer = Authorize(context, request->from_node());
+      !peer.ok()) {
+    return Answer(context, peer.status());
+  }
+  if (!node_->accepts_forwarded()) return Answer(context, ForwardingOff(node_->name()));
+  security::Guard& guard = node_->guard();
+  const security::Caller requester = guard.CallerOf(request->requester());
+  if (absl::Status s = guard.Require(requester, security::Bit(security::Role::kRouter),
+                                     ActionOf(*request));
+      !s.ok()) {
+    return Answer(context, s);
+  }
+  return Answer(context, RunControl(node_->engine(), *request, requester, response));
 }
 
 grpc::ServerUnaryReactor* PeerService::GetIncoming(grpc::CallbackServerContext* context,

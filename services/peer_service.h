@@ -26,6 +26,11 @@ class PeerService final : public v1::Peer::CallbackService {
   grpc::ServerWriteReactor<v1::TransferEvent>* ForwardTransfer(
       grpc::CallbackServerContext* context,
       const v1::ForwardTransferRequest* request) override;
+  // A call on a transfer of this node's that another agent was asked for, answered
+  // as if its requester had asked here.
+  grpc::ServerUnaryReactor* ForwardControl(grpc::CallbackServerContext* context,
+                                           const v1::ForwardControlRequest* request,
+                                           v1::TransferStatus* response) override;
 
  private:
   // The calling peer, if it holds the peer role and `claimed_node` is its own.

@@ -21,6 +21,12 @@ void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
       absl::ToChronoTime(std::min(deadline, absl::Now() + kBootstrapTimeout)));
 }
 
+absl::Status UnknownNode(absl::string_view node) {
+  return WithReason(
+      absl::NotFoundError(absl::StrCat("unknown node '", BoundedForMessage(node), "'")),
+      "UNKNOWN_NODE");
+}
+
 absl::Status ShuttingDown() {
   return WithReason(absl::UnavailableError("the agent is shutting down"),
                     "SHUTTING_DOWN");
@@ -37,6 +43,8 @@ absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
             "the transfer's deadline passed while calling node '", node, "'")),
         "DEADLINE");
   }
+  // Only Shutdown cancels this agent's own peer calls.
+  if (ReasonOf(s).empty() && absl::IsCancelled(s)) return ShuttingDown();
   if (ReasonOf(s).empty() && (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s))) {
     return WithReason(absl::UnavailableError(
                           absl::StrCat("cannot reach node '", node, "': ", s.message())),
@@ -80,9 +88,7 @@ void PeerDirectory::Bootstrap(absl::string_view node, absl::Time deadline,
                               BootstrapDone done) {
   std::shared_ptr<Session> session = Find(node);
   if (session == nullptr) {
-    std::move(done)(WithReason(
-        absl::NotFoundError(absl::StrCat("unknown node '", BoundedForMessage(node), "'")),
-        "UNKNOWN_NODE"));
+    std::move(done)(UnknownNode(node));
     return;
   }
   bool up_already = false;
@@ -294,9 +300,7 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::FabricPeer(absl::string_view node)
     absl::MutexLock lock(&remembered_mu_);
     auto it = remembered_.find(node);
     if (it == remembered_.end()) {
-      return WithReason(absl::NotFoundError(
-                            absl::StrCat("unknown node '", BoundedForMessage(node), "'")),
-                        "UNKNOWN_NODE");
+      return UnknownNode(node);
     }
     remote = it->second;
   }
@@ -309,26 +313,62 @@ absl::StatusOr<std::shared_ptr<const void>> PeerDirectory::StartForward(
     const v1::ForwardTransferRequest* request,
     grpc::ClientReadReactor<v1::TransferEvent>* reactor) {
   std::shared_ptr<Session> session = Find(node);
-  if (session == nullptr) {
-    return WithReason(
-        absl::NotFoundError(absl::StrCat("unknown node '", BoundedForMessage(node), "'")),
-        "UNKNOWN_NODE");
-  }
+  if (session == nullptr) return UnknownNode(node);
+  // Keeps the stub, and `context` in calls_ until the caller lets go.
+  struct Forward {
+    PeerDirectory* directory;
+    grpc::ClientContext* context;
+    std::shared_ptr<Session> session;
+    ~Forward() {
+      absl::MutexLock lock(&directory->calls_mu_);
+      directory->calls_.erase(context);
+    }
+  };
   {
     absl::MutexLock lock(&calls_mu_);
     if (shut_down_) return ShuttingDown();
+    calls_.insert(context);
   }
+  // Made in place: a temporary's destructor would take `context` off calls_.
+  std::shared_ptr<Forward> held(new Forward{this, context, session});
   session->stub->async()->ForwardTransfer(context, request, reactor);
-  return std::shared_ptr<const void>(std::move(session));
+  return std::shared_ptr<const void>(std::move(held));
+}
+
+void PeerDirectory::ForwardControl(absl::string_view node,
+                                   const v1::ForwardControlRequest& request,
+                                   absl::Time deadline, v1::TransferStatus* response,
+                                   std::function<void(const absl::Status&)> done) {
+  std::shared_ptr<Session> session = Find(node);
+  if (session == nullptr) return done(UnknownNode(node));
+  struct Pending {
+    explicit Pending(PeerDirectory& directory) : call(directory) {}
+    Call call;
+    v1::ForwardControlRequest request;
+    std::shared_ptr<Session> session;
+  };
+  auto* pending = new Pending(*this);
+  if (pending->call.refused()) {
+    delete pending;
+    return done(ShuttingDown());
+  }
+  pending->request = request;
+  pending->session = session;
+  SetDeadline(pending->call.context(), deadline);
+  session->stub->async()->ForwardControl(
+      &pending->call.context(), &pending->request, response,
+      [pending, deadline, done = std::move(done)](grpc::Status status) {
+        const std::string name = pending->session->name;
+        delete pending;  // off calls_ before the caller hears, which may end it all
+        done(status.ok() ? absl::OkStatus() : PeerCallStatus(status, name, deadline));
+      });
 }
 
 absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
     const transfer::IncomingSpec& spec) {
   std::shared_ptr<Session> found = Find(spec.target_node);
   if (found == nullptr) {
-    return WithReason(absl::NotFoundError(absl::StrCat(
-                          "unknown node '", BoundedForMessage(spec.target_node), "'")),
-                      "UNKNOWN_NODE");
+    return UnknownNode(spec.target_node);
   }
   Session& session = *found;
   FL_ASSIGN_OR_RETURN(fabric::PeerId peer, Connect(session, spec.deadline));
@@ -349,9 +389,7 @@ absl::StatusOr<std::optional<absl::Status>> PeerDirectory::QueryVerdict(
     absl::string_view target_node, absl::string_view transfer_id, absl::Time deadline) {
   std::shared_ptr<Session> session = Find(target_node);
   if (session == nullptr) {
-    return WithReason(
-        absl::NotFoundError(absl::StrCat("unknown node '", target_node, "'")),
-        "UNKNOWN_NODE");
+    return UnknownNode(target_node);
   }
   v1::GetIncomingRequest request;
   request.set_source_node(local_.node());

@@ -50,12 +50,20 @@ class PeerDirectory final : public transfer::PeerLink {
   bool Knows(absl::string_view node) const override;
   // Starts `reactor`'s Peer.ForwardTransfer call of `request` on `node`'s agent (the
   // caller then starts its reads and the call). NOT_FOUND (UNKNOWN_NODE); UNAVAILABLE
-  // (SHUTTING_DOWN). The result keeps the call's stub alive: hold it until the
-  // reactor's OnDone.
+  // (SHUTTING_DOWN). The result keeps the call's stub alive and `context` where
+  // Shutdown cancels it: hold it until the reactor's OnDone, and `context` longer.
   absl::StatusOr<std::shared_ptr<const void>> StartForward(
       absl::string_view node, grpc::ClientContext* context,
       const v1::ForwardTransferRequest* request,
       grpc::ClientReadReactor<v1::TransferEvent>* reactor);
+  // Calls Peer.ForwardControl of `request` on `node`'s agent without blocking;
+  // `done` gets the answer (in `response`, which must outlive it): the peer's own
+  // errors keep their code and reason; UNAVAILABLE (PEER_UNREACHABLE) when it does
+  // not answer, DEADLINE_EXCEEDED past `deadline`, NOT_FOUND (UNKNOWN_NODE),
+  // UNAVAILABLE (SHUTTING_DOWN). Shutdown cancels it.
+  void ForwardControl(absl::string_view node, const v1::ForwardControlRequest& request,
+                      absl::Time deadline, v1::TransferStatus* response,
+                      std::function<void(const absl::Status&)> done);
   bool SessionUp(absl::string_view node) const override;
   // One thread per session bootstrapping at a time; every caller waiting for it is
   // told when it ends. Shutdown cancels its Hello and joins it.
@@ -166,7 +174,8 @@ class PeerDirectory final : public transfer::PeerLink {
 
 // A failed peer call: the target's own verdict keeps its code; a call cut short by
 // the transfer's own `deadline` is that deadline passing, DEADLINE_EXCEEDED
-// (DEADLINE); not reaching the target at all is UNAVAILABLE, PEER_UNREACHABLE.
+// (DEADLINE); not reaching the target at all is UNAVAILABLE, PEER_UNREACHABLE; a call
+// Shutdown cancelled UNAVAILABLE, SHUTTING_DOWN.
 absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
                             absl::Time deadline);
 

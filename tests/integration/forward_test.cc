@@ -1,7 +1,9 @@
 // Any agent can be asked: a TransferKVCache sent to the target's agent (the decode side
 // pulling) is forwarded to the source's agent over the peer channel and its events
 // streamed back. The bytes, the stream, idempotency across the forward, the source's
-// errors with their reasons, and a source that cannot be reached.
+// errors with their reasons, and a source that cannot be reached. The calls a router
+// makes on a running transfer (GetTransfer, LayersReady, ExtendLease, CancelTransfer)
+// are forwarded the same way when they name the source's node.
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -29,6 +31,26 @@ class ForwardTest : public TwoNodeTest {
     absl::StatusOr<HostTensor> target = RegisterTensor(*b_, "kv", layout, 2);
     ASSERT_TRUE(target.ok()) << target.status();
     target_ = *std::move(target);
+  }
+
+  // One of the four calls on a transfer, asked of `agent`.
+  template <typename Request>
+  grpc::Status Control(AgentProcess& agent,
+                       grpc::Status (v1::Agent::Stub::*rpc)(grpc::ClientContext*,
+                                                            const Request&,
+                                                            v1::TransferStatus*),
+                       Request request, v1::TransferStatus* status = nullptr) {
+    v1::TransferStatus ignored;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+    return (agent.stub().*rpc)(&context, request, status ? status : &ignored);
+  }
+  template <typename Request>
+  static Request Naming(const std::string& request_id, const std::string& source) {
+    Request r;
+    r.set_request_id(request_id);
+    r.set_source_node(source);
+    return r;
   }
 
   HostTensor source_;
@@ -112,6 +134,126 @@ TEST_F(ForwardTest, TheSourcesErrorsComeBackWithTheirReasons) {
   }
   EXPECT_TRUE(Serves(*a_));
   EXPECT_TRUE(Serves(*b_));
+}
+
+// A pull the router follows and drives through the target's agent alone: the status,
+// each layer as it is ready, a renewed lease, and the source's own errors.
+TEST_F(ForwardTest, TheRouterDrivesAPulledTransferThroughTheTargetsAgent) {
+  std::vector<uint8_t> expected = Snapshot(target_);
+  const std::vector<uint32_t> ids = {2, 5};
+  v1::TransferRequest request = MakeRequest("lbl", "kv", ids, "kv", ids);
+  request.set_layer_by_layer(true);
+  request.set_lease_ms(5000);
+  TransferCall pull(b_->stub(), request);
+  ASSERT_TRUE(
+      pull.WaitForEvent([](const v1::TransferEvent& e) { return e.has_accepted(); }));
+
+  using Stub = v1::Agent::Stub;
+  v1::TransferStatus status;
+  ASSERT_TRUE(Control(*b_, &Stub::GetTransfer,
+                      Naming<v1::GetTransferRequest>("lbl", kNodeA), &status)
+                  .ok());
+  EXPECT_EQ(status.state(), v1::TRANSFER_STATE_RUNNING);
+  EXPECT_TRUE(absl::StartsWith(status.transfer_id(), "node-a-")) << status.transfer_id();
+  EXPECT_TRUE(
+      Control(*b_, &Stub::ExtendLease, Naming<v1::ExtendLeaseRequest>("lbl", kNodeA))
+          .ok());
+  auto ready = Naming<v1::LayersReadyRequest>("lbl", kNodeA);
+  ready.set_ready_end(2);
+  ASSERT_TRUE(Control(*b_, &Stub::LayersReady, ready).ok());
+  ASSERT_TRUE(pull.WaitForEvent([](const v1::TransferEvent& e) {
+    return e.has_layer_done() && e.layer_done().layer() == 1;
+  }));
+  // Not a layer the transfer has: the source's error, its reason intact.
+  ready.set_ready_end(kLayers + 1);
+  EXPECT_TRUE(HasError(Control(*b_, &Stub::LayersReady, ready),
+                       grpc::StatusCode::OUT_OF_RANGE, "LAYER_OUT_OF_RANGE"));
+  ready.set_ready_end(kLayers);
+  ASSERT_TRUE(Control(*b_, &Stub::LayersReady, ready).ok());
+  TransferResult done = pull.Finish();
+  ASSERT_TRUE(done.status.ok()) << done.status.error_message();
+  EXPECT_TRUE(done.events.back().has_completed());
+  expected = Expected(source_, target_, expected, ids, ids, 0, kLayers);
+  EXPECT_TRUE(Holds(target_, expected));
+
+  ASSERT_TRUE(Control(*b_, &Stub::GetTransfer,
+                      Naming<v1::GetTransferRequest>("lbl", kNodeA), &status)
+                  .ok());
+  EXPECT_EQ(status.state(), v1::TRANSFER_STATE_COMPLETED);
+  EXPECT_EQ(status.transfer_id(), done.events.back().transfer_id());
+  EXPECT_TRUE(HasError(Control(*b_, &Stub::CancelTransfer,
+                               Naming<v1::CancelTransferRequest>("lbl", kNodeA)),
+                       grpc::StatusCode::FAILED_PRECONDITION, "TRANSFER_FINISHED"));
+  // Without source_node the target's agent looks among its own transfers: none.
+  EXPECT_TRUE(HasError(
+      Control(*b_, &Stub::GetTransfer, Naming<v1::GetTransferRequest>("lbl", "")),
+      grpc::StatusCode::NOT_FOUND, "UNKNOWN_TRANSFER"));
+}
+
+TEST_F(ForwardTest, ACancelSentToTheTargetsAgentEndsThePull) {
+  v1::TransferRequest request = MakeRequest("stop-me", "kv", {1}, "kv", {1});
+  request.set_layer_by_layer(true);  // nothing is sent until told: it waits
+  TransferCall pull(b_->stub(), request);
+  ASSERT_TRUE(
+      pull.WaitForEvent([](const v1::TransferEvent& e) { return e.has_accepted(); }));
+  ASSERT_TRUE(Control(*b_, &v1::Agent::Stub::CancelTransfer,
+                      Naming<v1::CancelTransferRequest>("stop-me", kNodeA))
+                  .ok());
+  TransferResult ended = pull.Finish();
+  EXPECT_TRUE(HasError(ended.status, grpc::StatusCode::CANCELLED, "CANCELLED"));
+  v1::TransferStatus status;
+  ASSERT_TRUE(Control(*a_, &v1::Agent::Stub::GetTransfer,
+                      Naming<v1::GetTransferRequest>("stop-me", ""), &status)
+                  .ok());
+  EXPECT_EQ(status.state(), v1::TRANSFER_STATE_CANCELLED);
+}
+
+TEST_F(ForwardTest, ForwardedCallsOnTransfersFailWithTheirReasons) {
+  using Stub = v1::Agent::Stub;
+  EXPECT_TRUE(HasError(
+      Control(*b_, &Stub::GetTransfer, Naming<v1::GetTransferRequest>("x", "node-z")),
+      grpc::StatusCode::NOT_FOUND, "UNKNOWN_NODE"));
+  EXPECT_TRUE(HasError(
+      Control(*b_, &Stub::GetTransfer, Naming<v1::GetTransferRequest>("", kNodeA)),
+      grpc::StatusCode::INVALID_ARGUMENT, "MISSING_ID"));
+  EXPECT_TRUE(HasError(Control(*b_, &Stub::ExtendLease,
+                               Naming<v1::ExtendLeaseRequest>("never-sent", kNodeA)),
+                       grpc::StatusCode::NOT_FOUND, "UNKNOWN_TRANSFER"));
+  ASSERT_TRUE(
+      RunTransfer(a_->stub(), MakeRequest("plain", "kv", {0}, "kv", {0})).status.ok());
+  EXPECT_TRUE(HasError(
+      Control(*b_, &Stub::ExtendLease, Naming<v1::ExtendLeaseRequest>("plain", kNodeA)),
+      grpc::StatusCode::FAILED_PRECONDITION, "NO_LEASE"));
+  auto ready = Naming<v1::LayersReadyRequest>("plain", kNodeA);
+  ready.set_ready_end(1);
+  EXPECT_TRUE(HasError(Control(*b_, &Stub::LayersReady, ready),
+                       grpc::StatusCode::FAILED_PRECONDITION, "NOT_LAYER_BY_LAYER"));
+  EXPECT_TRUE(Serves(*a_));
+  EXPECT_TRUE(Serves(*b_));
+  // A source that does not answer.
+  a_->Kill();
+  EXPECT_TRUE(HasError(
+      Control(*b_, &Stub::GetTransfer, Naming<v1::GetTransferRequest>("plain", kNodeA)),
+      grpc::StatusCode::UNAVAILABLE, "PEER_UNREACHABLE"));
+  EXPECT_TRUE(Serves(*b_));
+  a_.reset();
+}
+
+// Stopping, the target's agent ends the pulls it forwards, whose source still waits,
+// and exits cleanly: they are told SHUTTING_DOWN, not left to the server's grace.
+TEST_F(ForwardTest, AStoppingAgentEndsTheCallsItForwarded) {
+  v1::TransferRequest request = MakeRequest("waits", "kv", {1}, "kv", {1});
+  request.set_layer_by_layer(true);  // the source sends nothing until told
+  TransferCall pull(b_->stub(), request);
+  ASSERT_TRUE(
+      pull.WaitForEvent([](const v1::TransferEvent& e) { return e.has_accepted(); }));
+  b_->Terminate();
+  TransferResult ended = pull.Finish();
+  EXPECT_TRUE(HasError(ended.status, grpc::StatusCode::UNAVAILABLE, "SHUTTING_DOWN"))
+      << ended.status.error_message();
+  EXPECT_TRUE(b_->Stop().ok());
+  b_.reset();
+  EXPECT_TRUE(Serves(*a_));
 }
 
 TEST_F(ForwardTest, ASourceThatCannotBeReachedIsUnavailable) {

@@ -96,6 +96,19 @@ TEST_F(RequestErrorTest, SourceOnAnotherNodeIsForwardedAndRefusedByDefault) {
   ExpectRefused(request, grpc::StatusCode::PERMISSION_DENIED, "FORWARDING_OFF");
 }
 
+// So are the calls on such a transfer: node-b refuses to answer them for node-a.
+TEST_F(RequestErrorTest, CallsOnAnotherNodesTransferAreRefusedByDefault) {
+  v1::LayersReadyRequest ready;
+  ready.set_request_id("r");
+  ready.set_ready_end(1);
+  ready.set_source_node(kNodeB);
+  v1::TransferStatus status;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  EXPECT_TRUE(HasError(a_->stub().LayersReady(&context, ready, &status),
+                       grpc::StatusCode::PERMISSION_DENIED, "FORWARDING_OFF"));
+}
+
 // Past the per-request bound (about 1 MiB of block ids on each side, still a
 // message gRPC accepts).
 TEST_F(RequestErrorTest, TooManyBlocks) {

@@ -227,6 +227,19 @@ TEST_F(SecurityTest, TensorsAreTheirOwnersAndMoveOnlyAsGranted) {
                   MakeRequest("r1-pull", "src", AllBlocks(), "dst", AllBlocks()));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_TRUE(SameBytes(*src.buffer, *dst.buffer));
+  // Followed through node-b, the pull is r1's alone: node-a finds it for r1 and for
+  // nobody else; only a router may ask at all.
+  v1::GetTransferRequest pulled;
+  pulled.set_request_id("r1-pull");
+  pulled.set_source_node(kNodeA);
+  v1::TransferStatus pull_status;
+  grpc::ClientContext p1, p2, p3;
+  ASSERT_TRUE(r1_at_b->GetTransfer(&p1, pulled, &pull_status).ok());
+  EXPECT_EQ(pull_status.state(), v1::TRANSFER_STATE_COMPLETED);
+  EXPECT_TRUE(HasError(r2_at_b->GetTransfer(&p2, pulled, &pull_status),
+                       grpc::StatusCode::NOT_FOUND, "UNKNOWN_TRANSFER"));
+  EXPECT_TRUE(HasError(e1b->GetTransfer(&p3, pulled, &pull_status),
+                       grpc::StatusCode::PERMISSION_DENIED, "ROLE_REQUIRED"));
   std::fill(dst.buffer->span().begin(), dst.buffer->span().end(), 0);
   // r1 is granted both: the bytes arrive.
   r = RunTransfer(*r1, MakeRequest("r1", "src", AllBlocks(), "dst", AllBlocks()));
@@ -295,12 +308,21 @@ TEST_F(SecurityTest, APeerSpeaksOnlyForItsOwnNode) {
   EXPECT_FALSE(forwarded->Read(&event));
   EXPECT_TRUE(HasError(forwarded->Finish(), grpc::StatusCode::PERMISSION_DENIED,
                        "NODE_MISMATCH"));
+  // Nor ask about, or cancel, a transfer as node-a.
+  v1::ForwardControlRequest control;
+  control.set_from_node(kNodeA);
+  control.set_requester("spiffe://fuselink/router/r1");
+  control.mutable_cancel()->set_request_id("x");
+  v1::TransferStatus controlled;
+  grpc::ClientContext c6;
+  EXPECT_TRUE(HasError(x->ForwardControl(&c6, control, &controlled),
+                       grpc::StatusCode::PERMISSION_DENIED, "NODE_MISMATCH"));
   // A router's certificate is no peer's.
   auto router = v1::Peer::NewStub(ClientChannel(b_->grpc_address(), "router", "r1"));
   grpc::ClientContext c4;
   EXPECT_TRUE(HasError(router->PrepareIncoming(&c4, prepare, &prepared),
                        grpc::StatusCode::PERMISSION_DENIED, "ROLE_REQUIRED"));
-  EXPECT_EQ(Refusals(*b_, "NODE_MISMATCH"), 4);
+  EXPECT_EQ(Refusals(*b_, "NODE_MISMATCH"), 5);
   EXPECT_TRUE(Serves(*b_));
 }
 

@@ -73,6 +73,17 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(tensor.layout.block_bytes, BLOCK_BYTES)
         return buffer
 
+    def until_started(self, call, *args):
+        """call(*args) once the transfer it names exists at the source (a transfer
+        started on another thread); its answer."""
+        for _ in range(200):
+            try:
+                return call(*args)
+            except fuselink.FuselinkError as e:
+                self.assertEqual(e.reason, "UNKNOWN_TRANSFER")
+                time.sleep(0.01)
+        self.fail("the transfer never started")
+
     def assertError(self, code, reason, fn, *args, **kwargs):
         with self.assertRaises(fuselink.FuselinkError) as caught:
             fn(*args, **kwargs)
@@ -291,15 +302,7 @@ class ClientTest(unittest.TestCase):
 
         sender = threading.Thread(target=run)
         sender.start()
-        status = None
-        for _ in range(200):  # until the transfer exists at the source
-            try:
-                status = self.router.layers_ready("py-lbl", 0)
-                break
-            except fuselink.FuselinkError as e:
-                self.assertEqual(e.reason, "UNKNOWN_TRANSFER")
-                time.sleep(0.01)
-        self.assertIsNotNone(status)
+        self.until_started(self.router.layers_ready, "py-lbl", 0)
         for ready in range(1, LAYERS + 1):
             time.sleep(0.05)  # "computing" the next layer
             status = self.router.layers_ready("py-lbl", ready)
@@ -321,6 +324,33 @@ class ClientTest(unittest.TestCase):
                          self.router.layers_ready, "py-whole", 1)
         self.assertError(grpc.StatusCode.NOT_FOUND, "UNKNOWN_TRANSFER",
                          self.router.layers_ready, "py-none", 1)
+
+    def test_get_transfer_and_cancel(self):
+        self.lend(self.source, "py-stop-src", fill=True)
+        self.lend(self.target, "py-stop-dst", fill=False)
+        outcome = {}
+
+        def run():
+            try:
+                self.router.transfer("py-stop-src", self.target_node, "py-stop-dst",
+                                     blocks=[1], request_id="py-stop",
+                                     layer_by_layer=True, timeout=WAIT_S)
+            except fuselink.FuselinkError as e:
+                outcome["error"] = e
+
+        sender = threading.Thread(target=run)
+        sender.start()
+        status = self.until_started(self.router.get_transfer, "py-stop")
+        self.assertEqual(status.state, agent_pb2.TRANSFER_STATE_RUNNING)
+        self.router.cancel("py-stop")
+        sender.join(WAIT_S)
+        self.assertEqual(outcome["error"].reason, "CANCELLED")
+        self.assertEqual(self.router.get_transfer("py-stop").state,
+                         agent_pb2.TRANSFER_STATE_CANCELLED)
+        # Named with another node as its source, the call goes to that node's agent,
+        # which here runs no forwarded calls.
+        self.assertError(grpc.StatusCode.PERMISSION_DENIED, "FORWARDING_OFF",
+                         self.router.get_transfer, "py-stop", source_node=self.target_node)
 
     def test_layouts_of_parts_are_checked(self):
         def request(name, parts, sizes, layers=1, blocks=2, **layout):

@@ -297,7 +297,8 @@ class Agent:
         `target_node` may be this node (an in-node move). With `source_node`, the
         source is that node's tensor: this agent forwards the request to that node's
         agent (the decode side pulling) and relays its events; `blocks` must then be
-        given, and layers_ready() goes to the source's agent. With `lease_ms`, the
+        given, and get_transfer(), cancel(), layers_ready() and extend_lease() name the
+        same `source_node` (any agent forwards them to the source's). With `lease_ms`, the
         transfer holds its source only while extend_lease() renews it: one nobody
         renews in time fails DEADLINE_EXCEEDED (LEASE_EXPIRED).
 
@@ -345,18 +346,31 @@ class Agent:
                                 "the transfer stream ended without a final event", event=last)
         return last
 
-    def extend_lease(self, request_id, lease_ms=0):
+    def get_transfer(self, request_id, source_node=""):
+        """The fuselink.v1.TransferStatus of transfer `request_id` (this client's).
+        `source_node`: the transfer's source when it is not this agent's node (this
+        agent asks the source's); the same holds for the calls below."""
+        return self._call(self._stub.GetTransfer, agent_pb2.GetTransferRequest(
+            request_id=request_id, source_node=source_node))
+
+    def cancel(self, request_id, source_node=""):
+        """Cancels transfer `request_id`: it ends CANCELLED once its chunks in flight
+        drain. Returns its fuselink.v1.TransferStatus."""
+        return self._call(self._stub.CancelTransfer, agent_pb2.CancelTransferRequest(
+            request_id=request_id, source_node=source_node))
+
+    def extend_lease(self, request_id, lease_ms=0, source_node=""):
         """Renews the lease of transfer `request_id` (this client's): it now runs out
         `lease_ms` from now (0: its own lease). Returns its fuselink.v1.TransferStatus."""
         return self._call(self._stub.ExtendLease, agent_pb2.ExtendLeaseRequest(
-            request_id=request_id, lease_ms=lease_ms))
+            request_id=request_id, lease_ms=lease_ms, source_node=source_node))
 
-    def layers_ready(self, request_id, ready_end):
+    def layers_ready(self, request_id, ready_end, source_node=""):
         """Tells the layer-by-layer transfer `request_id` (this client's) that its layers
         below `ready_end` exist; they are sent while the rest are computed. Returns
         its fuselink.v1.TransferStatus."""
         return self._call(self._stub.LayersReady, agent_pb2.LayersReadyRequest(
-            request_id=request_id, ready_end=ready_end))
+            request_id=request_id, ready_end=ready_end, source_node=source_node))
 
     def unregister(self, name):
         """Takes the tensor back from the agent and lets go of it here."""

@@ -1,5 +1,7 @@
 #include "services/agent_service.h"
 
+#include <sys/stat.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -213,12 +215,19 @@ absl::StatusOr<memory::RegionMemory> AgentService::Import(const v1::TensorMemory
       const v1::HostMemory& host = memory.host();
       FL_ASSIGN_OR_RETURN(memory::LentFd lent, node_->fd_tokens().Take(host.fd_token()));
       if (!lender->known) *lender = lent.lender;
+      // Two mappings of one file are the same memory: known by its device and inode.
+      struct stat file;
+      if (fstat(lent.fd.get(), &file) != 0) return BadMemory("the memory's file is gone");
+      const memory::MemoryExtent extent{.file = {static_cast<uint64_t>(file.st_dev),
+                                                 static_cast<uint64_t>(file.st_ino)},
+                                        .begin = host.offset_bytes(),
+                                        .bytes = host.size_bytes()};
       FL_ASSIGN_OR_RETURN(
           std::shared_ptr<memory::HostMapping> mapping,
           memory::HostMapping::Map(std::move(lent.fd), host.offset_bytes(),
                                    host.size_bytes()));
       auto* base = static_cast<uint8_t*>(mapping->data());
-      return memory::RegionMemory{base, host.size_bytes(), std::move(mapping)};
+      return memory::RegionMemory{base, host.size_bytes(), std::move(mapping), extent};
     }
     case v1::TensorMemory::kCudaIpc: {
       const v1::CudaIpcMemory& ipc = memory.cuda_ipc();
@@ -231,9 +240,11 @@ absl::StatusOr<memory::RegionMemory> AgentService::Import(const v1::TensorMemory
       const std::shared_ptr<const gpu::IpcImport>& held = *import;
       FL_RETURN_IF_ERROR(gpu::CheckSubrange(held->allocation_bytes(), ipc.offset_bytes(),
                                             ipc.size_bytes()));
-      return memory::RegionMemory{
-          reinterpret_cast<uint8_t*>(held->allocation_base() + ipc.offset_bytes()),
-          ipc.size_bytes(), held};
+      return memory::RegionMemory{.base = reinterpret_cast<uint8_t*>(
+                                      held->allocation_base() + ipc.offset_bytes()),
+                                  .bytes = ipc.size_bytes(),
+                                  .keepalive = held,
+                                  .extent = {}};
     }
     case v1::TensorMemory::kVmm: {
       const v1::VmmMemory& vmm = memory.vmm();
@@ -255,8 +266,10 @@ absl::StatusOr<memory::RegionMemory> AgentService::Import(const v1::TensorMemory
       if (!buffer.ok()) return HandleRefused(buffer.status());
       auto held = std::make_shared<gpu::VmmBuffer>(std::move(*buffer));
       return memory::RegionMemory{
-          reinterpret_cast<uint8_t*>(held->ptr() + vmm.offset_bytes()), vmm.size_bytes(),
-          held};
+          .base = reinterpret_cast<uint8_t*>(held->ptr() + vmm.offset_bytes()),
+          .bytes = vmm.size_bytes(),
+          .keepalive = held,
+          .extent = {}};
     }
     default:
       return BadMemory("unknown memory kind");

@@ -1,5 +1,8 @@
 #include "services/local_route.h"
 
+#include "absl/strings/str_cat.h"
+#include "agent/common/grpc_status.h"
+#include "agent/common/status_macros.h"
 #include "agent/fabric/in_node_fabric.h"
 
 namespace fuselink::services {
@@ -19,9 +22,21 @@ absl::StatusOr<transfer::Prepared> LocalRoute::PrepareIncoming(
   const security::Caller requester = guard_->CallerOf(spec.requester);
   absl::StatusOr<v1::PrepareIncomingResponse> response = landing_->Prepare(
       peer::PrepareRequestOf(spec, node_),
-      [&](const memory::TensorInfo& tensor) {
-        return guard_->RequireGrant(requester, tensor.owner, tensor.writers, "into",
-                                    tensor.name);
+      [&](const memory::TensorInfo& tensor) -> absl::Status {
+        FL_RETURN_IF_ERROR(guard_->RequireGrant(requester, tensor.owner, tensor.writers,
+                                                "into", tensor.name));
+        // Another registration of the source's own memory (a second mapping of its
+        // file, say): the copies would overwrite blocks they have yet to read.
+        if (spec.source_memory != nullptr && tensor.name != spec.source_tensor &&
+            memory::Overlap(tensor.memory, *spec.source_memory)) {
+          return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                                "tensors '", BoundedForMessage(spec.source_tensor),
+                                "' and '", BoundedForMessage(tensor.name),
+                                "' share memory: a move between them would overwrite "
+                                "what it reads")),
+                            "ALIASED_TENSORS");
+        }
+        return absl::OkStatus();
       },
       transfer::Landing::Source::kThisNode);
   if (!response.ok()) return response.status();

@@ -88,7 +88,10 @@ absl::StatusOr<TensorInfo> Registry::RegisterHost(TensorInfo want, UniqueFd fd,
                       HostMapping::Map(std::move(fd), offset_bytes, size_bytes));
   want.memory_kind = "host";
   std::vector<RegionMemory> regions;
-  regions.push_back({static_cast<uint8_t*>(mapping->data()), size_bytes, mapping});
+  regions.push_back({.base = static_cast<uint8_t*>(mapping->data()),
+                     .bytes = size_bytes,
+                     .keepalive = mapping,
+                     .extent = {}});
   return Register(std::move(want), std::move(regions), -1, std::move(owner));
 }
 
@@ -97,7 +100,10 @@ absl::StatusOr<TensorInfo> Registry::RegisterGpu(TensorInfo want, uint64_t addre
                                                  std::shared_ptr<const void> memory,
                                                  UniqueFd owner) {
   std::vector<RegionMemory> regions;
-  regions.push_back({reinterpret_cast<uint8_t*>(address), size_bytes, std::move(memory)});
+  regions.push_back({.base = reinterpret_cast<uint8_t*>(address),
+                     .bytes = size_bytes,
+                     .keepalive = std::move(memory),
+                     .extent = {}});
   return Register(std::move(want), std::move(regions), gpu, std::move(owner));
 }
 
@@ -131,6 +137,10 @@ absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
   record->id = next_id_.fetch_add(1, std::memory_order_relaxed);
   record->gpu = gpu;
   for (RegionMemory& r : regions) {
+    record->info.memory.push_back(
+        r.extent.bytes != 0 ? r.extent
+                            : MemoryExtent{.begin = reinterpret_cast<uintptr_t>(r.base),
+                                           .bytes = r.bytes});
     record->memory.push_back(r.keepalive);
     absl::StatusOr<fabric::RegionKey> key =
         gpu >= 0 ? fabric_->RegisterDeviceRegion(reinterpret_cast<uintptr_t>(r.base),

@@ -19,6 +19,7 @@
 #include "agent/fabric/fabric.h"
 #include "agent/memory/layout.h"
 #include "agent/memory/lender.h"
+#include "agent/memory/memory_extent.h"
 
 namespace fuselink::memory {
 
@@ -46,6 +47,8 @@ struct TensorInfo {
   // (SO_PEERCRED); filled by the caller of Register* from the descriptor's token,
   // kept as given. Unknown for GPU memory lent without any descriptor.
   Lender lender;
+  // Its regions' memory (filled by Register*), to tell tensors that alias apart.
+  std::vector<MemoryExtent> memory;
 };
 
 // A tensor whose owner process exited: no longer registered under its name; its region
@@ -62,6 +65,8 @@ struct RegionMemory {
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
   std::shared_ptr<const void> keepalive;
+  // The file extent it maps, if any; else (file {0, 0}) its addresses are taken.
+  MemoryExtent extent;
 };
 
 // A registered region: where it is, and the fabric's key for it.

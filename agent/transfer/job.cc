@@ -52,7 +52,7 @@ std::optional<IncomingSpec> Job::BeginPrepare(JobEffects* fx) {
       Decide(LeaseExpiredStatus(), /*abort=*/false, fx);
     } else {
       prepare_running_ = true;
-      IncomingSpec spec = MakeIncomingSpec(*transfer_, source_layout_, direct_nic_);
+      IncomingSpec spec = MakeIncomingSpec(*transfer_, source_.info(), direct_nic_);
       spec.in_flight_bytes =
           uint64_t{ctx_->options.window_chunks} * ctx_->options.chunk_bytes;
       return spec;

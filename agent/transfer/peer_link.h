@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/layout.h"
+#include "agent/memory/memory_extent.h"
 
 namespace fuselink::transfer {
 
@@ -32,6 +33,11 @@ struct IncomingSpec {
   // the target tensor's writers.
   std::string requester;
   absl::Time deadline = absl::InfiniteFuture();
+  // The source tensor's name and memory (alive while its job holds it): a target on
+  // this node must not share that memory (an in-node move would overwrite what it
+  // reads).
+  std::string source_tensor;
+  const std::vector<memory::MemoryExtent>* source_memory = nullptr;
 };
 
 // The target's answer: where to write, and the slot to name in every immediate.

@@ -19,8 +19,9 @@ LayerRange Layers(const v1::TransferRequest& request, const memory::Layout& sour
   return LayerRange{request.layers().begin(), request.layers().end()};
 }
 
-IncomingSpec MakeIncomingSpec(const Transfer& transfer, const memory::Layout& source,
-                              int direct_nic) {
+IncomingSpec MakeIncomingSpec(const Transfer& transfer,
+                              const memory::TensorInfo& source_tensor, int direct_nic) {
+  const memory::Layout& source = source_tensor.layout;
   const v1::TransferRequest& request = transfer.request();
   const LayerRange layers = Layers(request, source);
   IncomingSpec spec;
@@ -36,6 +37,8 @@ IncomingSpec MakeIncomingSpec(const Transfer& transfer, const memory::Layout& so
       source.block_bytes * spec.block_ids.size() * (layers.end - layers.begin);
   spec.deadline = transfer.deadline();
   spec.source_nic = direct_nic;
+  spec.source_tensor = source_tensor.name;
+  spec.source_memory = &source_tensor.memory;
   return spec;
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/memory/layout.h"
+#include "agent/memory/registry.h"
 #include "agent/transfer/peer_link.h"
 #include "agent/transfer/plan.h"
 #include "agent/transfer/transfer.h"
@@ -22,9 +23,9 @@ struct LayerRange {
 // The request's layers, or every layer of `source` when it names none.
 LayerRange Layers(const v1::TransferRequest& request, const memory::Layout& source);
 
-// What the target is asked to prepare for `transfer`, whose source has `source`'s
-// layout and whose direct NIC is `direct_nic`.
-IncomingSpec MakeIncomingSpec(const Transfer& transfer, const memory::Layout& source,
+// What the target is asked to prepare for `transfer`, whose source is `source` (its
+// layout and memory; it must outlive the spec) and whose direct NIC is `direct_nic`.
+IncomingSpec MakeIncomingSpec(const Transfer& transfer, const memory::TensorInfo& source,
                               int direct_nic);
 
 // The extents that move the request's blocks into the target's, planned from the

@@ -1,7 +1,8 @@
 // In-node moves: source and target tensors on one agent. The bytes, the stream (one
 // lane, "local", in place of NICs), the target's and the source's watches, layer by
-// layer, a cancel, and the errors an in-node request can meet, each with its code
-// and reason. Host memory here; GPU to GPU and host to GPU run in tests/gpu.
+// layer, a cancel, and the errors an in-node request can meet (a target that is the
+// source's memory registered again among them), each with its code and reason. Host
+// memory here; GPU to GPU and host to GPU run in tests/gpu.
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -189,6 +190,27 @@ TEST_F(InNodeTest, BadInNodeRequestsAreRefusedWithTheirReasons) {
     TransferResult result = RunTransfer(a_->stub(), c.request);
     EXPECT_TRUE(HasError(result.status, c.code, c.reason));
   }
+  // "decode" lent once more, as "alias": the same memfd, mapped a second time. A move
+  // between the two would overwrite blocks it has yet to read; it is refused, and
+  // nothing is written.
+  ASSERT_TRUE(client::RegisterHostTensor(a_->stub(), a_->handle_socket(), "alias",
+                                         decode().layout, *decode().buffer)
+                  .ok());
+  const std::vector<uint8_t> before = Snapshot(decode());
+  for (auto [source, target] :
+       {std::pair{"decode", "alias"}, std::pair{"alias", "decode"}}) {
+    v1::TransferRequest request =
+        Local(absl::StrCat(source, "-to-", target), {0, 1}, {1, 2}, target);
+    request.mutable_source()->set_tensor(source);
+    SCOPED_TRACE(request.request_id());
+    EXPECT_TRUE(HasError(RunTransfer(a_->stub(), request).status,
+                         grpc::StatusCode::INVALID_ARGUMENT, "ALIASED_TENSORS"));
+  }
+  EXPECT_EQ(Snapshot(decode()), before);
+  // Another tensor's memory is not the alias's: that move runs.
+  TransferResult other = RunTransfer(a_->stub(), Local("other", {3}, {3}, "alias"));
+  ASSERT_TRUE(other.status.ok()) << other.status.error_message();
+
   // The agent still moves a good one.
   TransferResult good = RunTransfer(a_->stub(), Local("good", {0}, {0}));
   ASSERT_TRUE(good.status.ok()) << good.status.error_message();

@@ -6,6 +6,7 @@
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/host_mapping.h"
 #include "agent/memory/layout.h"
+#include "agent/memory/memory_extent.h"
 #include "gtest/gtest.h"
 
 namespace fuselink::memory {
@@ -206,6 +207,41 @@ TEST(HostMapping, RefusesWhatCannotBeSealed) {
   ASSERT_EQ(ftruncate(sealed.get(), 4096), 0);
   ASSERT_EQ(fcntl(sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL), 0);
   EXPECT_TRUE(HostMapping::Map(std::move(sealed), 0, 4096).ok());  // sealed by the lender
+}
+
+}  // namespace
+}  // namespace fuselink::memory
+
+namespace fuselink::memory {
+namespace {
+
+TEST(MemoryExtentTest, OverlapIsSharingAByteOfOneFileOrOfTheAddressSpace) {
+  const std::array<uint64_t, 2> f{7, 42}, g{7, 43};
+  auto at = [](std::array<uint64_t, 2> file, uint64_t begin, uint64_t bytes) {
+    return MemoryExtent{.file = file, .begin = begin, .bytes = bytes};
+  };
+  // One file: touching is not sharing; one byte in common is.
+  EXPECT_FALSE(Overlap({at(f, 0, 100)}, {at(f, 100, 50)}));
+  EXPECT_TRUE(Overlap({at(f, 0, 101)}, {at(f, 100, 50)}));
+  EXPECT_TRUE(Overlap({at(f, 120, 10)}, {at(f, 100, 50)}));  // inside
+  // The same offsets of another file, or of the address space, are other memory.
+  EXPECT_FALSE(Overlap({at(f, 0, 100)}, {at(g, 0, 100)}));
+  EXPECT_FALSE(Overlap({at(f, 0, 100)}, {at({0, 0}, 0, 100)}));
+  EXPECT_TRUE(Overlap({at({0, 0}, 4096, 10)}, {at({0, 0}, 4100, 1)}));
+  // Many extents in any order, the shared one last in both lists.
+  std::vector<MemoryExtent> a, b;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    a.push_back(at(f, (999 - i) * 200, 100));  // even hundreds
+    b.push_back(at(f, i * 200 + 100, 100));    // odd hundreds
+  }
+  EXPECT_FALSE(Overlap(a, b));
+  b.push_back(at(g, 0, 1));
+  a.push_back(at(g, 0, 1));
+  EXPECT_TRUE(Overlap(a, b));
+  // An extent of one list that spans several of the other's.
+  EXPECT_TRUE(Overlap({at(f, 0, 10), at(f, 5, 1000)}, {at(f, 500, 1)}));
+  EXPECT_FALSE(Overlap({}, {at(f, 0, 1)}));
+  EXPECT_FALSE(Overlap({at(f, 0, 0)}, {at(f, 0, 1)}));  // no bytes, nothing shared
 }
 
 }  // namespace

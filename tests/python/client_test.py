@@ -149,6 +149,9 @@ class ClientTest(unittest.TestCase):
                          lease_ms=200, timeout=WAIT_S)
         self.assertError(grpc.StatusCode.FAILED_PRECONDITION, "TRANSFER_FINISHED",
                          self.router.extend_lease, "py-lease")
+        # The target lets its slot go on the source's abort notice, and says so.
+        with self.assertRaises(fuselink.FuselinkError):
+            self.target.wait_for_transfer("py-lease-dst", timeout=WAIT_S)
 
     def test_explicit_watch(self):
         src = self.lend(self.source, "py-watch-src", fill=True)

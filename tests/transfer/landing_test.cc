@@ -503,7 +503,10 @@ class LandingPartsTest : public LandingTest {
     std::vector<memory::RegionMemory> regions;
     for (uint32_t r = 0; r < kRegions; ++r) {
       memory_.push_back(std::make_shared<std::vector<uint8_t>>(kRegionBytes));
-      regions.push_back({memory_.back()->data(), kRegionBytes, memory_.back()});
+      regions.push_back({.base = memory_.back()->data(),
+                         .bytes = kRegionBytes,
+                         .keepalive = memory_.back(),
+                         .extent = {}});
     }
     memory::TensorInfo want;
     want.name = "kv-layers";

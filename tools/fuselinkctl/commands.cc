@@ -25,16 +25,8 @@ ABSL_FLAG(std::string, target_blocks, "",
           "transfer: target block ids; default: --blocks.");
 ABSL_FLAG(std::string, layers, "", "transfer: layer range begin:end; default: all.");
 ABSL_FLAG(std::string, request_id, "", "transfer: idempotency key; default: random.");
-ABSL_FLAG(int, timeout_s, 600, "transfer: deadline in seconds.");
+ABSL_FLAG(int, timeout_s, 600, "transfer, demo: deadline in seconds.");
 ABSL_FLAG(std::string, tensor, "", "watch: only this tensor.");
-ABSL_FLAG(std::string, target_agent, "127.0.0.1:50052", "demo: the target node's agent.");
-ABSL_FLAG(std::string, source_socket, "/run/fuselink/node-a.sock",
-          "demo: source handle socket.");
-ABSL_FLAG(std::string, target_socket, "/run/fuselink/node-b.sock",
-          "demo: target handle socket.");
-ABSL_FLAG(uint32_t, demo_layers, 32, "demo: layers of the KV cache.");
-ABSL_FLAG(uint32_t, demo_blocks, 64, "demo: blocks per layer.");
-ABSL_FLAG(uint64_t, demo_block_bytes, 256 << 10, "demo: bytes per block.");
 ABSL_FLAG(std::string, sysfs_root, "",
           "topology: run discovery here, on this sysfs (e.g. /sys), instead of asking an "
           "agent; as the agent's --sysfs_root. GPUs come from the CUDA driver only for "
@@ -52,31 +44,6 @@ std::string Json(const google::protobuf::Message& m) {
   options.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(m, &out, options);
   return out;
-}
-
-int Failed(const grpc::Status& status) {
-  std::fprintf(stderr, "error: %s (%d %s)\n", status.error_message().c_str(),
-               status.error_code(), client::ReasonOf(status).c_str());
-  return 1;
-}
-
-int FailedStatus(const absl::Status& status) {
-  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
-  return 1;
-}
-
-template <typename Fn>
-grpc::Status Call(Fn fn) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  return fn(&context);
-}
-
-std::string Bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  return absl::StrFormat("%.1f %s", b, units[u]);
 }
 
 bool ParseBlocks(const std::string& text, std::vector<uint32_t>* out) {
@@ -127,13 +94,39 @@ class ProgressLine {
   absl::Time start_ = absl::Now();
 };
 
-// Runs a transfer, drawing progress (text) or printing events (JSON). Exit code.
-int Follow(Context& ctx, const v1::TransferRequest& request) {
+std::string RandomId() {
+  std::random_device rd;
+  return absl::StrFormat("ctl-%08x%08x", rd(), rd());
+}
+
+}  // namespace
+
+int Failed(const grpc::Status& status) {
+  std::fprintf(stderr, "error: %s (%d %s)\n", status.error_message().c_str(),
+               status.error_code(), client::ReasonOf(status).c_str());
+  return 1;
+}
+
+int FailedStatus(const absl::Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+std::string Bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return absl::StrFormat("%.1f %s", b, units[u]);
+}
+
+int Follow(Context& ctx, const v1::TransferRequest& request,
+           const std::function<void(const v1::TransferEvent&)>& also) {
   ProgressLine bar;
   bool drew = false;
   client::TransferOutcome outcome = client::RunTransfer(
       *ctx.agent, request,
       [&](const v1::TransferEvent& e) {
+        if (also) also(e);
         if (ctx.json) {
           std::printf("%s\n", Json(e).c_str());
           return;
@@ -171,13 +164,6 @@ int Follow(Context& ctx, const v1::TransferRequest& request) {
   if (!outcome.status.ok()) return FailedStatus(outcome.status);
   return 0;
 }
-
-std::string RandomId() {
-  std::random_device rd;
-  return absl::StrFormat("ctl-%08x%08x", rd(), rd());
-}
-
-}  // namespace
 
 int Topology(Context& ctx) {
   v1::Topology t;
@@ -371,83 +357,6 @@ int Watch(Context& ctx) {
   }
   grpc::Status s = reader->Finish();
   return s.ok() || s.error_code() == grpc::StatusCode::CANCELLED ? 0 : Failed(s);
-}
-
-// Plays both parts a deployment splits: the engines on both nodes register the KV
-// caches (as Speaker::kEngine, which owns them), the router moves them (as the
-// caller, whom the default grants "role:router" let read and write them).
-int Demo(Context& ctx) {
-  const std::string target_address = absl::GetFlag(FLAGS_target_agent);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channels[] = {
-      client::DialAgent(target_address),
-      client::DialAgent(ctx.agent_address, client::Speaker::kEngine),
-      client::DialAgent(target_address, client::Speaker::kEngine)};
-  for (const auto& channel : channels) {
-    if (!channel.ok()) return FailedStatus(channel.status());
-  }
-  auto target_agent = v1::Agent::NewStub(*channels[0]);
-  auto source_engine = v1::Agent::NewStub(*channels[1]);
-  auto target_engine = v1::Agent::NewStub(*channels[2]);
-  v1::Layout layout;
-  layout.set_layers(absl::GetFlag(FLAGS_demo_layers));
-  layout.set_blocks_per_layer(absl::GetFlag(FLAGS_demo_blocks));
-  layout.set_block_bytes(absl::GetFlag(FLAGS_demo_block_bytes));
-  const uint64_t bytes =
-      uint64_t{layout.layers()} * layout.blocks_per_layer() * layout.block_bytes();
-  auto source = client::HostBuffer::Create("fuselink-demo-source", bytes);
-  auto target = client::HostBuffer::Create("fuselink-demo-target", bytes);
-  if (!source.ok()) return FailedStatus(source.status());
-  if (!target.ok()) return FailedStatus(target.status());
-  const uint64_t seed = std::random_device{}();
-  client::FillPattern((*source)->span(), seed);
-  std::memset((*target)->data(), 0, bytes);
-
-  v1::Topology src_topo, dst_topo;
-  grpc::Status s = Call([&](grpc::ClientContext* c) {
-    return ctx.agent->GetTopology(c, v1::GetTopologyRequest(), &src_topo);
-  });
-  if (!s.ok()) return Failed(s);
-  s = Call([&](grpc::ClientContext* c) {
-    return target_agent->GetTopology(c, v1::GetTopologyRequest(), &dst_topo);
-  });
-  if (!s.ok()) return Failed(s);
-  const std::string name = absl::StrFormat("demo-kv-%08x", static_cast<uint32_t>(seed));
-  std::printf("KV cache '%s': %u layers x %u blocks x %s = %s on %s and on %s\n",
-              name.c_str(), layout.layers(), layout.blocks_per_layer(),
-              Bytes(layout.block_bytes()).c_str(), Bytes(bytes).c_str(),
-              src_topo.node().c_str(), dst_topo.node().c_str());
-  auto reg = client::RegisterHostTensor(
-      *source_engine, absl::GetFlag(FLAGS_source_socket), name, layout, **source);
-  if (!reg.ok()) return FailedStatus(reg.status());
-  reg = client::RegisterHostTensor(*target_engine, absl::GetFlag(FLAGS_target_socket),
-                                   name, layout, **target);
-  if (!reg.ok()) return FailedStatus(reg.status());
-
-  v1::TransferRequest request;
-  request.set_request_id(absl::StrCat("demo-", name));
-  request.mutable_source()->set_node(src_topo.node());
-  request.mutable_source()->set_tensor(name);
-  request.mutable_target()->set_node(dst_topo.node());
-  request.mutable_target()->set_tensor(name);
-  for (uint32_t b = 0; b < layout.blocks_per_layer(); ++b) {
-    request.mutable_source()->add_block_ids(b);
-    request.mutable_target()->add_block_ids(b);
-  }
-  int rc = Follow(ctx, request);
-  if (rc == 0) {
-    const bool same = std::memcmp((*source)->data(), (*target)->data(), bytes) == 0;
-    std::printf("verify: %s's bytes %s %s's (%s compared in %s's memory)\n",
-                dst_topo.node().c_str(), same ? "match" : "DIFFER FROM",
-                src_topo.node().c_str(), Bytes(bytes).c_str(), dst_topo.node().c_str());
-    rc = same ? 0 : 1;
-  }
-  for (auto* agent : {source_engine.get(), target_engine.get()}) {
-    if (absl::Status s = client::UnregisterTensor(*agent, name); !s.ok()) {
-      std::fprintf(stderr, "warning: unregister %s: %s\n", name.c_str(),
-                   s.ToString().c_str());
-    }
-  }
-  return rc;
 }
 
 }  // namespace fuselink::ctl

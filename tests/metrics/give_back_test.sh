@@ -1,0 +1,49 @@
+#!/bin/bash
+# The main job's scenario (scripts/local-cluster.sh), end to end: under the fuselink
+# policy a hot GPU's transfer borrows its neighbours' idle NICs, then GPU 1 starts a
+# transfer of its own on rail1. Both KV caches must arrive byte for byte; node-a's
+# metrics must show GPU 0 on its own rail0 and borrowing rails 1-3, GPU 1 on its own
+# rail1, and a give-back counted on rail1. This checks the wiring, not the priority:
+# stripe, which ignores owners, would pass it too. How much the owner keeps of its
+# NIC, and how fast it gets it back, are measured by fuselink-bench's owner workload
+# (docs/benchmarks.md), never asserted in a timed test.
+# Usage: give_back_test.sh AGENT_BINARY FUSELINKCTL_BINARY
+set -euo pipefail
+agent=$1
+ctl=$2
+here=$(cd "$(dirname "$0")/../.." && pwd)
+run=$(mktemp -d /tmp/fuselink-give-back.XXXXXX)
+. "$here/scripts/lib/agents.sh"
+trap 'stop_agents; wait; rm -rf "$run"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pki_init "$run/pki"
+
+start_agent node-b 16 "" --nics=4
+start_agent node-a 15 "node-b=$(field "$run/node-b.json" grpc)" --nics=4 --policy=fuselink
+a=$(field "$run/node-a.json" grpc)
+b=$(field "$run/node-b.json" grpc)
+
+# GPU 0: 16 layers x 64 blocks x 256 KiB = 256 MiB; GPU 1: 16 x 16 x 256 KiB = 64 MiB.
+"$ctl" --agent="$a" --target_agent="$b" "${demo_tls[@]}" --source_socket="$run/node-a.sock" \
+  --target_socket="$run/node-b.sock" --demo_layers=16 --demo_blocks=64 \
+  --demo_block_bytes=262144 --demo_owner_blocks=16 demo >"$run/demo.out" 2>&1 ||
+  { cat "$run/demo.out"; fail "demo"; }
+tr '\r' '\n' <"$run/demo.out" | grep -v '^\[' || true
+grep -q "verify GPU 0's: node-b's bytes match" "$run/demo.out" || fail "GPU 0's bytes"
+grep -q "verify GPU 1's: node-b's bytes match" "$run/demo.out" || fail "GPU 1's bytes"
+grep -q "GPU 1, the owner of rail1, moved 64.0 MiB" "$run/demo.out" || fail "no owner line"
+
+curl -sf "$(field "$run/node-a.json" metrics)" >"$run/node-a.metrics" || fail "scrape"
+sent() { # NIC TRAFFIC: node-a's transmitted bytes
+  awk -v nic="nic=\"$1\"" -v traffic="traffic=\"$2\"" \
+    '/^fuselink_nic_transmitted_bytes_total/ && index($0, nic) && index($0, traffic) {print $2}' \
+    "$run/node-a.metrics"
+}
+for nic in rail1 rail2 rail3; do
+  [ "$(sent "$nic" borrowed)" -gt 0 ] 2>/dev/null || fail "GPU 0 did not borrow $nic"
+done
+[ "$(sent rail0 own)" -gt 0 ] 2>/dev/null || fail "GPU 0 did not use its own rail0"
+[ "$(sent rail1 own)" -gt 0 ] 2>/dev/null || fail "GPU 1 did not send on its own rail1"
+grep -Eq '^fuselink_nic_give_back_events_total\{nic="rail1",owner_gpu="1"\} [1-9]' \
+  "$run/node-a.metrics" || fail "node-a counted no give-back on rail1"
+echo "PASS"

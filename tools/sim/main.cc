@@ -1,0 +1,82 @@
+// fuselink-sim: the agent's scheduler (agent/sched) played against modelled NICs, for
+// the workloads of fuselink-bench under every policy, beside what the namespace
+// testbed measured. --check exits 1 when a simulated ratio to static is more than
+// --tolerance_pct off the measured one.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "tools/sim/workloads.h"
+
+ABSL_FLAG(double, rail_gbit_s, 0.956, "One rail's rate (the testbed's shaped rails).");
+ABSL_FLAG(double, latency_us, 100, "One-way latency per chunk.");
+ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20, "The agents' --chunk_bytes.");
+ABSL_FLAG(bool, check, false, "Fail when a ratio is off the measured one.");
+ABSL_FLAG(double, tolerance_pct, 10, "--check: how far off a ratio may be.");
+
+namespace fuselink::sim {
+namespace {
+
+int Main() {
+  NetworkModel model;
+  model.rail_bytes_per_s = absl::GetFlag(FLAGS_rail_gbit_s) * 1e9 / 8;
+  model.latency_s = absl::GetFlag(FLAGS_latency_us) * 1e-6;
+  model.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  const double tolerance = absl::GetFlag(FLAGS_tolerance_pct);
+  std::printf(
+      "2 nodes x 4 rails of %.3f Gbit/s, %.0f us, chunks of %lu B, window %u, "
+      "direct_depth %u, borrow_depth %u\n",
+      absl::GetFlag(FLAGS_rail_gbit_s), absl::GetFlag(FLAGS_latency_us),
+      static_cast<unsigned long>(model.chunk_bytes), model.window_chunks,
+      model.limits.direct_depth, model.limits.borrow_depth);
+  std::printf("%-8s %-9s %9s %10s %12s %8s %9s  %s\n", "workload", "policy", "seconds",
+              "x_static", "measured_x", "off_pct", "owner_pct", "seconds of");
+  bool ok = true;
+  uint64_t chunks = 0;
+  const auto wall_start = std::chrono::steady_clock::now();
+  for (const Workload& w : Workloads()) {
+    double static_s = 0;
+    for (sched::Policy p :
+         {sched::Policy::kStatic, sched::Policy::kStripe, sched::Policy::kFuselink}) {
+      model.policy = p;
+      const Outcome o = w.run(model, &chunks);
+      if (p == sched::Policy::kStatic) static_s = o.seconds;
+      const double x = static_s / o.seconds;
+      const double measured = p == sched::Policy::kStatic   ? 1
+                              : p == sched::Policy::kStripe ? w.measured_x_stripe
+                                                            : w.measured_x_fuselink;
+      const double off = 100 * (x / measured - 1);
+      const bool within = std::fabs(off) <= tolerance;
+      ok = ok && within;
+      const std::string owner =
+          o.owner_pct < 0 ? "-" : absl::StrFormat("%.1f", o.owner_pct);
+      std::printf("%-8s %-9s %9.3f %10.3f %12.3f %+8.1f %9s  %s%s\n", w.name.c_str(),
+                  std::string(sched::PolicyName(p)).c_str(), o.seconds, x, measured, off,
+                  owner.c_str(), w.metric.c_str(), within ? "" : "  OFF");
+    }
+  }
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start)
+          .count();
+  std::printf("%lu chunks simulated in %.3f s: %.2f M chunks/s\n",
+              static_cast<unsigned long>(chunks), wall, chunks / wall / 1e6);
+  if (absl::GetFlag(FLAGS_check) && !ok) {
+    std::fprintf(stderr, "a simulated ratio is more than %.0f%% off the measured one\n",
+                 tolerance);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace fuselink::sim
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("fuselink-sim [--check]: the scheduler, simulated");
+  absl::ParseCommandLine(argc, argv);
+  return fuselink::sim::Main();
+}

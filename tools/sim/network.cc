@@ -1,0 +1,138 @@
+#include "tools/sim/network.h"
+
+#include <algorithm>
+
+namespace fuselink::sim {
+
+struct Network::Active {
+  Flow flow;
+  FlowResult result;
+  uint64_t unposted = 0, unacked = 0;
+  uint32_t in_flight = 0;
+  bool waiting = false;  // on its node's waiting list
+};
+
+Network::Network(NetworkModel model) : model_(model) {
+  for (int n = 0; n < model_.nodes; ++n) {
+    schedulers_.push_back(
+        std::make_unique<sched::Scheduler>(model_.policy, model_.nics, model_.limits));
+  }
+  tx_free_.assign(model_.nodes, std::vector<double>(model_.nics, 0));
+  rx_free_ = tx_free_;
+  incoming_own_.assign(model_.nodes, std::vector<int>(model_.nics, 0));
+  waiting_.resize(model_.nodes);
+}
+
+Network::~Network() = default;
+
+void Network::Push(double at, int kind, size_t flow, sched::Choice choice,
+                   uint64_t bytes) {
+  events_.push(Event{at, order_++, kind, flow, choice, bytes});
+}
+
+uint32_t Network::RemoteIdle(int node) const {
+  uint32_t mask = 0;
+  for (int k = 0; k < model_.nics; ++k) {
+    if (incoming_own_[node][k] == 0) mask |= 1u << k;
+  }
+  return mask;
+}
+
+void Network::Add(const Flow& flow) {
+  Active a;
+  a.flow = flow;
+  a.flow.start_s = std::max(flow.start_s, now_);
+  a.result.nic_bytes.assign(model_.nics, 0);
+  a.unposted = a.unacked = (flow.bytes + model_.chunk_bytes - 1) / model_.chunk_bytes;
+  flows_.push_back(std::move(a));
+  Push(flows_.back().flow.start_s, 0, flows_.size() - 1);
+}
+
+std::vector<FlowResult> Network::Run(const std::vector<Flow>& flows, OnEnd on_end) {
+  flows_.clear();
+  chunks_ = 0;
+  now_ = 0;
+  on_end_ = std::move(on_end);
+  for (const Flow& flow : flows) Add(flow);
+  while (!events_.empty()) {
+    const Event e = events_.top();
+    events_.pop();
+    now_ = e.at;
+    if (e.kind == 0) {
+      Start(e.flow);
+    } else {
+      Acked(e);
+    }
+  }
+  std::vector<FlowResult> results;
+  for (const Active& a : flows_) results.push_back(a.result);
+  return results;
+}
+
+void Network::Start(size_t i) {
+  Active& a = flows_[i];
+  a.result.start_s = now_;
+  const int direct = a.flow.src_gpu % model_.nics;
+  schedulers_[a.flow.src_node]->OwnerStarted(direct);
+  ++incoming_own_[a.flow.dst_node][direct];
+  if (a.unacked == 0) {  // nothing to move
+    a.result.end_s = now_;
+    schedulers_[a.flow.src_node]->OwnerStopped(direct);
+    --incoming_own_[a.flow.dst_node][direct];
+    if (on_end_) on_end_(i, *this);
+    return;
+  }
+  Post(i);
+}
+
+void Network::Post(size_t i) {
+  Active& a = flows_[i];
+  const int src = a.flow.src_node, dst = a.flow.dst_node;
+  const int direct = a.flow.src_gpu % model_.nics;
+  while (a.unposted > 0 && a.in_flight < model_.window_chunks) {
+    const sched::Choice c = schedulers_[src]->Pick(direct, RemoteIdle(dst));
+    if (!c.ok()) {
+      if (!a.waiting) waiting_[src].push_back(i);
+      a.waiting = true;
+      return;
+    }
+    // The chunk holds the sender's and the receiver's NIC of its rail, in order.
+    const double begin = std::max({now_, tx_free_[src][c.nic], rx_free_[dst][c.nic]});
+    const uint64_t bytes = a.unposted == 1 && a.flow.bytes % model_.chunk_bytes != 0
+                               ? a.flow.bytes % model_.chunk_bytes
+                               : model_.chunk_bytes;
+    const double end = begin + static_cast<double>(bytes) / model_.rail_bytes_per_s;
+    tx_free_[src][c.nic] = rx_free_[dst][c.nic] = end;
+    --a.unposted;
+    ++a.in_flight;
+    ++chunks_;
+    Push(end + 2 * model_.latency_s, 1, i, c, bytes);  // landed, and the ack back
+  }
+}
+
+void Network::Acked(const Event& e) {
+  Active& a = flows_[e.flow];
+  const int src = a.flow.src_node;
+  schedulers_[src]->Complete(e.choice, e.bytes);
+  schedulers_[src]->Refresh();
+  a.result.nic_bytes[e.choice.nic] += e.bytes;
+  --a.in_flight;
+  if (--a.unacked == 0) {
+    a.result.end_s = now_;
+    const int direct = a.flow.src_gpu % model_.nics;
+    schedulers_[src]->OwnerStopped(direct);
+    --incoming_own_[a.flow.dst_node][direct];
+    if (on_end_) on_end_(e.flow, *this);
+  } else {
+    Post(e.flow);
+  }
+  // A NIC came free on this node: the flows that found none try again.
+  std::vector<size_t> waiting;
+  waiting.swap(waiting_[src]);
+  for (size_t w : waiting) {
+    flows_[w].waiting = false;
+    Post(w);
+  }
+}
+
+}  // namespace fuselink::sim

@@ -1,0 +1,142 @@
+#include "tools/sim/workloads.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace fuselink::sim {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+// hot: GPU 0 of node 0 sends 1 GiB to GPU 0 of node 1; the others are idle.
+Outcome Hot(const NetworkModel& model, uint64_t* chunks) {
+  Network net(model);
+  const std::vector<FlowResult> r = net.Run({Flow{0, 0, 1, 1024 * kMiB, 0}});
+  *chunks += net.chunks();
+  return {r[0].seconds()};
+}
+
+// The all-to-all of a mixture-of-experts layer: GPU g sends what the bench's run drew
+// for it (MiB), split evenly over the other node's four GPUs, both ways at once.
+std::vector<Flow> AllToAll(const std::vector<uint64_t>& mib_per_gpu, double start_s) {
+  std::vector<Flow> flows;
+  for (int g = 0; g < 8; ++g) {
+    const int node = g / 4;
+    for (int peer = 0; peer < 4; ++peer) {  // the flows differ only in their target
+      flows.push_back(Flow{node, g % 4, 1 - node, mib_per_gpu[g] * kMiB / 4, start_s});
+    }
+  }
+  return flows;
+}
+
+double LastEnd(const std::vector<FlowResult>& r, size_t begin, size_t end) {
+  double last = 0;
+  for (size_t i = begin; i < end; ++i) last = std::max(last, r[i].end_s);
+  return last;
+}
+
+Outcome Expert(const NetworkModel& model, uint64_t* chunks) {
+  Network net(model);
+  const std::vector<FlowResult> r =
+      net.Run(AllToAll({188, 376, 125, 62, 47, 75, 53, 94}, 0));
+  *chunks += net.chunks();
+  return {LastEnd(r, 0, r.size())};
+}
+
+// DLRM-like: eight workers' lookups to the other node's four, both ways; an iteration
+// lasts as long as its slowest worker.
+Outcome Dlrm(const NetworkModel& model, uint64_t* chunks) {
+  Network net(model);
+  const std::vector<FlowResult> r =
+      net.Run(AllToAll({43, 73, 74, 23, 88, 64, 35, 108}, 0));
+  *chunks += net.chunks();
+  return {LastEnd(r, 0, r.size())};
+}
+
+// Disaggregated serving, as fuselink-bench draws it (seed 1): four prefill instances
+// (GPUs 0-3 of node 0) push KV caches to four decode instances (node 1); Poisson
+// arrivals at 1.5/s per instance for 20 s, lognormal prompts (median 1024 tokens,
+// sigma 1, at most 4096) of 16 KiB per token; each instance has 4 request slots, and
+// a request that finds them all busy waits. Its time: from arrival to completion; the
+// median of all requests.
+Outcome Serving(const NetworkModel& model, uint64_t* chunks) {
+  constexpr int kInstances = 4, kSlots = 4;
+  constexpr uint64_t kTokensPerBlock = 16, kBlockBytes = 16 * 1024 * kTokensPerBlock;
+  struct Arrival {
+    double at_s;
+    uint64_t bytes;
+  };
+  std::vector<std::vector<Arrival>> arrivals(kInstances);
+  for (int i = 0; i < kInstances; ++i) {
+    std::mt19937_64 rng(1 * 1000 + i);
+    std::exponential_distribution<double> gap(1.5);
+    std::lognormal_distribution<double> tokens(std::log(1024.0), 1.0);
+    for (double t = gap(rng); t < 20; t += gap(rng)) {
+      const double n = std::clamp(tokens(rng), 1.0, 4096.0);
+      arrivals[i].push_back(
+          {t, static_cast<uint64_t>(std::ceil(n / kTokensPerBlock)) * kBlockBytes});
+    }
+  }
+  // Flow f serves request arrival_of[f] of instance instance_of[f].
+  std::vector<int> instance_of;
+  std::vector<size_t> arrival_of, next(kInstances, 0);
+  std::vector<Flow> first;
+  auto take = [&](int i, double free_at, std::vector<Flow>* out, Network* net) {
+    if (next[i] >= arrivals[i].size()) return;
+    const Arrival& a = arrivals[i][next[i]];
+    instance_of.push_back(i);
+    arrival_of.push_back(next[i]++);
+    const Flow flow{0, i, 1, a.bytes, std::max(a.at_s, free_at)};
+    if (net != nullptr) {
+      net->Add(flow);
+    } else {
+      out->push_back(flow);
+    }
+  };
+  for (int i = 0; i < kInstances; ++i) {
+    for (int slot = 0; slot < kSlots; ++slot) take(i, 0, &first, nullptr);
+  }
+  Network net(model);
+  const std::vector<FlowResult> r = net.Run(first, [&](size_t flow, Network& n) {
+    take(instance_of[flow], n.now(), nullptr, &n);
+  });
+  *chunks += net.chunks();
+  std::vector<double> completion;
+  for (size_t f = 0; f < r.size(); ++f) {
+    completion.push_back(r[f].end_s - arrivals[instance_of[f]][arrival_of[f]].at_s);
+  }
+  std::sort(completion.begin(), completion.end());
+  return {completion.empty() ? 0 : completion[(completion.size() - 1) / 2]};
+}
+
+// owner: GPU 0 streams 8 transfers of 128 MiB; 1 s later GPU 1, the owner of NIC 1,
+// sends 128 MiB. Its throughput against the same transfer alone on its own NIC.
+Outcome Owner(const NetworkModel& model, uint64_t* chunks) {
+  NetworkModel solo_model = model;
+  solo_model.policy = sched::Policy::kStatic;
+  Network solo(solo_model);
+  const double solo_s = solo.Run({Flow{0, 1, 1, 128 * kMiB, 0}})[0].seconds();
+  std::vector<Flow> flows;
+  for (int i = 0; i < 8; ++i) flows.push_back(Flow{0, 0, 1, 128 * kMiB, 0});
+  flows.push_back(Flow{0, 1, 1, 128 * kMiB, 1.0});
+  Network net(model);
+  const std::vector<FlowResult> r = net.Run(flows);
+  *chunks += net.chunks() + solo.chunks();
+  return {r.back().seconds(), 100 * solo_s / r.back().seconds()};
+}
+
+}  // namespace
+
+const std::vector<Workload>& Workloads() {
+  static const std::vector<Workload> all = {
+      {"hot", "the transfer", Hot, 3.999, 3.925},
+      {"serving", "a request, p50", Serving, 3.242, 2.085},
+      {"expert", "the all-to-all", Expert, 2.002, 1.972},
+      {"dlrm", "the slowest worker", Dlrm, 1.371, 1.266},
+      {"owner", "the owner's transfer", Owner, 0.733, 0.991},
+  };
+  return all;
+}
+
+}  // namespace fuselink::sim

@@ -1,5 +1,7 @@
 #include "agent/sched/scheduler.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
@@ -43,7 +45,8 @@ bool Scheduler::Reserve(std::atomic<uint32_t>& counter, uint32_t bound,
   return false;
 }
 
-Choice Scheduler::Pick(int direct, uint32_t remote_idle, uint32_t usable) {
+Choice Scheduler::Pick(int direct, uint32_t remote_idle, uint32_t usable,
+                       uint32_t remaining) {
   usable &= (1u << nics_) - 1;
   if (!(usable >> direct & 1) || policy_ == Policy::kStripe) {
     // Stripe, or a failover away from a dead direct NIC: any usable NIC will do.
@@ -62,7 +65,7 @@ Choice Scheduler::Pick(int direct, uint32_t remote_idle, uint32_t usable) {
     nic_[direct].owner_activity.fetch_add(1, std::memory_order_relaxed);
     return Choice{direct, false};
   }
-  return PickFuselink(direct, remote_idle, usable);
+  return PickFuselink(direct, remote_idle, usable, remaining);
 }
 
 Choice Scheduler::PickLeastLoaded(uint32_t usable) {
@@ -80,12 +83,25 @@ Choice Scheduler::PickLeastLoaded(uint32_t usable) {
   return Choice{best, false};
 }
 
-Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle, uint32_t usable) {
+Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle, uint32_t usable,
+                               uint32_t remaining) {
   if (picks_.fetch_add(1, std::memory_order_relaxed) % kStatusEvery == kStatusEvery - 1) {
     Look();
   }
   Nic& own = nic_[direct];
-  if (Reserve(own.in_flight, limits_.direct_depth, nullptr)) {
+  // The direct NIC's depth for this transfer: its even share of what is left beside
+  // the NICs it may borrow now. Under borrow_depth in flight the share cannot matter.
+  uint32_t depth = limits_.direct_depth;
+  const uint32_t floor = std::min(limits_.borrow_depth, depth);
+  if (remaining != kManyChunks &&
+      own.in_flight.load(std::memory_order_relaxed) >= floor) {
+    const uint32_t lendable = remote_idle & usable & IdleMask() & ~(1u << direct);
+    if (lendable != 0) {
+      const uint32_t nics = 1 + static_cast<uint32_t>(__builtin_popcount(lendable));
+      depth = std::clamp(remaining / nics + (remaining % nics != 0), floor, depth);
+    }
+  }
+  if (Reserve(own.in_flight, depth, nullptr)) {
     own.owner_activity.fetch_add(1, std::memory_order_relaxed);
     return Choice{direct, false};
   }

@@ -4,7 +4,12 @@
 //
 // fuselink (the default):
 //  - Every NIC has an owner GPU. A chunk of a transfer whose home GPU owns NIC d goes
-//    on d while d has fewer than `direct_depth` chunks in flight.
+//    on d while d has fewer than `direct_depth` chunks in flight, and fewer than its
+//    even share of what the transfer has left to land beside the NICs it may borrow
+//    now (never under `borrow_depth`): a short transfer, or a long one's tail,
+//    spreads over the lent NICs rather than queueing on its own, as stripe's would.
+//    The deep direct queue is for long transfers, whose acknowledgements may wait
+//    behind traffic the other way.
 //  - Past that it borrows: a NIC k whose owner is idle here, that the receiver says
 //    is idle there (its credit mask), with fewer than `borrow_depth` borrowed chunks
 //    in flight; the least loaded such NIC, scanned from a rotating start so borrowers
@@ -85,8 +90,12 @@ class Scheduler {
   Policy policy() const { return policy_; }
 
   // A chunk of a transfer whose direct NIC is `direct`; `remote_idle` has bit k set
-  // when the receiver's NIC k is idle, `usable` when the transfer may use NIC k.
-  Choice Pick(int direct, uint32_t remote_idle, uint32_t usable = ~0u);
+  // when the receiver's NIC k is idle, `usable` when the transfer may use NIC k;
+  // `remaining`: the transfer's chunks not yet landed, this one included (unknown:
+  // kManyChunks).
+  static constexpr uint32_t kManyChunks = UINT32_MAX;
+  Choice Pick(int direct, uint32_t remote_idle, uint32_t usable = ~0u,
+              uint32_t remaining = kManyChunks);
   // The reserved chunk finished: `bytes` landed (0 if it was never posted), or the
   // write `failed`. Returns, when this ended a give-back, how long the owner waited
   // for borrowers to leave its NIC, in nanoseconds; else 0.
@@ -131,7 +140,8 @@ class Scheduler {
   bool Lendable(int k) const;
   // Raises `counter` if it is under `bound`; `*before` gets its old value.
   static bool Reserve(std::atomic<uint32_t>& counter, uint32_t bound, uint32_t* before);
-  Choice PickFuselink(int direct, uint32_t remote_idle, uint32_t usable);
+  Choice PickFuselink(int direct, uint32_t remote_idle, uint32_t usable,
+                      uint32_t remaining);
   // The least loaded NIC of `usable` (rotating among equals), reserved; -1 if none.
   Choice PickLeastLoaded(uint32_t usable);
 

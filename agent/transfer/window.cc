@@ -1,5 +1,7 @@
 #include "agent/transfer/window.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/imm.h"
@@ -17,6 +19,7 @@ Window::Window(WindowEnv env, uint32_t job, int direct_nic, SourceMemory source,
       target_(target),
       extents_(std::move(extents)),
       cursor_(extents_, chunk_bytes),
+      total_chunks_(CountChunks(extents_, chunk_bytes)),
       reach_(reach),
       target_node_(target_node),
       remote_idle_(target.idle_nic_mask),
@@ -80,11 +83,19 @@ void Window::Pump(JobEffects* fx) {
     } else if (cursor_.done() || cursor_.next_layer() >= ready_end_ ||
                !cursor_.Next(&chunk)) {
       return;  // all sent, or the next layer is not computed yet
+    } else {
+      ++taken_;
     }
     uint32_t usable = reach_->mask();
     // A relay GPU short of memory lends none of its NICs; the direct NIC needs none.
     if (relayed) usable &= env_.relay->borrowable() | (1u << direct_nic_);
-    const sched::Choice choice = env_.scheduler->Pick(direct_nic_, remote_idle_, usable);
+    // Not landed yet: this chunk, those to retry, those the cursor still holds, and
+    // those in flight.
+    const uint64_t remaining = 1 + again_.size() + (total_chunks_ - taken_) + in_flight_;
+    const sched::Choice choice =
+        env_.scheduler->Pick(direct_nic_, remote_idle_, usable,
+                             static_cast<uint32_t>(std::min<uint64_t>(
+                                 remaining, sched::Scheduler::kManyChunks)));
     if (!choice.ok()) {
       again_.push_back(chunk);
       fx->wait = true;

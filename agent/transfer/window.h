@@ -114,6 +114,8 @@ class Window {
   const Prepared target_;
   const std::vector<Extent> extents_;  // before cursor_: the cursor points into it
   ChunkCursor cursor_;
+  const uint64_t total_chunks_;  // the cursor's, in all
+  uint64_t taken_ = 0;           // of them, handed out by the cursor
   NicReach* const reach_;
   const std::string target_node_;
   uint32_t remote_idle_;

@@ -42,6 +42,29 @@ TEST(Scheduler, BorrowsIdleNicsOnceTheDirectOneIsFull) {
   EXPECT_EQ(s.Stats(1).borrow_events, 1u);
 }
 
+// A transfer with few chunks left queues no more than its even share on its own NIC
+// (never under borrow_depth) while it may borrow: its tail spreads over the lent NICs.
+TEST(Scheduler, AShortTransferQueuesOnlyItsShareOnItsOwnNic) {
+  auto direct_of = [](uint32_t remaining, uint32_t remote_idle) {
+    Scheduler s = Make(Policy::kFuselink, 8, 2);
+    int direct = 0;
+    for (int i = 0; i < 16; ++i) {  // placed at once: nothing lands meanwhile
+      const Choice c = s.Pick(0, remote_idle, ~0u, remaining);
+      if (!c.ok()) break;
+      direct += c.nic == 0;
+    }
+    return direct;
+  };
+  EXPECT_EQ(direct_of(16, kAllIdle), 4);  // 16 chunks over 4 NICs
+  EXPECT_EQ(direct_of(12, kAllIdle), 3);
+  EXPECT_EQ(direct_of(3, kAllIdle), 2);     // never under borrow_depth
+  EXPECT_EQ(direct_of(1000, kAllIdle), 8);  // a long transfer keeps the deep queue
+  EXPECT_EQ(direct_of(Scheduler::kManyChunks, kAllIdle), 8);
+  EXPECT_EQ(direct_of(16, 0x1), 8);  // nothing to borrow: the direct NIC takes it all
+  // The share counts only the NICs it may borrow now: 16 over NICs 0 and 2.
+  EXPECT_EQ(direct_of(16, 0x5), 8);
+}
+
 TEST(Scheduler, NeverBorrowsABusyOwnersNic) {
   Scheduler s = Make(Policy::kFuselink, 1, 4);
   s.OwnerStarted(2);

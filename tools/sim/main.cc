@@ -15,6 +15,9 @@
 ABSL_FLAG(double, rail_gbit_s, 0.956, "One rail's rate (the testbed's shaped rails).");
 ABSL_FLAG(double, latency_us, 100, "One-way latency per chunk.");
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20, "The agents' --chunk_bytes.");
+ABSL_FLAG(uint32_t, direct_depth, 8, "The agents' --direct_depth.");
+ABSL_FLAG(uint32_t, borrow_depth, 2, "The agents' --borrow_depth.");
+ABSL_FLAG(uint32_t, window_chunks, 16, "The agents' --window_chunks.");
 ABSL_FLAG(bool, check, false, "Fail when a ratio is off the measured one.");
 ABSL_FLAG(double, tolerance_pct, 10, "--check: how far off a ratio may be.");
 
@@ -26,6 +29,9 @@ int Main() {
   model.rail_bytes_per_s = absl::GetFlag(FLAGS_rail_gbit_s) * 1e9 / 8;
   model.latency_s = absl::GetFlag(FLAGS_latency_us) * 1e-6;
   model.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  model.limits.direct_depth = absl::GetFlag(FLAGS_direct_depth);
+  model.limits.borrow_depth = absl::GetFlag(FLAGS_borrow_depth);
+  model.window_chunks = absl::GetFlag(FLAGS_window_chunks);
   const double tolerance = absl::GetFlag(FLAGS_tolerance_pct);
   std::printf(
       "2 nodes x 4 rails of %.3f Gbit/s, %.0f us, chunks of %lu B, window %u, "
@@ -33,8 +39,9 @@ int Main() {
       absl::GetFlag(FLAGS_rail_gbit_s), absl::GetFlag(FLAGS_latency_us),
       static_cast<unsigned long>(model.chunk_bytes), model.window_chunks,
       model.limits.direct_depth, model.limits.borrow_depth);
-  std::printf("%-8s %-9s %9s %10s %12s %8s %9s  %s\n", "workload", "policy", "seconds",
-              "x_static", "measured_x", "off_pct", "owner_pct", "seconds of");
+  std::printf("%-8s %-9s %9s %10s %12s %8s %9s %10s  %s\n", "workload", "policy",
+              "seconds", "x_static", "measured_x", "off_pct", "owner_pct", "idle_nic_s",
+              "seconds of");
   bool ok = true;
   uint64_t chunks = 0;
   const auto wall_start = std::chrono::steady_clock::now();
@@ -54,9 +61,10 @@ int Main() {
       ok = ok && within;
       const std::string owner =
           o.owner_pct < 0 ? "-" : absl::StrFormat("%.1f", o.owner_pct);
-      std::printf("%-8s %-9s %9.3f %10.3f %12.3f %+8.1f %9s  %s%s\n", w.name.c_str(),
-                  std::string(sched::PolicyName(p)).c_str(), o.seconds, x, measured, off,
-                  owner.c_str(), w.metric.c_str(), within ? "" : "  OFF");
+      std::printf("%-8s %-9s %9.3f %10.3f %12.3f %+8.1f %9s %10.3f  %s%s\n",
+                  w.name.c_str(), std::string(sched::PolicyName(p)).c_str(), o.seconds, x,
+                  measured, off, owner.c_str(), o.idle_while_demand_s, w.metric.c_str(),
+                  within ? "" : "  OFF");
     }
   }
   const double wall =

@@ -21,6 +21,17 @@ Network::Network(NetworkModel model) : model_(model) {
   rx_free_ = tx_free_;
   incoming_own_.assign(model_.nodes, std::vector<int>(model_.nics, 0));
   waiting_.resize(model_.nodes);
+  demand_.assign(model_.nodes, 0);
+}
+
+void Network::Advance(double t) {
+  for (int n = 0; n < model_.nodes; ++n) {
+    if (demand_[n] == 0) continue;
+    for (double free_at : tx_free_[n]) {
+      idle_while_demand_s_ += std::max(0.0, t - std::max(now_, free_at));
+    }
+  }
+  now_ = t;
 }
 
 Network::~Network() = default;
@@ -52,12 +63,13 @@ std::vector<FlowResult> Network::Run(const std::vector<Flow>& flows, OnEnd on_en
   flows_.clear();
   chunks_ = 0;
   now_ = 0;
+  idle_while_demand_s_ = 0;
   on_end_ = std::move(on_end);
   for (const Flow& flow : flows) Add(flow);
   while (!events_.empty()) {
     const Event e = events_.top();
     events_.pop();
-    now_ = e.at;
+    Advance(e.at);
     if (e.kind == 0) {
       Start(e.flow);
     } else {
@@ -82,6 +94,7 @@ void Network::Start(size_t i) {
     if (on_end_) on_end_(i, *this);
     return;
   }
+  ++demand_[a.flow.src_node];
   Post(i);
 }
 
@@ -90,7 +103,10 @@ void Network::Post(size_t i) {
   const int src = a.flow.src_node, dst = a.flow.dst_node;
   const int direct = a.flow.src_gpu % model_.nics;
   while (a.unposted > 0 && a.in_flight < model_.window_chunks) {
-    const sched::Choice c = schedulers_[src]->Pick(direct, RemoteIdle(dst));
+    // Its chunks not yet landed: the one being placed and those after it, and those
+    // in flight.
+    const sched::Choice c = schedulers_[src]->Pick(direct, RemoteIdle(dst), ~0u,
+                                                   static_cast<uint32_t>(a.unacked));
     if (!c.ok()) {
       if (!a.waiting) waiting_[src].push_back(i);
       a.waiting = true;
@@ -103,7 +119,7 @@ void Network::Post(size_t i) {
                                : model_.chunk_bytes;
     const double end = begin + static_cast<double>(bytes) / model_.rail_bytes_per_s;
     tx_free_[src][c.nic] = rx_free_[dst][c.nic] = end;
-    --a.unposted;
+    if (--a.unposted == 0) --demand_[src];
     ++a.in_flight;
     ++chunks_;
     Push(end + 2 * model_.latency_s, 1, i, c, bytes);  // landed, and the ack back

@@ -56,6 +56,9 @@ class Network {
   double now() const { return now_; }
   // Chunks simulated by the last Run.
   uint64_t chunks() const { return chunks_; }
+  // NIC-seconds of the last Run in which a NIC sent nothing while a transfer on its
+  // node still had chunks to place: capacity the policy left unused.
+  double idle_while_demand_s() const { return idle_while_demand_s_; }
 
  private:
   struct Active;
@@ -86,7 +89,11 @@ class Network {
   std::vector<Active> flows_;
   std::vector<std::vector<size_t>> waiting_;  // [node]: flows that found no NIC
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
-  double now_ = 0;
+  // Adds the idle NIC time of nodes with chunks to place, from now_ to `t`.
+  void Advance(double t);
+
+  std::vector<int> demand_;  // [node]: started flows with chunks not yet placed
+  double now_ = 0, idle_while_demand_s_ = 0;
   uint64_t order_ = 0, chunks_ = 0;
 };
 

@@ -14,7 +14,7 @@ Outcome Hot(const NetworkModel& model, uint64_t* chunks) {
   Network net(model);
   const std::vector<FlowResult> r = net.Run({Flow{0, 0, 1, 1024 * kMiB, 0}});
   *chunks += net.chunks();
-  return {r[0].seconds()};
+  return {r[0].seconds(), -1, net.idle_while_demand_s()};
 }
 
 // The all-to-all of a mixture-of-experts layer: GPU g sends what the bench's run drew
@@ -41,7 +41,7 @@ Outcome Expert(const NetworkModel& model, uint64_t* chunks) {
   const std::vector<FlowResult> r =
       net.Run(AllToAll({188, 376, 125, 62, 47, 75, 53, 94}, 0));
   *chunks += net.chunks();
-  return {LastEnd(r, 0, r.size())};
+  return {LastEnd(r, 0, r.size()), -1, net.idle_while_demand_s()};
 }
 
 // DLRM-like: eight workers' lookups to the other node's four, both ways; an iteration
@@ -51,7 +51,7 @@ Outcome Dlrm(const NetworkModel& model, uint64_t* chunks) {
   const std::vector<FlowResult> r =
       net.Run(AllToAll({43, 73, 74, 23, 88, 64, 35, 108}, 0));
   *chunks += net.chunks();
-  return {LastEnd(r, 0, r.size())};
+  return {LastEnd(r, 0, r.size()), -1, net.idle_while_demand_s()};
 }
 
 // Disaggregated serving, as fuselink-bench draws it (seed 1): four prefill instances
@@ -102,12 +102,13 @@ Outcome Serving(const NetworkModel& model, uint64_t* chunks) {
     take(instance_of[flow], n.now(), nullptr, &n);
   });
   *chunks += net.chunks();
+  const double idle = net.idle_while_demand_s();
   std::vector<double> completion;
   for (size_t f = 0; f < r.size(); ++f) {
     completion.push_back(r[f].end_s - arrivals[instance_of[f]][arrival_of[f]].at_s);
   }
   std::sort(completion.begin(), completion.end());
-  return {completion.empty() ? 0 : completion[(completion.size() - 1) / 2]};
+  return {completion.empty() ? 0 : completion[(completion.size() - 1) / 2], -1, idle};
 }
 
 // owner: GPU 0 streams 8 transfers of 128 MiB; 1 s later GPU 1, the owner of NIC 1,
@@ -123,18 +124,19 @@ Outcome Owner(const NetworkModel& model, uint64_t* chunks) {
   Network net(model);
   const std::vector<FlowResult> r = net.Run(flows);
   *chunks += net.chunks() + solo.chunks();
-  return {r.back().seconds(), 100 * solo_s / r.back().seconds()};
+  return {r.back().seconds(), 100 * solo_s / r.back().seconds(),
+          net.idle_while_demand_s()};
 }
 
 }  // namespace
 
 const std::vector<Workload>& Workloads() {
   static const std::vector<Workload> all = {
-      {"hot", "the transfer", Hot, 3.999, 3.925},
-      {"serving", "a request, p50", Serving, 3.242, 2.085},
-      {"expert", "the all-to-all", Expert, 2.002, 1.972},
-      {"dlrm", "the slowest worker", Dlrm, 1.371, 1.266},
-      {"owner", "the owner's transfer", Owner, 0.733, 0.991},
+      {"hot", "the transfer", Hot, 4.001, 3.984},
+      {"serving", "a request, p50", Serving, 3.065, 3.073},
+      {"expert", "the all-to-all", Expert, 1.959, 1.969},
+      {"dlrm", "the slowest worker", Dlrm, 1.457, 1.441},
+      {"owner", "the owner's transfer", Owner, 0.734, 0.992},
   };
   return all;
 }

@@ -1,6 +1,7 @@
 // The scheduler workloads of fuselink-bench (tools/bench/sched_workloads.cc), as flows
 // for the simulator, with the bytes the namespace-testbed run of docs/benchmarks.md
-// drew, and the measured ratios they are validated against.
+// drew, and the measured ratios they are validated against (the run of
+// 2026-12-02 16:24 UTC, docs/benchmarks.md, "Issue 15").
 #pragma once
 
 #include <string>
@@ -14,7 +15,8 @@ namespace fuselink::sim {
 // for the owner workload the owner's share of its NIC's solo rate.
 struct Outcome {
   double seconds = 0;
-  double owner_pct = -1;  // owner: % of its transfer's static solo rate; else -1
+  double owner_pct = -1;           // owner: % of its transfer's static solo rate; else -1
+  double idle_while_demand_s = 0;  // Network::idle_while_demand_s, over its runs
 };
 
 struct Workload {

@@ -326,6 +326,20 @@ TEST_F(SecurityTest, APeerSpeaksOnlyForItsOwnNode) {
   EXPECT_TRUE(Serves(*b_));
 }
 
+// node-a runs forwarded calls; one from node-b that names none of the four requests
+// is refused with its reason, and node-a serves on.
+TEST_F(SecurityTest, AForwardedCallNamingNoRequestIsMalformed) {
+  auto b_at_a = v1::Peer::NewStub(ClientChannel(a_->grpc_address(), "node", kNodeB));
+  v1::ForwardControlRequest empty;
+  empty.set_from_node(kNodeB);
+  empty.set_requester("spiffe://fuselink/router/r1");
+  v1::TransferStatus status;
+  grpc::ClientContext context;
+  EXPECT_TRUE(HasError(b_at_a->ForwardControl(&context, empty, &status),
+                       grpc::StatusCode::INVALID_ARGUMENT, "MALFORMED_REQUEST"));
+  EXPECT_TRUE(Serves(*a_));
+}
+
 // Bad security input is refused with its reason, and the agent serves on: a grant
 // naming no role, a Hello whose fabric key is not 32 bytes.
 TEST_F(SecurityTest, MalformedGrantsAndFabricKeysAreRefused) {

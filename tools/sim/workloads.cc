@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 
 namespace fuselink::sim {
@@ -82,24 +83,23 @@ Outcome Serving(const NetworkModel& model, uint64_t* chunks) {
   std::vector<int> instance_of;
   std::vector<size_t> arrival_of, next(kInstances, 0);
   std::vector<Flow> first;
-  auto take = [&](int i, double free_at, std::vector<Flow>* out, Network* net) {
-    if (next[i] >= arrivals[i].size()) return;
+  // The next request of instance i for a slot free from `free_at`, if any is left.
+  auto take = [&](int i, double free_at) -> std::optional<Flow> {
+    if (next[i] >= arrivals[i].size()) return std::nullopt;
     const Arrival& a = arrivals[i][next[i]];
     instance_of.push_back(i);
     arrival_of.push_back(next[i]++);
-    const Flow flow{0, i, 1, a.bytes, std::max(a.at_s, free_at)};
-    if (net != nullptr) {
-      net->Add(flow);
-    } else {
-      out->push_back(flow);
-    }
+    return Flow{0, i, 1, a.bytes, std::max(a.at_s, free_at)};
   };
   for (int i = 0; i < kInstances; ++i) {
-    for (int slot = 0; slot < kSlots; ++slot) take(i, 0, &first, nullptr);
+    for (int slot = 0; slot < kSlots; ++slot) {
+      if (std::optional<Flow> flow = take(i, 0)) first.push_back(*flow);
+    }
   }
   Network net(model);
   const std::vector<FlowResult> r = net.Run(first, [&](size_t flow, Network& n) {
-    take(instance_of[flow], n.now(), nullptr, &n);
+    if (std::optional<Flow> next_flow = take(instance_of[flow], n.now()))
+      n.Add(*next_flow);
   });
   *chunks += net.chunks();
   const double idle = net.idle_while_demand_s();

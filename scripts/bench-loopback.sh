@@ -355,6 +355,15 @@ for n in "${NIC_COUNTS[@]}"; do
     "$(ipcell "ip-n$((2 * n))")" "$(ratio "$fl" "$(of "$IP" "ip-n$((2 * n))" .gbps)")"
 done
 echo
+echo "The first transfer into newly registered memory (each run's warm-up, its tensors just"
+echo "registered) against the later ones of the same run, fuselink c=2, GB/s."
+printf "%-4s | %-8s | %-8s | %-12s\n" "NICs" "first" "later" "later/first"
+for n in "${NIC_COUNTS[@]}"; do
+  first=$(of "$FL" "fl-c2-n$n" .cold_gbps)
+  later=$(of "$FL" "fl-c2-n$n" .gbps_median)
+  printf "%-4s | %-8.2f | %-8.2f | %-12s\n" "$n" "$first" "$later" "$(ratio "$later" "$first")"
+done
+echo
 echo "CPU seconds per GB moved, both ends (fuselink: both agents' utime+stime over a run,"
 echo "warm-up included; iperf3: client + server as it reports them)."
 printf "%-4s | %-12s | %-12s | %-11s | %-12s\n" "NICs" "fuselink c=1" "fuselink c=2" "iperf3 -P N" "iperf3 -l 1M"

@@ -1,14 +1,15 @@
 #!/bin/bash
 # The scheduler benchmarks on the namespace testbed: builds (Release, its
-# own build folder), brings up two nodes with four shaped rails, starts a pair of
-# agents per policy (static, stripe, fuselink; each agent the other's peer, on fixed
-# ports of its node's management address), runs every fuselink-bench scheduler
+# own build folder), brings up N nodes (default 2) with four shaped rails, starts an
+# agent per node and policy (static, stripe, fuselink; each agent every other node's
+# agent of its policy as peer, on fixed ports of its node's management address),
+# runs every fuselink-bench scheduler
 # workload under each policy in turn, runs scheduler_bench (the cost of a pick), and
 # tears everything down. Needs root (scripts/testbed.sh check); exits 77 otherwise.
 #
 #   scripts/bench-testbed.sh [--out DIR] [--results DIR] [--rate RATE]
 #                            [--chunk_bytes N] [--build DIR] [--workloads LIST]
-#                            [--quick]
+#                            [--nodes N] [--quick]
 #
 # --out DIR        the PNGs (default docs/bench: docs/benchmarks.md shows them)
 # --results DIR    tables, timelines, logs (default /tmp/fuselink-bench-testbed)
@@ -16,6 +17,10 @@
 #                  cores of a developer machine, is the limit)
 # --chunk_bytes N  the agents' --chunk_bytes (default 1 MiB)
 # --workloads LIST comma-separated, default hot,serving,expert,dlrm,owner
+# --nodes N        even, default 2. hot and owner run between nodes 0 and 1; expert
+#                  and dlrm are all-to-alls over every node (expert's bytes grow with
+#                  N, so that each GPU sends as much as with 2); serving has N/2
+#                  prefill nodes, each request going to a decode node drawn at random
 # --quick          smaller workloads (a check that everything runs, not numbers)
 # Extra agent flags for every agent: FUSELINK_AGENT_FLAGS (e.g. --borrow_depth=4).
 set -euo pipefail
@@ -26,6 +31,7 @@ rate=1gbit
 chunk_bytes=1048576
 build=$here/build-bench-testbed
 workloads=hot,serving,expert,dlrm,owner
+nodes=2
 quick=0
 while [ $# -gt 0 ]; do
   case $1 in
@@ -35,6 +41,7 @@ while [ $# -gt 0 ]; do
     --chunk_bytes) chunk_bytes=${2:?}; shift 2 ;;
     --build) build=${2:?}; shift 2 ;;
     --workloads) workloads=${2:?}; shift 2 ;;
+    --nodes) nodes=${2:?}; shift 2 ;;
     --quick) quick=1; shift ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
@@ -64,7 +71,11 @@ name="flb$$"
 . "$here/scripts/lib/testbed.sh"
 testbed_down_on_exit "$name"
 
-"$tb" up --name "$name" --nodes 2 --rails 4 --rate "$rate"
+case $nodes in
+  '' | *[!0-9]* | 0) echo "bench-testbed: --nodes must be an even number >= 2" >&2; exit 2 ;;
+esac
+[ $((nodes % 2)) -eq 0 ] || { echo "bench-testbed: --nodes must be even" >&2; exit 2; }
+"$tb" up --name "$name" --nodes "$nodes" --rails 4 --rate "$rate"
 testbed_load "$name"
 state=$TESTBED_STATE
 # Mutual TLS, as deployed: certificates per agent and for the bench, unless
@@ -74,11 +85,14 @@ bench_tls=("${demo_tls[@]}")
 case " ${FUSELINK_AGENT_FLAGS:-} " in *" --plaintext "*) bench_tls=(--plaintext) ;; esac
 
 # Agents: <policy>-n<i> in node i's namespace; gRPC on port 7100+p, metrics on
-# 7200+p of node i's management address, peer: the same policy's other node.
+# 7200+p of node i's management address, peers: the same policy's other nodes.
 for p in "${!policies[@]}"; do
   policy=${policies[p]}
-  for i in 0 1; do
-    j=$((1 - i))
+  for ((i = 0; i < nodes; i++)); do
+    peers=""
+    for ((j = 0; j < nodes; j++)); do
+      [ "$j" -eq "$i" ] || peers="$peers${peers:+,}$policy-n$j=$(testbed_mgmt "$j"):$((7100 + p))"
+    done
     # shellcheck disable=SC2034  # read by launch_agent (scripts/lib/agents.sh)
     agent_prefix=(ip netns exec "$(testbed_ns "$i")")
     # shellcheck disable=SC2034
@@ -89,20 +103,23 @@ for p in "${!policies[@]}"; do
     launch_agent "$policy-n$i" --topology="$(testbed_var TOPOLOGY "$i")" \
       --listen="$(testbed_mgmt "$i"):$((7100 + p))" \
       --metrics_listen="$(testbed_mgmt "$i"):$((7200 + p))" \
-      --peer="$policy-n$j=$(testbed_mgmt "$j"):$((7100 + p))" \
+      --peer="$peers" \
       --policy="$policy" --chunk_bytes="$chunk_bytes" ${FUSELINK_AGENT_FLAGS:-}
   done
 done
 
+expert_bytes=$((1073741824 * nodes / 2))
 sizes=()
 if [ "$quick" = 1 ]; then
-  sizes=(--hot_bytes=268435456 --serving_seconds=4 --expert_bytes=268435456
-    --dlrm_bytes=16777216 --dlrm_iterations=1 --owner_borrower_bytes=268435456
-    --owner_bytes=33554432 --owner_delay_s=0.3)
+  expert_bytes=$((268435456 * nodes / 2))
+  sizes=(--hot_bytes=268435456 --serving_seconds=4 --dlrm_bytes=16777216
+    --dlrm_iterations=1 --owner_borrower_bytes=268435456 --owner_bytes=33554432
+    --owner_delay_s=0.3)
 fi
+sizes+=(--nodes="$nodes" --expert_bytes="$expert_bytes")
 {
   echo "# scripts/bench-testbed.sh $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores, $(uname -r)"
-  echo "# testbed: 2 nodes, 4 rails at $rate each way; agents --chunk_bytes=$chunk_bytes ${FUSELINK_AGENT_FLAGS:-}"
+  echo "# testbed: $nodes nodes, 4 rails at $rate each way; agents --chunk_bytes=$chunk_bytes ${FUSELINK_AGENT_FLAGS:-}"
 } >"$results/sched-tables.txt"
 IFS=, read -r -a list <<<"$workloads"
 for w in "${list[@]}"; do

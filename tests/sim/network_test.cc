@@ -2,6 +2,8 @@
 // where the model makes them exact, and the scheduler's rules where they decide.
 #include "tools/sim/network.h"
 
+#include <algorithm>
+
 #include "gtest/gtest.h"
 
 namespace fuselink::sim {
@@ -83,6 +85,96 @@ TEST(SimNetworkTest, FlowsAddedAsOthersEndStartThen) {
   ASSERT_EQ(r.size(), 3u);
   EXPECT_DOUBLE_EQ(r[1].start_s, r[0].end_s);
   EXPECT_DOUBLE_EQ(r[2].start_s, r[1].end_s);
+}
+
+// The links inside a node. Rails of 100 MB/s, chunks of 1 MiB; every time below is a
+// sum of bytes / rate over the stages a chunk crosses, plus two latencies.
+
+TEST(SimLinksTest, ABorrowedChunkCrossesNvlinkIntoTheRelayThenItsNic) {
+  NetworkModel m = Model(sched::Policy::kFuselink);
+  m.nics = 2;
+  m.limits.direct_depth = 0;  // every chunk borrows: NIC 1, GPU 1 is its relay
+  m.links.nvlink_egress_bytes_per_s = 400e6;
+  const double chunk = static_cast<double>(kMiB);
+  {
+    // To GPU 1 there: it lands on its own GPU's NIC, no forwarding.
+    Network net(m);
+    const FlowResult r = net.Run({Flow{0, 0, 1, kMiB, 0, /*dst_gpu=*/1}})[0];
+    EXPECT_EQ(r.nic_bytes, (std::vector<uint64_t>{0, kMiB}));
+    EXPECT_NEAR(r.seconds(), chunk / 400e6 + chunk / 100e6 + 2 * m.latency_s, 1e-12);
+  }
+  {
+    // To GPU 0 there: NIC 1's owner forwards it over NVLink, a second copy.
+    Network net(m);
+    const FlowResult r = net.Run({Flow{0, 0, 1, kMiB, 0}})[0];
+    EXPECT_NEAR(r.seconds(), 2 * chunk / 400e6 + chunk / 100e6 + 2 * m.latency_s, 1e-12);
+  }
+}
+
+TEST(SimLinksTest, ADirectChunkCrossesPcieOnBothEndsAndNoNvlink) {
+  NetworkModel m = Model(sched::Policy::kStatic);
+  m.links.pcie_bytes_per_s = 200e6;
+  m.links.nvlink_egress_bytes_per_s = 1e3;  // would take 1000 s if it were crossed
+  Network net(m);
+  const FlowResult r = net.Run({Flow{0, 3, 1, kMiB, 0}})[0];
+  const double chunk = static_cast<double>(kMiB);
+  EXPECT_NEAR(r.seconds(),
+              chunk / 200e6 + chunk / 100e6 + chunk / 200e6 + 2 * m.latency_s, 1e-12);
+}
+
+TEST(SimLinksTest, TheNvlinkEgressBoundsWhatOneGpuRelays) {
+  // GPU 0 alone with 4 NICs: its own NIC at 100 MB/s, and the three it borrows fed
+  // through its NVLink egress at 50 MB/s together.
+  NetworkModel m = Model(sched::Policy::kFuselink);
+  m.window_chunks = 64;
+  m.links.nvlink_egress_bytes_per_s = 50e6;
+  Network net(m);
+  const FlowResult r = net.Run({Flow{0, 0, 1, 256 * kMiB, 0}})[0];
+  const double relayed =
+      static_cast<double>(r.nic_bytes[1] + r.nic_bytes[2] + r.nic_bytes[3]);
+  EXPECT_LE(relayed / r.seconds(), 50e6);
+  EXPECT_GE(relayed / r.seconds(), 0.9 * 50e6);
+  // Within a few per cent of 150 MB/s (the rest: the first and last chunks' trips);
+  // without the cap it would be 400.
+  EXPECT_NEAR(static_cast<double>(256 * kMiB) / r.seconds(), 150e6, 0.05 * 150e6);
+}
+
+TEST(SimLinksTest, TheNvlinkTotalBoundsWhatAllGpusRelay) {
+  // GPUs 0 and 1 both borrow every chunk (direct_depth 0), so all 64 MiB cross
+  // NVLink, through the node's switch at 50 MB/s, though each GPU's own NVLink and
+  // the rails could take far more.
+  NetworkModel m = Model(sched::Policy::kFuselink);
+  m.limits.direct_depth = 0;
+  m.links.nvlink_total_bytes_per_s = 50e6;
+  Network net(m);
+  const std::vector<FlowResult> r =
+      net.Run({Flow{0, 0, 1, 32 * kMiB, 0, 2}, Flow{0, 1, 1, 32 * kMiB, 0, 3}});
+  EXPECT_EQ(r[0].nic_bytes[0], 0u);
+  EXPECT_EQ(r[1].nic_bytes[1], 0u);
+  const double end_s = std::max(r[0].end_s, r[1].end_s);
+  EXPECT_GE(end_s, 64 * static_cast<double>(kMiB) / 50e6);
+  // The last chunk out of the switch then crosses the rail and, at worst behind one
+  // other, the receiver's switch.
+  const double chunk = static_cast<double>(kMiB);
+  EXPECT_LE(end_s,
+            64 * chunk / 50e6 + chunk / 100e6 + 2 * chunk / 50e6 + 2 * m.latency_s);
+}
+
+TEST(SimLinksTest, AGpusPcieCarriesItsOwnChunksAndThoseItRelays) {
+  // Stripe, GPUs 0 and 1 each 32 MiB over NICs 0 and 1. PCIe (50 MB/s) is slower than
+  // a rail: each GPU's link carries its own chunks and the other's relayed ones, 32
+  // MiB each, back to back; the last chunk then crosses the rail and PCIe again.
+  NetworkModel m = Model(sched::Policy::kStripe);
+  m.nics = 2;
+  m.links.pcie_bytes_per_s = 50e6;
+  Network net(m);
+  const std::vector<FlowResult> r =
+      net.Run({Flow{0, 0, 1, 32 * kMiB, 0}, Flow{0, 1, 1, 32 * kMiB, 0}});
+  EXPECT_EQ(r[0].nic_bytes[0] + r[1].nic_bytes[0], 32 * kMiB);
+  EXPECT_GT(r[0].nic_bytes[1], 0u);  // relayed through GPU 1
+  const double chunk = static_cast<double>(kMiB);
+  EXPECT_NEAR(std::max(r[0].end_s, r[1].end_s),
+              32 * chunk / 50e6 + chunk / 100e6 + chunk / 50e6 + 2 * m.latency_s, 1e-9);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20, "sched: the agents' --chunk_bytes.");
 ABSL_FLAG(double, rail_bytes_per_s, 125e6, "sched: one rail's rate.");
 ABSL_FLAG(int, sample_ms, 100, "sched: metrics read period (owner: 20 ms).");
 ABSL_FLAG(uint32_t, seed, 1, "sched: seed of every random draw.");
+ABSL_FLAG(int, nodes, 2, "sched: testbed nodes (agents per policy).");
 ABSL_FLAG(uint64_t, hot_bytes, 1ull << 30, "hot: bytes of the tensor.");
 ABSL_FLAG(double, serving_seconds, 20, "serving: how long requests arrive.");
 ABSL_FLAG(double, serving_arrivals_per_s, 1.5, "serving: arrivals per instance.");
@@ -45,6 +46,7 @@ absl::StatusOr<std::vector<Result>> RunSchedFromFlags(const std::string& workloa
   o.rail_bytes_per_s = absl::GetFlag(FLAGS_rail_bytes_per_s);
   o.sample_period = absl::Milliseconds(absl::GetFlag(FLAGS_sample_ms));
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.nodes = absl::GetFlag(FLAGS_nodes);
   o.hot_bytes = absl::GetFlag(FLAGS_hot_bytes);
   o.serving_seconds = absl::GetFlag(FLAGS_serving_seconds);
   o.serving_arrivals_per_s = absl::GetFlag(FLAGS_serving_arrivals_per_s);
@@ -59,6 +61,9 @@ absl::StatusOr<std::vector<Result>> RunSchedFromFlags(const std::string& workloa
   if (o.cluster_dir.empty() || o.policies.empty() || o.rail_bytes_per_s <= 0) {
     return absl::InvalidArgumentError(
         "--cluster_dir, --policies and --rail_bytes_per_s are needed");
+  }
+  if (o.nodes < 2 || o.nodes % 2 != 0) {
+    return absl::InvalidArgumentError("--nodes must be even and at least 2");
   }
   return RunSchedWorkload(workload, o);
 }

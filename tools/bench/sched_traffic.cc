@@ -34,14 +34,38 @@ class FirstError {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
+// Free request slots of a decode instance: Take waits for one.
+class SlotPool {
+ public:
+  explicit SlotPool(uint32_t slots) {
+    for (uint32_t s = slots; s > 0; --s) free_.push_back(s - 1);
+  }
+  uint32_t Take() {
+    absl::MutexLock lock(
+        &mu_, absl::Condition(
+                  +[](std::vector<uint32_t>* f) { return !f->empty(); }, &free_));
+    const uint32_t slot = free_.back();
+    free_.pop_back();
+    return slot;
+  }
+  void Give(uint32_t slot) {
+    absl::MutexLock lock(&mu_);
+    free_.push_back(slot);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
 // One transfer of an all-to-all: blocks of a sender's tensor into a receiver's.
 struct Flow {
   int sender = 0, receiver = 0;  // global GPU index: node * nics + gpu
   uint32_t source_begin = 0, target_begin = 0, blocks = 0;
 };
 
-// An all-to-all among the GPUs of both nodes, every GPU sending to each GPU of the
-// other node (pairs within a node move over NVLink, not measured here): `mib[g]`
+// An all-to-all among the GPUs of every node, each GPU sending to every GPU of the
+// other nodes (pairs within a node move over NVLink, not measured here): `mib[g]`
 // MiB from GPU g, split evenly over its receivers. Runs `iterations` times; returns
 // per iteration the time of each sender (its last flow done).
 class AllToAll {
@@ -49,13 +73,15 @@ class AllToAll {
   static absl::StatusOr<std::unique_ptr<AllToAll>> Create(
       Cluster& c, int nics, const std::vector<uint32_t>& mib) {
     std::unique_ptr<AllToAll> a(new AllToAll(c, nics));
-    const int gpus = 2 * nics;
+    const int nodes = static_cast<int>(c.nodes.size());
+    const int gpus = nodes * nics;
+    const int receivers = (nodes - 1) * nics;
     std::vector<uint32_t> incoming(gpus, 0);
     std::vector<uint32_t> outgoing(gpus, 0);
     for (int s = 0; s < gpus; ++s) {
-      const uint32_t each = std::max<uint32_t>(1, mib[s] / nics);
-      for (int r = 0; r < nics; ++r) {
-        const int receiver = (s < nics ? nics : 0) + r;
+      const uint32_t each = std::max<uint32_t>(1, mib[s] / receivers);
+      for (int receiver = 0; receiver < gpus; ++receiver) {
+        if (receiver / nics == s / nics) continue;
         a->flows_.push_back(Flow{s, receiver, outgoing[s], incoming[receiver], each});
         outgoing[s] += each;
         incoming[receiver] += each;
@@ -130,14 +156,20 @@ absl::StatusOr<PolicyRow> ServingWorkload(Cluster& c, const SchedOptions& o,
                                           Sampler& sampler, RunContext&) {
   // A KV cache block holds 16 tokens of 4 layer groups; an instance has `kSlots`
   // request slots, each as large as the longest prompt. A request that finds every
-  // slot busy waits: its completion time counts from its arrival.
+  // slot busy waits: its completion time counts from its arrival. Prefill instance i
+  // is GPU i % nics of prefill node i / nics; its requests go to the same GPU of a
+  // decode node drawn for each, which has `kSlots` slots too: with more than one
+  // prefill node a request may also wait for one of those (with two nodes it never
+  // does: each decode GPU has one prefill instance).
   constexpr uint32_t kTokensPerBlock = 16, kLayers = 4, kSlots = 4;
   const uint64_t block_bytes = o.kv_bytes_per_token * kTokensPerBlock / kLayers;
   const uint32_t slot_blocks = (o.max_tokens + kTokensPerBlock - 1) / kTokensPerBlock;
-  const int instances = o.nics;
+  const int half = o.nodes / 2;
+  const int instances = half * o.nics;
   struct Arrival {
     double at_s;
     uint32_t blocks;
+    int decode_node;
   };
   std::vector<std::vector<Arrival>> arrivals(instances);
   for (int i = 0; i < instances; ++i) {
@@ -145,21 +177,32 @@ absl::StatusOr<PolicyRow> ServingWorkload(Cluster& c, const SchedOptions& o,
     std::exponential_distribution<double> gap(o.serving_arrivals_per_s);
     std::lognormal_distribution<double> tokens(std::log(o.prompt_tokens_median),
                                                o.prompt_tokens_sigma);
+    std::mt19937_64 route(o.seed * 1000 + 500 + i);
+    std::uniform_int_distribution<int> decode_node(half, o.nodes - 1);
     for (double t = gap(rng); t < o.serving_seconds; t += gap(rng)) {
       const double n = std::clamp(tokens(rng), 1.0, static_cast<double>(o.max_tokens));
-      arrivals[i].push_back({t, static_cast<uint32_t>(std::ceil(n / kTokensPerBlock))});
+      arrivals[i].push_back({t, static_cast<uint32_t>(std::ceil(n / kTokensPerBlock)),
+                             half == 1 ? 1 : decode_node(route)});
     }
   }
+  // prefill[i]: instance i's slots; decode[(node - half) * nics + gpu]: that decode
+  // GPU's, handed out by decode_slots[the same index].
   std::vector<std::unique_ptr<HomedTensor>> prefill, decode;
+  std::vector<std::unique_ptr<SlotPool>> decode_slots;
   for (int i = 0; i < instances; ++i) {
-    FL_ASSIGN_OR_RETURN(auto s,
-                        HomedTensor::Create(c.nodes[0], NextRequestId("prefill"), kLayers,
-                                            kSlots * slot_blocks, block_bytes, i, true));
-    FL_ASSIGN_OR_RETURN(auto t,
-                        HomedTensor::Create(c.nodes[1], NextRequestId("decode"), kLayers,
-                                            kSlots * slot_blocks, block_bytes, i, false));
+    FL_ASSIGN_OR_RETURN(
+        auto s,
+        HomedTensor::Create(c.nodes[i / o.nics], NextRequestId("prefill"), kLayers,
+                            kSlots * slot_blocks, block_bytes, i % o.nics, true));
     prefill.push_back(std::move(s));
+  }
+  for (int i = 0; i < instances; ++i) {
+    FL_ASSIGN_OR_RETURN(
+        auto t,
+        HomedTensor::Create(c.nodes[half + i / o.nics], NextRequestId("decode"), kLayers,
+                            kSlots * slot_blocks, block_bytes, i % o.nics, false));
     decode.push_back(std::move(t));
+    decode_slots.push_back(std::make_unique<SlotPool>(kSlots));
   }
   FirstError error;
   absl::Mutex mu;
@@ -183,11 +226,18 @@ absl::StatusOr<PolicyRow> ServingWorkload(Cluster& c, const SchedOptions& o,
           const absl::Time arrived = start + absl::Seconds(a.at_s);
           absl::SleepFor(arrived - absl::Now());
           const uint32_t begin = slot * slot_blocks;
-          absl::StatusOr<TransferTimes> t =
-              RunToEnd(c.nodes[0], BlockRequest(NextRequestId("kv"), *prefill[i], begin,
-                                                *decode[i], begin, a.blocks));
+          const int into = (a.decode_node - half) * o.nics + i % o.nics;
+          HomedTensor& target = *decode[into];
+          const uint32_t target_slot = decode_slots[into]->Take();
+          const uint32_t target_begin = target_slot * slot_blocks;
+          absl::StatusOr<TransferTimes> t = RunToEnd(
+              c.nodes[i / o.nics], BlockRequest(NextRequestId("kv"), *prefill[i], begin,
+                                                target, target_begin, a.blocks));
+          const bool match =
+              t.ok() && BlocksMatch(*prefill[i], begin, target, target_begin, a.blocks);
+          decode_slots[into]->Give(target_slot);
           if (!t.ok()) return error.Note(t.status());
-          if (!BlocksMatch(*prefill[i], begin, *decode[i], begin, a.blocks)) {
+          if (!match) {
             return error.Note(
                 absl::DataLossError("serving: a decode instance's bytes differ"));
           }
@@ -227,7 +277,7 @@ absl::StatusOr<PolicyRow> ExpertWorkload(Cluster& c, const SchedOptions& o,
   // Expert e lives on GPU e; its popularity is Zipf over a seeded rank order. In the
   // combine all-to-all each expert returns its tokens' outputs, so a popular
   // expert's GPU sends the most.
-  const int gpus = 2 * o.nics;
+  const int gpus = o.nodes * o.nics;
   std::vector<int> rank(gpus);
   std::iota(rank.begin(), rank.end(), 1);
   std::shuffle(rank.begin(), rank.end(), std::mt19937(o.seed));
@@ -249,7 +299,8 @@ absl::StatusOr<PolicyRow> ExpertWorkload(Cluster& c, const SchedOptions& o,
       .Add("mib_per_gpu", Loads(mib))
       .Add("seconds", all)
       .Add("node_a_s", *std::max_element(sender_s.begin(), sender_s.begin() + o.nics))
-      .Add("node_b_s", *std::max_element(sender_s.begin() + o.nics, sender_s.end()))
+      .Add("node_b_s",
+           *std::max_element(sender_s.begin() + o.nics, sender_s.begin() + 2 * o.nics))
       .Add("verified", std::string("yes"));
   return row;
 }
@@ -258,7 +309,7 @@ absl::StatusOr<PolicyRow> DlrmWorkload(Cluster& c, const SchedOptions& o,
                                        Sampler& sampler, RunContext&) {
   // Worker w's embedding tables are looked up `load[w]` times the mean (lognormal,
   // seeded, mean 1): it sends that much of each iteration's all-to-all.
-  const int gpus = 2 * o.nics;
+  const int gpus = o.nodes * o.nics;
   std::mt19937_64 rng(o.seed + 77);
   std::lognormal_distribution<double> draw(0, o.dlrm_sigma);
   std::vector<double> load(gpus);

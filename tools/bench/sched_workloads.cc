@@ -46,16 +46,20 @@ std::string Shares(const std::vector<uint64_t>& bytes) {
 }  // namespace
 
 absl::Status WarmUp(Cluster& cluster) {
-  for (size_t from = 0; from < cluster.nodes.size(); ++from) {
-    NodeAgent& a = cluster.nodes[from];
-    NodeAgent& b = cluster.nodes[(from + 1) % cluster.nodes.size()];
-    FL_ASSIGN_OR_RETURN(
-        auto source, HomedTensor::Create(a, NextRequestId("warm"), 1, 8, kMiB, 0, true));
-    FL_ASSIGN_OR_RETURN(
-        auto target, HomedTensor::Create(b, NextRequestId("warm"), 1, 8, kMiB, 0, false));
-    FL_RETURN_IF_ERROR(
-        RunToEnd(a, BlockRequest(NextRequestId("warm"), *source, 0, *target, 0, 8))
-            .status());
+  const size_t n = cluster.nodes.size();
+  for (size_t from = 0; from < n; ++from) {
+    for (size_t to = 0; to < n; ++to) {
+      if (from == to) continue;
+      NodeAgent& a = cluster.nodes[from];
+      NodeAgent& b = cluster.nodes[to];
+      FL_ASSIGN_OR_RETURN(auto source, HomedTensor::Create(a, NextRequestId("warm"), 1, 8,
+                                                           kMiB, 0, true));
+      FL_ASSIGN_OR_RETURN(auto target, HomedTensor::Create(b, NextRequestId("warm"), 1, 8,
+                                                           kMiB, 0, false));
+      FL_RETURN_IF_ERROR(
+          RunToEnd(a, BlockRequest(NextRequestId("warm"), *source, 0, *target, 0, 8))
+              .status());
+    }
   }
   return absl::OkStatus();
 }
@@ -259,15 +263,21 @@ absl::StatusOr<std::vector<Result>> RunSchedWorkload(const std::string& name,
   }
   RunContext context;
   std::vector<PolicyRow> rows;
-  // Only the sending node is read where only node A sends.
-  const bool both = name == "expert" || name == "dlrm";
+  // The nodes that send are read: every node in the all-to-alls, the prefill half in
+  // serving, node A otherwise.
+  const bool all = name == "expert" || name == "dlrm";
+  std::vector<int> sampled = {0};
+  if (all || name == "serving") {
+    sampled.resize(all ? options.nodes : options.nodes / 2);
+    std::iota(sampled.begin(), sampled.end(), 0);
+  }
   const absl::Duration period =
       name == "owner" ? absl::Milliseconds(20) : options.sample_period;
   for (const std::string& policy : options.policies) {
-    FL_ASSIGN_OR_RETURN(Cluster cluster,
-                        LoadCluster(options.cluster_dir, policy, 2, absl::Seconds(10)));
+    FL_ASSIGN_OR_RETURN(Cluster cluster, LoadCluster(options.cluster_dir, policy,
+                                                     options.nodes, absl::Seconds(10)));
     FL_RETURN_IF_ERROR(WarmUp(cluster));
-    Sampler sampler(cluster, both ? std::vector<int>{0, 1} : std::vector<int>{0}, period);
+    Sampler sampler(cluster, sampled, period);
     absl::StatusOr<PolicyRow> row = workload(cluster, options, sampler, context);
     if (!row.ok()) {
       return absl::Status(row.status().code(), absl::StrCat(name, " under ", policy, ": ",
@@ -291,12 +301,14 @@ absl::StatusOr<std::vector<Result>> RunSchedWorkload(const std::string& name,
     out.push_back(std::move(row.result));
   }
   if (!options.out_dir.empty() && !options.png.empty()) {
-    const std::string title =
-        both ? absl::StrCat(name, ": Gbit/s per NIC, sends of both nodes summed")
-             : absl::StrCat(name, ": Gbit/s per NIC of node A");
+    const std::string title = sampled.size() > 1
+                                  ? absl::StrCat(name, ": Gbit/s per NIC, sends of ",
+                                                 sampled.size(), " nodes summed")
+                                  : absl::StrCat(name, ": Gbit/s per NIC of node A");
     const double rail_gbps = options.rail_bytes_per_s * 8 / 1e9;
+    const double top = sampled.size() > 1 ? (sampled.size() + 0.5) : 1.5;
     if (PlotRates(options.out_dir, name, options.policies, options.nics, title,
-                  (both ? 2.5 : 1.5) * rail_gbps, options.png) != 0) {
+                  top * rail_gbps, options.png) != 0) {
       std::fprintf(stderr, "fuselink-bench: gnuplot failed for %s\n",
                    options.png.c_str());
     }

@@ -1,7 +1,7 @@
 // The scheduler workloads of fuselink-bench: each runs against the agents
-// of one policy on the namespace testbed (node 0 = A, node 1 = B; GPU k owns NIC k)
-// and gives one row; RunSchedWorkload runs it for every policy in turn and adds the
-// ratio to static.
+// of one policy on the namespace testbed (N nodes, node 0 = A, node 1 = B; GPU k owns
+// NIC k) and gives one row; RunSchedWorkload runs it for every policy in turn and adds
+// the ratio to static.
 #pragma once
 
 #include <cstdint>
@@ -32,18 +32,21 @@ struct SchedOptions {
   double rail_bytes_per_s = 125e6;
   absl::Duration sample_period = absl::Milliseconds(100);
   uint32_t seed = 1;
-  int nics = 4;  // GPUs (and NICs) per node
+  int nics = 4;   // GPUs (and NICs) per node
+  int nodes = 2;  // hot and owner use nodes 0 and 1; the others all of them
 
   // hot: one tensor from GPU 0 of A to GPU 0 of B.
   uint64_t hot_bytes = 1ull << 30;
-  // serving: 4 prefill instances (A's GPUs) to 4 decode instances (B's GPUs).
+  // serving: the first half of the nodes prefill, the others decode; each prefill
+  // GPU is an instance whose requests go to the same GPU of a decode node drawn at
+  // random (with two nodes: A's 4 GPUs to B's).
   double serving_seconds = 20;
   double serving_arrivals_per_s = 1.5;  // per instance, Poisson
   double prompt_tokens_median = 1024;   // lognormal
   double prompt_tokens_sigma = 1.0;
   uint32_t max_tokens = 4096;
   uint64_t kv_bytes_per_token = 16 << 10;
-  // expert: bytes of the whole combine all-to-all, both nodes together.
+  // expert: bytes of the whole combine all-to-all, every node together.
   uint64_t expert_bytes = 1ull << 30;
   double expert_zipf_s = 1.0;
   // dlrm: mean bytes a worker sends per iteration.

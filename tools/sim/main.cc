@@ -1,15 +1,19 @@
 // fuselink-sim: the agent's scheduler (agent/sched) played against modelled NICs, for
 // the workloads of fuselink-bench under every policy, beside what the namespace
 // testbed measured. --check exits 1 when a simulated ratio to static is more than
-// --tolerance_pct off the measured one.
+// --tolerance_pct off the measured one. --scenario=paper_curve and cluster64 run the
+// scenarios of scenarios.h instead (their parameters are their own and printed);
+// paper_curve's --check fails when a figure at one of the paper's points is off.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "tools/sim/scenarios.h"
 #include "tools/sim/workloads.h"
 
 ABSL_FLAG(double, rail_gbit_s, 0.956, "One rail's rate (the testbed's shaped rails).");
@@ -20,11 +24,15 @@ ABSL_FLAG(uint32_t, borrow_depth, 2, "The agents' --borrow_depth.");
 ABSL_FLAG(uint32_t, window_chunks, 16, "The agents' --window_chunks.");
 ABSL_FLAG(bool, check, false, "Fail when a ratio is off the measured one.");
 ABSL_FLAG(double, tolerance_pct, 10, "--check: how far off a ratio may be.");
+ABSL_FLAG(std::string, scenario, "testbed",
+          "testbed (the workloads beside the namespace testbed), paper_curve or "
+          "cluster64.");
+ABSL_FLAG(std::string, dat, "", "A folder for the scenario's gnuplot data file.");
 
 namespace fuselink::sim {
 namespace {
 
-int Main() {
+int Testbed() {
   NetworkModel model;
   model.rail_bytes_per_s = absl::GetFlag(FLAGS_rail_gbit_s) * 1e9 / 8;
   model.latency_s = absl::GetFlag(FLAGS_latency_us) * 1e-6;
@@ -80,11 +88,33 @@ int Main() {
   return 0;
 }
 
+int Main() {
+  const std::string scenario = absl::GetFlag(FLAGS_scenario);
+  const ScenarioOptions options{absl::GetFlag(FLAGS_dat),
+                                absl::GetFlag(FLAGS_tolerance_pct)};
+  if (scenario == "testbed") return Testbed();
+  if (scenario == "cluster64") return Cluster64(options) ? 0 : 1;
+  if (scenario == "paper_curve") {
+    const bool ok = PaperCurve(options);
+    if (absl::GetFlag(FLAGS_check) && !ok) {
+      std::fprintf(stderr, "a figure is more than %.0f%% off the paper's\n",
+                   options.tolerance_pct);
+      return 1;
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "unknown --scenario '%s': testbed, paper_curve or cluster64\n",
+               scenario.c_str());
+  return 2;
+}
+
 }  // namespace
 }  // namespace fuselink::sim
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("fuselink-sim [--check]: the scheduler, simulated");
+  absl::SetProgramUsageMessage(
+      "fuselink-sim [--scenario=testbed|paper_curve|cluster64] [--check]: the scheduler, "
+      "simulated");
   absl::ParseCommandLine(argc, argv);
   return fuselink::sim::Main();
 }

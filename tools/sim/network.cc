@@ -19,14 +19,15 @@ Network::Network(NetworkModel model) : model_(model) {
   }
   tx_free_.assign(model_.nodes, std::vector<double>(model_.nics, 0));
   rx_free_ = tx_free_;
+  const std::vector<double> free(model_.nics, 0);
+  links_.assign(model_.nodes, NodeLinks{free, free, free, free, 0});
   incoming_own_.assign(model_.nodes, std::vector<int>(model_.nics, 0));
   waiting_.resize(model_.nodes);
   demand_.assign(model_.nodes, 0);
 }
 
 void Network::Advance(double t) {
-  for (int n = 0; n < model_.nodes; ++n) {
-    if (demand_[n] == 0) continue;
+  for (int n : demanding_) {
     for (double free_at : tx_free_[n]) {
       idle_while_demand_s_ += std::max(0.0, t - std::max(now_, free_at));
     }
@@ -39,6 +40,31 @@ Network::~Network() = default;
 void Network::Push(double at, int kind, size_t flow, sched::Choice choice,
                    uint64_t bytes) {
   events_.push(Event{at, order_++, kind, flow, choice, bytes});
+}
+
+double Network::Cross(double ready, std::initializer_list<Hold> holds, uint64_t bytes) {
+  double begin = ready;
+  for (const Hold& h : holds) {
+    if (h.bytes_per_s > 0) begin = std::max(begin, *h.free_at);
+  }
+  double end = begin;
+  for (const Hold& h : holds) {
+    if (h.bytes_per_s <= 0) continue;
+    *h.free_at = begin + static_cast<double>(bytes) / h.bytes_per_s;
+    end = std::max(end, *h.free_at);
+  }
+  return end;
+}
+
+double Network::NvlinkCopy(double ready, int node, int from, int to, uint64_t bytes) {
+  if (from == to) return ready;
+  const LinkModel& l = model_.links;
+  NodeLinks& n = links_[node];
+  return Cross(ready,
+               {{&n.nvlink_out[from], l.nvlink_egress_bytes_per_s},
+                {&n.nvlink_in[to], l.nvlink_ingress_bytes_per_s},
+                {&n.nvlink_total, l.nvlink_total_bytes_per_s}},
+               bytes);
 }
 
 uint32_t Network::RemoteIdle(int node) const {
@@ -94,7 +120,11 @@ void Network::Start(size_t i) {
     if (on_end_) on_end_(i, *this);
     return;
   }
-  ++demand_[a.flow.src_node];
+  if (demand_[a.flow.src_node]++ == 0) {
+    demanding_.insert(
+        std::lower_bound(demanding_.begin(), demanding_.end(), a.flow.src_node),
+        a.flow.src_node);
+  }
   Post(i);
 }
 
@@ -102,6 +132,7 @@ void Network::Post(size_t i) {
   Active& a = flows_[i];
   const int src = a.flow.src_node, dst = a.flow.dst_node;
   const int direct = a.flow.src_gpu % model_.nics;
+  const int target = (a.flow.dst_gpu < 0 ? a.flow.src_gpu : a.flow.dst_gpu) % model_.nics;
   while (a.unposted > 0 && a.in_flight < model_.window_chunks) {
     // Its chunks not yet landed: the one being placed and those after it, and those
     // in flight.
@@ -112,17 +143,28 @@ void Network::Post(size_t i) {
       a.waiting = true;
       return;
     }
-    // The chunk holds the sender's and the receiver's NIC of its rail, in order.
-    const double begin = std::max({now_, tx_free_[src][c.nic], rx_free_[dst][c.nic]});
     const uint64_t bytes = a.unposted == 1 && a.flow.bytes % model_.chunk_bytes != 0
                                ? a.flow.bytes % model_.chunk_bytes
                                : model_.chunk_bytes;
-    const double end = begin + static_cast<double>(bytes) / model_.rail_bytes_per_s;
-    tx_free_[src][c.nic] = rx_free_[dst][c.nic] = end;
-    if (--a.unposted == 0) --demand_[src];
+    // Its path, stage by stage: into the relay slot on the NIC's owner when the NIC
+    // is borrowed, over that GPU's PCIe to the NIC, the rail (the sender's and the
+    // receiver's NIC at once), PCIe into the receiving NIC's owner, NVLink on to the
+    // target GPU. Unmodelled links take no time.
+    const double pcie = model_.links.pcie_bytes_per_s;
+    double t = NvlinkCopy(now_, src, direct, c.nic, bytes);
+    t = Cross(t, {{&links_[src].pcie_out[c.nic], pcie}}, bytes);
+    t = Cross(t,
+              {{&tx_free_[src][c.nic], model_.rail_bytes_per_s},
+               {&rx_free_[dst][c.nic], model_.rail_bytes_per_s}},
+              bytes);
+    t = Cross(t, {{&links_[dst].pcie_in[c.nic], pcie}}, bytes);
+    t = NvlinkCopy(t, dst, c.nic, target, bytes);
+    if (--a.unposted == 0 && --demand_[src] == 0) {
+      demanding_.erase(std::lower_bound(demanding_.begin(), demanding_.end(), src));
+    }
     ++a.in_flight;
     ++chunks_;
-    Push(end + 2 * model_.latency_s, 1, i, c, bytes);  // landed, and the ack back
+    Push(t + 2 * model_.latency_s, 1, i, c, bytes);  // landed, and the ack back
   }
 }
 

@@ -2,15 +2,27 @@
 // (agent/sched: the same code, not a model of it). Each node has one sched::Scheduler
 // and N NICs; NIC k of every node is on rail k, and a chunk on rail k occupies the
 // sender's NIC k and the receiver's NIC k for its bytes at the rail's rate, then is
-// acknowledged one latency later. A transfer keeps up to `window_chunks` chunks in
-// flight; a chunk the scheduler has no NIC for waits for the next completion on its
-// node, as in the agent's engine. The receiver's idle mask is what the agent's landing
-// reports: rails on which no transfer arrives whose source's direct NIC is that rail.
-// Not modelled (yet): PCIe and NVLink (the relay stage), CPU, TCP's own dynamics.
+// acknowledged two latencies later (it lands, the ack comes back). A transfer keeps up to
+// `window_chunks` chunks in flight; a chunk the scheduler has no NIC for waits for the
+// next completion on its node, as in the agent's engine. The receiver's idle mask is what
+// the agent's landing reports: rails on which no transfer arrives whose source's direct
+// NIC is that rail.
+//
+// The links inside a node (LinkModel, off unless a rate is set): GPU g owns NIC g
+// (GPU g of a flow is its `src_gpu % nics`, as its direct NIC). A chunk sent on a NIC
+// its GPU does not own is first copied over NVLink into a relay slot on the NIC's
+// owner; every chunk leaves that GPU's memory over the PCIe link to the switch it
+// shares with the NIC, crosses the rail, lands over the receiver's PCIe link into the
+// NIC's owner there, and is forwarded over NVLink when the target GPU is another one.
+// Store and forward per chunk: each stage starts when the one before it has ended and
+// its links are free, and holds each link for bytes / that link's rate; links serve
+// chunks in the order they were posted. Not modelled: host bridges and the socket
+// link, CPU, TCP's own dynamics, the copy engines' own limits.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <queue>
 #include <vector>
@@ -18,6 +30,15 @@
 #include "agent/sched/scheduler.h"
 
 namespace fuselink::sim {
+
+// Rates of the links inside a node, each way; 0: not modelled (never a bottleneck and
+// no time taken). All 0 (the default): the rails alone, the testbed's model.
+struct LinkModel {
+  double pcie_bytes_per_s = 0;           // GPU k <-> the switch it shares with NIC k
+  double nvlink_egress_bytes_per_s = 0;  // out of one GPU
+  double nvlink_ingress_bytes_per_s = 0;
+  double nvlink_total_bytes_per_s = 0;  // through the node's NVLink switch, all GPUs
+};
 
 struct NetworkModel {
   int nodes = 2;
@@ -28,12 +49,14 @@ struct NetworkModel {
   uint32_t window_chunks = 16;
   sched::Limits limits;
   sched::Policy policy = sched::Policy::kFuselink;
+  LinkModel links;
 };
 
 struct Flow {
   int src_node = 0, src_gpu = 0, dst_node = 1;
   uint64_t bytes = 0;
   double start_s = 0;
+  int dst_gpu = -1;  // -1: the GPU of the same index as src_gpu
 };
 
 struct FlowResult {
@@ -73,6 +96,16 @@ class Network {
       return at != o.at ? at > o.at : order > o.order;
     }
   };
+  // One link a stage holds: when it is next free, and its rate (0: not modelled).
+  struct Hold {
+    double* free_at;
+    double bytes_per_s;
+  };
+  // The node's links, per GPU (= per NIC), each way.
+  struct NodeLinks {
+    std::vector<double> pcie_out, pcie_in, nvlink_out, nvlink_in;
+    double nvlink_total = 0;
+  };
   void Start(size_t flow);
   // Posts what the flow's window and its scheduler allow now.
   void Post(size_t flow);
@@ -80,11 +113,18 @@ class Network {
   uint32_t RemoteIdle(int node) const;
   void Push(double at, int kind, size_t flow, sched::Choice choice = {},
             uint64_t bytes = 0);
+  // A stage of a chunk of `bytes` ready at `ready`: it starts then or when the last
+  // of its modelled links is free, holds each for bytes at its rate, and ends when
+  // the slowest lets the chunk go. No modelled link: it ends at `ready`.
+  static double Cross(double ready, std::initializer_list<Hold> holds, uint64_t bytes);
+  // The NVLink copy on `node` from GPU `from` to GPU `to`, if they differ.
+  double NvlinkCopy(double ready, int node, int from, int to, uint64_t bytes);
 
   const NetworkModel model_;
   OnEnd on_end_;
   std::vector<std::unique_ptr<sched::Scheduler>> schedulers_;
   std::vector<std::vector<double>> tx_free_, rx_free_;  // [node][nic]: when it is free
+  std::vector<NodeLinks> links_;                        // [node]: when each is free
   std::vector<std::vector<int>> incoming_own_;          // [node][rail]
   std::vector<Active> flows_;
   std::vector<std::vector<size_t>> waiting_;  // [node]: flows that found no NIC
@@ -92,7 +132,8 @@ class Network {
   // Adds the idle NIC time of nodes with chunks to place, from now_ to `t`.
   void Advance(double t);
 
-  std::vector<int> demand_;  // [node]: started flows with chunks not yet placed
+  std::vector<int> demand_;     // [node]: started flows with chunks not yet placed
+  std::vector<int> demanding_;  // the nodes whose demand_ is not 0, in order
   double now_ = 0, idle_while_demand_s_ = 0;
   uint64_t order_ = 0, chunks_ = 0;
 };

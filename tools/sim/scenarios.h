@@ -1,0 +1,25 @@
+// Scenarios past the testbed's workloads, on the link model of network.h: the paper's
+// single-GPU curve (1..8 NICs) and a prediction for a 64-node serving cluster. Each
+// prints its table with the parameters it chose, and writes a gnuplot data file
+// (whitespace columns, "-" where a figure is missing) into `dat_dir` when set.
+#pragma once
+
+#include <string>
+
+namespace fuselink::sim {
+
+struct ScenarioOptions {
+  std::string dat_dir;        // empty: no data file
+  double tolerance_pct = 10;  // for the checks a scenario has
+};
+
+// One hot GPU sends to one GPU of another node, fuselink, for 1..8 NICs; beside the
+// paper's figures. Returns false when a simulated figure at one of the paper's points
+// (under the fitted NVLink rate) is more than `tolerance_pct` off.
+bool PaperCurve(const ScenarioOptions& options);
+
+// 32 prefill nodes push KV caches to 32 decode nodes, under every policy: the
+// transfer part of time to first token and NIC utilisation. Returns true.
+bool Cluster64(const ScenarioOptions& options);
+
+}  // namespace fuselink::sim

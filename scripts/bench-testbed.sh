@@ -72,9 +72,9 @@ name="flb$$"
 testbed_down_on_exit "$name"
 
 case $nodes in
-  '' | *[!0-9]* | 0) echo "bench-testbed: --nodes must be an even number >= 2" >&2; exit 2 ;;
+  *[!0-9]* | '' | *[13579]) echo "bench-testbed: --nodes must be even and >= 2" >&2; exit 2 ;;
 esac
-[ $((nodes % 2)) -eq 0 ] || { echo "bench-testbed: --nodes must be even" >&2; exit 2; }
+[ "$nodes" -ge 2 ] || { echo "bench-testbed: --nodes must be even and >= 2" >&2; exit 2; }
 "$tb" up --name "$name" --nodes "$nodes" --rails 4 --rate "$rate"
 testbed_load "$name"
 state=$TESTBED_STATE

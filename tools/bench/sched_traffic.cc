@@ -181,8 +181,8 @@ absl::StatusOr<PolicyRow> ServingWorkload(Cluster& c, const SchedOptions& o,
     std::uniform_int_distribution<int> decode_node(half, o.nodes - 1);
     for (double t = gap(rng); t < o.serving_seconds; t += gap(rng)) {
       const double n = std::clamp(tokens(rng), 1.0, static_cast<double>(o.max_tokens));
-      arrivals[i].push_back({t, static_cast<uint32_t>(std::ceil(n / kTokensPerBlock)),
-                             half == 1 ? 1 : decode_node(route)});
+      arrivals[i].push_back(
+          {t, static_cast<uint32_t>(std::ceil(n / kTokensPerBlock)), decode_node(route)});
     }
   }
   // prefill[i]: instance i's slots; decode[(node - half) * nics + gpu]: that decode

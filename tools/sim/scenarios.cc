@@ -19,7 +19,8 @@ constexpr double kGB = 1e9;
 // The paper's testbed (8 Hopper GPUs, 8 x 400 Gbit/s, NVLink "about 200 GB/s") and
 // its figures for one GPU; ours where it gives none.
 constexpr double kNicBytesPerS = 400e9 / 8;  // the line rate, all of it payload
-constexpr double kPcieBytesPerS = 55e9;      // per GPU, measured on our H200 machine
+constexpr double kPcieBytesPerS = 55e9;      // per GPU: one D2H copy on our H200
+                                             // (docs/benchmarks.md, 55.1-55.4 GB/s)
 constexpr double kPaperDirectGBs = 49.3;     // one NIC
 constexpr double kPaperCeilingGBs = 212.4;   // 6 NICs, and flat after
 constexpr double kNvlinkNominalBytesPerS = 200e9;

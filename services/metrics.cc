@@ -205,8 +205,6 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
           static_cast<double>(node.landing().active()));
     gauge("fuselink_tensors_registered", "Tensors registered on this node.",
           static_cast<double>(node.registry().size()));
-    gauge("fuselink_relay_memory_bytes", "Host memory held for relay slots, all NICs.",
-          static_cast<double>(node.relay().held_bytes()));
     if (const relay::GpuRelayPool* pool = node.gpu_relay(); pool != nullptr) {
       const int gpus = node.gpu()->count();
       auto per_gpu = [&](const char* name, const char* help, auto value) {

@@ -56,12 +56,9 @@ absl::Status Node::Start() {
   registry_ = std::make_unique<memory::Registry>(fabric_.get());
   scheduler_ =
       std::make_unique<sched::Scheduler>(policy, topology_.nics_size(), options_.limits);
-  // Host tensors need no relay slots: every NIC reads host memory, so the engine
-  // sends a borrowed NIC's chunks straight from the tensor. The pool stays, empty,
-  // for the metric that reports its memory.
-  FL_ASSIGN_OR_RETURN(
-      relay_, relay::RelayPool::Create(fabric_.get(), topology_.nics_size(),
-                                       /*slots_per_nic=*/0, options_.engine.chunk_bytes));
+  // Host tensors need no relay slots (every NIC reads host memory, so the engine
+  // sends a borrowed NIC's chunks straight from the tensor); GPU tensors' chunks are
+  // staged on the borrowed NIC's GPU.
   if (gpu_ != nullptr) {
     absl::StatusOr<std::unique_ptr<relay::GpuRelayPool>> pool =
         relay::GpuRelayPool::Create(fabric_.get(), gpu_.get(), NicGpus(),
@@ -106,7 +103,7 @@ absl::Status Node::Start() {
   engine_options.on_outgoing = [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); };
   engine_ = std::make_unique<transfer::Engine>(
       engine_options, topology_, registry_.get(), fabric_.get(), route_.get(),
-      scheduler_.get(), relay_.get(), gpu_relay_.get(), observer_);
+      scheduler_.get(), gpu_relay_.get(), observer_);
   nicstat::ForeignOptions foreign = options_.foreign;
   foreign.rdma = fabric_->transport() == "verbs";
   std::vector<nicstat::WatchedNic> watched;
@@ -161,7 +158,6 @@ Node::~Node() {
   engine_.reset();
   landing_.reset();
   peers_.reset();
-  relay_.reset();
   gpu_relay_.reset();
   registry_.reset();
 }

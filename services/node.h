@@ -20,7 +20,6 @@
 #include "agent/peer/peer_directory.h"
 #include "agent/relay/device_stager.h"
 #include "agent/relay/gpu_relay_pool.h"
-#include "agent/relay/relay_pool.h"
 #include "agent/sched/scheduler.h"
 #include "agent/security/guard.h"
 #include "agent/topo/topology.h"
@@ -107,7 +106,6 @@ class Node final : public fabric::Handler {
   security::Guard& guard() { return guard_; }
   const security::Guard& guard() const { return guard_; }
   const sched::Scheduler& scheduler() const { return *scheduler_; }
-  const relay::RelayPool& relay() const { return *relay_; }
   uint64_t notices_dropped() const { return notifier_->dropped(); }
   // Which NICs' foreign traffic is watched, and what it counted.
   const nicstat::ForeignWatch& foreign() const { return *foreign_; }
@@ -161,7 +159,6 @@ class Node final : public fabric::Handler {
   // goes (flushing every write in flight into the engine); then the rest.
   std::unique_ptr<memory::Registry> registry_;
   std::unique_ptr<sched::Scheduler> scheduler_;
-  std::unique_ptr<relay::RelayPool> relay_;
   std::unique_ptr<relay::GpuRelayPool> gpu_relay_;
   std::unique_ptr<peer::PeerDirectory> peers_;
   std::unique_ptr<peer::Notifier> notifier_;

@@ -35,7 +35,7 @@
 #include "agent/gpu/copy_kernel.h"
 #include "agent/gpu/runtime.h"
 #include "agent/gpu/stream.h"
-#include "agent/relay/relay_pool.h"
+#include "agent/relay/pool.h"
 
 namespace fuselink::relay {
 

@@ -45,8 +45,8 @@ JobOptions MakeJobOptions(const EngineOptions& o) {
 
 Engine::Engine(EngineOptions options, const topo::Topology& topology,
                memory::Registry* registry, fabric::Fabric* fabric, PeerLink* peers,
-               sched::Scheduler* scheduler, relay::Pool* /*relay*/,
-               relay::Pool* gpu_relay, EngineObserver* observer)
+               sched::Scheduler* scheduler, relay::Pool* gpu_relay,
+               EngineObserver* observer)
     : options_(std::move(options)),
       topology_(topology),
       registry_(registry),

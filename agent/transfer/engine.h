@@ -29,7 +29,7 @@
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/registry.h"
-#include "agent/relay/relay_pool.h"
+#include "agent/relay/pool.h"
 #include "agent/sched/scheduler.h"
 #include "agent/topo/topology.h"
 #include "agent/transfer/job.h"
@@ -103,13 +103,12 @@ class EngineObserver {
 class Engine {
  public:
   // `scheduler` picks each chunk's NIC; `gpu_relay` (null on nodes without GPUs)
-  // stages GPU tensors' chunks for borrowed NICs. `relay` is not used: host tensors
-  // are sent straight from the tensor on any NIC, borrowed or not (every NIC reads
-  // host memory). They, and `observer` (may be null), outlive the engine.
+  // stages GPU tensors' chunks for borrowed NICs; host tensors are sent straight from
+  // the tensor on any NIC, borrowed or not (every NIC reads host memory). They, and
+  // `observer` (may be null), outlive the engine.
   Engine(EngineOptions options, const topo::Topology& topology,
          memory::Registry* registry, fabric::Fabric* fabric, PeerLink* peers,
-         sched::Scheduler* scheduler, relay::Pool* relay, relay::Pool* gpu_relay,
-         EngineObserver* observer);
+         sched::Scheduler* scheduler, relay::Pool* gpu_relay, EngineObserver* observer);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -31,7 +31,7 @@
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/registry.h"
-#include "agent/relay/relay_pool.h"
+#include "agent/relay/pool.h"
 #include "agent/sched/scheduler.h"
 #include "agent/transfer/failover.h"
 #include "agent/transfer/job_effects.h"

@@ -11,7 +11,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/time/time.h"
 #include "agent/memory/registry.h"
-#include "agent/relay/relay_pool.h"
+#include "agent/relay/pool.h"
 #include "agent/transfer/transfer.h"
 #include "fuselink/v1/agent.pb.h"
 

@@ -25,7 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "agent/fabric/fabric.h"
-#include "agent/relay/relay_pool.h"
+#include "agent/relay/pool.h"
 #include "agent/sched/scheduler.h"
 #include "agent/transfer/failover.h"
 #include "agent/transfer/job_effects.h"

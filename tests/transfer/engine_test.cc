@@ -95,7 +95,7 @@ class EngineTest : public ::testing::Test {
   }
   void Make(EngineOptions o) {
     engine_ = std::make_unique<Engine>(o, topology_, &registry_, &fabric_, &peers_,
-                                       &scheduler_, nullptr, gpu_relay_, &observer_);
+                                       &scheduler_, gpu_relay_, &observer_);
     fabric_.set_on_completion(
         [this](const fabric::Completion& c) { engine_->OnCompletion(c); });
   }

@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/registry.h"
-#include "agent/relay/relay_pool.h"
+#include "agent/relay/pool.h"
 #include "agent/transfer/peer_link.h"
 #include "fuselink/v1/agent.pb.h"
 

@@ -44,7 +44,6 @@ struct NicSample {
 struct Sample {
   absl::Time at;
   std::vector<NicSample> nics;  // topology order
-  double relay_host_bytes = 0;
   std::map<std::string, double> relay_gpu_bytes, relay_gpu_paused;  // by gpu label
   double relay_cap_bytes = -1;                                      // -1: no GPU relay
   double active_out = 0, active_in = 0, tensors = 0;
@@ -83,7 +82,6 @@ Sample Reduce(const std::string& body, const v1::Topology& topology, absl::Time 
     if (foreign_tx.ok() && foreign_rx.ok()) x.foreign = *foreign_tx + *foreign_rx;
     s.nics.push_back(x);
   }
-  s.relay_host_bytes = Value(body, "fuselink_relay_memory_bytes");
   if (absl::StatusOr<double> cap =
           client::MetricValue(body, "fuselink_relay_device_cap_bytes");
       cap.ok()) {
@@ -153,7 +151,7 @@ std::string Render(const v1::Topology& t, const Sample& prev, const Sample& cur)
                           Bits(rate(a.rx_borrowed, b.rx_borrowed)), util, busy,
                           b.borrowed_in_flight, b.failed_writes, foreign);
   }
-  absl::StrAppendFormat(&out, "\nrelay   host %s", MiB(cur.relay_host_bytes));
+  out += "\nrelay  ";
   if (cur.relay_cap_bytes >= 0) {
     for (const auto& [gpu, bytes] : cur.relay_gpu_bytes) {
       absl::StrAppendFormat(&out, "  gpu%s %s of %s%s", gpu, MiB(bytes),

@@ -1,21 +1,13 @@
-// Relay slots: where a chunk bound for a borrowed NIC is staged, in memory that
-// belongs to that NIC's GPU, so that the NIC sends it from there. Two pools:
-//  - RelayPool (here), for host-memory tensors: slots are host memory registered with
-//    the fabric, staging is a memcpy. One region per NIC, `slots_per_nic` slots of
-//    `slot_bytes` each, allocated once; the regions stay registered for the fabric's
-//    life (the fabric holds the memory, so a pool may go before or after its fabric).
-//  - GpuRelayPool (gpu_relay_pool.h), for GPU tensors: slots are device memory of the
-//    relay GPU, staging crosses NVLink.
-// Thread-safe.
+// Relay slots: where a GPU tensor's chunk bound for a borrowed NIC is staged, in
+// device memory of that NIC's GPU, so that the NIC sends it from there (the copy
+// crosses NVLink). The engine sees a Pool; GpuRelayPool (gpu_relay_pool.h) is the
+// agent's, tests/transfer/fakes.h has a stand-in. Host tensors need none: every NIC
+// reads host memory, so their chunks go straight from the tensor.
 #pragma once
 
 #include <cstdint>
-#include <memory>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/status/status.h"
 #include "agent/fabric/fabric.h"
 
 namespace fuselink::relay {
@@ -63,33 +55,5 @@ class Pool {
   virtual uint64_t held_bytes() const = 0;
 };
 
-class RelayPool final : public Pool {
- public:
-  static absl::StatusOr<std::unique_ptr<RelayPool>> Create(fabric::Fabric* fabric,
-                                                           int nics,
-                                                           uint32_t slots_per_nic,
-                                                           uint32_t slot_bytes);
-
-  Slot Acquire(int nic) override;
-  void Release(const Slot& slot) override;
-  // Host memory only: FAILED_PRECONDITION for a GPU source.
-  absl::Status Stage(const Slot& slot, Source source, uint32_t bytes) override;
-  uint64_t held_bytes() const override;
-
-  uint32_t slot_bytes() const { return slot_bytes_; }
-
- private:
-  struct PerNic {
-    std::shared_ptr<uint8_t> memory;
-    fabric::RegionKey key = 0;
-    std::vector<uint32_t> free;  // slot indices
-  };
-  explicit RelayPool(uint32_t slot_bytes) : slot_bytes_(slot_bytes) {}
-
-  const uint32_t slot_bytes_;
-  uint32_t slots_per_nic_ = 0;
-  mutable absl::Mutex mu_;
-  std::vector<PerNic> nics_ ABSL_GUARDED_BY(mu_);
-};
 
 }  // namespace fuselink::relay

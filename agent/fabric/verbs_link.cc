@@ -107,8 +107,10 @@ absl::Status ControlLink::CreateQps(uint32_t count) {
     qps_.push_back(qp);
     if (closed_) {
       nic_.CloseQp(qp, close_reason_);
+      nic_.ReleaseNew(qp);
       return close_reason_;
     }
+    nic_.ReleaseNew(qp);  // in qps_: Close() reaches it, Forget() drops it
   }
   return absl::OkStatus();
 }
@@ -392,6 +394,8 @@ absl::Status ControlLink::RenewInbound(const wire::QpRenew& renew) {
     // The QP the refusal broke: in error at the NIC already, torn down the usual way.
     if (old != nullptr) nic_.CloseQp(old, absl::UnavailableError("renewed by the peer"));
   }
+  // Held (busy) until it is in qps_: the fabric's teardown (Nic::CloseAll) can close
+  // it before then, and the poller must not destroy and free it under us.
   FL_ASSIGN_OR_RETURN(VerbsQp * qp, nic_.CreateQp(id_, domain_));
   RemoteQp remote{.qpn = renew.qpn,
                   .psn = renew.psn,
@@ -401,22 +405,26 @@ absl::Status ControlLink::RenewInbound(const wire::QpRenew& renew) {
   absl::Status connected = nic_.ConnectQp(qp, remote);
   if (!connected.ok()) {
     nic_.CloseQp(qp, connected);
+    nic_.ReleaseNew(qp);
     return connected;
   }
   nic_.Activate(qp, peer_, peer_name());
+  // Read while held: once released, a Close() may let the poller free it.
+  const uint32_t qpn = nic_.qpn(qp);
+  const uint32_t psn = nic_.psn(qp);
   {
     absl::MutexLock lock(&close_mu_);
     if (closed_) {
       nic_.CloseQp(qp, close_reason_);
+      nic_.ReleaseNew(qp);
       return close_reason_;
     }
     qps_[renew.index] = qp;
+    nic_.ReleaseNew(qp);
   }
   absl::MutexLock lock(&send_mu_);
-  return SendFrame(wire::EncodeQpRenewed({.index = renew.index,
-                                          .qpn = nic_.qpn(qp),
-                                          .psn = nic_.psn(qp),
-                                          .seq = renew.seq}));
+  return SendFrame(wire::EncodeQpRenewed(
+      {.index = renew.index, .qpn = qpn, .psn = psn, .seq = renew.seq}));
 }
 
 void ControlLink::Renew(std::shared_ptr<VerbsQp> qp) {

@@ -170,6 +170,13 @@ absl::StatusOr<VerbsQp*> Nic::CreateQp(uint64_t link,
         std::make_shared<VerbsQp>(index, generations_[index], link, std::move(domain),
                                   std::move(qp), sizing_.send_depth_per_qp);
     raw = owned.get();
+    {
+      // Held for the caller (ReleaseNew): once published, CloseAll can close it, and a
+      // QP with nothing posted is drained at once; the poller would destroy the ibv_qp
+      // and free the object while the caller still posts its receives or connects it.
+      absl::MutexLock qp_lock(&raw->mu);
+      raw->busy = true;
+    }
     // Published before the first receive is posted, so every CQE finds its QP.
     owned_[index] = std::move(owned);
     slots_[index].store(raw, std::memory_order_release);
@@ -183,9 +190,19 @@ absl::StatusOr<VerbsQp*> Nic::CreateQp(uint64_t link,
   }
   if (!posted.ok()) {
     CloseQp(raw, posted);  // the ordinary teardown: ERR, flush, destroy
+    ReleaseNew(raw);
     return posted;
   }
   return raw;
+}
+
+void Nic::ReleaseNew(VerbsQp* qp) {
+  absl::MutexLock lock(&qp->mu);
+  qp->busy = false;
+  if (qp->error_deferred) {  // closed while held
+    qp->error_deferred = false;
+    if (!qp->qp.ToError().ok()) qp->force_drain = true;
+  }
 }
 
 uint32_t Nic::qpn(const VerbsQp* qp) const { return qp->qp.qpn(); }

@@ -282,8 +282,14 @@ class Nic {
 
   // A QP in INIT with its receives posted, owned by `link`: one that sends (in the
   // NIC's PD; `domain` null) or one that receives from `domain`'s peer.
-  // RESOURCE_EXHAUSTED when every table slot is taken.
+  // RESOURCE_EXHAUSTED when every table slot is taken. It comes back busy: a close
+  // (CloseAll, a port error) is deferred and the poller neither destroys nor frees it,
+  // so the caller may use the pointer until it has stored it where a close reaches it
+  // (its link's qps) and called ReleaseNew.
   absl::StatusOr<VerbsQp*> CreateQp(uint64_t link, std::shared_ptr<PeerDomain> domain);
+  // Ends CreateQp's hold: a close deferred meanwhile moves the QP to ERR now. The
+  // pointer may be freed from here on unless something else keeps it.
+  void ReleaseNew(VerbsQp* qp);
   // What the far side needs to connect to it.
   uint32_t qpn(const VerbsQp* qp) const;
   uint32_t psn(const VerbsQp* qp) const;

@@ -55,5 +55,4 @@ class Pool {
   virtual uint64_t held_bytes() const = 0;
 };
 
-
 }  // namespace fuselink::relay

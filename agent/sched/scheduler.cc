@@ -46,7 +46,7 @@ bool Scheduler::Reserve(std::atomic<uint32_t>& counter, uint32_t bound,
 }
 
 Choice Scheduler::Pick(int direct, uint32_t remote_idle, uint32_t usable,
-                       uint32_t remaining) {
+                       uint32_t remaining, uint32_t own_direct) {
   usable &= (1u << nics_) - 1;
   if (!(usable >> direct & 1) || policy_ == Policy::kStripe) {
     // Stripe, or a failover away from a dead direct NIC: any usable NIC will do.
@@ -60,12 +60,14 @@ Choice Scheduler::Pick(int direct, uint32_t remote_idle, uint32_t usable,
     }
     return c;
   }
-  if (policy_ == Policy::kStatic) {
-    nic_[direct].in_flight.fetch_add(1, std::memory_order_relaxed);
-    nic_[direct].owner_activity.fetch_add(1, std::memory_order_relaxed);
-    return Choice{direct, false};
-  }
-  return PickFuselink(direct, remote_idle, usable, remaining);
+  if (policy_ == Policy::kStatic) return TakeDirect(direct);
+  return PickFuselink(direct, remote_idle, usable, remaining, own_direct);
+}
+
+Choice Scheduler::TakeDirect(int direct) {
+  nic_[direct].in_flight.fetch_add(1, std::memory_order_relaxed);
+  nic_[direct].owner_activity.fetch_add(1, std::memory_order_relaxed);
+  return Choice{direct, false};
 }
 
 Choice Scheduler::PickLeastLoaded(uint32_t usable) {
@@ -84,7 +86,7 @@ Choice Scheduler::PickLeastLoaded(uint32_t usable) {
 }
 
 Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle, uint32_t usable,
-                               uint32_t remaining) {
+                               uint32_t remaining, uint32_t own_direct) {
   if (picks_.fetch_add(1, std::memory_order_relaxed) % kStatusEvery == kStatusEvery - 1) {
     Look();
   }
@@ -119,15 +121,20 @@ Choice Scheduler::PickFuselink(int direct, uint32_t remote_idle, uint32_t usable
     const uint32_t load = n.in_flight.load(std::memory_order_relaxed);
     if (load < best_load) best = k, best_load = load;
   }
-  if (best < 0) return Choice{};
+  // Nothing to borrow: wait for the direct NIC, unless this transfer has nothing
+  // there to wait for (its siblings fill the queue).
+  const auto wait = [&] {
+    return own_direct == 0 && limits_.direct_depth > 0 ? TakeDirect(direct) : Choice{};
+  };
+  if (best < 0) return wait();
   Nic& lent = nic_[best];
   uint32_t before = 0;
-  if (!Reserve(lent.borrowed_in_flight, limits_.borrow_depth, &before)) return Choice{};
+  if (!Reserve(lent.borrowed_in_flight, limits_.borrow_depth, &before)) return wait();
   // The owner (or foreign traffic) may have come since the scan: take the
   // reservation back.
   if (!Lendable(best)) {
     lent.borrowed_in_flight.fetch_sub(1, std::memory_order_acq_rel);
-    return Choice{};
+    return wait();
   }
   lent.in_flight.fetch_add(1, std::memory_order_relaxed);
   if (before == 0) lent.borrow_events.fetch_add(1, std::memory_order_relaxed);

@@ -13,7 +13,12 @@
 //  - Past that it borrows: a NIC k whose owner is idle here, that the receiver says
 //    is idle there (its credit mask), with fewer than `borrow_depth` borrowed chunks
 //    in flight; the least loaded such NIC, scanned from a rotating start so borrowers
-//    share fairly. Else the chunk waits for its direct NIC.
+//    share fairly. Else the chunk waits for its direct NIC, unless the transfer has
+//    no chunk in flight there: then it goes there over the depth. The depth bounds
+//    the NIC's queue, which every transfer of its GPU shares; without that floor the
+//    transfers already in the queue, which refill it as their chunks land, keep a
+//    transfer that starts later out for as long as they run (in an all-to-all,
+//    longer than the target waits for a first byte).
 //  - An owner is busy while it has a running transfer, and while it posted or
 //    completed chunks since the last look; the look is taken every kStatusEvery picks
 //    and at once when an owner's transfer starts. A busy owner's NIC takes no new
@@ -57,6 +62,7 @@ absl::string_view PolicyName(Policy policy);
 
 struct Limits {
   // Chunks in flight on a NIC before its owner's next chunk spills to a borrowed one.
+  // 0 (a test's setting; the agent takes 1 to 1024): every chunk borrows.
   uint32_t direct_depth = 8;
   // Borrowed chunks in flight on one NIC: what a returning owner waits for at most.
   uint32_t borrow_depth = 2;
@@ -92,10 +98,11 @@ class Scheduler {
   // A chunk of a transfer whose direct NIC is `direct`; `remote_idle` has bit k set
   // when the receiver's NIC k is idle, `usable` when the transfer may use NIC k;
   // `remaining`: the transfer's chunks not yet landed, this one included (unknown:
-  // kManyChunks).
+  // kManyChunks); `own_direct`: its chunks reserved on `direct` now (unknown:
+  // kManyChunks, which never takes the direct NIC over its depth).
   static constexpr uint32_t kManyChunks = UINT32_MAX;
   Choice Pick(int direct, uint32_t remote_idle, uint32_t usable = ~0u,
-              uint32_t remaining = kManyChunks);
+              uint32_t remaining = kManyChunks, uint32_t own_direct = kManyChunks);
   // The reserved chunk finished: `bytes` landed (0 if it was never posted), or the
   // write `failed`. Returns, when this ended a give-back, how long the owner waited
   // for borrowers to leave its NIC, in nanoseconds; else 0.
@@ -141,7 +148,9 @@ class Scheduler {
   // Raises `counter` if it is under `bound`; `*before` gets its old value.
   static bool Reserve(std::atomic<uint32_t>& counter, uint32_t bound, uint32_t* before);
   Choice PickFuselink(int direct, uint32_t remote_idle, uint32_t usable,
-                      uint32_t remaining);
+                      uint32_t remaining, uint32_t own_direct);
+  // The direct NIC, reserved whatever its depth.
+  Choice TakeDirect(int direct);
   // The least loaded NIC of `usable` (rotating among equals), reserved; -1 if none.
   Choice PickLeastLoaded(uint32_t usable);
 

@@ -95,12 +95,14 @@ void Window::Pump(JobEffects* fx) {
     const sched::Choice choice =
         env_.scheduler->Pick(direct_nic_, remote_idle_, usable,
                              static_cast<uint32_t>(std::min<uint64_t>(
-                                 remaining, sched::Scheduler::kManyChunks)));
+                                 remaining, sched::Scheduler::kManyChunks)),
+                             direct_reserved_);
     if (!choice.ok()) {
       again_.push_back(chunk);
       fx->wait = true;
       return;
     }
+    if (!choice.borrowed && choice.nic == direct_nic_) ++direct_reserved_;
     const uint16_t index = free_.back();
     free_.pop_back();
     Entry& e = entries_[index];
@@ -112,7 +114,7 @@ void Window::Pump(JobEffects* fx) {
       // copy is only enqueued; the write waits for its fence on the fabric's thread.
       e.relay = env_.relay->TryAcquire(choice.nic);
       if (!e.relay.valid()) {
-        env_.scheduler->Complete(choice, 0);
+        Unreserve(choice, 0);
         free_.push_back(index);
         again_.push_back(chunk);
         fx->grow_relay |= 1u << choice.nic;
@@ -165,13 +167,18 @@ bool Window::Send(uint16_t index, JobEffects* fx) {
 
 void Window::Drop(uint16_t index, bool failed, JobEffects* fx) {
   Entry& e = entries_[index];
-  env_.scheduler->Complete(e.choice, 0, failed);
+  Unreserve(e.choice, 0, failed);
   if (e.relay.valid()) {
     fx->release_after_fence.push_back(e.relay);
     e.relay = relay::Slot{};
   }
   e.state = Entry::State::kFree;
   free_.push_back(index);
+}
+
+int64_t Window::Unreserve(const sched::Choice& choice, uint64_t bytes, bool failed) {
+  if (!choice.borrowed && choice.nic == direct_nic_) --direct_reserved_;
+  return env_.scheduler->Complete(choice, bytes, failed);
 }
 
 void Window::LoseNic(uint16_t index, const absl::Status& why, JobEffects* fx) {
@@ -195,7 +202,7 @@ bool Window::OnCompletion(uint16_t entry, uint16_t seq,
   --in_flight_;
   switch (ClassifyCompletion(completion)) {
     case WriteOutcome::kLanded: {
-      const int64_t waited = env_.scheduler->Complete(e.choice, e.chunk.bytes);
+      const int64_t waited = Unreserve(e.choice, e.chunk.bytes);
       if (waited > 0) {
         fx->give_back_nic = e.choice.nic;
         fx->give_back_ns = waited;

@@ -106,6 +106,8 @@ class Window {
   void LoseNic(uint16_t index, const absl::Status& why, JobEffects* fx);
   void SetTrouble(Trouble trouble, absl::Status status);
   fabric::WriteOp Op(uint16_t index);
+  // Ends a reservation with the scheduler (Scheduler::Complete's answer).
+  int64_t Unreserve(const sched::Choice& choice, uint64_t bytes, bool failed = false);
 
   const WindowEnv env_;
   const uint32_t job_;
@@ -125,6 +127,7 @@ class Window {
   std::vector<Chunk> again_;  // to send again (failover), or not yet given a NIC
   int parked_ = -1;           // the entry a full queue refused, posted first
   uint32_t in_flight_ = 0;
+  uint32_t direct_reserved_ = 0;  // reservations on the direct NIC (not borrowed)
   bool halted_ = false;
   Trouble trouble_ = Trouble::kNone;
   absl::Status trouble_status_;

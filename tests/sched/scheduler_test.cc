@@ -42,6 +42,28 @@ TEST(Scheduler, BorrowsIdleNicsOnceTheDirectOneIsFull) {
   EXPECT_EQ(s.Stats(1).borrow_events, 1u);
 }
 
+// Several transfers of one GPU share its NIC's direct_depth. One that has no chunk
+// there yet is not kept out by its siblings' refills: with nothing to borrow, its
+// chunk goes over the depth; one with a chunk there waits, as before.
+TEST(Scheduler, ATransferWithNothingOnItsOwnNicIsNotShutOutBySiblings) {
+  Scheduler s = Make(Policy::kFuselink, 2, 1);
+  constexpr uint32_t kNoneIdle = 0;
+  constexpr uint32_t kMany = Scheduler::kManyChunks;
+  ASSERT_EQ(s.Pick(0, kNoneIdle, ~0u, kMany, 0).nic, 0);  // a sibling fills NIC 0
+  ASSERT_EQ(s.Pick(0, kNoneIdle, ~0u, kMany, 1).nic, 0);
+  EXPECT_FALSE(s.Pick(0, kNoneIdle, ~0u, kMany, 2).ok());  // the sibling waits
+  EXPECT_FALSE(s.Pick(0, kNoneIdle, ~0u, kMany).ok());     // so does one that did not say
+  const Choice late = s.Pick(0, kNoneIdle, ~0u, kMany, 0);  // a transfer starting now
+  EXPECT_EQ(late.nic, 0);
+  EXPECT_FALSE(late.borrowed);
+  EXPECT_EQ(s.Stats(0).in_flight, 3u);
+  EXPECT_FALSE(s.Pick(0, kNoneIdle, ~0u, kMany, 1).ok());  // once it has one, it waits
+  // With a NIC to borrow, the borrow comes first: the direct queue stays as deep.
+  const Choice lent = s.Pick(0, kAllIdle, ~0u, kMany, 0);
+  EXPECT_TRUE(lent.borrowed);
+  EXPECT_EQ(s.Stats(0).in_flight, 3u);
+}
+
 // A transfer with few chunks left queues no more than its even share on its own NIC
 // (never under borrow_depth) while it may borrow: its tail spreads over the lent NICs.
 TEST(Scheduler, AShortTransferQueuesOnlyItsShareOnItsOwnNic) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <memory>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -481,6 +482,42 @@ TEST_F(EngineTest, ShutdownWithTheHousekeepingThreadRunning) {
   engine_->Shutdown();
   fabric_.FlushAll();
   EXPECT_EQ(End(*t).second, "SHUTTING_DOWN");
+}
+
+// fuselink with nothing to borrow (borrow_depth 0) and a direct queue of 2.
+class SharedNicEngineTest : public EngineTest {
+ protected:
+  SharedNicEngineTest()
+      : EngineTest(sched::Policy::kFuselink,
+                   sched::Limits{.direct_depth = 2, .borrow_depth = 0}) {}
+};
+
+// Two transfers of one GPU share its NIC's queue. The first fills it and refills it
+// as its chunks land; the second still gets a chunk on the NIC at once, rather than
+// waiting for the first to end (a target gives up on a transfer that sends nothing
+// for --incoming_start_timeout_ms).
+TEST_F(SharedNicEngineTest, ATransferStartingBehindASiblingIsNotShutOut) {
+  Make();
+  ASSERT_TRUE(Submit("a", {0}).ok());
+  ASSERT_TRUE(fabric_.WaitForPending(2));
+  ASSERT_TRUE(Submit("b", {1}).ok());
+  ASSERT_TRUE(fabric_.WaitForPending(3));  // b's first chunk, over the depth
+  std::vector<Posted> first = fabric_.Take();
+  ASSERT_EQ(first.size(), 3u);
+  std::set<uint32_t> jobs;
+  for (const Posted& p : first) {
+    EXPECT_EQ(p.nic, 0);
+    jobs.insert(DecodeWrId(p.op.wr_id).job);
+  }
+  EXPECT_EQ(jobs.size(), 2u);
+  // They land: each goes on with one chunk, and the queue is back to its depth.
+  for (const Posted& p : first) fabric_.Complete(p);
+  ASSERT_TRUE(fabric_.WaitForPending(2));
+  jobs.clear();
+  for (const Posted& p : fabric_.pending()) jobs.insert(DecodeWrId(p.op.wr_id).job);
+  EXPECT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(fabric_.pending_count(), 2u);
+  EXPECT_EQ(scheduler_.Stats(0).in_flight, 2u);
 }
 
 class RelayEngineTest : public EngineTest {

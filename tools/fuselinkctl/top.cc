@@ -43,7 +43,7 @@ struct NicSample {
 };
 struct Sample {
   absl::Time at;
-  std::vector<NicSample> nics;  // topology order
+  std::vector<NicSample> nics;                                      // topology order
   std::map<std::string, double> relay_gpu_bytes, relay_gpu_paused;  // by gpu label
   double relay_cap_bytes = -1;                                      // -1: no GPU relay
   double active_out = 0, active_in = 0, tensors = 0;

@@ -9,7 +9,8 @@ struct Network::Active {
   FlowResult result;
   uint64_t unposted = 0, unacked = 0;
   uint32_t in_flight = 0;
-  bool waiting = false;  // on its node's waiting list
+  uint32_t direct_in_flight = 0;  // of them, on its direct NIC (not borrowed)
+  bool waiting = false;           // on its node's waiting list
 };
 
 Network::Network(NetworkModel model) : model_(model) {
@@ -136,8 +137,9 @@ void Network::Post(size_t i) {
   while (a.unposted > 0 && a.in_flight < model_.window_chunks) {
     // Its chunks not yet landed: the one being placed and those after it, and those
     // in flight.
-    const sched::Choice c = schedulers_[src]->Pick(direct, RemoteIdle(dst), ~0u,
-                                                   static_cast<uint32_t>(a.unacked));
+    const sched::Choice c =
+        schedulers_[src]->Pick(direct, RemoteIdle(dst), ~0u,
+                               static_cast<uint32_t>(a.unacked), a.direct_in_flight);
     if (!c.ok()) {
       if (!a.waiting) waiting_[src].push_back(i);
       a.waiting = true;
@@ -163,6 +165,7 @@ void Network::Post(size_t i) {
       demanding_.erase(std::lower_bound(demanding_.begin(), demanding_.end(), src));
     }
     ++a.in_flight;
+    if (!c.borrowed) ++a.direct_in_flight;
     ++chunks_;
     Push(t + 2 * model_.latency_s, 1, i, c, bytes);  // landed, and the ack back
   }
@@ -175,6 +178,7 @@ void Network::Acked(const Event& e) {
   schedulers_[src]->Refresh();
   a.result.nic_bytes[e.choice.nic] += e.bytes;
   --a.in_flight;
+  if (!e.choice.borrowed) --a.direct_in_flight;
   if (--a.unacked == 0) {
     a.result.end_s = now_;
     const int direct = a.flow.src_gpu % model_.nics;

@@ -22,7 +22,9 @@
 #                  N, so that each GPU sends as much as with 2); serving has N/2
 #                  prefill nodes, each request going to a decode node drawn at random
 # --quick          smaller workloads (a check that everything runs, not numbers)
-# Extra agent flags for every agent: FUSELINK_AGENT_FLAGS (e.g. --borrow_depth=4).
+# Extra agent flags for every agent: FUSELINK_AGENT_FLAGS (e.g. --borrow_depth=4);
+# extra fuselink-bench flags for every workload: FUSELINK_BENCH_FLAGS (e.g.
+# --serving_arrivals_per_s=0.75, to keep serving's load with a lower --rate).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$here/docs/bench
@@ -117,9 +119,11 @@ if [ "$quick" = 1 ]; then
     --owner_delay_s=0.3)
 fi
 sizes+=(--nodes="$nodes" --expert_bytes="$expert_bytes")
+# shellcheck disable=SC2206  # FUSELINK_BENCH_FLAGS: words
+sizes+=(${FUSELINK_BENCH_FLAGS:-})
 {
   echo "# scripts/bench-testbed.sh $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores, $(uname -r)"
-  echo "# testbed: $nodes nodes, 4 rails at $rate each way; agents --chunk_bytes=$chunk_bytes ${FUSELINK_AGENT_FLAGS:-}"
+  echo "# testbed: $nodes nodes, 4 rails at $rate each way; agents --chunk_bytes=$chunk_bytes ${FUSELINK_AGENT_FLAGS:-}; bench ${FUSELINK_BENCH_FLAGS:-}"
 } >"$results/sched-tables.txt"
 IFS=, read -r -a list <<<"$workloads"
 for w in "${list[@]}"; do

@@ -95,6 +95,10 @@ for rails in $(seq "${MIN_RAILS:-1}" "$gpus"); do
   stop_agents
   pids=()
   echo "== NCCL point-to-point over the same $rails rails"
+  if [ "$gpus" -lt 2 ]; then
+    echo "skipped: NCCL refuses two ranks on one GPU, and this machine has 1"
+    continue
+  fi
   nccl=(env NCCL_SOCKET_IFNAME="$(seq -s, -f 'rail%g' 0 $((rails - 1)))" NCCL_IB_DISABLE=1
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 MASTER_ADDR=10.232.0.1
     MASTER_PORT=29511 WORLD_SIZE=2 python3 "$here/tools/bench/nccl_p2p.py"

@@ -31,6 +31,22 @@ TEST(SimNetworkTest, StaticSendsBackToBackOnTheDirectNic) {
   EXPECT_EQ(net.chunks(), 64u);
 }
 
+// Three nodes send to one receiver's NIC 0 at once: it takes their chunks one after
+// another. A sender's NIC is not held while its chunk waits for the receiver's: node
+// 0's NIC 0 also carries a flow to node 4, whose NIC nobody else uses, and stays busy
+// throughout, so that flow ends when node 0 has sent its last chunk.
+TEST(SimNetworkTest, SendersToOneReceiverShareItWithoutHoldingTheirOwnNics) {
+  const NetworkModel m = Model(sched::Policy::kStatic, 5);
+  Network net(m);
+  const std::vector<FlowResult> r =
+      net.Run({Flow{1, 0, 2, 16 * kMiB, 0}, Flow{3, 0, 2, 16 * kMiB, 0},
+               Flow{0, 0, 2, 16 * kMiB, 0}, Flow{0, 0, 4, 32 * kMiB, 0}});
+  const double chunk_s = static_cast<double>(kMiB) / m.rail_bytes_per_s;
+  EXPECT_NEAR(std::max({r[0].end_s, r[1].end_s, r[2].end_s}),
+              48 * chunk_s + 2 * m.latency_s, 2 * chunk_s);
+  EXPECT_NEAR(r[3].end_s, 48 * chunk_s + 2 * m.latency_s, 2 * chunk_s);
+}
+
 TEST(SimNetworkTest, ALastChunkCarriesOnlyWhatIsLeft) {
   Network net(Model(sched::Policy::kStatic));
   const FlowResult r = net.Run({Flow{0, 0, 1, 2 * kMiB + 5, 0}})[0];

@@ -1,8 +1,8 @@
 // fuselink-sim: the agent's scheduler (agent/sched) played against modelled NICs, for
 // the workloads of fuselink-bench under every policy, beside what the namespace
 // testbed measured. --check exits 1 when a simulated ratio to static is more than
-// --tolerance_pct off the measured one. --scenario=paper_curve and cluster64 run the
-// scenarios of scenarios.h instead (their parameters are their own and printed);
+// --tolerance_pct off the measured one. --scenario=paper_curve, cluster64 and alltoall
+// run the scenarios of scenarios.h instead (their parameters are their own and printed);
 // paper_curve's --check fails when a figure at one of the paper's points is off.
 #include <chrono>
 #include <cmath>
@@ -94,6 +94,10 @@ int Main() {
                                 absl::GetFlag(FLAGS_tolerance_pct)};
   if (scenario == "testbed") return Testbed();
   if (scenario == "cluster64") return Cluster64(options) ? 0 : 1;
+  if (scenario == "alltoall") {
+    AllToAllNodes();
+    return 0;
+  }
   if (scenario == "paper_curve") {
     const bool ok = PaperCurve(options);
     if (absl::GetFlag(FLAGS_check) && !ok) {
@@ -103,7 +107,8 @@ int Main() {
     }
     return 0;
   }
-  std::fprintf(stderr, "unknown --scenario '%s': testbed, paper_curve or cluster64\n",
+  std::fprintf(stderr,
+               "unknown --scenario '%s': testbed, paper_curve, cluster64 or alltoall\n",
                scenario.c_str());
   return 2;
 }
@@ -113,7 +118,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "fuselink-sim [--scenario=testbed|paper_curve|cluster64] [--check]: the scheduler, "
+      "fuselink-sim [--scenario=testbed|paper_curve|cluster64|alltoall] [--check]: the "
+      "scheduler, "
       "simulated");
   absl::ParseCommandLine(argc, argv);
   return fuselink::sim::Main();

@@ -57,6 +57,15 @@ double Network::Cross(double ready, std::initializer_list<Hold> holds, uint64_t 
   return end;
 }
 
+double Network::Rail(double ready, double* tx_free, double* rx_free, uint64_t bytes) {
+  const double took = static_cast<double>(bytes) / model_.rail_bytes_per_s;
+  const double tx_begin = std::max(ready, *tx_free);
+  *tx_free = tx_begin + took;
+  const double rx_begin = std::max(tx_begin, *rx_free);
+  *rx_free = std::max(*tx_free, rx_begin + took);
+  return *rx_free;
+}
+
 double Network::NvlinkCopy(double ready, int node, int from, int to, uint64_t bytes) {
   if (from == to) return ready;
   const LinkModel& l = model_.links;
@@ -149,16 +158,13 @@ void Network::Post(size_t i) {
                                ? a.flow.bytes % model_.chunk_bytes
                                : model_.chunk_bytes;
     // Its path, stage by stage: into the relay slot on the NIC's owner when the NIC
-    // is borrowed, over that GPU's PCIe to the NIC, the rail (the sender's and the
-    // receiver's NIC at once), PCIe into the receiving NIC's owner, NVLink on to the
-    // target GPU. Unmodelled links take no time.
+    // is borrowed, over that GPU's PCIe to the NIC, the rail (Rail), PCIe into the
+    // receiving NIC's owner, NVLink on to the target GPU. Unmodelled links take no
+    // time.
     const double pcie = model_.links.pcie_bytes_per_s;
     double t = NvlinkCopy(now_, src, direct, c.nic, bytes);
     t = Cross(t, {{&links_[src].pcie_out[c.nic], pcie}}, bytes);
-    t = Cross(t,
-              {{&tx_free_[src][c.nic], model_.rail_bytes_per_s},
-               {&rx_free_[dst][c.nic], model_.rail_bytes_per_s}},
-              bytes);
+    t = Rail(t, &tx_free_[src][c.nic], &rx_free_[dst][c.nic], bytes);
     t = Cross(t, {{&links_[dst].pcie_in[c.nic], pcie}}, bytes);
     t = NvlinkCopy(t, dst, c.nic, target, bytes);
     if (--a.unposted == 0 && --demand_[src] == 0) {

@@ -1,8 +1,10 @@
 // A discrete-event model of a cluster's NICs driven by the agent's own scheduler
 // (agent/sched: the same code, not a model of it). Each node has one sched::Scheduler
 // and N NICs; NIC k of every node is on rail k, and a chunk on rail k occupies the
-// sender's NIC k and the receiver's NIC k for its bytes at the rail's rate, then is
-// acknowledged two latencies later (it lands, the ack comes back). A transfer keeps up to
+// sender's NIC k for its bytes at the rail's rate and the receiver's NIC k as long
+// again, from when the sender starts it or when the receiver's NIC is next free
+// (senders to one receiver queue at its switch port, not on their own NICs); it is
+// acknowledged two latencies after it landed. A transfer keeps up to
 // `window_chunks` chunks in flight; a chunk the scheduler has no NIC for waits for the
 // next completion on its node, as in the agent's engine. The receiver's idle mask is what
 // the agent's landing reports: rails on which no transfer arrives whose source's direct
@@ -117,6 +119,12 @@ class Network {
   // of its modelled links is free, holds each for bytes at its rate, and ends when
   // the slowest lets the chunk go. No modelled link: it ends at `ready`.
   static double Cross(double ready, std::initializer_list<Hold> holds, uint64_t bytes);
+  // A chunk of `bytes` ready at `ready` crosses a rail: it leaves the sender's NIC
+  // when that is free, and the receiver's NIC takes it as it comes, or later when
+  // that NIC is busy with other senders' chunks (the switch holds it meanwhile). The
+  // sender's NIC is free again when it has sent it, whatever the receiver does; the
+  // chunk has landed when the receiver's NIC has taken it all.
+  double Rail(double ready, double* tx_free, double* rx_free, uint64_t bytes);
   // The NVLink copy on `node` from GPU `from` to GPU `to`, if they differ.
   double NvlinkCopy(double ready, int node, int from, int to, uint64_t bytes);
 

@@ -301,4 +301,81 @@ bool Cluster64(const ScenarioOptions& options) {
   return true;
 }
 
+namespace {
+
+// The namespace testbed's all-to-alls past two nodes (docs/benchmarks.md, "Four and
+// eight nodes"): what each GPU sent there (MiB), split evenly over every GPU of the
+// other nodes, all at once; the rails as shaped there. Measured fuselink / stripe.
+struct AllToAllRun {
+  const char* name;
+  int nodes;
+  double rail_bytes_per_s;
+  std::vector<uint64_t> mib;
+  double measured_fuselink_over_stripe;
+};
+
+std::vector<Flow> AllToAllOver(int nodes, int nics, const std::vector<uint64_t>& mib) {
+  std::vector<Flow> flows;
+  const int gpus = nodes * nics, receivers = (nodes - 1) * nics;
+  for (int s = 0; s < gpus; ++s) {
+    const uint64_t each = std::max<uint64_t>(1, mib[s] / receivers) << 20;
+    for (int r = 0; r < gpus; ++r) {
+      if (r / nics == s / nics) continue;
+      flows.push_back(Flow{s / nics, s % nics, r / nics, each, 0, r % nics});
+    }
+  }
+  return flows;
+}
+
+}  // namespace
+
+void AllToAllNodes() {
+  const std::vector<AllToAllRun> runs = {
+      {"expert",
+       4,
+       59.75e6,
+       {60, 55, 201, 46, 50, 121, 86, 151, 302, 67, 605, 75, 100, 43, 40, 37},
+       1.062},
+      {"dlrm",
+       4,
+       59.75e6,
+       {49, 82, 84, 26, 99, 72, 39, 122, 60, 43, 77, 48, 77, 16, 64, 59},
+       1.145},
+      {"expert",
+       8,
+       29.9e6,
+       {33,  48, 42, 77,  40, 201, 144, 252, 56, 43,  34,   126, 168, 36,  67, 63,
+        336, 38, 84, 112, 32, 91,  50,  59,  31, 504, 1009, 72,  37,  100, 45, 53},
+       1.054},
+      {"dlrm",
+       8,
+       29.9e6,
+       {40, 67, 69, 21, 81, 59, 32, 100, 49, 35, 63, 40, 63,  13, 53, 48,
+        15, 48, 77, 22, 38, 44, 41, 230, 57, 82, 71, 46, 295, 59, 24, 52},
+       1.049},
+  };
+  std::printf("all-to-alls past two nodes, the testbed's loads and rails\n");
+  std::printf("%-7s %5s %9s %9s %9s %9s %11s %11s %11s\n", "run", "nodes", "static_s",
+              "stripe_s", "fuse_s", "fuse/strp", "measured", "idle_strp_s",
+              "idle_fuse_s");
+  for (const AllToAllRun& run : runs) {
+    double seconds[3] = {}, idle[3] = {};
+    const sched::Policy policies[] = {sched::Policy::kStatic, sched::Policy::kStripe,
+                                      sched::Policy::kFuselink};
+    for (int p = 0; p < 3; ++p) {
+      NetworkModel m;
+      m.nodes = run.nodes;
+      m.rail_bytes_per_s = run.rail_bytes_per_s;
+      m.policy = policies[p];
+      Network net(m);
+      const std::vector<FlowResult> r = net.Run(AllToAllOver(run.nodes, m.nics, run.mib));
+      for (const FlowResult& f : r) seconds[p] = std::max(seconds[p], f.end_s);
+      idle[p] = net.idle_while_demand_s();
+    }
+    std::printf("%-7s %5d %9.3f %9.3f %9.3f %9.3f %11.3f %11.3f %11.3f\n", run.name,
+                run.nodes, seconds[0], seconds[1], seconds[2], seconds[2] / seconds[1],
+                run.measured_fuselink_over_stripe, idle[1], idle[2]);
+  }
+}
+
 }  // namespace fuselink::sim

@@ -1,5 +1,6 @@
 // Scenarios past the testbed's workloads, on the link model of network.h: the paper's
-// single-GPU curve (1..8 NICs) and a prediction for a 64-node serving cluster. Each
+// single-GPU curve (1..8 NICs), a prediction for a 64-node serving cluster, and the
+// testbed's all-to-alls at 4 and 8 nodes. Each
 // prints its table with the parameters it chose, and writes a gnuplot data file
 // (whitespace columns, "-" where a figure is missing) into `dat_dir` when set.
 #pragma once
@@ -21,5 +22,9 @@ bool PaperCurve(const ScenarioOptions& options);
 // 32 prefill nodes push KV caches to 32 decode nodes, under every policy: the
 // transfer part of time to first token and NIC utilisation. Returns true.
 bool Cluster64(const ScenarioOptions& options);
+
+// The testbed's expert and DLRM all-to-alls at 4 and 8 nodes, every policy, beside the
+// measured fuselink / stripe.
+void AllToAllNodes();
 
 }  // namespace fuselink::sim

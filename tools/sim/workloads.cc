@@ -18,19 +18,6 @@ Outcome Hot(const NetworkModel& model, uint64_t* chunks) {
   return {r[0].seconds(), -1, net.idle_while_demand_s()};
 }
 
-// The all-to-all of a mixture-of-experts layer: GPU g sends what the bench's run drew
-// for it (MiB), split evenly over the other node's four GPUs, both ways at once.
-std::vector<Flow> AllToAll(const std::vector<uint64_t>& mib_per_gpu, double start_s) {
-  std::vector<Flow> flows;
-  for (int g = 0; g < 8; ++g) {
-    const int node = g / 4;
-    for (int peer = 0; peer < 4; ++peer) {  // the flows differ only in their target
-      flows.push_back(Flow{node, g % 4, 1 - node, mib_per_gpu[g] * kMiB / 4, start_s});
-    }
-  }
-  return flows;
-}
-
 double LastEnd(const std::vector<FlowResult>& r, size_t begin, size_t end) {
   double last = 0;
   for (size_t i = begin; i < end; ++i) last = std::max(last, r[i].end_s);
@@ -40,7 +27,7 @@ double LastEnd(const std::vector<FlowResult>& r, size_t begin, size_t end) {
 Outcome Expert(const NetworkModel& model, uint64_t* chunks) {
   Network net(model);
   const std::vector<FlowResult> r =
-      net.Run(AllToAll({188, 376, 125, 62, 47, 75, 53, 94}, 0));
+      net.Run(AllToAll(2, model.nics, {188, 376, 125, 62, 47, 75, 53, 94}));
   *chunks += net.chunks();
   return {LastEnd(r, 0, r.size()), -1, net.idle_while_demand_s()};
 }
@@ -50,7 +37,7 @@ Outcome Expert(const NetworkModel& model, uint64_t* chunks) {
 Outcome Dlrm(const NetworkModel& model, uint64_t* chunks) {
   Network net(model);
   const std::vector<FlowResult> r =
-      net.Run(AllToAll({43, 73, 74, 23, 88, 64, 35, 108}, 0));
+      net.Run(AllToAll(2, model.nics, {43, 73, 74, 23, 88, 64, 35, 108}));
   *chunks += net.chunks();
   return {LastEnd(r, 0, r.size()), -1, net.idle_while_demand_s()};
 }
@@ -139,6 +126,19 @@ const std::vector<Workload>& Workloads() {
       {"owner", "the owner's transfer", Owner, 0.734, 0.992},
   };
   return all;
+}
+
+std::vector<Flow> AllToAll(int nodes, int nics, const std::vector<uint64_t>& mib) {
+  std::vector<Flow> flows;
+  const int gpus = nodes * nics, receivers = (nodes - 1) * nics;
+  for (int s = 0; s < gpus; ++s) {
+    const uint64_t each = std::max<uint64_t>(1, mib[s] / receivers) * kMiB;
+    for (int r = 0; r < gpus; ++r) {
+      if (r / nics == s / nics) continue;
+      flows.push_back(Flow{s / nics, s % nics, r / nics, each, 0, r % nics});
+    }
+  }
+  return flows;
 }
 
 }  // namespace fuselink::sim

@@ -30,4 +30,9 @@ struct Workload {
 
 const std::vector<Workload>& Workloads();
 
+// An all-to-all as fuselink-bench runs it (expert, DLRM): GPU g sends mib[g] MiB
+// (rounded down to whole MiB per receiver, at least 1), split evenly over every GPU of
+// the other nodes, all at once.
+std::vector<Flow> AllToAll(int nodes, int nics, const std::vector<uint64_t>& mib);
+
 }  // namespace fuselink::sim

@@ -102,7 +102,7 @@ void Window::Pump(JobEffects* fx) {
       fx->wait = true;
       return;
     }
-    if (!choice.borrowed && choice.nic == direct_nic_) ++direct_reserved_;
+    if (OnDirect(choice)) ++direct_reserved_;
     const uint16_t index = free_.back();
     free_.pop_back();
     Entry& e = entries_[index];
@@ -177,7 +177,7 @@ void Window::Drop(uint16_t index, bool failed, JobEffects* fx) {
 }
 
 int64_t Window::Unreserve(const sched::Choice& choice, uint64_t bytes, bool failed) {
-  if (!choice.borrowed && choice.nic == direct_nic_) --direct_reserved_;
+  if (OnDirect(choice)) --direct_reserved_;
   return env_.scheduler->Complete(choice, bytes, failed);
 }
 

@@ -106,6 +106,10 @@ class Window {
   void LoseNic(uint16_t index, const absl::Status& why, JobEffects* fx);
   void SetTrouble(Trouble trouble, absl::Status status);
   fabric::WriteOp Op(uint16_t index);
+  // A reservation on the direct NIC, not a borrowed one (direct_reserved_ counts them).
+  bool OnDirect(const sched::Choice& choice) const {
+    return !choice.borrowed && choice.nic == direct_nic_;
+  }
   // Ends a reservation with the scheduler (Scheduler::Complete's answer).
   int64_t Unreserve(const sched::Choice& choice, uint64_t bytes, bool failed = false);
 

@@ -168,11 +168,15 @@ absl::StatusOr<VerbsQp*> Nic::CreateQp(uint64_t link,
 
 void Nic::ReleaseNew(VerbsQp* qp) {
   absl::MutexLock lock(&qp->mu);
-  qp->busy = false;
-  if (qp->error_deferred) {  // closed while held
-    qp->error_deferred = false;
-    if (!qp->qp.ToError().ok()) qp->force_drain = true;
-  }
+  EndBusy(*qp);
+}
+
+bool Nic::EndBusy(VerbsQp& qp) {
+  qp.busy = false;
+  if (!qp.error_deferred) return false;
+  qp.error_deferred = false;
+  if (!qp.qp.ToError().ok()) qp.force_drain = true;
+  return true;
 }
 
 uint32_t Nic::qpn(const VerbsQp* qp) const { return qp->qp.qpn(); }

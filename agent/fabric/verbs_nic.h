@@ -358,6 +358,9 @@ class Nic {
   absl::Status PostRecvSlot(VerbsQp& qp, uint32_t slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp.mu);
   absl::Status PostRecvs(VerbsQp& qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp.mu);
+  // Ends a step that held the QP busy (CreateQp's, a renewal step's): a close that
+  // came meanwhile moves it to ERR now. True when one came.
+  static bool EndBusy(VerbsQp& qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp.mu);
   // Posts the write in ring position `position` (WRITE + SEND).
   absl::Status PostSlot(VerbsQp& qp, uint64_t position)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp.mu);

@@ -33,12 +33,7 @@ absl::StatusOr<uint32_t> Nic::RestartQp(VerbsQp& qp) {
   uint32_t psn = 0;
   {
     absl::MutexLock lock(&qp.mu);
-    qp.busy = false;
-    if (qp.error_deferred) {  // closed meanwhile
-      qp.error_deferred = false;
-      if (!qp.qp.ToError().ok()) qp.force_drain = true;
-      return qp.close_reason;
-    }
+    if (EndBusy(qp)) return qp.close_reason;  // closed meanwhile
     if (reset.ok()) reset = PostRecvs(qp);
     qp.local_psn = RandomPsn();
     psn = qp.local_psn;
@@ -67,12 +62,7 @@ absl::Status Nic::ResumeQp(VerbsQp& qp, uint32_t remote_qpn, uint32_t remote_psn
   std::vector<std::shared_ptr<const void>> released;
   {
     absl::MutexLock lock(&qp.mu);
-    qp.busy = false;
-    if (qp.error_deferred) {
-      qp.error_deferred = false;
-      if (!qp.qp.ToError().ok()) qp.force_drain = true;
-      return qp.close_reason;
-    }
+    if (EndBusy(qp)) return qp.close_reason;
     if (connected.ok()) {
       // Nothing of the QP is on the wire, so the ring may be rearranged: writes into
       // the window the target refused would only be refused again (its registrations

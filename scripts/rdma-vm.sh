@@ -300,6 +300,14 @@ if [ -z "$result" ]; then
   exit 1
 fi
 grep -a '^agent-check: ' "$console" | tr -d '\r' || true
+# Last, where a log's tail shows them: each failed test's assertion and name, each
+# failed agent check, and a crash's first stack lines.
+{
+  grep -a -A4 ': Failure.\?$' "$console"
+  grep -a '^\[  FAILED  \] [A-Za-z]' "$console"
+  grep -a '^agent-check: [^ ]* FAIL' "$console"
+  grep -a -A8 '^\*\*\* SIG' "$console" | head -30
+} | tr -d '\r' | sed 's/^/rdma-vm: failed: /' || true
 echo "rdma-vm: $result"
 [ "$host_rc" -eq 0 ] || { echo "rdma-vm: FAIL: the host check failed"; exit 1; }
 exit "${result##*rc=}"

@@ -204,15 +204,26 @@ else
 fi
 
 # --- (d) a rail taken down mid-transfer
-if [ ${#pids[@]} -eq 2 ]; then
-  # 128 MiB: ~3 s unloaded, ~8 s on a busy host. The down comes 0.3 s after the first
-  # progress report (re-reading the bar for a percentage costs too many forks under TCG).
+# rail1_up: vA1 up again and its port ACTIVE (10 s at most).
+rail1_up() {
+  ip link set vA1 up
+  for _ in $(seq 100); do
+    grep -q ACTIVE /sys/class/infiniband/rxeA1/ports/1/state && return 0
+    sleep 0.1
+  done
+}
+# down_try WAIT: a 128 MiB stripe demo, vA1 set down WAIT s after its first progress
+# report; sets rc, downed (empty: the transfer ended first) and hit (node-a's writes
+# on rail1 that failed meanwhile).
+down_try() {
+  local was demo_pid
+  was=$(failed_writes node-a | tr ' ' '\n' | sed -n 's/^rail1=//p')
   demo "$run/d.out" 32 16 262144 &
   demo_pid=$!
   downed=""
   for _ in $(seq 400); do  # 20 s at most
     if grep -qa $'\r\\[' "$run/d.out"; then  # the first progress bar (stderr; stdout is buffered)
-      sleep 0.3
+      sleep "$1"
       kill -0 $demo_pid 2>/dev/null || break
       before=$(tr '\r' '\n' <"$run/d.out" | grep '^\[' | tail -1 |
         sed 's/^\[[#.]*\] *//;s/  */ /g')
@@ -228,21 +239,32 @@ if [ ${#pids[@]} -eq 2 ]; then
   rc=$?
   echo "    transfer ended at t=$(since "$t0") s"
   show "$run/d.out"
-  split=$(per_nic "$run/d.out")
   failures=$(failed_writes node-a)
-  # Evidence that the down hit the transfer: writes on rail1 failed (else it proved nothing).
   hit=$(echo "$failures" | tr ' ' '\n' | sed -n 's/^rail1=//p')
+  hit=$(awk -v n="${hit:-0}" -v w="${was:-0}" 'BEGIN { print n - w }')
+}
+if [ ${#pids[@]} -eq 2 ]; then
+  # 128 MiB: ~3 s unloaded, ~8 s on a busy host. The down comes 0.3 s after the first
+  # progress report (re-reading the bar for a percentage costs too many forks under TCG).
+  # A fast host may finish the transfer before the down lands: that proves nothing
+  # either way, so it is said (d-miss) and tried again with the down at once, twice at
+  # most. A transfer that failed or whose bytes differ is never tried again.
+  for wait_s in 0.3 0 0; do
+    down_try $wait_s
+    if [ $rc -ne 0 ] || ! verified "$run/d.out" || { [ -n "$downed" ] && [ "$hit" -gt 0 ]; }; then
+      break
+    fi
+    echo "agent-check: d-miss INFO the down ${downed:-never came} and no write on rail1 failed: the transfer ended first; again"
+    rail1_up
+  done
+  split=$(per_nic "$run/d.out")
   ok=1
   [ -n "$downed" ] && [ $rc -eq 0 ] && verified "$run/d.out" &&
-    awk -v n="${hit:-0}" 'BEGIN { exit !(n > 0) }' && ok=0
-  result d $ok "vA1 down ${downed:-NEVER (transfer ended first)} during a 128 MiB stripe demo: rc=$rc, $(secs "$run/d.out") s, MiB per NIC: ${split:-none}; node-a failed writes: $failures$(sed -n 's/^failed: /; failed: /p' "$run/d.out" | head -1)"
+    [ "$hit" -gt 0 ] && ok=0
+  result d $ok "vA1 down ${downed:-NEVER (transfer ended first)} during a 128 MiB stripe demo: rc=$rc, $(secs "$run/d.out") s, MiB per NIC: ${split:-none}; node-a failed writes: $failures (rail1: $hit in this try)$(sed -n 's/^failed: /; failed: /p' "$run/d.out" | head -1)"
   [ $ok -eq 0 ] || { echo "    node-a's log:"; tail -n 15 "$run/node-a.log" | sed 's/^/    /'; }
   # Informational (not counted): rail1 back up; does a new transfer use it again?
-  ip link set vA1 up
-  for _ in $(seq 100); do
-    grep -q ACTIVE /sys/class/infiniband/rxeA1/ports/1/state && break
-    sleep 0.1
-  done
+  rail1_up
   sleep 1
   demo "$run/e.out" 8 16 131072
   rc=$?

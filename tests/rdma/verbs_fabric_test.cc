@@ -1045,6 +1045,19 @@ class VerbsGpuTest : public VerbsFabricTest {
     return key.value_or(0);
   }
 
+  // a's completions from the `from`th on that failed: "none", or how many and the
+  // first one's status.
+  std::string Failed(size_t from) const {
+    const std::vector<Completion> done = a_events_.completions();
+    size_t failed = 0;
+    std::string first;
+    for (size_t i = from; i < done.size(); ++i) {
+      if (done[i].status.ok()) continue;
+      if (failed++ == 0) first = done[i].status.ToString();
+    }
+    return failed == 0 ? "none" : absl::StrCat(failed, ", the first: ", first);
+  }
+
   testing::HostStager a_stager_, b_stager_;  // outlive the fabrics
   testing::Buffers buffers_;
 };
@@ -1299,10 +1312,14 @@ TEST_F(VerbsGpuTest, ThroughputStagedAgainstHostMemory) {
         // write that failed is never delivered: the wait is bounded, and the checks
         // below then say what went wrong instead of the loop spinning forever.
         const auto give_up = Clock::now() + std::chrono::seconds(20);
-        while (posted - (b_events_.arrivals().size() - delivered) >= kDepth &&
-               Clock::now() < give_up) {
+        const auto waiting = [&] {
+          return posted - (b_events_.arrivals().size() - delivered);
+        };
+        while (waiting() >= kDepth && Clock::now() < give_up) {
           std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
+        ASSERT_LT(waiting(), kDepth)
+            << "no arrival for 20 s; " << Failed(before) << " of the completions failed";
         ASSERT_TRUE(Post(0, {.local_key = from[src],
                              .remote_key = into[dst],
                              .remote_offset = (posted % kDepth) * kChunk,
@@ -1311,8 +1328,12 @@ TEST_F(VerbsGpuTest, ThroughputStagedAgainstHostMemory) {
                         .ok());
         ++posted;
       }
-      ASSERT_TRUE(a_events_.WaitForCompletions(before + posted));
-      ASSERT_TRUE(b_events_.WaitForArrivals(delivered + posted));
+      ASSERT_TRUE(a_events_.WaitForCompletions(before + posted))
+          << a_events_.completions().size() - before << " of " << posted << " completed";
+      ASSERT_EQ(Failed(before), "none");
+      ASSERT_TRUE(b_events_.WaitForArrivals(delivered + posted))
+          << b_events_.arrivals().size() - delivered << " of " << posted
+          << " arrived, all completed OK";
       const double seconds =
           std::chrono::duration<double>(Clock::now() - started).count();
       std::printf("bench: verbs 1 MiB writes, %s -> %s, round %d: %.3f Gbit/s\n",

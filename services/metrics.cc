@@ -90,6 +90,11 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
     per_nic_value("fuselink_nic_give_back_events_total",
                   "Times the owner returned while its NIC was lent.", MetricType::Counter,
                   [&](int k) { return sent[k].give_back_events; });
+    per_nic_value("fuselink_nic_idle_while_demand_seconds_total",
+                  "Time the NIC had nothing in flight while a transfer of this node "
+                  "waited to place a chunk (sampled every 5 ms).",
+                  MetricType::Counter,
+                  [&](int k) { return sent[k].idle_while_demand_ns / 1e9; });
     per_nic_value("fuselink_nic_failed_writes_total",
                   "Writes that failed on the NIC; their chunks went again on others.",
                   MetricType::Counter, [&](int k) { return sent[k].failed_chunks; });

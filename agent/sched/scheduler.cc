@@ -207,6 +207,17 @@ void Scheduler::Look() {
   }
 }
 
+void Scheduler::SampleIdle(int64_t elapsed_ns, bool waited) {
+  if (!waited || elapsed_ns <= 0) return;
+  const uint32_t foreign = foreign_busy_.load(std::memory_order_acquire);
+  for (int k = 0; k < nics_; ++k) {
+    Nic& n = nic_[k];
+    if (foreign >> k & 1 || n.in_flight.load(std::memory_order_relaxed) != 0) continue;
+    n.idle_while_demand_ns.fetch_add(static_cast<uint64_t>(elapsed_ns),
+                                     std::memory_order_relaxed);
+  }
+}
+
 uint32_t Scheduler::IdleMask() const {
   uint32_t mask = 0;
   for (int k = 0; k < nics_; ++k) {
@@ -226,6 +237,7 @@ NicStats Scheduler::Stats(int nic) const {
   s.borrow_events = n.borrow_events.load(std::memory_order_relaxed);
   s.give_back_events = n.give_back_events.load(std::memory_order_relaxed);
   s.failed_chunks = n.failed_chunks.load(std::memory_order_relaxed);
+  s.idle_while_demand_ns = n.idle_while_demand_ns.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -85,6 +85,9 @@ struct NicStats {
   uint64_t borrow_events = 0;       // borrowing began on an idle NIC
   uint64_t give_back_events = 0;    // the owner returned while it was lent
   uint64_t failed_chunks = 0;       // writes that failed on this NIC
+  // Sampled (SampleIdle): time with nothing in flight here while a transfer of this
+  // node waited to place a chunk.
+  uint64_t idle_while_demand_ns = 0;
 };
 
 class Scheduler {
@@ -120,6 +123,13 @@ class Scheduler {
   // settle when no chunk is being picked.
   void Refresh() { Look(); }
 
+  // A sample, taken on the engine's timer: for the `elapsed_ns` since the last one a
+  // transfer of this node `waited` for a NIC (or not). Each NIC with no chunk in
+  // flight and no foreign traffic counts them as idle while demand waited: capacity
+  // the policy left unused. A lower bound: a NIC whose chunks wait at a busy
+  // receiver sends nothing either, yet has chunks in flight.
+  void SampleIdle(int64_t elapsed_ns, bool waited);
+
   // Bit k set when this node's NIC k has an idle owner and no foreign traffic.
   uint32_t IdleMask() const;
   NicStats Stats(int nic) const;
@@ -135,6 +145,7 @@ class Scheduler {
     std::atomic<int64_t> give_back_since_ns{0};  // 0: no give-back under way
     std::atomic<uint64_t> own_bytes{0}, borrowed_bytes{0};
     std::atomic<uint64_t> borrow_events{0}, give_back_events{0}, failed_chunks{0};
+    std::atomic<uint64_t> idle_while_demand_ns{0};
   };
 
   // Re-reads every owner's state.

@@ -379,6 +379,11 @@ void Engine::Shutdown() {
 void Engine::Tick(absl::Time now) {
   if (transfers_.active() > 0) last_active_ = now;
   if (now - last_active_ <= kLookAfterLast) scheduler_->Refresh();
+  // Idle while demand, sampled: the state now stands for the time since the last
+  // tick, at most a few looks' worth (a timer that slept saw nothing run).
+  const absl::Duration since = std::min(now - last_tick_, 4 * kLookEvery);
+  last_tick_ = now;
+  scheduler_->SampleIdle(absl::ToInt64Nanoseconds(since), waiting_.size() > 0);
   for (const JobPtr& job : timers_.TakeDue(now)) {
     Run(job, [](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
       j.scheduled_timer = absl::InfiniteFuture();  // the queue let go of it

@@ -152,9 +152,9 @@ class Engine {
   // in flight end as the fabric flushes them. Call before the fabric goes.
   void Shutdown();
 
-  // Runs the timers due at `now`, the scheduler's look and the forgetting of finished
-  // transfers. The housekeeping thread calls it; with housekeeping_thread off, the
-  // caller does. One caller at a time.
+  // Runs the timers due at `now`, the scheduler's look and idle sample, and the
+  // forgetting of finished transfers. The housekeeping thread calls it; with
+  // housekeeping_thread off, the caller does. One caller at a time.
   void Tick(absl::Time now);
 
   size_t active() const { return transfers_.active(); }
@@ -211,6 +211,7 @@ class Engine {
   // Tick's own state: one caller at a time.
   absl::Time next_collect_;
   absl::Time last_active_;
+  absl::Time last_tick_ = absl::InfinitePast();
 
   // Threads last: they stop before the state they use goes.
   WorkerPool preparers_;

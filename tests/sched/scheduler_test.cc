@@ -271,6 +271,27 @@ TEST(Scheduler, StripeAndStaticIgnoreForeignTraffic) {
   EXPECT_EQ(fixed.Pick(2, kAllIdle).nic, 2);
 }
 
+// Idle while demand: only samples in which a transfer waited count, and only on NICs
+// with nothing in flight and no foreign traffic; a completion makes a NIC idle again.
+TEST(Scheduler, CountsIdleTimeOnlyWhileATransferWaits) {
+  Scheduler s = Make(Policy::kFuselink, 2, 1);
+  const Choice on0 = s.Pick(0, kAllIdle);
+  ASSERT_EQ(on0.nic, 0);
+  s.SetForeignBusy(1u << 3);
+  s.SampleIdle(1000, /*waited=*/false);  // nobody waited: nothing counts
+  s.SampleIdle(-5, /*waited=*/true);     // a clock that went back counts nothing
+  for (int k = 0; k < kNics; ++k) EXPECT_EQ(s.Stats(k).idle_while_demand_ns, 0u) << k;
+  s.SampleIdle(1000, /*waited=*/true);
+  EXPECT_EQ(s.Stats(0).idle_while_demand_ns, 0u);  // a chunk in flight
+  EXPECT_EQ(s.Stats(1).idle_while_demand_ns, 1000u);
+  EXPECT_EQ(s.Stats(2).idle_while_demand_ns, 1000u);
+  EXPECT_EQ(s.Stats(3).idle_while_demand_ns, 0u);  // foreign traffic uses it
+  s.Complete(on0, 1 << 20);
+  s.SampleIdle(500, /*waited=*/true);
+  EXPECT_EQ(s.Stats(0).idle_while_demand_ns, 500u);
+  EXPECT_EQ(s.Stats(1).idle_while_demand_ns, 1500u);
+}
+
 TEST(ForeignRule, BusyAtOnceIdleOnlyAfterAQuietHold) {
   const ForeignRule rule{
       .busy_bytes_per_s = 1000, .release_fraction = 0.5, .hold = absl::Milliseconds(100)};

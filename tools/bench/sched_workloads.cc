@@ -36,6 +36,26 @@ absl::StatusOr<std::vector<double>> BorrowedBytes(const NodeAgent& agent) {
   return out;
 }
 
+// NIC-seconds the sending nodes' NICs sat idle while a transfer there waited
+// (fuselink_nic_idle_while_demand_seconds_total, summed over `nodes` and their NICs).
+absl::StatusOr<double> IdleWhileDemand(const Cluster& cluster,
+                                       const std::vector<int>& nodes) {
+  double sum = 0;
+  for (int node : nodes) {
+    const NodeAgent& agent = cluster.nodes[node];
+    FL_ASSIGN_OR_RETURN(std::string body,
+                        client::HttpGet(agent.metrics_url, absl::Seconds(2)));
+    for (const std::string& nic : agent.nic_names) {
+      FL_ASSIGN_OR_RETURN(
+          double v,
+          client::MetricValue(body, "fuselink_nic_idle_while_demand_seconds_total",
+                              {{"nic", nic}}));
+      sum += v;
+    }
+  }
+  return sum;
+}
+
 std::string Shares(const std::vector<uint64_t>& bytes) {
   const uint64_t total = std::accumulate(bytes.begin(), bytes.end(), uint64_t{0});
   std::vector<std::string> pct;
@@ -278,11 +298,14 @@ absl::StatusOr<std::vector<Result>> RunSchedWorkload(const std::string& name,
                                                      options.nodes, absl::Seconds(10)));
     FL_RETURN_IF_ERROR(WarmUp(cluster));
     Sampler sampler(cluster, sampled, period);
+    FL_ASSIGN_OR_RETURN(const double idle_before, IdleWhileDemand(cluster, sampled));
     absl::StatusOr<PolicyRow> row = workload(cluster, options, sampler, context);
     if (!row.ok()) {
       return absl::Status(row.status().code(), absl::StrCat(name, " under ", policy, ": ",
                                                             row.status().message()));
     }
+    FL_ASSIGN_OR_RETURN(const double idle_after, IdleWhileDemand(cluster, sampled));
+    row->result.Add("idle_nic_s", idle_after - idle_before);
     if (!options.out_dir.empty()) {
       sampler.WriteRates(absl::StrCat(options.out_dir, "/", name, "-", policy, ".dat"));
     }

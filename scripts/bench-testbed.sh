@@ -16,7 +16,9 @@
 # --rate RATE      each rail's rate, each way (default 1gbit: the rate, not the two
 #                  cores of a developer machine, is the limit)
 # --chunk_bytes N  the agents' --chunk_bytes (default 1 MiB)
-# --workloads LIST comma-separated, default hot,serving,expert,dlrm,owner
+# --workloads LIST comma-separated, default hot,serving,expert,dlrm,owner, and owner_rx
+#                  with 4 nodes or more (an owner receiving while another node
+#                  borrows toward its node: nodes 0, 1 and 2)
 # --nodes N        even, default 2. hot and owner run between nodes 0 and 1; expert
 #                  and dlrm are all-to-alls over every node (expert's bytes grow with
 #                  N, so that each GPU sends as much as with 2); serving has N/2
@@ -32,7 +34,7 @@ results=/tmp/fuselink-bench-testbed
 rate=1gbit
 chunk_bytes=1048576
 build=$here/build-bench-testbed
-workloads=hot,serving,expert,dlrm,owner
+workloads=""
 nodes=2
 quick=0
 while [ $# -gt 0 ]; do
@@ -48,6 +50,10 @@ while [ $# -gt 0 ]; do
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
+if [ -z "$workloads" ]; then
+  workloads=hot,serving,expert,dlrm,owner
+  [ "$nodes" -lt 4 ] || workloads=$workloads,owner_rx
+fi
 tb=$here/scripts/testbed.sh
 policies=(static stripe fuselink)
 

@@ -14,7 +14,8 @@
 #include "tools/bench/workloads.h"
 
 ABSL_FLAG(std::string, workload, "transfer",
-          "transfer or rpc; the scheduler workloads: hot, serving, expert, dlrm, owner.");
+          "transfer or rpc; the scheduler workloads: hot, serving, expert, dlrm, owner, "
+          "owner_rx.");
 ABSL_FLAG(std::string, source_agent, "127.0.0.1:50051",
           "The source agent's gRPC address.");
 ABSL_FLAG(std::string, target_agent, "127.0.0.1:50052",
@@ -48,7 +49,8 @@ absl::StatusOr<std::vector<Result>> RunFromFlags(const std::string& workload) {
   if (IsSchedWorkload(workload)) return RunSchedFromFlags(workload);
   if (workload != "transfer" && workload != "rpc") {
     return absl::InvalidArgumentError(
-        "--workload must be transfer, rpc, hot, serving, expert, dlrm or owner");
+        "--workload must be transfer, rpc, hot, serving, expert, dlrm, owner or "
+        "owner_rx");
   }
   FL_ASSIGN_OR_RETURN(
       Agents agents,
@@ -87,7 +89,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "fuselink-bench --workload=transfer|rpc --source_agent=HOST:PORT "
       "--source_socket=PATH --target_agent=HOST:PORT --target_socket=PATH [--json]\n"
-      "fuselink-bench --workload=hot|serving|expert|dlrm|owner --cluster_dir=DIR "
+      "fuselink-bench --workload=hot|serving|expert|dlrm|owner|owner_rx "
+      "--cluster_dir=DIR "
       "--policies=P,... --rail_bytes_per_s=N [--json]  (scripts/bench-testbed.sh)");
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<std::vector<Result>> results =

@@ -1,6 +1,6 @@
-// fuselink-bench --workload=hot|serving|expert|dlrm|owner: the scheduler workloads,
-// each under every policy of --policies against agents scripts/bench-testbed.sh
-// started (their ready files in --cluster_dir).
+// fuselink-bench --workload=hot|serving|expert|dlrm|owner|owner_rx: the scheduler
+// workloads, each under every policy of --policies against agents
+// scripts/bench-testbed.sh started (their ready files in --cluster_dir).
 #include "tools/bench/sched_main.h"
 
 #include "absl/flags/flag.h"
@@ -26,9 +26,10 @@ ABSL_FLAG(uint64_t, expert_bytes, 1ull << 30, "expert: bytes of the all-to-all."
 ABSL_FLAG(uint64_t, dlrm_bytes, 64ull << 20,
           "dlrm: mean bytes per worker and iteration.");
 ABSL_FLAG(int, dlrm_iterations, 3, "dlrm: iterations.");
-ABSL_FLAG(uint64_t, owner_borrower_bytes, 1ull << 30, "owner: the borrower's bytes.");
-ABSL_FLAG(uint64_t, owner_bytes, 128ull << 20, "owner: the owner's bytes.");
-ABSL_FLAG(double, owner_delay_s, 1, "owner: seconds before the owner starts.");
+ABSL_FLAG(uint64_t, owner_borrower_bytes, 1ull << 30,
+          "owner, owner_rx: the borrower's bytes.");
+ABSL_FLAG(uint64_t, owner_bytes, 128ull << 20, "owner, owner_rx: the owner's bytes.");
+ABSL_FLAG(double, owner_delay_s, 1, "owner, owner_rx: seconds before the owner starts.");
 
 namespace fuselink::bench {
 

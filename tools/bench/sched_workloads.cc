@@ -272,6 +272,7 @@ WorkloadFn FindSchedWorkload(const std::string& name) {
   if (name == "expert") return ExpertWorkload;
   if (name == "dlrm") return DlrmWorkload;
   if (name == "owner") return OwnerWorkload;
+  if (name == "owner_rx") return OwnerReceivesWorkload;
   return nullptr;
 }
 
@@ -291,8 +292,9 @@ absl::StatusOr<std::vector<Result>> RunSchedWorkload(const std::string& name,
     sampled.resize(all ? options.nodes : options.nodes / 2);
     std::iota(sampled.begin(), sampled.end(), 0);
   }
-  const absl::Duration period =
-      name == "owner" ? absl::Milliseconds(20) : options.sample_period;
+  const absl::Duration period = name == "owner" || name == "owner_rx"
+                                    ? absl::Milliseconds(20)
+                                    : options.sample_period;
   for (const std::string& policy : options.policies) {
     FL_ASSIGN_OR_RETURN(Cluster cluster, LoadCluster(options.cluster_dir, policy,
                                                      options.nodes, absl::Seconds(10)));
@@ -320,7 +322,7 @@ absl::StatusOr<std::vector<Result>> RunSchedWorkload(const std::string& name,
     const double ratio = static_key <= 0 || row.key <= 0 ? 0
                          : row.higher_is_better          ? row.key / static_key
                                                          : static_key / row.key;
-    if (name != "owner") row.result.Add("x_static", ratio);
+    if (name != "owner" && name != "owner_rx") row.result.Add("x_static", ratio);
     out.push_back(std::move(row.result));
   }
   if (!options.out_dir.empty() && !options.png.empty()) {

@@ -70,7 +70,8 @@ struct PolicyRow {
 
 // What a workload knows of the policies run before it in the same run.
 struct RunContext {
-  double static_owner_solo_gbps = 0;  // owner: the owner alone on its own NIC
+  double static_owner_solo_gbps = 0;     // owner: the owner alone on its own NIC
+  double static_receiver_solo_gbps = 0;  // owner_rx: the owner alone, one rail
 };
 
 using WorkloadFn = absl::StatusOr<PolicyRow> (*)(Cluster&, const SchedOptions&, Sampler&,
@@ -85,8 +86,10 @@ absl::StatusOr<PolicyRow> DlrmWorkload(Cluster&, const SchedOptions&, Sampler&,
                                        RunContext&);
 absl::StatusOr<PolicyRow> OwnerWorkload(Cluster&, const SchedOptions&, Sampler&,
                                         RunContext&);
+absl::StatusOr<PolicyRow> OwnerReceivesWorkload(Cluster&, const SchedOptions&, Sampler&,
+                                                RunContext&);
 
-// hot, serving, expert, dlrm or owner; nullptr otherwise.
+// hot, serving, expert, dlrm, owner or owner_rx; nullptr otherwise.
 WorkloadFn FindSchedWorkload(const std::string& name);
 
 // `name` under every policy of `options`, one row each, with `x_static` added.

@@ -1,0 +1,112 @@
+// owner_rx: the receiving half of owner priority. Node A's GPU 0 streams tensors to
+// node B and borrows A's other NICs (B's rails are idle). `owner_delay` later node C's
+// GPU 1 sends to node B's GPU 1 on its own rail, rail 1, where A's borrowed chunks
+// into B arrive too. Under fuselink, B marks its NIC 1 busy for its sources once C's
+// transfer is open there, and A stops borrowing toward B on rail 1 (A's NIC 1 stays
+// lendable at A: its owner there is idle). The row: C's rate against its rate alone,
+// C's rate on its own rail against one rail's (static's solo rate), and A's borrowed
+// bytes on NIC 1 while C ran. Needs 4 nodes: A, B, C are 0, 1, 2.
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "agent/common/status_macros.h"
+#include "tools/bench/sched_workloads.h"
+
+namespace fuselink::bench {
+
+absl::StatusOr<PolicyRow> OwnerReceivesWorkload(Cluster& c, const SchedOptions& o,
+                                                Sampler& sampler, RunContext& context) {
+  if (c.nodes.size() < 4) {
+    return absl::InvalidArgumentError("owner_rx needs --nodes=4 or more");
+  }
+  NodeAgent& a = c.nodes[0];
+  NodeAgent& b = c.nodes[1];
+  NodeAgent& owner_node = c.nodes[2];
+  const int k = std::max(1, o.owner_borrower_transfers);
+  const auto borrower_blocks =
+      static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_borrower_bytes / k / kMiB));
+  const auto owner_blocks =
+      static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_bytes / kMiB));
+  std::vector<std::unique_ptr<HomedTensor>> bs, bt;
+  for (int i = 0; i < k; ++i) {
+    FL_ASSIGN_OR_RETURN(auto s, HomedTensor::Create(a, NextRequestId("borrower"), 1,
+                                                    borrower_blocks, kMiB, 0, true));
+    FL_ASSIGN_OR_RETURN(auto t, HomedTensor::Create(b, NextRequestId("borrower"), 1,
+                                                    borrower_blocks, kMiB, 0, false));
+    bs.push_back(std::move(s));
+    bt.push_back(std::move(t));
+  }
+  FL_ASSIGN_OR_RETURN(auto os, HomedTensor::Create(owner_node, NextRequestId("owner"), 1,
+                                                   owner_blocks, kMiB, 1, true));
+  FL_ASSIGN_OR_RETURN(auto ot, HomedTensor::Create(b, NextRequestId("owner"), 1,
+                                                   owner_blocks, kMiB, 1, false));
+  const double owner_bits = static_cast<double>(os->bytes()) * 8;
+
+  // C alone, under this policy; under static that is one rail's rate.
+  FL_ASSIGN_OR_RETURN(TransferTimes solo,
+                      RunToEnd(owner_node, BlockRequest(NextRequestId("owner-solo"), *os,
+                                                        0, *ot, 0, owner_blocks)));
+  const double solo_gbps = owner_bits / solo.seconds() / 1e9;
+  if (c.policy == "static") context.static_receiver_solo_gbps = solo_gbps;
+  // One rail's rate: as static measured it in this run, else as configured.
+  const double rail_gbps = context.static_receiver_solo_gbps > 0
+                               ? context.static_receiver_solo_gbps
+                               : o.rail_bytes_per_s * 8 / 1e9;
+
+  sampler.Start();
+  absl::Mutex mu;
+  absl::Status borrower_status;
+  std::vector<std::thread> borrowers;
+  for (int i = 0; i < k; ++i) {
+    borrowers.emplace_back([&, i] {
+      absl::StatusOr<TransferTimes> t = RunToEnd(
+          a,
+          BlockRequest(NextRequestId("borrower"), *bs[i], 0, *bt[i], 0, borrower_blocks));
+      absl::MutexLock lock(&mu);
+      if (!t.ok() && borrower_status.ok()) borrower_status = t.status();
+    });
+  }
+  absl::SleepFor(o.owner_delay);
+  absl::StatusOr<TransferTimes> owner_or = RunToEnd(
+      owner_node, BlockRequest(NextRequestId("owner"), *os, 0, *ot, 0, owner_blocks));
+  for (std::thread& t : borrowers) t.join();
+  sampler.Stop();
+  FL_RETURN_IF_ERROR(owner_or.status());
+  FL_RETURN_IF_ERROR(borrower_status);
+  const TransferTimes& owner = *owner_or;
+  bool verified = BlocksMatch(*os, 0, *ot, 0, owner_blocks);
+  for (int i = 0; i < k; ++i) {
+    verified = verified && BlocksMatch(*bs[i], 0, *bt[i], 0, borrower_blocks);
+  }
+  if (!verified) return absl::DataLossError("owner_rx: a target's bytes differ");
+
+  // A's borrowed bytes on NIC 1 (all of them into B) from C's acceptance to its end.
+  double at_accept = 0, at_end = 0;
+  for (const NicSample& s : sampler.samples()) {
+    if (s.node != 0) continue;
+    if (s.at <= owner.accepted) at_accept = s.borrowed_bytes[1];
+    if (s.at <= owner.completed) at_end = s.borrowed_bytes[1];
+  }
+  const double owner_gbps = owner_bits / owner.seconds() / 1e9;
+  // C's bytes on its own rail, where the receiver's mark keeps A's borrowed chunks
+  // off B's NIC (C borrows its other NICs too, and there B's NICs are shared).
+  const double direct_gbps =
+      (owner.nic_bytes.size() > 1 ? static_cast<double>(owner.nic_bytes[1]) : 0) * 8 /
+      owner.seconds() / 1e9;
+  PolicyRow row{Result("sched_owner_rx"), direct_gbps / rail_gbps, true};
+  row.result.Add("policy", c.policy)
+      .Add("owner_gbit_s", owner_gbps)
+      .Add("solo_gbit_s", solo_gbps)
+      .Add("pct_of_own_solo", 100 * owner_gbps / solo_gbps)
+      .Add("direct_gbit_s", direct_gbps)
+      .Add("direct_pct_of_rail", 100 * direct_gbps / rail_gbps)
+      .Add("a_borrowed_mib_on_nic1_while_owner",
+           (at_end - at_accept) / static_cast<double>(kMiB))
+      .Add("verified", std::string("yes"));
+  return row;
+}
+
+}  // namespace fuselink::bench

@@ -7,10 +7,8 @@
 // C's rate on its own rail against one rail's (static's solo rate), and A's borrowed
 // bytes on NIC 1 while C ran. Needs 4 nodes: A, B, C are 0, 1, 2.
 #include <algorithm>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
 #include "tools/bench/sched_workloads.h"
@@ -25,20 +23,9 @@ absl::StatusOr<PolicyRow> OwnerReceivesWorkload(Cluster& c, const SchedOptions& 
   NodeAgent& a = c.nodes[0];
   NodeAgent& b = c.nodes[1];
   NodeAgent& owner_node = c.nodes[2];
-  const int k = std::max(1, o.owner_borrower_transfers);
-  const auto borrower_blocks =
-      static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_borrower_bytes / k / kMiB));
   const auto owner_blocks =
       static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_bytes / kMiB));
-  std::vector<std::unique_ptr<HomedTensor>> bs, bt;
-  for (int i = 0; i < k; ++i) {
-    FL_ASSIGN_OR_RETURN(auto s, HomedTensor::Create(a, NextRequestId("borrower"), 1,
-                                                    borrower_blocks, kMiB, 0, true));
-    FL_ASSIGN_OR_RETURN(auto t, HomedTensor::Create(b, NextRequestId("borrower"), 1,
-                                                    borrower_blocks, kMiB, 0, false));
-    bs.push_back(std::move(s));
-    bt.push_back(std::move(t));
-  }
+  FL_ASSIGN_OR_RETURN(std::unique_ptr<Borrowers> borrowers, Borrowers::Create(a, b, o));
   FL_ASSIGN_OR_RETURN(auto os, HomedTensor::Create(owner_node, NextRequestId("owner"), 1,
                                                    owner_blocks, kMiB, 1, true));
   FL_ASSIGN_OR_RETURN(auto ot, HomedTensor::Create(b, NextRequestId("owner"), 1,
@@ -57,31 +44,18 @@ absl::StatusOr<PolicyRow> OwnerReceivesWorkload(Cluster& c, const SchedOptions& 
                                : o.rail_bytes_per_s * 8 / 1e9;
 
   sampler.Start();
-  absl::Mutex mu;
-  absl::Status borrower_status;
-  std::vector<std::thread> borrowers;
-  for (int i = 0; i < k; ++i) {
-    borrowers.emplace_back([&, i] {
-      absl::StatusOr<TransferTimes> t = RunToEnd(
-          a,
-          BlockRequest(NextRequestId("borrower"), *bs[i], 0, *bt[i], 0, borrower_blocks));
-      absl::MutexLock lock(&mu);
-      if (!t.ok() && borrower_status.ok()) borrower_status = t.status();
-    });
-  }
+  borrowers->Start();
   absl::SleepFor(o.owner_delay);
   absl::StatusOr<TransferTimes> owner_or = RunToEnd(
       owner_node, BlockRequest(NextRequestId("owner"), *os, 0, *ot, 0, owner_blocks));
-  for (std::thread& t : borrowers) t.join();
+  const absl::Status borrowed = borrowers->Join();
   sampler.Stop();
   FL_RETURN_IF_ERROR(owner_or.status());
-  FL_RETURN_IF_ERROR(borrower_status);
+  FL_RETURN_IF_ERROR(borrowed);
   const TransferTimes& owner = *owner_or;
-  bool verified = BlocksMatch(*os, 0, *ot, 0, owner_blocks);
-  for (int i = 0; i < k; ++i) {
-    verified = verified && BlocksMatch(*bs[i], 0, *bt[i], 0, borrower_blocks);
+  if (!BlocksMatch(*os, 0, *ot, 0, owner_blocks) || !borrowers->Verified()) {
+    return absl::DataLossError("owner_rx: a target's bytes differ");
   }
-  if (!verified) return absl::DataLossError("owner_rx: a target's bytes differ");
 
   // A's borrowed bytes on NIC 1 (all of them into B) from C's acceptance to its end.
   double at_accept = 0, at_end = 0;

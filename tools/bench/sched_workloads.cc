@@ -124,24 +124,57 @@ absl::StatusOr<PolicyRow> HotWorkload(Cluster& c, const SchedOptions& o, Sampler
   return row;
 }
 
+absl::StatusOr<std::unique_ptr<Borrowers>> Borrowers::Create(NodeAgent& from,
+                                                             NodeAgent& to,
+                                                             const SchedOptions& o) {
+  const int k = std::max(1, o.owner_borrower_transfers);
+  const auto blocks =
+      static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_borrower_bytes / k / kMiB));
+  std::unique_ptr<Borrowers> b(new Borrowers(from, blocks));
+  for (int i = 0; i < k; ++i) {
+    FL_ASSIGN_OR_RETURN(auto s, HomedTensor::Create(from, NextRequestId("borrower"), 1,
+                                                    blocks, kMiB, 0, true));
+    FL_ASSIGN_OR_RETURN(auto t, HomedTensor::Create(to, NextRequestId("borrower"), 1,
+                                                    blocks, kMiB, 0, false));
+    b->sources_.push_back(std::move(s));
+    b->targets_.push_back(std::move(t));
+  }
+  return b;
+}
+
+void Borrowers::Start() {
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    threads_.emplace_back([this, i] {
+      absl::StatusOr<TransferTimes> t =
+          RunToEnd(from_, BlockRequest(NextRequestId("borrower"), *sources_[i], 0,
+                                       *targets_[i], 0, blocks_));
+      absl::MutexLock lock(&mu_);
+      if (!t.ok() && status_.ok()) status_ = t.status();
+    });
+  }
+}
+
+absl::Status Borrowers::Join() {
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+bool Borrowers::Verified() const {
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    if (!BlocksMatch(*sources_[i], 0, *targets_[i], 0, blocks_)) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<PolicyRow> OwnerWorkload(Cluster& c, const SchedOptions& o,
                                         Sampler& sampler, RunContext& context) {
   NodeAgent& a = c.nodes[0];
   NodeAgent& b = c.nodes[1];
-  const int k = std::max(1, o.owner_borrower_transfers);
-  const uint32_t borrower_blocks =
-      static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_borrower_bytes / k / kMiB));
   const uint32_t owner_blocks =
       static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_bytes / kMiB));
-  std::vector<std::unique_ptr<HomedTensor>> bs, bt;
-  for (int i = 0; i < k; ++i) {
-    FL_ASSIGN_OR_RETURN(auto s, HomedTensor::Create(a, NextRequestId("borrower"), 1,
-                                                    borrower_blocks, kMiB, 0, true));
-    FL_ASSIGN_OR_RETURN(auto t, HomedTensor::Create(b, NextRequestId("borrower"), 1,
-                                                    borrower_blocks, kMiB, 0, false));
-    bs.push_back(std::move(s));
-    bt.push_back(std::move(t));
-  }
+  FL_ASSIGN_OR_RETURN(std::unique_ptr<Borrowers> borrowers, Borrowers::Create(a, b, o));
   FL_ASSIGN_OR_RETURN(auto os, HomedTensor::Create(a, NextRequestId("owner"), 1,
                                                    owner_blocks, kMiB, 1, true));
   FL_ASSIGN_OR_RETURN(auto ot, HomedTensor::Create(b, NextRequestId("owner"), 1,
@@ -172,18 +205,7 @@ absl::StatusOr<PolicyRow> OwnerWorkload(Cluster& c, const SchedOptions& o,
       scrape("fuselink_nic_give_back_events_total", {{"nic", rail1}});
 
   sampler.Start();
-  absl::Mutex mu;
-  absl::Status borrower_status;
-  std::vector<std::thread> borrowers;
-  for (int i = 0; i < k; ++i) {
-    borrowers.emplace_back([&, i] {
-      absl::StatusOr<TransferTimes> t = RunToEnd(
-          a,
-          BlockRequest(NextRequestId("borrower"), *bs[i], 0, *bt[i], 0, borrower_blocks));
-      absl::MutexLock lock(&mu);
-      if (!t.ok() && borrower_status.ok()) borrower_status = t.status();
-    });
-  }
+  borrowers->Start();
   absl::SleepFor(o.owner_delay);
   // Borrowed bytes on the owner's NIC: once the give-back bound has passed (12 chunk
   // times: borrow_depth chunks, plus what the tbf queue and two busy cores add)
@@ -211,16 +233,14 @@ absl::StatusOr<PolicyRow> OwnerWorkload(Cluster& c, const SchedOptions& o,
                  }
                });
   if (bound_probe.joinable()) bound_probe.join();
-  for (std::thread& t : borrowers) t.join();
+  const absl::Status borrowed = borrowers->Join();
   sampler.Stop();
   FL_RETURN_IF_ERROR(owner_or.status());
-  FL_RETURN_IF_ERROR(borrower_status);
+  FL_RETURN_IF_ERROR(borrowed);
   const TransferTimes& owner = *owner_or;
-  bool verified = BlocksMatch(*os, 0, *ot, 0, owner_blocks);
-  for (int i = 0; i < k; ++i) {
-    verified = verified && BlocksMatch(*bs[i], 0, *bt[i], 0, borrower_blocks);
+  if (!BlocksMatch(*os, 0, *ot, 0, owner_blocks) || !borrowers->Verified()) {
+    return absl::DataLossError("owner: a target's bytes differ");
   }
-  if (!verified) return absl::DataLossError("owner: a target's bytes differ");
 
   const double gb_count =
       scrape("fuselink_nic_give_back_seconds_count", {{"nic", rail1}}) - gb_count0;

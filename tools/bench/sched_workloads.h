@@ -5,10 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "tools/bench/report.h"
 #include "tools/bench/sched_cluster.h"
 #include "tools/bench/sched_timeline.h"
@@ -59,6 +63,33 @@ struct SchedOptions {
   int owner_borrower_transfers = 8;
   uint64_t owner_bytes = 128ull << 20;
   absl::Duration owner_delay = absl::Seconds(1);
+};
+
+// owner and owner_rx: GPU 0 of node `from` streams `owner_borrower_transfers` tensors
+// (`owner_borrower_bytes` in all) to GPU 0 of node `to`, a thread each, while an owner
+// sends. Not copyable; joins its threads on destruction.
+class Borrowers {
+ public:
+  static absl::StatusOr<std::unique_ptr<Borrowers>> Create(NodeAgent& from, NodeAgent& to,
+                                                           const SchedOptions& o);
+  ~Borrowers() { Join().IgnoreError(); }
+  Borrowers(const Borrowers&) = delete;
+  Borrowers& operator=(const Borrowers&) = delete;
+
+  void Start();
+  // Waits for every transfer; the first one's error.
+  absl::Status Join();
+  // Whether every target holds its source's bytes.
+  bool Verified() const;
+
+ private:
+  Borrowers(NodeAgent& from, uint32_t blocks) : from_(from), blocks_(blocks) {}
+  NodeAgent& from_;
+  const uint32_t blocks_;
+  std::vector<std::unique_ptr<HomedTensor>> sources_, targets_;
+  std::vector<std::thread> threads_;
+  absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
 // One policy's row, and the figure its ratio to static is taken on.

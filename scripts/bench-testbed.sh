@@ -97,10 +97,7 @@ case " ${FUSELINK_AGENT_FLAGS:-} " in *" --plaintext "*) bench_tls=(--plaintext)
 for p in "${!policies[@]}"; do
   policy=${policies[p]}
   for ((i = 0; i < nodes; i++)); do
-    peers=""
-    for ((j = 0; j < nodes; j++)); do
-      [ "$j" -eq "$i" ] || peers="$peers${peers:+,}$policy-n$j=$(testbed_mgmt "$j"):$((7100 + p))"
-    done
+    peers=$(testbed_peers "$i" "$nodes" "$policy" $((7100 + p)))
     # shellcheck disable=SC2034  # read by launch_agent (scripts/lib/agents.sh)
     agent_prefix=(ip netns exec "$(testbed_ns "$i")")
     # shellcheck disable=SC2034

@@ -44,6 +44,15 @@ testbed_var() {
 }
 testbed_ns() { testbed_var NS "$1"; }
 testbed_mgmt() { testbed_var MGMT "$1"; }
+# testbed_peers I N PREFIX PORT: an agent's --peer value on node I of N: every other
+# node J as PREFIX-nJ at its management address and PORT.
+testbed_peers() {
+  local j peers=""
+  for ((j = 0; j < $2; j++)); do
+    [ "$j" -eq "$1" ] || peers="$peers${peers:+,}$3-n$j=$(testbed_mgmt "$j"):$4"
+  done
+  echo "$peers"
+}
 
 testbed_exec() {
   local ns

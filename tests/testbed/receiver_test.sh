@@ -25,10 +25,7 @@ out=$TESTBED_STATE
 pki_init "$out/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 chunk=1048576
 for ((i = 0; i < nodes; i++)); do
-  peers=""
-  for ((j = 0; j < nodes; j++)); do
-    [ "$j" -eq "$i" ] || peers="$peers${peers:+,}fuselink-n$j=$(testbed_mgmt "$j"):7100"
-  done
+  peers=$(testbed_peers "$i" "$nodes" fuselink 7100)
   # shellcheck disable=SC2034  # read by launch_agent (scripts/lib/agents.sh)
   agent_prefix=(ip netns exec "$(testbed_ns "$i")")
   # shellcheck disable=SC2034

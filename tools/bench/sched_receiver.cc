@@ -23,37 +23,27 @@ absl::StatusOr<PolicyRow> OwnerReceivesWorkload(Cluster& c, const SchedOptions& 
   NodeAgent& a = c.nodes[0];
   NodeAgent& b = c.nodes[1];
   NodeAgent& owner_node = c.nodes[2];
-  const auto owner_blocks =
-      static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_bytes / kMiB));
   FL_ASSIGN_OR_RETURN(std::unique_ptr<Borrowers> borrowers, Borrowers::Create(a, b, o));
-  FL_ASSIGN_OR_RETURN(auto os, HomedTensor::Create(owner_node, NextRequestId("owner"), 1,
-                                                   owner_blocks, kMiB, 1, true));
-  FL_ASSIGN_OR_RETURN(auto ot, HomedTensor::Create(b, NextRequestId("owner"), 1,
-                                                   owner_blocks, kMiB, 1, false));
-  const double owner_bits = static_cast<double>(os->bytes()) * 8;
-
+  FL_ASSIGN_OR_RETURN(const OwnerTensors owner_tensors,
+                      OwnerTensors::Create(owner_node, b, o));
   // C alone, under this policy; under static that is one rail's rate.
-  FL_ASSIGN_OR_RETURN(TransferTimes solo,
-                      RunToEnd(owner_node, BlockRequest(NextRequestId("owner-solo"), *os,
-                                                        0, *ot, 0, owner_blocks)));
-  const double solo_gbps = owner_bits / solo.seconds() / 1e9;
-  if (c.policy == "static") context.static_receiver_solo_gbps = solo_gbps;
+  FL_ASSIGN_OR_RETURN(const double solo_gbps, OwnerSoloGbps(c, owner_tensors, context));
   // One rail's rate: as static measured it in this run, else as configured.
-  const double rail_gbps = context.static_receiver_solo_gbps > 0
-                               ? context.static_receiver_solo_gbps
+  const double rail_gbps = context.static_owner_solo_gbps > 0
+                               ? context.static_owner_solo_gbps
                                : o.rail_bytes_per_s * 8 / 1e9;
 
   sampler.Start();
   borrowers->Start();
   absl::SleepFor(o.owner_delay);
-  absl::StatusOr<TransferTimes> owner_or = RunToEnd(
-      owner_node, BlockRequest(NextRequestId("owner"), *os, 0, *ot, 0, owner_blocks));
+  absl::StatusOr<TransferTimes> owner_or =
+      RunToEnd(owner_node, owner_tensors.Request("owner"));
   const absl::Status borrowed = borrowers->Join();
   sampler.Stop();
   FL_RETURN_IF_ERROR(owner_or.status());
   FL_RETURN_IF_ERROR(borrowed);
   const TransferTimes& owner = *owner_or;
-  if (!BlocksMatch(*os, 0, *ot, 0, owner_blocks) || !borrowers->Verified()) {
+  if (!owner_tensors.Verified() || !borrowers->Verified()) {
     return absl::DataLossError("owner_rx: a target's bytes differ");
   }
 
@@ -64,7 +54,7 @@ absl::StatusOr<PolicyRow> OwnerReceivesWorkload(Cluster& c, const SchedOptions& 
     if (s.at <= owner.accepted) at_accept = s.borrowed_bytes[1];
     if (s.at <= owner.completed) at_end = s.borrowed_bytes[1];
   }
-  const double owner_gbps = owner_bits / owner.seconds() / 1e9;
+  const double owner_gbps = owner_tensors.bits() / owner.seconds() / 1e9;
   // C's bytes on its own rail, where the receiver's mark keeps A's borrowed chunks
   // off B's NIC (C borrows its other NICs too, and there B's NICs are shared).
   const double direct_gbps =

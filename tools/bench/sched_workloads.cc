@@ -3,6 +3,7 @@
 #include "tools/bench/sched_workloads.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <thread>
 
@@ -22,18 +23,24 @@ std::string NextRequestId(const std::string& tag) {
 
 namespace {
 
-// Borrowed bytes sent through each NIC of `agent` so far.
-absl::StatusOr<std::vector<double>> BorrowedBytes(const NodeAgent& agent) {
+// Metric `name` of each NIC of `agent` now, with `labels` besides the NIC's.
+absl::StatusOr<std::vector<double>> PerNic(
+    const NodeAgent& agent, const std::string& name,
+    std::map<std::string, std::string> labels = {}) {
   FL_ASSIGN_OR_RETURN(std::string body,
                       client::HttpGet(agent.metrics_url, absl::Seconds(2)));
   std::vector<double> out;
   for (const std::string& nic : agent.nic_names) {
-    FL_ASSIGN_OR_RETURN(double v,
-                        client::MetricValue(body, "fuselink_nic_transmitted_bytes_total",
-                                            {{"nic", nic}, {"traffic", "borrowed"}}));
+    labels["nic"] = nic;
+    FL_ASSIGN_OR_RETURN(double v, client::MetricValue(body, name, labels));
     out.push_back(v);
   }
   return out;
+}
+
+// Borrowed bytes sent through each NIC of `agent` so far.
+absl::StatusOr<std::vector<double>> BorrowedBytes(const NodeAgent& agent) {
+  return PerNic(agent, "fuselink_nic_transmitted_bytes_total", {{"traffic", "borrowed"}});
 }
 
 // NIC-seconds the sending nodes' NICs sat idle while a transfer there waited
@@ -42,16 +49,10 @@ absl::StatusOr<double> IdleWhileDemand(const Cluster& cluster,
                                        const std::vector<int>& nodes) {
   double sum = 0;
   for (int node : nodes) {
-    const NodeAgent& agent = cluster.nodes[node];
-    FL_ASSIGN_OR_RETURN(std::string body,
-                        client::HttpGet(agent.metrics_url, absl::Seconds(2)));
-    for (const std::string& nic : agent.nic_names) {
-      FL_ASSIGN_OR_RETURN(
-          double v,
-          client::MetricValue(body, "fuselink_nic_idle_while_demand_seconds_total",
-                              {{"nic", nic}}));
-      sum += v;
-    }
+    FL_ASSIGN_OR_RETURN(
+        std::vector<double> idle,
+        PerNic(cluster.nodes[node], "fuselink_nic_idle_while_demand_seconds_total"));
+    sum = std::accumulate(idle.begin(), idle.end(), sum);
   }
   return sum;
 }
@@ -168,25 +169,34 @@ bool Borrowers::Verified() const {
   return true;
 }
 
+absl::StatusOr<OwnerTensors> OwnerTensors::Create(NodeAgent& from, NodeAgent& to,
+                                                  const SchedOptions& o) {
+  OwnerTensors t;
+  t.from = &from;
+  t.blocks = static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_bytes / kMiB));
+  FL_ASSIGN_OR_RETURN(t.source, HomedTensor::Create(from, NextRequestId("owner"), 1,
+                                                    t.blocks, kMiB, 1, true));
+  FL_ASSIGN_OR_RETURN(t.target, HomedTensor::Create(to, NextRequestId("owner"), 1,
+                                                    t.blocks, kMiB, 1, false));
+  return t;
+}
+
+absl::StatusOr<double> OwnerSoloGbps(const Cluster& c, const OwnerTensors& owner,
+                                     RunContext& context) {
+  FL_ASSIGN_OR_RETURN(TransferTimes solo,
+                      RunToEnd(*owner.from, owner.Request("owner-solo")));
+  const double gbps = owner.bits() / solo.seconds() / 1e9;
+  if (c.policy == "static") context.static_owner_solo_gbps = gbps;
+  return gbps;
+}
+
 absl::StatusOr<PolicyRow> OwnerWorkload(Cluster& c, const SchedOptions& o,
                                         Sampler& sampler, RunContext& context) {
   NodeAgent& a = c.nodes[0];
   NodeAgent& b = c.nodes[1];
-  const uint32_t owner_blocks =
-      static_cast<uint32_t>(std::max<uint64_t>(1, o.owner_bytes / kMiB));
   FL_ASSIGN_OR_RETURN(std::unique_ptr<Borrowers> borrowers, Borrowers::Create(a, b, o));
-  FL_ASSIGN_OR_RETURN(auto os, HomedTensor::Create(a, NextRequestId("owner"), 1,
-                                                   owner_blocks, kMiB, 1, true));
-  FL_ASSIGN_OR_RETURN(auto ot, HomedTensor::Create(b, NextRequestId("owner"), 1,
-                                                   owner_blocks, kMiB, 1, false));
-  const double owner_bits = static_cast<double>(os->bytes()) * 8;
-
-  // The owner alone, under this policy; under static that is its own NIC's rate.
-  FL_ASSIGN_OR_RETURN(TransferTimes solo,
-                      RunToEnd(a, BlockRequest(NextRequestId("owner-solo"), *os, 0, *ot,
-                                               0, owner_blocks)));
-  const double solo_gbps = owner_bits / solo.seconds() / 1e9;
-  if (c.policy == "static") context.static_owner_solo_gbps = solo_gbps;
+  FL_ASSIGN_OR_RETURN(const OwnerTensors owner_tensors, OwnerTensors::Create(a, b, o));
+  FL_ASSIGN_OR_RETURN(const double solo_gbps, OwnerSoloGbps(c, owner_tensors, context));
   const double nic_solo_gbps =
       context.static_owner_solo_gbps > 0 ? context.static_owner_solo_gbps : solo_gbps;
 
@@ -217,28 +227,27 @@ absl::StatusOr<PolicyRow> OwnerWorkload(Cluster& c, const SchedOptions& o,
   const std::map<std::string, std::string> rail1_borrowed = {{"nic", rail1},
                                                              {"traffic", "borrowed"}};
   absl::StatusOr<TransferTimes> owner_or =
-      RunToEnd(a, BlockRequest(NextRequestId("owner"), *os, 0, *ot, 0, owner_blocks),
-               [&](const v1::TransferEvent& e) {
-                 if (e.has_accepted()) {
-                   bound_probe = std::thread([&] {
-                     absl::SleepFor(bound);
-                     borrowed_after_bound =
-                         scrape("fuselink_nic_transmitted_bytes_total", rail1_borrowed);
-                   });
-                 }
-                 if (e.has_progress() && borrowed_near_end < 0 &&
-                     e.progress().bytes_done() * 10 >= e.progress().total_bytes() * 8) {
-                   borrowed_near_end =
-                       scrape("fuselink_nic_transmitted_bytes_total", rail1_borrowed);
-                 }
-               });
+      RunToEnd(a, owner_tensors.Request("owner"), [&](const v1::TransferEvent& e) {
+        if (e.has_accepted()) {
+          bound_probe = std::thread([&] {
+            absl::SleepFor(bound);
+            borrowed_after_bound =
+                scrape("fuselink_nic_transmitted_bytes_total", rail1_borrowed);
+          });
+        }
+        if (e.has_progress() && borrowed_near_end < 0 &&
+            e.progress().bytes_done() * 10 >= e.progress().total_bytes() * 8) {
+          borrowed_near_end =
+              scrape("fuselink_nic_transmitted_bytes_total", rail1_borrowed);
+        }
+      });
   if (bound_probe.joinable()) bound_probe.join();
   const absl::Status borrowed = borrowers->Join();
   sampler.Stop();
   FL_RETURN_IF_ERROR(owner_or.status());
   FL_RETURN_IF_ERROR(borrowed);
   const TransferTimes& owner = *owner_or;
-  if (!BlocksMatch(*os, 0, *ot, 0, owner_blocks) || !borrowers->Verified()) {
+  if (!owner_tensors.Verified() || !borrowers->Verified()) {
     return absl::DataLossError("owner: a target's bytes differ");
   }
 
@@ -265,7 +274,7 @@ absl::StatusOr<PolicyRow> OwnerWorkload(Cluster& c, const SchedOptions& o,
     previous = s.borrowed_bytes[1];
   }
   const double chunk_s = RailSeconds(o, static_cast<double>(o.chunk_bytes));
-  const double owner_gbps = owner_bits / owner.seconds() / 1e9;
+  const double owner_gbps = owner_tensors.bits() / owner.seconds() / 1e9;
   const double mean_give_back_s = gb_count > 0 ? gb_sum / gb_count : 0;
   const double timeline_s = absl::ToDoubleSeconds(last_growth - owner.accepted);
   PolicyRow row{Result("sched_owner"), owner_gbps / nic_solo_gbps, true};
@@ -312,9 +321,10 @@ absl::StatusOr<std::vector<Result>> RunSchedWorkload(const std::string& name,
     sampled.resize(all ? options.nodes : options.nodes / 2);
     std::iota(sampled.begin(), sampled.end(), 0);
   }
-  const absl::Duration period = name == "owner" || name == "owner_rx"
-                                    ? absl::Milliseconds(20)
-                                    : options.sample_period;
+  // The owner workloads time a give-back: finer reads, and no ratio to static.
+  const bool owner_kind = name == "owner" || name == "owner_rx";
+  const absl::Duration period =
+      owner_kind ? absl::Milliseconds(20) : options.sample_period;
   for (const std::string& policy : options.policies) {
     FL_ASSIGN_OR_RETURN(Cluster cluster, LoadCluster(options.cluster_dir, policy,
                                                      options.nodes, absl::Seconds(10)));
@@ -342,7 +352,7 @@ absl::StatusOr<std::vector<Result>> RunSchedWorkload(const std::string& name,
     const double ratio = static_key <= 0 || row.key <= 0 ? 0
                          : row.higher_is_better          ? row.key / static_key
                                                          : static_key / row.key;
-    if (name != "owner" && name != "owner_rx") row.result.Add("x_static", ratio);
+    if (!owner_kind) row.result.Add("x_static", ratio);
     out.push_back(std::move(row.result));
   }
   if (!options.out_dir.empty() && !options.png.empty()) {

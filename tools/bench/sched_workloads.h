@@ -92,6 +92,22 @@ class Borrowers {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
+// owner and owner_rx: the owner, GPU 1 of node `from`, sends `owner_bytes` to GPU 1 of
+// node `to`.
+struct OwnerTensors {
+  static absl::StatusOr<OwnerTensors> Create(NodeAgent& from, NodeAgent& to,
+                                             const SchedOptions& o);
+  v1::TransferRequest Request(const std::string& tag) const {
+    return BlockRequest(NextRequestId(tag), *source, 0, *target, 0, blocks);
+  }
+  double bits() const { return static_cast<double>(source->bytes()) * 8; }
+  bool Verified() const { return BlocksMatch(*source, 0, *target, 0, blocks); }
+
+  NodeAgent* from = nullptr;
+  uint32_t blocks = 0;
+  std::unique_ptr<HomedTensor> source, target;
+};
+
 // One policy's row, and the figure its ratio to static is taken on.
 struct PolicyRow {
   Result result;
@@ -101,9 +117,14 @@ struct PolicyRow {
 
 // What a workload knows of the policies run before it in the same run.
 struct RunContext {
-  double static_owner_solo_gbps = 0;     // owner: the owner alone on its own NIC
-  double static_receiver_solo_gbps = 0;  // owner_rx: the owner alone, one rail
+  // owner, owner_rx: the owner alone under static, on its own NIC: one rail's rate.
+  double static_owner_solo_gbps = 0;
 };
+
+// The owner alone under `c`'s policy, in Gbit/s; under static it is also noted in
+// `context`.
+absl::StatusOr<double> OwnerSoloGbps(const Cluster& c, const OwnerTensors& owner,
+                                     RunContext& context);
 
 using WorkloadFn = absl::StatusOr<PolicyRow> (*)(Cluster&, const SchedOptions&, Sampler&,
                                                  RunContext&);

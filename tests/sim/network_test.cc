@@ -47,6 +47,38 @@ TEST(SimNetworkTest, SendersToOneReceiverShareItWithoutHoldingTheirOwnNics) {
   EXPECT_NEAR(r[3].end_s, 48 * chunk_s + 2 * m.latency_s, 2 * chunk_s);
 }
 
+// Two senders' chunks reach one receiving NIC together. A shared port gives each half
+// its rate, so both land after two chunk times; a FIFO port lands the one posted first
+// after one.
+TEST(SimNetworkTest, ASharedPortSplitsItsRateAndAFifoPortTakesTurns) {
+  for (Receiver receiver : {Receiver::kShared, Receiver::kFifo}) {
+    SCOPED_TRACE(receiver == Receiver::kShared ? "shared" : "fifo");
+    NetworkModel m = Model(sched::Policy::kStatic, 3);
+    m.receiver = receiver;
+    Network net(m);
+    const std::vector<FlowResult> r =
+        net.Run({Flow{0, 1, 2, kMiB, 0}, Flow{1, 1, 2, kMiB, 0}});
+    const double chunk_s = static_cast<double>(kMiB) / m.rail_bytes_per_s;
+    const double first = receiver == Receiver::kShared ? 2 * chunk_s : chunk_s;
+    EXPECT_NEAR(r[0].end_s, first + 2 * m.latency_s, 1e-9);
+    EXPECT_NEAR(r[1].end_s, 2 * chunk_s + 2 * m.latency_s, 1e-9);
+  }
+}
+
+// A chunk that arrives half-way through another's: the first has had half its bytes
+// alone, needs one more chunk time at half the rate, and lands at 1.5; the second has
+// had half by then and lands alone at 2.
+TEST(SimNetworkTest, ASharedPortServesAChunkAloneUntilAnotherArrives) {
+  NetworkModel m = Model(sched::Policy::kStatic, 3);
+  m.receiver = Receiver::kShared;
+  Network net(m);
+  const double chunk_s = static_cast<double>(kMiB) / m.rail_bytes_per_s;
+  const std::vector<FlowResult> r =
+      net.Run({Flow{0, 1, 2, kMiB, 0}, Flow{1, 1, 2, kMiB, chunk_s / 2}});
+  EXPECT_NEAR(r[0].end_s, 1.5 * chunk_s + 2 * m.latency_s, 1e-9);
+  EXPECT_NEAR(r[1].end_s, 2 * chunk_s + 2 * m.latency_s, 1e-9);
+}
+
 TEST(SimNetworkTest, ALastChunkCarriesOnlyWhatIsLeft) {
   Network net(Model(sched::Policy::kStatic));
   const FlowResult r = net.Run({Flow{0, 0, 1, 2 * kMiB + 5, 0}})[0];

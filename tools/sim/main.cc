@@ -3,7 +3,8 @@
 // testbed measured. --check exits 1 when a simulated ratio to static is more than
 // --tolerance_pct off the measured one. --scenario=paper_curve, cluster64 and alltoall
 // run the scenarios of scenarios.h instead (their parameters are their own and printed);
-// paper_curve's --check fails when a figure at one of the paper's points is off.
+// paper_curve's --check fails when a figure at one of the paper's points is off,
+// alltoall's when a fuselink / stripe is outside the testbed's range.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,12 +29,17 @@ ABSL_FLAG(std::string, scenario, "testbed",
           "testbed (the workloads beside the namespace testbed), paper_curve or "
           "cluster64.");
 ABSL_FLAG(std::string, dat, "", "A folder for the scenario's gnuplot data file.");
+ABSL_FLAG(std::string, receiver, "shared",
+          "How a receiving NIC serves the chunks that senders send it: shared (its rate "
+          "split between them, as TCP shares a port) or fifo (one at a time, in the "
+          "order they were posted). alltoall prints both.");
 
 namespace fuselink::sim {
 namespace {
 
-int Testbed() {
+int Testbed(Receiver receiver) {
   NetworkModel model;
+  model.receiver = receiver;
   model.rail_bytes_per_s = absl::GetFlag(FLAGS_rail_gbit_s) * 1e9 / 8;
   model.latency_s = absl::GetFlag(FLAGS_latency_us) * 1e-6;
   model.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
@@ -43,10 +49,11 @@ int Testbed() {
   const double tolerance = absl::GetFlag(FLAGS_tolerance_pct);
   std::printf(
       "2 nodes x 4 rails of %.3f Gbit/s, %.0f us, chunks of %lu B, window %u, "
-      "direct_depth %u, borrow_depth %u\n",
+      "direct_depth %u, borrow_depth %u, receiver %s\n",
       absl::GetFlag(FLAGS_rail_gbit_s), absl::GetFlag(FLAGS_latency_us),
       static_cast<unsigned long>(model.chunk_bytes), model.window_chunks,
-      model.limits.direct_depth, model.limits.borrow_depth);
+      model.limits.direct_depth, model.limits.borrow_depth,
+      receiver == Receiver::kFifo ? "fifo" : "shared");
   std::printf("%-8s %-9s %9s %10s %12s %8s %9s %10s  %s\n", "workload", "policy",
               "seconds", "x_static", "measured_x", "off_pct", "owner_pct", "idle_nic_s",
               "seconds of");
@@ -90,12 +97,23 @@ int Testbed() {
 
 int Main() {
   const std::string scenario = absl::GetFlag(FLAGS_scenario);
+  const std::string receiver = absl::GetFlag(FLAGS_receiver);
+  if (receiver != "shared" && receiver != "fifo") {
+    std::fprintf(stderr, "unknown --receiver '%s': shared or fifo\n", receiver.c_str());
+    return 2;
+  }
   const ScenarioOptions options{absl::GetFlag(FLAGS_dat),
-                                absl::GetFlag(FLAGS_tolerance_pct)};
-  if (scenario == "testbed") return Testbed();
+                                absl::GetFlag(FLAGS_tolerance_pct),
+                                receiver == "fifo" ? Receiver::kFifo : Receiver::kShared};
+  if (scenario == "testbed") return Testbed(options.receiver);
   if (scenario == "cluster64") return Cluster64(options) ? 0 : 1;
   if (scenario == "alltoall") {
-    AllToAllNodes();
+    const bool ok = AllToAllNodes(options);
+    if (absl::GetFlag(FLAGS_check) && !ok) {
+      std::fprintf(stderr, "a ratio is more than %.0f%% outside the measured range\n",
+                   options.tolerance_pct);
+      return 1;
+    }
     return 0;
   }
   if (scenario == "paper_curve") {

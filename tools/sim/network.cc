@@ -22,6 +22,7 @@ Network::Network(NetworkModel model) : model_(model) {
   rx_free_ = tx_free_;
   const std::vector<double> free(model_.nics, 0);
   links_.assign(model_.nodes, NodeLinks{free, free, free, free, 0});
+  ports_.resize(static_cast<size_t>(model_.nodes) * model_.nics);
   incoming_own_.assign(model_.nodes, std::vector<int>(model_.nics, 0));
   waiting_.resize(model_.nodes);
   demand_.assign(model_.nodes, 0);
@@ -38,9 +39,65 @@ void Network::Advance(double t) {
 
 Network::~Network() = default;
 
-void Network::Push(double at, int kind, size_t flow, sched::Choice choice,
+void Network::Push(double at, Kind kind, size_t flow, sched::Choice choice,
                    uint64_t bytes) {
   events_.push(Event{at, order_++, kind, flow, choice, bytes});
+}
+
+void Network::Settle(SharedPort& port) const {
+  if (!port.chunks.empty()) {
+    port.served += (now_ - port.as_of) / static_cast<double>(port.chunks.size());
+  }
+  port.as_of = now_;
+}
+
+void Network::Reschedule(size_t index) {
+  SharedPort& port = ports_[index];
+  ++port.generation;
+  if (port.chunks.empty()) return;
+  const double left = port.chunks.top().lands_at_served - port.served;
+  Event e{port.as_of + std::max(0.0, left) * static_cast<double>(port.chunks.size()),
+          order_++,
+          kPortDone,
+          0,
+          {},
+          0};
+  e.port = index;
+  e.generation = port.generation;
+  events_.push(e);
+}
+
+void Network::Arriving(const Event& e) {
+  const size_t index =
+      static_cast<size_t>(flows_[e.flow].flow.dst_node) * model_.nics + e.choice.nic;
+  SharedPort& port = ports_[index];
+  Settle(port);
+  port.chunks.push({port.served + static_cast<double>(e.bytes) / model_.rail_bytes_per_s,
+                    order_++, e.flow, e.choice, e.bytes});
+  Reschedule(index);
+}
+
+void Network::PortDone(const Event& e) {
+  SharedPort& port = ports_[e.port];
+  if (e.generation != port.generation) return;  // a chunk came or went since
+  Settle(port);
+  // This event was made for the first; rounding may leave `served` a hair short.
+  port.served = std::max(port.served, port.chunks.top().lands_at_served);
+  while (!port.chunks.empty() && port.chunks.top().lands_at_served <= port.served) {
+    const SharedPort::Chunk c = port.chunks.top();
+    port.chunks.pop();
+    Land(now_, c.flow, c.choice, c.bytes);
+  }
+  Reschedule(e.port);
+}
+
+void Network::Land(double t, size_t i, sched::Choice c, uint64_t bytes) {
+  const Flow& f = flows_[i].flow;
+  const int target = (f.dst_gpu < 0 ? f.src_gpu : f.dst_gpu) % model_.nics;
+  t = Cross(t, {{&links_[f.dst_node].pcie_in[c.nic], model_.links.pcie_bytes_per_s}},
+            bytes);
+  t = NvlinkCopy(t, f.dst_node, c.nic, target, bytes);
+  Push(t + 2 * model_.latency_s, kAcked, i, c, bytes);  // landed, and the ack back
 }
 
 double Network::Cross(double ready, std::initializer_list<Hold> holds, uint64_t bytes) {
@@ -78,6 +135,7 @@ double Network::NvlinkCopy(double ready, int node, int from, int to, uint64_t by
 }
 
 uint32_t Network::RemoteIdle(int node) const {
+  if (!model_.receiver_marks) return (1u << model_.nics) - 1;
   uint32_t mask = 0;
   for (int k = 0; k < model_.nics; ++k) {
     if (incoming_own_[node][k] == 0) mask |= 1u << k;
@@ -92,7 +150,7 @@ void Network::Add(const Flow& flow) {
   a.result.nic_bytes.assign(model_.nics, 0);
   a.unposted = a.unacked = (flow.bytes + model_.chunk_bytes - 1) / model_.chunk_bytes;
   flows_.push_back(std::move(a));
-  Push(flows_.back().flow.start_s, 0, flows_.size() - 1);
+  Push(flows_.back().flow.start_s, kStart, flows_.size() - 1);
 }
 
 std::vector<FlowResult> Network::Run(const std::vector<Flow>& flows, OnEnd on_end) {
@@ -106,10 +164,19 @@ std::vector<FlowResult> Network::Run(const std::vector<Flow>& flows, OnEnd on_en
     const Event e = events_.top();
     events_.pop();
     Advance(e.at);
-    if (e.kind == 0) {
-      Start(e.flow);
-    } else {
-      Acked(e);
+    switch (e.kind) {
+      case kStart:
+        Start(e.flow);
+        break;
+      case kAcked:
+        Acked(e);
+        break;
+      case kArriving:
+        Arriving(e);
+        break;
+      case kPortDone:
+        PortDone(e);
+        break;
     }
   }
   std::vector<FlowResult> results;
@@ -142,7 +209,6 @@ void Network::Post(size_t i) {
   Active& a = flows_[i];
   const int src = a.flow.src_node, dst = a.flow.dst_node;
   const int direct = a.flow.src_gpu % model_.nics;
-  const int target = (a.flow.dst_gpu < 0 ? a.flow.src_gpu : a.flow.dst_gpu) % model_.nics;
   while (a.unposted > 0 && a.in_flight < model_.window_chunks) {
     // Its chunks not yet landed: the one being placed and those after it, and those
     // in flight.
@@ -158,22 +224,25 @@ void Network::Post(size_t i) {
                                ? a.flow.bytes % model_.chunk_bytes
                                : model_.chunk_bytes;
     // Its path, stage by stage: into the relay slot on the NIC's owner when the NIC
-    // is borrowed, over that GPU's PCIe to the NIC, the rail (Rail), PCIe into the
-    // receiving NIC's owner, NVLink on to the target GPU. Unmodelled links take no
-    // time.
-    const double pcie = model_.links.pcie_bytes_per_s;
+    // is borrowed, over that GPU's PCIe to the NIC, the rail (Rail, or the sender's
+    // NIC and then the shared port), PCIe into the receiving NIC's owner, NVLink on to
+    // the target GPU (Land). Unmodelled links take no time.
     double t = NvlinkCopy(now_, src, direct, c.nic, bytes);
-    t = Cross(t, {{&links_[src].pcie_out[c.nic], pcie}}, bytes);
-    t = Rail(t, &tx_free_[src][c.nic], &rx_free_[dst][c.nic], bytes);
-    t = Cross(t, {{&links_[dst].pcie_in[c.nic], pcie}}, bytes);
-    t = NvlinkCopy(t, dst, c.nic, target, bytes);
+    t = Cross(t, {{&links_[src].pcie_out[c.nic], model_.links.pcie_bytes_per_s}}, bytes);
+    if (model_.receiver == Receiver::kFifo) {
+      Land(Rail(t, &tx_free_[src][c.nic], &rx_free_[dst][c.nic], bytes), i, c, bytes);
+    } else {
+      double& tx_free = tx_free_[src][c.nic];
+      tx_free = std::max(t, tx_free);
+      Push(tx_free, kArriving, i, c, bytes);
+      tx_free += static_cast<double>(bytes) / model_.rail_bytes_per_s;
+    }
     if (--a.unposted == 0 && --demand_[src] == 0) {
       demanding_.erase(std::lower_bound(demanding_.begin(), demanding_.end(), src));
     }
     ++a.in_flight;
     if (!c.borrowed) ++a.direct_in_flight;
     ++chunks_;
-    Push(t + 2 * model_.latency_s, 1, i, c, bytes);  // landed, and the ack back
   }
 }
 

@@ -1,10 +1,9 @@
 // A discrete-event model of a cluster's NICs driven by the agent's own scheduler
 // (agent/sched: the same code, not a model of it). Each node has one sched::Scheduler
 // and N NICs; NIC k of every node is on rail k, and a chunk on rail k occupies the
-// sender's NIC k for its bytes at the rail's rate and the receiver's NIC k as long
-// again, from when the sender starts it or when the receiver's NIC is next free
-// (senders to one receiver queue at its switch port, not on their own NICs); it is
-// acknowledged two latencies after it landed. A transfer keeps up to
+// sender's NIC k for its bytes at the rail's rate, then the receiver's NIC k as the
+// Receiver model says (senders to one receiver queue at its switch port, not on their
+// own NICs); it is acknowledged two latencies after it landed. A transfer keeps up to
 // `window_chunks` chunks in flight; a chunk the scheduler has no NIC for waits for the
 // next completion on its node, as in the agent's engine. The receiver's idle mask is what
 // the agent's landing reports: rails on which no transfer arrives whose source's direct
@@ -20,6 +19,12 @@
 // its links are free, and holds each link for bytes / that link's rate; links serve
 // chunks in the order they were posted. Not modelled: host bridges and the socket
 // link, CPU, TCP's own dynamics, the copy engines' own limits.
+//
+// The receiver's NIC (Receiver): kFifo takes chunks one at a time in the order they
+// were posted, as above. kShared splits its rate evenly between every chunk that has
+// begun to arrive and not yet landed (processor sharing, as TCP shares a port between
+// its flows): a chunk lands when it has had its bytes' worth, and no sooner than its
+// sender sent it. The stages after it (PCIe, NVLink) then start in landing order.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +47,8 @@ struct LinkModel {
   double nvlink_total_bytes_per_s = 0;  // through the node's NVLink switch, all GPUs
 };
 
+enum class Receiver { kFifo, kShared };
+
 struct NetworkModel {
   int nodes = 2;
   int nics = 4;                       // per node; GPU g's direct NIC is g
@@ -52,6 +59,10 @@ struct NetworkModel {
   sched::Limits limits;
   sched::Policy policy = sched::Policy::kFuselink;
   LinkModel links;
+  Receiver receiver = Receiver::kShared;
+  // false: sources see every receiver NIC idle (what ignoring the landing's marks,
+  // the receiving half of owner priority, would give).
+  bool receiver_marks = true;
 };
 
 struct Flow {
@@ -87,16 +98,38 @@ class Network {
 
  private:
   struct Active;
+  enum Kind { kStart, kAcked, kArriving, kPortDone };
   struct Event {
     double at;
     uint64_t order;  // ties in the order they were made
-    int kind;        // 0: a flow starts, 1: a chunk is acknowledged
+    Kind kind;
     size_t flow;
     sched::Choice choice;
-    uint64_t bytes;  // of the chunk
+    uint64_t bytes;           // of the chunk
+    size_t port = 0;          // kPortDone: the receiver NIC (SharedPort)
+    uint64_t generation = 0;  // kPortDone: stale unless the port's
     bool operator>(const Event& o) const {
       return at != o.at ? at > o.at : order > o.order;
     }
+  };
+  // A receiver NIC under Receiver::kShared. `served` is the service each chunk on it
+  // has had since the port began, in seconds at the full rate; with n chunks it grows
+  // at 1/n per second, and a chunk lands when it has grown by its bytes / rate.
+  struct SharedPort {
+    struct Chunk {
+      double lands_at_served;
+      uint64_t order;
+      size_t flow;
+      sched::Choice choice;
+      uint64_t bytes;
+      bool operator>(const Chunk& o) const {
+        return lands_at_served != o.lands_at_served ? lands_at_served > o.lands_at_served
+                                                    : order > o.order;
+      }
+    };
+    double served = 0, as_of = 0;
+    uint64_t generation = 0;  // bumps whenever its next landing moves
+    std::priority_queue<Chunk, std::vector<Chunk>, std::greater<>> chunks;
   };
   // One link a stage holds: when it is next free, and its rate (0: not modelled).
   struct Hold {
@@ -113,8 +146,17 @@ class Network {
   void Post(size_t flow);
   void Acked(const Event& e);
   uint32_t RemoteIdle(int node) const;
-  void Push(double at, int kind, size_t flow, sched::Choice choice = {},
+  void Push(double at, Kind kind, size_t flow, sched::Choice choice = {},
             uint64_t bytes = 0);
+  // The receiver's side of a chunk that has landed at `t`: its PCIe and NVLink
+  // stages, then the acknowledgement.
+  void Land(double t, size_t flow, sched::Choice choice, uint64_t bytes);
+  // kShared: a chunk begins to arrive at its receiver's NIC, or that NIC's next chunk
+  // has had its share.
+  void Arriving(const Event& e);
+  void PortDone(const Event& e);
+  void Settle(SharedPort& port) const;
+  void Reschedule(size_t port);
   // A stage of a chunk of `bytes` ready at `ready`: it starts then or when the last
   // of its modelled links is free, holds each for bytes at its rate, and ends when
   // the slowest lets the chunk go. No modelled link: it ends at `ready`.
@@ -133,6 +175,7 @@ class Network {
   std::vector<std::unique_ptr<sched::Scheduler>> schedulers_;
   std::vector<std::vector<double>> tx_free_, rx_free_;  // [node][nic]: when it is free
   std::vector<NodeLinks> links_;                        // [node]: when each is free
+  std::vector<SharedPort> ports_;                       // [node * nics + nic]
   std::vector<std::vector<int>> incoming_own_;          // [node][rail]
   std::vector<Active> flows_;
   std::vector<std::vector<size_t>> waiting_;  // [node]: flows that found no NIC

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs fuselink-sim's scenarios and draws them: docs/bench/sim/paper-curve.png and
-# cluster64.png, beside the tables as printed (paper-curve.txt, cluster64.txt).
+# cluster64.png, beside the tables as printed (paper-curve.txt, cluster64.txt), and
+# the all-to-alls past two nodes (alltoall.txt, a table only).
 # Usage: tools/sim/plot.sh [BUILD_DIR]   (default: build). Needs gnuplot
 # (gnuplot-nox: scripts/setup.sh installs it).
 set -euo pipefail
@@ -16,6 +17,7 @@ trap 'rm -rf "$dat"' EXIT
 
 "$sim" --scenario=paper_curve --dat="$dat" | tee "$out/paper-curve.txt"
 "$sim" --scenario=cluster64 --dat="$dat" | tee "$out/cluster64.txt"
+"$sim" --scenario=alltoall | tee "$out/alltoall.txt"
 
 gnuplot <<GNUPLOT
 set terminal pngcairo size 900,560 font "sans,11" noenhanced

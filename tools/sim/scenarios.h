@@ -7,11 +7,14 @@
 
 #include <string>
 
+#include "tools/sim/network.h"
+
 namespace fuselink::sim {
 
 struct ScenarioOptions {
   std::string dat_dir;        // empty: no data file
   double tolerance_pct = 10;  // for the checks a scenario has
+  Receiver receiver = Receiver::kShared;
 };
 
 // One hot GPU sends to one GPU of another node, fuselink, for 1..8 NICs; beside the
@@ -24,7 +27,9 @@ bool PaperCurve(const ScenarioOptions& options);
 bool Cluster64(const ScenarioOptions& options);
 
 // The testbed's expert and DLRM all-to-alls at 4 and 8 nodes, every policy, beside the
-// measured fuselink / stripe.
-void AllToAllNodes();
+// measured fuselink / stripe; under both receiver models, and fuselink also without
+// the receiver's marks. Returns false when the options' receiver model puts a
+// fuselink / stripe more than `tolerance_pct` outside the measured range.
+bool AllToAllNodes(const ScenarioOptions& options);
 
 }  // namespace fuselink::sim

@@ -225,5 +225,59 @@ TEST(SimLinksTest, AGpusPcieCarriesItsOwnChunksAndThoseItRelays) {
               32 * chunk / 50e6 + chunk / 100e6 + chunk / 50e6 + 2 * m.latency_s, 1e-9);
 }
 
+// Above the switches. NIC k under bridge k, NIC 1 on the second socket.
+NetworkModel Tree(sched::Policy policy) {
+  NetworkModel m = Model(policy);
+  m.nics = 2;
+  m.links.host_bridge_bytes_per_s = 200e6;
+  m.links.socket_bytes_per_s = 50e6;
+  m.links.nics_per_bridge = 1;
+  m.links.nics_per_socket = 1;
+  return m;
+}
+
+TEST(SimLinksTest, AHostTensorGoesDownTheNicsBridgeAndAcrossTheSocketLink) {
+  NetworkModel m = Tree(sched::Policy::kStatic);
+  m.links.pcie_bytes_per_s = 1e3;  // would take 1000 s if it were crossed
+  // GPU 1's engine sends from host memory on socket 0 into host memory on socket 1:
+  // down NIC 1's bridge through the socket link (the slower, 50 MB/s), the rail, up
+  // the receiver's bridge into its own socket's memory.
+  Flow f{0, 1, 1, kMiB, 0};
+  f.src_host_socket = 0;
+  f.dst_host_socket = 1;
+  Network net(m);
+  const FlowResult r = net.Run({f})[0];
+  const double chunk = static_cast<double>(kMiB);
+  EXPECT_EQ(r.nic_bytes, (std::vector<uint64_t>{0, kMiB}));
+  EXPECT_NEAR(r.seconds(), chunk / 50e6 + chunk / 100e6 + chunk / 200e6 + 2 * m.latency_s,
+              1e-12);
+}
+
+TEST(SimLinksTest, APcieRelayCrossesTheBridgesAndSocketsBetweenItsGpus) {
+  NetworkModel m = Tree(sched::Policy::kFuselink);
+  m.limits.direct_depth = 0;  // every chunk borrows: NIC 1, GPU 1 is its relay
+  m.links.relay_over_pcie = true;
+  m.links.pcie_bytes_per_s = 400e6;
+  m.links.nvlink_egress_bytes_per_s = 1e3;  // would take 1000 s if it were crossed
+  const double chunk = static_cast<double>(kMiB);
+  // The relay copy holds GPU 0's link, both bridges and the socket link at once: the
+  // socket link's 50 MB/s. Then GPU 1's link out, the rail, GPU 1's link in there.
+  const double after_relay = chunk / 400e6 + chunk / 100e6 + chunk / 400e6;
+  {
+    Network net(m);
+    const FlowResult r = net.Run({Flow{0, 0, 1, kMiB, 0, /*dst_gpu=*/1}})[0];
+    EXPECT_EQ(r.nic_bytes, (std::vector<uint64_t>{0, kMiB}));
+    EXPECT_NEAR(r.seconds(), chunk / 50e6 + after_relay + 2 * m.latency_s, 1e-12);
+  }
+  {
+    // Both GPUs under one bridge on one socket: the copy stays in their switch.
+    m.links.nics_per_bridge = 2;
+    m.links.nics_per_socket = 0;
+    Network net(m);
+    const FlowResult r = net.Run({Flow{0, 0, 1, kMiB, 0, /*dst_gpu=*/1}})[0];
+    EXPECT_NEAR(r.seconds(), chunk / 400e6 + after_relay + 2 * m.latency_s, 1e-12);
+  }
+}
+
 }  // namespace
 }  // namespace fuselink::sim

@@ -26,8 +26,8 @@ ABSL_FLAG(uint32_t, window_chunks, 16, "The agents' --window_chunks.");
 ABSL_FLAG(bool, check, false, "Fail when a ratio is off the measured one.");
 ABSL_FLAG(double, tolerance_pct, 10, "--check: how far off a ratio may be.");
 ABSL_FLAG(std::string, scenario, "testbed",
-          "testbed (the workloads beside the namespace testbed), paper_curve or "
-          "cluster64.");
+          "testbed (the workloads beside the namespace testbed), paper_curve, "
+          "cluster64, pcie_tree or alltoall.");
 ABSL_FLAG(std::string, dat, "", "A folder for the scenario's gnuplot data file.");
 ABSL_FLAG(std::string, receiver, "shared",
           "How a receiving NIC serves the chunks that senders send it: shared (its rate "
@@ -107,6 +107,7 @@ int Main() {
                                 receiver == "fifo" ? Receiver::kFifo : Receiver::kShared};
   if (scenario == "testbed") return Testbed(options.receiver);
   if (scenario == "cluster64") return Cluster64(options) ? 0 : 1;
+  if (scenario == "pcie_tree") return PcieTree(options) ? 0 : 1;
   if (scenario == "alltoall") {
     const bool ok = AllToAllNodes(options);
     if (absl::GetFlag(FLAGS_check) && !ok) {
@@ -126,7 +127,8 @@ int Main() {
     return 0;
   }
   std::fprintf(stderr,
-               "unknown --scenario '%s': testbed, paper_curve, cluster64 or alltoall\n",
+               "unknown --scenario '%s': testbed, paper_curve, cluster64, pcie_tree or "
+               "alltoall\n",
                scenario.c_str());
   return 2;
 }
@@ -136,7 +138,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "fuselink-sim [--scenario=testbed|paper_curve|cluster64|alltoall] [--check]: the "
+      "fuselink-sim [--scenario=testbed|paper_curve|cluster64|pcie_tree|alltoall] "
+      "[--check]: the "
       "scheduler, "
       "simulated");
   absl::ParseCommandLine(argc, argv);

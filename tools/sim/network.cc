@@ -21,7 +21,10 @@ Network::Network(NetworkModel model) : model_(model) {
   tx_free_.assign(model_.nodes, std::vector<double>(model_.nics, 0));
   rx_free_ = tx_free_;
   const std::vector<double> free(model_.nics, 0);
-  links_.assign(model_.nodes, NodeLinks{free, free, free, free, 0});
+  const int nics_per_bridge = std::max(1, model_.links.nics_per_bridge);
+  const std::vector<double> bridges((model_.nics + nics_per_bridge - 1) / nics_per_bridge,
+                                    0);
+  links_.assign(model_.nodes, NodeLinks{free, free, free, free, 0, bridges, bridges});
   ports_.resize(static_cast<size_t>(model_.nodes) * model_.nics);
   incoming_own_.assign(model_.nodes, std::vector<int>(model_.nics, 0));
   waiting_.resize(model_.nodes);
@@ -93,10 +96,14 @@ void Network::PortDone(const Event& e) {
 
 void Network::Land(double t, size_t i, sched::Choice c, uint64_t bytes) {
   const Flow& f = flows_[i].flow;
-  const int target = (f.dst_gpu < 0 ? f.src_gpu : f.dst_gpu) % model_.nics;
-  t = Cross(t, {{&links_[f.dst_node].pcie_in[c.nic], model_.links.pcie_bytes_per_s}},
-            bytes);
-  t = NvlinkCopy(t, f.dst_node, c.nic, target, bytes);
+  if (f.dst_host_socket >= 0) {
+    t = NicToHost(t, f.dst_node, c.nic, f.dst_host_socket, bytes);
+  } else {
+    const int target = (f.dst_gpu < 0 ? f.src_gpu : f.dst_gpu) % model_.nics;
+    t = Cross(t, {{&links_[f.dst_node].pcie_in[c.nic], model_.links.pcie_bytes_per_s}},
+              bytes);
+    t = RelayCopy(t, f.dst_node, c.nic, target, bytes);
+  }
   Push(t + 2 * model_.latency_s, kAcked, i, c, bytes);  // landed, and the ack back
 }
 
@@ -123,14 +130,53 @@ double Network::Rail(double ready, double* tx_free, double* rx_free, uint64_t by
   return *rx_free;
 }
 
-double Network::NvlinkCopy(double ready, int node, int from, int to, uint64_t bytes) {
+int Network::SocketOf(int nic) const {
+  const int per_socket = model_.links.nics_per_socket;
+  return per_socket > 0 && nic >= per_socket ? 1 : 0;
+}
+
+Network::Hold Network::SocketLink(NodeLinks& n, int from, int to) const {
+  if (from == to) return {&n.socket_out[from], 0};  // a rate of 0 holds nothing
+  return {&n.socket_out[from], model_.links.socket_bytes_per_s};
+}
+
+double Network::RelayCopy(double ready, int node, int from, int to, uint64_t bytes) {
   if (from == to) return ready;
   const LinkModel& l = model_.links;
   NodeLinks& n = links_[node];
+  if (!l.relay_over_pcie) {
+    return Cross(ready,
+                 {{&n.nvlink_out[from], l.nvlink_egress_bytes_per_s},
+                  {&n.nvlink_in[to], l.nvlink_ingress_bytes_per_s},
+                  {&n.nvlink_total, l.nvlink_total_bytes_per_s}},
+                 bytes);
+  }
+  // Up from one GPU and down into the other; through the host bridges only when the
+  // two switches hang off different ones.
+  const int up = BridgeOf(from), down = BridgeOf(to);
+  const double bridge = up == down ? 0 : l.host_bridge_bytes_per_s;
   return Cross(ready,
-               {{&n.nvlink_out[from], l.nvlink_egress_bytes_per_s},
-                {&n.nvlink_in[to], l.nvlink_ingress_bytes_per_s},
-                {&n.nvlink_total, l.nvlink_total_bytes_per_s}},
+               {{&n.pcie_out[from], l.pcie_bytes_per_s},
+                {&n.bridge_up[up], bridge},
+                SocketLink(n, SocketOf(from), SocketOf(to)),
+                {&n.bridge_down[down], bridge},
+                {&n.pcie_in[to], l.pcie_bytes_per_s}},
+               bytes);
+}
+
+double Network::HostToNic(double ready, int node, int socket, int nic, uint64_t bytes) {
+  NodeLinks& n = links_[node];
+  return Cross(ready,
+               {SocketLink(n, socket, SocketOf(nic)),
+                {&n.bridge_down[BridgeOf(nic)], model_.links.host_bridge_bytes_per_s}},
+               bytes);
+}
+
+double Network::NicToHost(double ready, int node, int nic, int socket, uint64_t bytes) {
+  NodeLinks& n = links_[node];
+  return Cross(ready,
+               {{&n.bridge_up[BridgeOf(nic)], model_.links.host_bridge_bytes_per_s},
+                SocketLink(n, SocketOf(nic), socket)},
                bytes);
 }
 
@@ -224,11 +270,18 @@ void Network::Post(size_t i) {
                                ? a.flow.bytes % model_.chunk_bytes
                                : model_.chunk_bytes;
     // Its path, stage by stage: into the relay slot on the NIC's owner when the NIC
-    // is borrowed, over that GPU's PCIe to the NIC, the rail (Rail, or the sender's
-    // NIC and then the shared port), PCIe into the receiving NIC's owner, NVLink on to
-    // the target GPU (Land). Unmodelled links take no time.
-    double t = NvlinkCopy(now_, src, direct, c.nic, bytes);
-    t = Cross(t, {{&links_[src].pcie_out[c.nic], model_.links.pcie_bytes_per_s}}, bytes);
+    // is borrowed, over that GPU's PCIe to the NIC (host memory: down its bridge
+    // instead), the rail (Rail, or the sender's NIC and then the shared port), PCIe
+    // into the receiving NIC's owner and a relay on to the target GPU, or up into host
+    // memory (Land). Unmodelled links take no time.
+    double t;
+    if (a.flow.src_host_socket >= 0) {
+      t = HostToNic(now_, src, a.flow.src_host_socket, c.nic, bytes);
+    } else {
+      t = RelayCopy(now_, src, direct, c.nic, bytes);
+      t = Cross(t, {{&links_[src].pcie_out[c.nic], model_.links.pcie_bytes_per_s}},
+                bytes);
+    }
     if (model_.receiver == Receiver::kFifo) {
       Land(Rail(t, &tx_free_[src][c.nic], &rx_free_[dst][c.nic], bytes), i, c, bytes);
     } else {

@@ -17,8 +17,14 @@
 // NIC's owner there, and is forwarded over NVLink when the target GPU is another one.
 // Store and forward per chunk: each stage starts when the one before it has ended and
 // its links are free, and holds each link for bytes / that link's rate; links serve
-// chunks in the order they were posted. Not modelled: host bridges and the socket
-// link, CPU, TCP's own dynamics, the copy engines' own limits.
+// chunks in the order they were posted. Above the switches (off unless a rate is
+// set): NIC k's switch hangs off host bridge k / nics_per_bridge, NICs from
+// nics_per_socket on sit on the second socket, and one link joins the two sockets. A
+// tensor in host memory (Flow::src_host_socket, dst_host_socket) needs no relay: any NIC
+// reads it, down through that NIC's bridge, and across the socket link when the memory is
+// on the other socket. Without NVLink (relay_over_pcie) a relay copy crosses the two
+// GPUs' PCIe links, their bridges when those differ, and the socket link when the
+// sockets do. Not modelled: CPU, TCP's own dynamics, the copy engines' own limits.
 //
 // The receiver's NIC (Receiver): kFifo takes chunks one at a time in the order they
 // were posted, as above. kShared splits its rate evenly between every chunk that has
@@ -27,6 +33,7 @@
 // sender sent it. The stages after it (PCIe, NVLink) then start in landing order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -45,6 +52,11 @@ struct LinkModel {
   double nvlink_egress_bytes_per_s = 0;  // out of one GPU
   double nvlink_ingress_bytes_per_s = 0;
   double nvlink_total_bytes_per_s = 0;  // through the node's NVLink switch, all GPUs
+  double host_bridge_bytes_per_s = 0;   // a host bridge to the switches under it
+  int nics_per_bridge = 1;              // switches (GPU and NIC pairs) per bridge
+  double socket_bytes_per_s = 0;        // from one socket to the other
+  int nics_per_socket = 0;              // 0: one socket; else NICs past it on socket 1
+  bool relay_over_pcie = false;         // no NVLink: relay copies cross PCIe
 };
 
 enum class Receiver { kFifo, kShared };
@@ -70,6 +82,9 @@ struct Flow {
   uint64_t bytes = 0;
   double start_s = 0;
   int dst_gpu = -1;  // -1: the GPU of the same index as src_gpu
+  // >= 0: that end's tensor is in host memory on this socket (src_gpu still names the
+  // sending GPU's engine, and so the direct NIC); -1: in the GPU's memory.
+  int src_host_socket = -1, dst_host_socket = -1;
 };
 
 struct FlowResult {
@@ -140,6 +155,8 @@ class Network {
   struct NodeLinks {
     std::vector<double> pcie_out, pcie_in, nvlink_out, nvlink_in;
     double nvlink_total = 0;
+    std::vector<double> bridge_up, bridge_down;  // [bridge]: towards the host, from it
+    double socket_out[2] = {0, 0};               // [socket]: towards the other one
   };
   void Start(size_t flow);
   // Posts what the flow's window and its scheduler allow now.
@@ -167,8 +184,16 @@ class Network {
   // sender's NIC is free again when it has sent it, whatever the receiver does; the
   // chunk has landed when the receiver's NIC has taken it all.
   double Rail(double ready, double* tx_free, double* rx_free, uint64_t bytes);
-  // The NVLink copy on `node` from GPU `from` to GPU `to`, if they differ.
-  double NvlinkCopy(double ready, int node, int from, int to, uint64_t bytes);
+  // The relay copy on `node` from GPU `from` to GPU `to`, if they differ: over
+  // NVLink, or over PCIe (relay_over_pcie).
+  double RelayCopy(double ready, int node, int from, int to, uint64_t bytes);
+  // Host memory on `socket` to NIC `nic`'s switch, and back.
+  double HostToNic(double ready, int node, int socket, int nic, uint64_t bytes);
+  double NicToHost(double ready, int node, int nic, int socket, uint64_t bytes);
+  int BridgeOf(int nic) const { return nic / std::max(1, model_.links.nics_per_bridge); }
+  int SocketOf(int nic) const;
+  // The socket link from `from` to `to` when they differ (else no link).
+  Hold SocketLink(NodeLinks& n, int from, int to) const;
 
   const NetworkModel model_;
   OnEnd on_end_;

@@ -306,6 +306,69 @@ bool Cluster64(const ScenarioOptions& options) {
   return true;
 }
 
+// The PCIe tree's parameters: a two-socket node, two GPU and NIC pairs under each
+// host bridge, four bridges. The bridge is taken as a GPU's own link (both x16 Gen5);
+// the socket link as 64 GB/s each way, of the order of a two-socket server's UPI or
+// xGMI links. Neither is measured: the scenario shows where each binds.
+constexpr double kBridgeBytesPerS = kPcieBytesPerS;
+constexpr double kSocketBytesPerS = 64e9;
+
+bool PcieTree(const ScenarioOptions& options) {
+  constexpr uint64_t kBytes = 4 * kGiB;
+  std::printf(
+      "pcie tree: GPU 0 of an 8-GPU node sends 4 GiB to GPU 0 of another node, "
+      "fuselink, over 1..8 NICs\n");
+  PrintModel(LinkedModel(2, 8, 0, options.receiver));
+  std::printf(
+      "  two sockets, 2 GPU+NIC switches per host bridge (4 bridges; NICs 0-3 on "
+      "socket 0)\n"
+      "  host bridge %.1f GB/s each way (taken as a GPU's link; not measured), socket "
+      "link %.1f GB/s\n"
+      "    each way (an assumption of the order of UPI/xGMI; not measured)\n"
+      "  nvlink: the paper's node (fitted NVLink %.1f GB/s; bridges and socket link "
+      "not crossed)\n"
+      "  pcie_only: no NVLink, relay copies over PCIe: up GPU 0's link, through the "
+      "bridges\n"
+      "    (and the socket link for NICs 4-7), down the relay GPU's link\n"
+      "  host_tensor: the tensor in host memory on socket 0, read by each NIC through "
+      "its bridge\n"
+      "    (and the socket link for NICs 4-7); nothing relayed\n",
+      kBridgeBytesPerS / kGB, kSocketBytesPerS / kGB, kNvlinkFittedBytesPerS / kGB);
+  std::printf("%4s %10s %12s %14s\n", "nics", "nvlink_GB_s", "pcie_only_GB_s",
+              "host_tensor_GB_s");
+  FILE* dat = OpenDat(options, "pcie-tree.dat");
+  if (dat != nullptr) {
+    std::fprintf(dat, "# nics nvlink_GB_s pcie_only_GB_s host_tensor_GB_s\n");
+  }
+  for (int nics = 1; nics <= 8; ++nics) {
+    double gb_s[3];
+    for (int kind = 0; kind < 3; ++kind) {
+      NetworkModel m =
+          LinkedModel(2, nics, kind == 0 ? kNvlinkFittedBytesPerS : 0, options.receiver);
+      if (kind > 0) {
+        // The same tree whatever the NICs in use: NIC k under bridge k / 2, NICs 4-7
+        // on socket 1.
+        m.links.host_bridge_bytes_per_s = kBridgeBytesPerS;
+        m.links.nics_per_bridge = 2;
+        m.links.socket_bytes_per_s = kSocketBytesPerS;
+        m.links.nics_per_socket = 4;
+        m.links.relay_over_pcie = kind == 1;
+      }
+      Flow f{0, 0, 1, kBytes, 0};
+      if (kind == 2) f.src_host_socket = f.dst_host_socket = 0;
+      Network net(m);
+      const FlowResult r = net.Run({f})[0];
+      gb_s[kind] = static_cast<double>(kBytes) / r.seconds() / kGB;
+    }
+    std::printf("%4d %10.1f %12.1f %14.1f\n", nics, gb_s[0], gb_s[1], gb_s[2]);
+    if (dat != nullptr) {
+      std::fprintf(dat, "%d %.2f %.2f %.2f\n", nics, gb_s[0], gb_s[1], gb_s[2]);
+    }
+  }
+  if (dat != nullptr) std::fclose(dat);
+  return true;
+}
+
 namespace {
 
 // The namespace testbed's all-to-alls past two nodes (docs/benchmarks.md, "Four and

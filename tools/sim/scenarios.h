@@ -26,6 +26,11 @@ bool PaperCurve(const ScenarioOptions& options);
 // transfer part of time to first token and NIC utilisation. Returns true.
 bool Cluster64(const ScenarioOptions& options);
 
+// PaperCurve's hot GPU on three kinds of node: the paper's (NVLink), one without
+// NVLink whose relay copies cross PCIe, host bridges and the socket link, and one
+// whose tensor is in host memory. Prints the table; returns true.
+bool PcieTree(const ScenarioOptions& options);
+
 // The testbed's expert and DLRM all-to-alls at 4 and 8 nodes, every policy, beside the
 // measured fuselink / stripe; under both receiver models, and fuselink also without
 // the receiver's marks. Returns false when the options' receiver model puts a

@@ -52,8 +52,7 @@ int Testbed(Receiver receiver) {
       "direct_depth %u, borrow_depth %u, receiver %s\n",
       absl::GetFlag(FLAGS_rail_gbit_s), absl::GetFlag(FLAGS_latency_us),
       static_cast<unsigned long>(model.chunk_bytes), model.window_chunks,
-      model.limits.direct_depth, model.limits.borrow_depth,
-      receiver == Receiver::kFifo ? "fifo" : "shared");
+      model.limits.direct_depth, model.limits.borrow_depth, ReceiverName(receiver));
   std::printf("%-8s %-9s %9s %10s %12s %8s %9s %10s  %s\n", "workload", "policy",
               "seconds", "x_static", "measured_x", "off_pct", "owner_pct", "idle_nic_s",
               "seconds of");

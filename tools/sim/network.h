@@ -60,6 +60,9 @@ struct LinkModel {
 };
 
 enum class Receiver { kFifo, kShared };
+inline const char* ReceiverName(Receiver r) {
+  return r == Receiver::kFifo ? "fifo" : "shared";
+}
 
 struct NetworkModel {
   int nodes = 2;

@@ -62,7 +62,7 @@ void PrintModel(const NetworkModel& m) {
       m.rail_bytes_per_s * 8 / kGB, m.rail_bytes_per_s / kGB,
       m.links.pcie_bytes_per_s / kGB, static_cast<unsigned long>(m.chunk_bytes / kKiB),
       m.latency_s * 1e6, m.window_chunks, m.limits.direct_depth, m.limits.borrow_depth,
-      m.receiver == Receiver::kFifo ? "fifo" : "shared");
+      ReceiverName(m.receiver));
 }
 
 // `name` in the options' data folder, or null when there is none (or it failed).
@@ -453,9 +453,9 @@ bool AllToAllNodes(const ScenarioOptions& options) {
       ok = ok && within;
       std::printf(
           "%-7s %5d %-8s %9.3f %9.3f %9.3f %9.3f %11.3f %5.3f-%5.3f %11.3f %11.3f%s\n",
-          run.name, run.nodes, receiver == Receiver::kFifo ? "fifo" : "shared",
-          seconds[0], seconds[1], seconds[2], x, seconds[3] / seconds[1],
-          run.measured_low, run.measured_high, idle[2], idle[3], within ? "" : "  OFF");
+          run.name, run.nodes, ReceiverName(receiver), seconds[0], seconds[1], seconds[2],
+          x, seconds[3] / seconds[1], run.measured_low, run.measured_high, idle[2],
+          idle[3], within ? "" : "  OFF");
     }
   }
   return ok;

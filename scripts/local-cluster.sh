@@ -3,8 +3,8 @@
 # node with four GPUs and four NICs on its own loopback addresses (rail i of node-a
 # talks to rail i of node-b; GPU i owns rail i). Registers a synthetic KV cache of
 # GPU 0 on each and asks node-a over gRPC to move every block to node-b: under the
-# fuselink policy GPU 0 borrows the idle rails 1-3 beside its own rail0. A quarter of
-# the way, GPU 1 moves a KV cache of its own over rail1, and the hot transfer gives
+# fuselink policy GPU 0 borrows the idle rails 1-3 beside its own rail0. Once it is
+# under way, GPU 1 moves a KV cache of its own over rail1, and the hot transfer gives
 # rail1 back. Shows the progress with the per-NIC split, what the hot transfer still
 # sent on rail1 while its owner's ran, verifies the bytes in node-b's memory, shows
 # what node-b's watchers saw and the per-NIC own/borrowed metrics, and stops the

@@ -23,15 +23,20 @@ start_agent node-a 15 "node-b=$(field "$run/node-b.json" grpc)" --nics=4 --polic
 a=$(field "$run/node-a.json" grpc)
 b=$(field "$run/node-b.json" grpc)
 
-# GPU 0: 16 layers x 64 blocks x 256 KiB = 256 MiB; GPU 1: 16 x 16 x 256 KiB = 64 MiB.
+# GPU 0: 32 layers x 64 blocks x 256 KiB = 512 MiB; GPU 1: 32 x 16 x 256 KiB = 128 MiB,
+# the main job's sizes. GPU 1's transfer starts at the hot one's first progress report;
+# the hot one must still be running then (a CI run of 256 MiB once ended first, under
+# load, and so had nothing to give back).
 "$ctl" --agent="$a" --target_agent="$b" "${demo_tls[@]}" --source_socket="$run/node-a.sock" \
-  --target_socket="$run/node-b.sock" --demo_layers=16 --demo_blocks=64 \
+  --target_socket="$run/node-b.sock" --demo_layers=32 --demo_blocks=64 \
   --demo_block_bytes=262144 --demo_owner_blocks=16 demo >"$run/demo.out" 2>&1 ||
   { cat "$run/demo.out"; fail "demo"; }
 tr '\r' '\n' <"$run/demo.out" | grep -v '^\[' || true
 grep -q "verify GPU 0's: node-b's bytes match" "$run/demo.out" || fail "GPU 0's bytes"
 grep -q "verify GPU 1's: node-b's bytes match" "$run/demo.out" || fail "GPU 1's bytes"
-grep -q "GPU 1, the owner of rail1, moved 64.0 MiB" "$run/demo.out" || fail "no owner line"
+grep -q "GPU 1, the owner of rail1, moved 128.0 MiB" "$run/demo.out" || fail "no owner line"
+! grep -q "had ended before GPU 1's began" "$run/demo.out" ||
+  fail "the hot transfer ended before GPU 1's began: the run tells nothing of give-back"
 
 curl -sf "$(field "$run/node-a.json" metrics)" >"$run/node-a.metrics" || fail "scrape"
 sent() { # NIC TRAFFIC: node-a's transmitted bytes

@@ -33,6 +33,8 @@ ABSL_FLAG(uint64_t, block_bytes, 256 << 10, "transfer: bytes per block.");
 ABSL_FLAG(int, reps, 5, "transfer: measured repetitions.");
 ABSL_FLAG(int, warmup, 1, "transfer: unmeasured repetitions first.");
 ABSL_FLAG(bool, verify, true, "transfer: memcmp the target against the source once.");
+ABSL_FLAG(int, new_memory_reps, 0,
+          "transfer: then this many transfers, each into newly registered tensors.");
 // rpc
 ABSL_FLAG(uint32_t, rpc_blocks, 1, "rpc: blocks per call.");
 ABSL_FLAG(uint64_t, rpc_block_bytes, 4096, "rpc: bytes per block.");
@@ -65,6 +67,7 @@ absl::StatusOr<std::vector<Result>> RunFromFlags(const std::string& workload) {
     options.repetitions = absl::GetFlag(FLAGS_reps);
     options.warmup = absl::GetFlag(FLAGS_warmup);
     options.verify = absl::GetFlag(FLAGS_verify);
+    options.new_memory_reps = absl::GetFlag(FLAGS_new_memory_reps);
     return RunTransferWorkload(agents, options);
   }
   RpcOptions options;

@@ -58,9 +58,9 @@ std::string NicShares(const std::vector<uint64_t>& nic_bytes) {
 
 absl::StatusOr<std::vector<Result>> RunTransferWorkload(Agents& agents,
                                                         const TransferOptions& options) {
-  if (options.repetitions < 1 || options.warmup < 0) {
+  if (options.repetitions < 1 || options.warmup < 0 || options.new_memory_reps < 0) {
     return absl::InvalidArgumentError(
-        "--reps must be at least 1 and --warmup at least 0");
+        "--reps must be at least 1, --warmup and --new_memory_reps at least 0");
   }
   v1::Layout layout;
   layout.set_layers(options.layers);
@@ -73,7 +73,7 @@ absl::StatusOr<std::vector<Result>> RunTransferWorkload(Agents& agents,
   const double gb = static_cast<double>(tensor->bytes()) / 1e9;
 
   std::vector<double> gbps, agent_gbps;
-  double cold_gbps = 0;
+  double cold_gbps = 0, cold_agent_gbps = 0;
   bool verified = false;
   std::string shares;
   for (int i = 0; i < options.warmup + options.repetitions; ++i) {
@@ -81,6 +81,7 @@ absl::StatusOr<std::vector<Result>> RunTransferWorkload(Agents& agents,
     if (!run.ok()) return run.status();
     if (i == 0) {
       cold_gbps = gb / run->wall_s;
+      cold_agent_gbps = run->agent_s > 0 ? gb / run->agent_s : 0;
       if (options.verify) {
         if (!tensor->TargetMatchesSource()) {
           return absl::DataLossError("the target's bytes differ from the source's");
@@ -92,6 +93,21 @@ absl::StatusOr<std::vector<Result>> RunTransferWorkload(Agents& agents,
     gbps.push_back(gb / run->wall_s);
     agent_gbps.push_back(run->agent_s > 0 ? gb / run->agent_s : 0);
     shares = NicShares(run->nic_bytes);
+  }
+  // The earlier pair is let go first: one pair is mapped at a time.
+  std::vector<double> new_memory_gbps, new_memory_agent_gbps;
+  for (int i = 0; i < options.new_memory_reps; ++i) {
+    tensor.reset();
+    FL_ASSIGN_OR_RETURN(tensor,
+                        TensorPair::Create(agents, UniqueRequestId("kv", i + 1), layout));
+    absl::StatusOr<Run> run =
+        TransferOnce(agents, *tensor, blocks, options.warmup + options.repetitions + i);
+    if (!run.ok()) return run.status();
+    if (options.verify && !tensor->TargetMatchesSource()) {
+      return absl::DataLossError("the new target's bytes differ from the source's");
+    }
+    new_memory_gbps.push_back(gb / run->wall_s);
+    new_memory_agent_gbps.push_back(run->agent_s > 0 ? gb / run->agent_s : 0);
   }
   const Summary wall = Summarize(gbps);
   const Summary agent = Summarize(agent_gbps);
@@ -106,6 +122,11 @@ absl::StatusOr<std::vector<Result>> RunTransferWorkload(Agents& agents,
       .Add("gbps_max", wall.max)
       .Add("agent_gbps_median", agent.median)
       .Add("cold_gbps", cold_gbps)
+      .Add("cold_agent_gbps", cold_agent_gbps)
+      .Add("new_memory_gbps",
+           new_memory_gbps.empty() ? 0 : Summarize(new_memory_gbps).median)
+      .Add("new_memory_agent_gbps",
+           new_memory_agent_gbps.empty() ? 0 : Summarize(new_memory_agent_gbps).median)
       .Add("nic_share_pct", shares)
       .Add("verified", std::string(verified ? "yes" : "no"));
   return std::vector<Result>{std::move(r)};

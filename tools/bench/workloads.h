@@ -23,6 +23,10 @@ struct TransferOptions {
   int repetitions = 5;
   // Compare the target's bytes with the source's once, after the first transfer.
   bool verify = true;
+  // After the measured runs, this many transfers each into a newly registered pair
+  // of tensors, over the connections the earlier runs warmed: the first transfer's
+  // cost of new memory apart from that of new connections (`new_memory_gbps`).
+  int new_memory_reps = 0;
 };
 absl::StatusOr<std::vector<Result>> RunTransferWorkload(Agents& agents,
                                                         const TransferOptions& options);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
@@ -104,15 +105,20 @@ absl::Status ControlLink::CreateQps(uint32_t count) {
   for (uint32_t i = 0; i < count; ++i) {
     FL_ASSIGN_OR_RETURN(VerbsQp * qp, nic_.CreateQp(id_, domain_));
     absl::MutexLock lock(&close_mu_);
-    qps_.push_back(qp);
+    qps_.push_back(qp);  // in qps_: Close() reaches it; still held (ReleaseQps)
     if (closed_) {
       nic_.CloseQp(qp, close_reason_);
-      nic_.ReleaseNew(qp);
       return close_reason_;
     }
-    nic_.ReleaseNew(qp);  // in qps_: Close() reaches it, Forget() drops it
   }
   return absl::OkStatus();
+}
+
+void ControlLink::ReleaseQps() {
+  absl::MutexLock lock(&close_mu_);
+  for (VerbsQp* qp : qps_) {
+    if (qp != nullptr) nic_.ReleaseNew(qp);  // from here on Forget() may drop it
+  }
 }
 
 wire::Hello ControlLink::LocalHello(std::string name) const {
@@ -167,6 +173,7 @@ absl::Status ControlLink::Handshake(absl::string_view node_name,
                                     uint32_t qp_count) {
   FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHandshakeTimeoutMs));
   FL_RETURN_IF_ERROR(SetSendTimeout(fd_.get(), kControlSendTimeoutMs));
+  absl::Cleanup release = [this] { ReleaseQps(); };
   FL_RETURN_IF_ERROR(CreateQps(qp_count));
   handshake::Transcript transcript{.connector = node_name,
                                    .acceptor = peer_name,
@@ -330,6 +337,7 @@ absl::Status ControlLink::AcceptHandshake() {
   absl::StatusOr<std::shared_ptr<PeerDomain>> domain = nic_.Domain(name);
   if (domain.ok()) domain_ = *std::move(domain);
   absl::Status ready = domain.status();
+  absl::Cleanup release = [this] { ReleaseQps(); };
   if (ready.ok()) ready = CreateQps(header->qp_count);
   if (ready.ok()) ready = ConnectQps(*header, wire::DecodeQpInfos(records));
   if (ready.ok()) {

@@ -173,7 +173,11 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
   // The first half of AcceptHandshake: HELLO, CHALLENGE, PROOF. Returns the proven
   // name; the QP records of the HELLO land in `records`.
   absl::StatusOr<std::string> Authenticate(std::vector<uint8_t>& records);
+  // Creates the handshake's QPs into qps_, each still held (busy: a close is deferred,
+  // the poller neither destroys nor frees it) so that LocalHello and ConnectQps may use
+  // them; the handshake calls ReleaseQps once, however it ends.
   absl::Status CreateQps(uint32_t count);
+  void ReleaseQps();
   absl::Status ConnectQps(const wire::HelloHeader& hello,
                           const std::vector<wire::QpInfo>& infos);
   absl::Status SendFrame(const wire::Frame& frame)

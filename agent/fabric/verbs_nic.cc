@@ -267,14 +267,15 @@ void Nic::CloseQp(VerbsQp* qp, const absl::Status& why) {
 }
 
 void Nic::CloseAll(const absl::Status& why) {
-  std::vector<VerbsQp*> all;
+  // Owning copies: a QP another close drained may be freed by the poller meanwhile.
+  std::vector<std::shared_ptr<VerbsQp>> all;
   {
     absl::MutexLock lock(&table_mu_);
     for (const auto& qp : owned_) {
-      if (qp != nullptr) all.push_back(qp.get());
+      if (qp != nullptr) all.push_back(qp);
     }
   }
-  for (VerbsQp* qp : all) CloseQp(qp, why);
+  for (const auto& qp : all) CloseQp(qp.get(), why);
 }
 
 void Nic::WaitUntilNoQps() {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Loopback benchmarks of fuselink on one machine, side by side with iperf3:
 #   1. throughput: two agents with 1, 2 and 4 emulated NICs (policy stripe) move a
-#      1 GiB tensor; iperf3 with as many TCP streams runs right after, each round;
+#      1 GiB tensor; iperf3 with as many TCP streams runs right after, each round,
+#      then a fresh 4-NIC pair moves 4 KiB (its first transfer is the peer bootstrap);
 #   2. agent memory: VmRSS split into RssAnon (the agent's own heap and stacks) and
 #      RssShmem/RssFile (mapped tensor pages and the binary), idle, peak, after;
 #   3. chunk-size sweep at 4 NICs;
@@ -13,7 +14,7 @@
 # that other processes used while it ran (busy time minus the agents', the bench's or
 # iperf3's own, the samplers' and ksoftirqd's). Tables take the median of the clean
 # runs (bg_pct < CLEAN_PCT) and say how many there were; a cell with no clean run uses
-# every run and is marked '!'. About 5 minutes on a quiet machine.
+# every run and is marked '!'. About 6 minutes on a quiet machine.
 #
 # Environment: ROUNDS (3), REPS (transfers per bench run, 3), IPERF_SECONDS (2),
 # NET (first of two loopback nets for the agents' NICs, 230), BUILD (build-bench),
@@ -255,6 +256,11 @@ for round in $(seq "$ROUNDS"); do
     run_iperf "ip1m-n$n" "$n" -l 1M
     run_iperf "ip-n$((2 * n))" "$((2 * n))"
   done
+  # A fresh pair's first 4 KiB transfer: the peer session's bootstrap, nearly alone.
+  start_pair 4
+  run_bench boot-n4 --workload=transfer --layers=1 --blocks=1 --block_bytes=4096 \
+    --warmup=1 --reps=9
+  stop_pair
 done
 
 # --- 3. chunk sweep, 4 NICs, default flags otherwise ---------------------------------
@@ -371,6 +377,10 @@ for n in "${NIC_COUNTS[@]}"; do
   printf "%-4s | %-8.2f | %-10.2f | %-8.2f | %-11s | %-9s\n" "$n" "$first" "$fresh" "$later" \
     "$(ratio "$later" "$first")" "$(ratio "$later" "$fresh")"
 done
+ms_of() { of "$FL" boot-n4 "4096 / 1e9 / $1 * 1000"; }
+printf "A fresh pair's first 4 KiB transfer (its peer session's bootstrap: the Hello RPC over\n"
+printf "mutual TLS, then the fabric's connections), 4 NICs: %.1f ms; the later ones %.2f ms %s.\n" \
+  "$(ms_of .cold_gbps)" "$(ms_of .gbps_median)" "$(clean "$FL" boot-n4)"
 echo
 echo "CPU seconds per GB moved, both ends (fuselink: both agents' utime+stime over a run,"
 echo "warm-up included; iperf3: client + server as it reports them)."

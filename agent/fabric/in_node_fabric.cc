@@ -225,7 +225,9 @@ void InNodeFabric::LandBatch(std::vector<Queued>& batch, DeviceCopier* copier) {
   for (const Queued& write : batch) {
     const WriteOp& op = write.op;
     Pending& l = landings.emplace_back(
-        Pending{&write, Completion{.wr_id = op.wr_id, .nic = 0, .bytes = op.bytes}, {}});
+        Pending{&write,
+                Completion{.wr_id = op.wr_id, .nic = 0, .bytes = op.bytes, .status = {}},
+                {}});
     if (op.bytes == 0) continue;  // a notice
     std::variant<WindowTable::Placement, Refusal> admitted =
         windows_.Admit(op.remote_key, options_.node, op.remote_offset, op.bytes);

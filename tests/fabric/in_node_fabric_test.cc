@@ -197,7 +197,7 @@ TEST_F(InNodeFabricTest, GpuMemoryGoesThroughTheCopierAndFailsWithoutOne) {
 
 TEST_F(InNodeFabricTest, AFullQueuePushesBackAndNoQueuedWriteIsLost) {
   absl::Notification go, entered;
-  Make(InNodeOptions{.workers = 1, .queue_depth = 2, .copier = [&] {
+  Make(InNodeOptions{.node = "a", .workers = 1, .queue_depth = 2, .copier = [&] {
                        return absl::StatusOr<std::unique_ptr<DeviceCopier>>(
                            std::make_unique<HostCopier>(&go, &entered));
                      }});

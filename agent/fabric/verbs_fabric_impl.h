@@ -1,5 +1,6 @@
-// The verbs fabric's class, shared by its two files: verbs_fabric.cc (peers, links,
-// writes, teardown) and verbs_fabric_windows.cc (regions and windows). Internal to
+// The verbs fabric's class, shared by its three files: verbs_fabric.cc (peers, links,
+// teardown), verbs_fabric_writes.cc (posted and staged writes) and
+// verbs_fabric_windows.cc (regions and windows). Internal to
 // fuselink_fabric_verbs; callers use verbs_fabric.h.
 #pragma once
 

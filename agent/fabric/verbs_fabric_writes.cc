@@ -1,0 +1,218 @@
+// The verbs fabric's writes (the class: verbs_fabric_impl.h): a write the NIC can read
+// is posted at once; one from GPU memory it cannot read, or from a source still being
+// written, waits for the NIC's sender thread, which stages or waits and posts it.
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/common/status_macros.h"
+#include "agent/fabric/checks.h"
+#include "agent/fabric/verbs_fabric_impl.h"
+
+namespace fuselink::fabric {
+namespace verbs_internal {
+namespace {
+
+const std::vector<LinkPtr> kNoLinks;
+
+}  // namespace
+
+absl::Status VerbsFabric::PostWrite(PeerId peer, int nic, const WriteOp& op) {
+  FL_RETURN_IF_ERROR(CheckWrite(nic, nic_count(), op, options_.max_write_bytes));
+  std::shared_ptr<const VerbsRegion> region;
+  if (op.bytes > 0) {
+    absl::ReaderMutexLock lock(&regions_mu_);
+    auto it = regions_.find(op.local_key);
+    if (it == regions_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("local extent: no region ", op.local_key));
+    }
+    if (!ExtentFits(op.local_offset, op.bytes, it->second->bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local extent: [", op.local_offset, ", +", op.bytes, ") outside region ",
+          op.local_key, " of ", it->second->bytes, " bytes"));
+    }
+    region = it->second;
+  }
+  // GPU memory this NIC cannot read, or a source still being written (the relay's
+  // copy into its slot): the NIC's sender thread waits, stages and posts.
+  if (op.after != nullptr || (region != nullptr && !region->mrs[nic])) {
+    return Defer(peer, nic, op, std::move(region));
+  }
+  return PostResolved(peer, nic, op, DirectSource(region, nic, op.local_offset));
+}
+
+verbs::WriteSource VerbsFabric::DirectSource(
+    const std::shared_ptr<const VerbsRegion>& region, int nic, uint64_t offset) {
+  if (region == nullptr) return {};  // a notification
+  return {.address = reinterpret_cast<uint64_t>(region->base + offset),
+          .lkey = region->mrs[nic]->lkey,
+          .hold = region};
+}
+
+absl::Status VerbsFabric::PostResolved(PeerId peer, int nic, const WriteOp& op,
+                                       verbs::WriteSource source) {
+  // Held across the post: a QP is freed only after OnQpClosed, which takes mu_.
+  absl::ReaderMutexLock lock(&mu_);
+  const Peer* to = peers_.Get(peer);
+  if (to == nullptr || to->retired) {
+    return absl::UnavailableError(absl::StrCat("peer ", peer, " is not connected"));
+  }
+  for (const LinkPtr& link : to->links) {
+    if (link->role() != ControlLink::Role::kOutbound || link->nic().index() != nic)
+      continue;
+    VerbsQp* qp = link->NextQp();
+    if (qp == nullptr) continue;
+    verbs::RemoteTarget target;
+    if (op.bytes > 0) {
+      std::optional<verbs::RemoteTarget> extent =
+          link->Resolve(op.remote_key, op.remote_offset, op.bytes);
+      // No registration of ours holds it: the target says why it refuses it.
+      if (!extent.has_value()) return link->AskTarget(op);
+      target = *extent;
+    }
+    return link->nic().Post(qp, op, std::move(source), target.address, target.rkey);
+  }
+  return absl::UnavailableError(
+      absl::StrCat("peer '", to->name, "' is not connected on NIC ", nic));
+}
+
+absl::Status VerbsFabric::Defer(PeerId peer, int nic, const WriteOp& op,
+                                std::shared_ptr<const VerbsRegion> region) {
+  const bool staged = region != nullptr && !region->mrs[nic];
+  if (staged && op.bytes > options_.staging_slot_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a staged write of ", op.bytes, " bytes: NIC ", nic,
+                     " stages at most ", options_.staging_slot_bytes));
+  }
+  if (senders_.empty()) {  // fences and staging come only with a device stager
+    return absl::UnimplementedError(
+        "this verbs fabric has no GPU stager: it takes no fenced or GPU writes");
+  }
+  NicSender& sender = *senders_[nic];
+  if (sender.queued.fetch_add(1) >= options_.queue_depth_per_nic) {
+    sender.queued.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "NIC ", nic, " has ", options_.queue_depth_per_nic, " staged writes queued"));
+  }
+  auto write = std::make_unique<Deferred>(
+      Deferred{.peer = peer, .nic = nic, .op = op, .region = std::move(region)});
+  {
+    absl::MutexLock lock(&mu_);
+    const Peer* to = shutting_down_ ? nullptr : peers_.Get(peer);
+    LinkEntry* pinned = nullptr;
+    for (const LinkPtr& link : to != nullptr && !to->retired ? to->links : kNoLinks) {
+      if (link->role() != ControlLink::Role::kOutbound || link->nic().index() != nic)
+        continue;
+      // Only a link with QPs: one without is done, or queued for the reaper.
+      auto entry = links_.find(link->id());
+      if (entry != links_.end() && entry->second.live_qps > 0) {
+        pinned = &entry->second;
+        break;
+      }
+    }
+    if (pinned == nullptr) {
+      sender.queued.fetch_sub(1);
+      return absl::UnavailableError(
+          absl::StrCat("peer ", peer, " is not connected on NIC ", nic));
+    }
+    // The link holds the peer up until the write has been posted or failed.
+    ++pinned->deferred;
+    write->link = pinned->link->id();
+  }
+  sender.thread.Run([this, write = std::move(write)]() mutable { RunDeferred(*write); });
+  return absl::OkStatus();
+}
+
+void VerbsFabric::RunDeferred(Deferred& write) {
+  absl::Status status;
+  if (write.op.after != nullptr) {
+    if (absl::Status ready = write.op.after->Wait(); !ready.ok()) {
+      // As over TCP: the source is unreadable, the write fails over to another NIC.
+      status = absl::UnavailableError(
+          absl::StrCat("the source of the write was not ready: ", ready.message()));
+    }
+  }
+  if (status.ok()) {
+    absl::StatusOr<verbs::WriteSource> source = StageSource(write);
+    status = source.status();
+    // A quota spent by direct writes frees as their completions come.
+    const absl::Time deadline = absl::Now() + absl::Seconds(1);
+    while (source.ok()) {
+      status = PostResolved(write.peer, write.nic, write.op, *source);
+      if (!absl::IsResourceExhausted(status) || absl::Now() > deadline) break;
+      absl::SleepFor(absl::Microseconds(50));
+    }
+  }
+  if (!status.ok()) {
+    // Whatever kept it from the wire, the write may go over another NIC.
+    if (!absl::IsUnavailable(status)) {
+      status = absl::UnavailableError(
+          absl::StrCat("the deferred write was not sent: ", status.ToString()));
+    }
+    handler_.OnCompletion(Completion{.wr_id = write.op.wr_id,
+                                     .nic = write.nic,
+                                     .bytes = write.op.bytes,
+                                     .status = std::move(status)});
+  }
+  FinishDeferred(write);
+}
+
+absl::StatusOr<verbs::WriteSource> VerbsFabric::StageSource(Deferred& write) {
+  const VerbsRegion* region = write.region.get();
+  if (region == nullptr || region->mrs[write.nic]) {
+    return DirectSource(write.region, write.nic, write.op.local_offset);
+  }
+  NicSender& sender = *senders_[write.nic];
+  DeviceStager& stager = *options_.device_stager;  // a region without MRs has one
+  // Made on the first staged write; a failure is kept, not retried for every write.
+  FL_RETURN_IF_ERROR(sender.unusable);
+  if (sender.pool == nullptr) {
+    absl::StatusOr<std::shared_ptr<verbs::BouncePool>> pool = verbs::BouncePool::Create(
+        stager, write.nic, options_.staging_slots_per_nic, options_.staging_slot_bytes,
+        verbs::BouncePool::LocalReads(nics_[write.nic]->pd()));
+    absl::StatusOr<std::unique_ptr<DeviceStage>> stage = stager.NewStage(write.nic);
+    sender.unusable.Update(pool.status());
+    sender.unusable.Update(stage.status());
+    if (!sender.unusable.ok()) {
+      sender.unusable = WithContext(
+          sender.unusable, absl::StrCat("NIC ", write.nic, " cannot stage GPU memory"));
+      return sender.unusable;
+    }
+    sender.pool = *std::move(pool);
+    sender.stage = *std::move(stage);
+  }
+  FL_ASSIGN_OR_RETURN(
+      std::shared_ptr<const verbs::BouncePool::Slot> slot,
+      verbs::StageOut(*sender.pool, *sender.stage, region->gpu,
+                      reinterpret_cast<uint64_t>(region->base) + write.op.local_offset,
+                      write.op.bytes));
+  const uint64_t address = reinterpret_cast<uint64_t>(slot->data);
+  const uint32_t lkey = slot->lkey;
+  return verbs::WriteSource{.address = address, .lkey = lkey, .hold = std::move(slot)};
+}
+
+void VerbsFabric::FinishDeferred(const Deferred& write) {
+  // Called only for writes Defer took, which exist only with senders.
+  senders_[write.nic]->queued.fetch_sub(1);
+  PeerId peer_id = 0;
+  std::optional<std::string> lost;
+  absl::Status why;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(write.link);
+    if (it == links_.end()) return;
+    LinkEntry& entry = it->second;
+    --entry.deferred;
+    if (entry.alive()) return;
+    peer_id = entry.peer;
+    why = entry.link->close_reason();
+    lost = LoseIfDone(peer_id);
+    MaybeReap(write.link, entry);
+  }
+  if (lost.has_value()) handler_.OnPeerLost(peer_id, *lost, PeerLostStatus(why));
+}
+
+}  // namespace verbs_internal
+}  // namespace fuselink::fabric

@@ -4,7 +4,9 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
@@ -37,6 +39,18 @@ absl::StatusOr<Nonce> NewNonce() {
   Nonce nonce;
   FL_RETURN_IF_ERROR(FillRandom(nonce));
   return nonce;
+}
+
+absl::StatusOr<SessionKey> AcceptorKeyFor(const FabricKeys& keys,
+                                          absl::string_view connector) {
+  std::optional<SessionKey> key = keys.FindAcceptKey(connector);
+  if (!key.has_value()) {
+    return WithReason(absl::UnauthenticatedError(
+                          absl::StrCat("HELLO from '", BoundedForMessage(connector),
+                                       "', which holds no fabric key for this node")),
+                      kAuthReason);
+  }
+  return *std::move(key);
 }
 
 absl::StatusOr<Mac> ComputeMac(const SessionKey& key, Side side,

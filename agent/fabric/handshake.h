@@ -64,6 +64,11 @@ struct Transcript {
 // 16 bytes from getrandom(2).
 absl::StatusOr<Nonce> NewNonce();
 
+// The key an acceptor proves itself with to `connector`, the name its HELLO gave.
+// UNAUTHENTICATED with reason FABRIC_AUTH when this node holds none for it.
+absl::StatusOr<SessionKey> AcceptorKeyFor(const FabricKeys& keys,
+                                          absl::string_view connector);
+
 // `side`'s MAC over `transcript` under `key`. INVALID_ARGUMENT for an empty name or
 // one over kMaxNameBytes; INTERNAL if libcrypto fails.
 absl::StatusOr<Mac> ComputeMac(const SessionKey& key, Side side,

@@ -1,7 +1,6 @@
 #include "agent/fabric/tcp_handshake.h"
 
 #include <algorithm>
-#include <optional>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
@@ -101,21 +100,14 @@ absl::StatusOr<std::string> AuthenticateConnector(int fd, uint32_t nic,
   if (absl::Status valid = wire::ValidateNodeName(name); !valid.ok()) {
     return Malformed(valid);
   }
-  const std::optional<SessionKey> key = keys.FindAcceptKey(name);
-  if (!key.has_value()) {
-    return WithReason(absl::UnauthenticatedError(
-                          absl::StrCat("HELLO from '", BoundedForMessage(name),
-                                       "', which holds no fabric key for this node")),
-                      handshake::kAuthReason);
-  }
+  FL_ASSIGN_OR_RETURN(const SessionKey key, handshake::AcceptorKeyFor(keys, name));
   handshake::Transcript transcript{.connector = name,
                                    .acceptor = self,
                                    .nic = nic,
                                    .client_nonce = hello.client_nonce};
   FL_ASSIGN_OR_RETURN(transcript.server_nonce, handshake::NewNonce());
-  FL_ASSIGN_OR_RETURN(
-      const handshake::Mac mac_a,
-      handshake::ComputeMac(*key, handshake::Side::kAcceptor, transcript));
+  FL_ASSIGN_OR_RETURN(const handshake::Mac mac_a,
+                      handshake::ComputeMac(key, handshake::Side::kAcceptor, transcript));
   FL_RETURN_IF_ERROR(Send(fd, wire::EncodeChallenge(transcript.server_nonce, mac_a)));
 
   FL_RETURN_IF_ERROR(
@@ -123,7 +115,7 @@ absl::StatusOr<std::string> AuthenticateConnector(int fd, uint32_t nic,
   handshake::Mac mac_c;
   FL_RETURN_IF_ERROR(RecvBefore(fd, mac_c.data(), mac_c.size(), deadline));
   FL_RETURN_IF_ERROR(
-      handshake::VerifyMac(*key, handshake::Side::kConnector, transcript, mac_c));
+      handshake::VerifyMac(key, handshake::Side::kConnector, transcript, mac_c));
   FL_RETURN_IF_ERROR(SetReceiveTimeout(fd, 0));
   return name;
 }

@@ -155,21 +155,15 @@ absl::StatusOr<std::string> ControlLink::Authenticate(std::vector<uint8_t>& reco
     return absl::InvalidArgumentError(
         absl::StrCat("HELLO for NIC ", header->nic, " on NIC ", nic_.index()));
   }
-  const std::optional<SessionKey> key = host_.keys().FindAcceptKey(name);
-  if (!key.has_value()) {
-    return WithReason(absl::UnauthenticatedError(
-                          absl::StrCat("HELLO from '", BoundedForMessage(name),
-                                       "', which holds no fabric key for this node")),
-                      handshake::kAuthReason);
-  }
+  FL_ASSIGN_OR_RETURN(const SessionKey key,
+                      handshake::AcceptorKeyFor(host_.keys(), name));
   handshake::Transcript transcript{.connector = name,
                                    .acceptor = host_.node_name(),
                                    .nic = static_cast<uint32_t>(nic_.index()),
                                    .client_nonce = header->client_nonce};
   FL_ASSIGN_OR_RETURN(transcript.server_nonce, handshake::NewNonce());
-  FL_ASSIGN_OR_RETURN(
-      const handshake::Mac mac_a,
-      handshake::ComputeMac(*key, handshake::Side::kAcceptor, transcript));
+  FL_ASSIGN_OR_RETURN(const handshake::Mac mac_a,
+                      handshake::ComputeMac(key, handshake::Side::kAcceptor, transcript));
   {
     absl::MutexLock lock(&send_mu_);
     FL_RETURN_IF_ERROR(SendFrame(
@@ -179,7 +173,7 @@ absl::StatusOr<std::string> ControlLink::Authenticate(std::vector<uint8_t>& reco
   const auto* proof = std::get_if<wire::Proof>(&second);
   if (proof == nullptr) return absl::InvalidArgumentError("expected a PROOF");
   FL_RETURN_IF_ERROR(
-      handshake::VerifyMac(*key, handshake::Side::kConnector, transcript, proof->mac));
+      handshake::VerifyMac(key, handshake::Side::kConnector, transcript, proof->mac));
   FL_RETURN_IF_ERROR(SetReceiveTimeout(fd_.get(), kHandshakeTimeoutMs));
   return name;
 }

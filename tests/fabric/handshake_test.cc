@@ -56,6 +56,18 @@ void ExpectRefused(const absl::Status& status) {
   EXPECT_EQ(ReasonOf(status), kAuthReason) << status;
 }
 
+TEST(HandshakeTest, AnAcceptorHasAKeyOnlyForAConnectorItMadeOneFor) {
+  FabricKeys keys;
+  const SessionKey made = keys.AcceptKey("node-a");
+  absl::StatusOr<SessionKey> known = AcceptorKeyFor(keys, "node-a");
+  ASSERT_TRUE(known.ok()) << known.status();
+  EXPECT_EQ(*known, made);
+  const absl::Status unknown = AcceptorKeyFor(keys, "node-c").status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kUnauthenticated) << unknown;
+  EXPECT_EQ(ReasonOf(unknown), kAuthReason) << unknown;
+  EXPECT_NE(unknown.message().find("'node-c'"), std::string::npos) << unknown;
+}
+
 TEST(HandshakeTest, WrongKeyFails) {
   const Mac mac = *ComputeMac(CountingKey(), Side::kConnector, KnownTranscript());
   SessionKey other = CountingKey();

@@ -1,6 +1,7 @@
 // Discovery on sysfs trees built here, modelled on real machines: a DGX H100/H200-like
 // node, a 4-GPU PCIe server, a two-socket box with PCIe switches under switches, a
-// node without RDMA devices; malformed trees; and this machine's own /sys.
+// node without RDMA devices; malformed trees; and this machine's own /sys. Which GPUs
+// are seen: gpu_visibility_test.cc; path classes and owners: affinity_test.cc.
 #include "agent/topo/discovery.h"
 
 #include <arpa/inet.h>
@@ -12,7 +13,6 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -21,6 +21,7 @@
 #include "agent/topo/render.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/topo/discovery_checks.h"
 #include "tests/topo/machines.h"
 #include "tests/topo/sysfs_fixture.h"
 
@@ -32,61 +33,28 @@ using testing::BuildDgx;
 using testing::BuildPcieServer;
 using testing::BuildTwoSocket;
 using testing::DgxAddresses;
+using testing::DgxCudaGpus;
+using testing::DirectNics;
 using ::testing::ElementsAre;
+using testing::Excluded;
+using testing::FakeCuda;
 using ::testing::HasSubstr;
 using testing::kDgxBus;
+using testing::NicNames;
+using testing::NicRails;
+using testing::NODE;
+using testing::Options;
+using testing::Owners;
 using testing::PcieServerAddresses;
-using testing::RdmaPortSpec;
+using testing::PHB;
+using testing::PIX;
+using testing::PXB;
 using testing::Root;
+using testing::Row;
+using testing::SYS;
 using testing::SysfsFixture;
 using testing::TwoSocketAddresses;
-
-constexpr PathClass PIX = v1::PATH_CLASS_PIX;
-constexpr PathClass PXB = v1::PATH_CLASS_PXB;
-constexpr PathClass PHB = v1::PATH_CLASS_PHB;
-constexpr PathClass NODE = v1::PATH_CLASS_NODE;
-constexpr PathClass SYS = v1::PATH_CLASS_SYS;
-constexpr PathClass UNKNOWN = v1::PATH_CLASS_UNSPECIFIED;
-
-DiscoveryOptions Options(const SysfsFixture& f, InterfaceAddresses addresses) {
-  DiscoveryOptions o;
-  o.sysfs_root = f.root();
-  o.addresses = [addresses] { return addresses; };
-  return o;
-}
-
-std::vector<std::string> NicNames(const Topology& t) {
-  std::vector<std::string> names;
-  for (const v1::Nic& n : t.nics()) names.push_back(n.name());
-  return names;
-}
-
-std::map<std::string, std::string> Excluded(const Topology& t) {
-  std::map<std::string, std::string> out;
-  for (const v1::ExcludedNic& x : t.excluded_nics()) out[x.name()] = x.reason();
-  return out;
-}
-
-std::vector<int> Owners(const Topology& t) {
-  std::vector<int> out;
-  for (const v1::Nic& n : t.nics()) out.push_back(n.owner_gpu());
-  return out;
-}
-
-std::vector<int> DirectNics(const Topology& t) {
-  std::vector<int> out;
-  for (const v1::Gpu& g : t.gpus())
-    out.push_back(g.has_direct_nic() ? g.direct_nic() : -1);
-  return out;
-}
-
-std::vector<uint32_t> NicRails(const Topology& t) { return Rails(t); }
-
-std::vector<PathClass> Row(const v1::Nic& n) {
-  std::vector<PathClass> row;
-  for (int g = 0; g < n.gpu_distance_size(); ++g) row.push_back(n.gpu_distance(g));
-  return row;
-}
+using testing::UNKNOWN;
 
 TEST(Discovery, DgxNodeFindsEachGpusNicAndLeavesOutManagementPorts) {
   SysfsFixture f;
@@ -212,196 +180,6 @@ TEST(Discovery, NoDataNicIsAnErrorNamingEachReason) {
   t = DiscoverTopology(missing);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->nics_size() + t->gpus_size() + t->excluded_nics_size(), 0);
-}
-
-TEST(Discovery, CudaVisibleDevicesByIndexRenumbersGpusAndKeepsTheMachinesView) {
-  SysfsFixture f;
-  BuildDgx(f);
-  DiscoveryOptions o = Options(f, DgxAddresses());
-  o.cuda.visible_devices = "6,2";
-  o.cuda.device_order = "PCI_BUS_ID";
-  absl::StatusOr<Topology> t = DiscoverTopology(o);
-  ASSERT_TRUE(t.ok()) << t.status();
-  ASSERT_EQ(t->gpus_size(), 2);
-  EXPECT_EQ(t->gpus(0).pci_bus_id(), Bdf(kDgxBus[6] + 3));  // CUDA device 0
-  EXPECT_EQ(t->gpus(1).pci_bus_id(), Bdf(kDgxBus[2] + 3));
-  // Management is judged against every GPU of the machine: the socket-0 NICs of
-  // hidden GPUs stay data NICs.
-  EXPECT_EQ(t->nics_size(), 8);
-  EXPECT_EQ(Excluded(*t).size(), 2u);
-  EXPECT_EQ(Row(t->nics(2)), (std::vector<PathClass>{SYS, PIX}));   // mlx5_2
-  EXPECT_EQ(Row(t->nics(6)), (std::vector<PathClass>{PIX, SYS}));   // mlx5_8
-  EXPECT_EQ(Row(t->nics(4)), (std::vector<PathClass>{NODE, SYS}));  // mlx5_6
-  EXPECT_THAT(Owners(*t), ElementsAre(1, 1, 1, 1, 0, 0, 0, 0));
-  EXPECT_THAT(DirectNics(*t), ElementsAre(6, 2));
-  EXPECT_THAT(absl::StrJoin(t->notes(), "\n"), HasSubstr("CUDA_VISIBLE_DEVICES=6,2"));
-}
-
-TEST(Discovery, CudaVisibleDevicesEntriesTheDriverWouldIgnoreAreIgnored) {
-  SysfsFixture f;
-  BuildDgx(f);
-  // As the driver reads them (measured on an H200): entries up to the first that names
-  // no GPU; a GPU named twice hides every GPU (cuInit fails); the number at an entry's
-  // front is its index; "gpu-" in lower case is no UUID.
-  for (const auto& [value, want] :
-       std::vector<std::pair<std::string, int>>{{"1,x,2", 1},
-                                                {"0,0", 0},
-                                                {"0,0,1", 0},
-                                                {"3,99,1", 1},
-                                                {"", 0},
-                                                {"7,-1,0", 1},
-                                                {"0abc", 1},
-                                                {"0x0", 1},
-                                                {"2abc,3", 2},
-                                                {"gpu-8cf0d4c4", 0},
-                                                {"1,gpu-8cf0d4c4", 1},
-                                                {"99999999999999999999", 0}}) {
-    DiscoveryOptions o = Options(f, DgxAddresses());
-    o.cuda.visible_devices = value;
-    absl::StatusOr<Topology> t = DiscoverTopology(o);
-    ASSERT_TRUE(t.ok()) << value << ": " << t.status();
-    EXPECT_EQ(t->gpus_size(), want) << value;
-    if (value == "0abc" || value == "0x0") {
-      EXPECT_EQ(t->gpus(0).pci_bus_id(), Bdf(kDgxBus[0] + 3)) << value;
-    }
-    if (value == "0,0,1") {
-      EXPECT_THAT(absl::StrJoin(t->notes(), "\n"), HasSubstr("names GPU 0 twice"));
-    }
-    if (!value.empty()) {
-      EXPECT_THAT(absl::StrJoin(t->notes(), "\n"),
-                  HasSubstr("applied by discovery to the GPUs in sysfs"));
-    }
-  }
-  DiscoveryOptions o = Options(f, DgxAddresses());
-  o.cuda.visible_devices = "MIG-GPU-8cf0d4c4-1d2e-b3f5-0a0c-8d2bd6dd5a4f/1/0";
-  absl::StatusOr<Topology> t = DiscoverTopology(o);
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(ReasonOf(t.status()), "MIG_UNSUPPORTED");
-  o.cuda.visible_devices = "GPU-8cf0d4c4";  // sysfs knows no UUIDs
-  t = DiscoverTopology(o);
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(ReasonOf(t.status()), "CUDA_VISIBLE_DEVICES");
-}
-
-// Stands in for the sysfs fallback of the CUDA probe.
-class FixedGpus : public GpuProbe {
- public:
-  explicit FixedGpus(int n) : n_(n) {}
-  absl::StatusOr<GpuEnumeration> Enumerate() const override {
-    GpuEnumeration out;
-    for (int i = 0; i < n_; ++i) {
-      ProbedGpu g;
-      g.ordinal = i;
-      out.gpus.push_back(std::move(g));
-    }
-    return out;
-  }
-
- private:
-  int n_;
-};
-
-TEST(GpuProbe, NoDeviceUnderCudaVisibleDevicesIsNoGpusNotSysfsGpus) {
-  const FixedGpus sysfs(8);
-  CudaEnvironment env;
-  env.visible_devices = "0,0";
-  const absl::Status invalid = WithReason(
-      absl::FailedPreconditionError("cuInit: CUDA_ERROR_INVALID_DEVICE (101): invalid "
-                                    "device ordinal"),
-      "CUDA_ERROR_INVALID_DEVICE");
-  absl::StatusOr<GpuEnumeration> got = WithoutCudaDriver(invalid, env, sysfs);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_TRUE(got->gpus.empty());
-  EXPECT_THAT(absl::StrJoin(got->notes, "\n"),
-              HasSubstr("the CUDA driver loaded but shows no GPU"));
-  EXPECT_THAT(absl::StrJoin(got->notes, "\n"), HasSubstr("CUDA_VISIBLE_DEVICES=0,0"));
-  env.visible_devices = "-1";
-  const absl::Status none = WithReason(
-      absl::FailedPreconditionError("cuInit: CUDA_ERROR_NO_DEVICE (100): no device"),
-      "CUDA_ERROR_NO_DEVICE");
-  got = WithoutCudaDriver(none, env, sysfs);
-  ASSERT_TRUE(got.ok());
-  EXPECT_TRUE(got->gpus.empty());
-  // No libcuda, or no device with the variable unset: sysfs, and the note says why.
-  const absl::Status no_lib = WithReason(
-      absl::FailedPreconditionError("no NVIDIA driver: libcuda.so.1 not found"),
-      "NO_CUDA_DRIVER");
-  got = WithoutCudaDriver(no_lib, env, sysfs);
-  ASSERT_TRUE(got.ok());
-  EXPECT_EQ(got->gpus.size(), 8u);
-  EXPECT_THAT(got->notes.front(), HasSubstr("libcuda.so.1 not found"));
-  got = WithoutCudaDriver(none, CudaEnvironment{}, sysfs);
-  ASSERT_TRUE(got.ok());
-  EXPECT_EQ(got->gpus.size(), 8u);
-  got = WithoutCudaDriver(no_lib, env, FixedGpus(0));
-  ASSERT_TRUE(got.ok());
-  EXPECT_THAT(got->notes.front(), HasSubstr("CUDA driver not usable"));  // even empty
-}
-
-// Stands in for the CUDA driver: knows UUIDs and peers, and applies
-// CUDA_VISIBLE_DEVICES to its base order as the driver does.
-class FakeCuda : public GpuProbe {
- public:
-  FakeCuda(std::vector<ProbedGpu> base, CudaEnvironment env)
-      : base_(std::move(base)), env_(std::move(env)) {}
-  absl::StatusOr<GpuEnumeration> Enumerate() const override {
-    GpuEnumeration out;
-    FL_ASSIGN_OR_RETURN(std::vector<int> visible, SelectVisible(base_, env_, &out.notes));
-    for (size_t i = 0; i < visible.size(); ++i) {
-      ProbedGpu g = base_[visible[i]];
-      g.ordinal = static_cast<int>(i);
-      g.peers.clear();
-      for (size_t j = 0; j < visible.size(); ++j) {
-        if (j != i) g.peers.push_back(static_cast<int>(j));
-      }
-      out.gpus.push_back(std::move(g));
-    }
-    return out;
-  }
-
- private:
-  std::vector<ProbedGpu> base_;
-  CudaEnvironment env_;
-};
-
-std::vector<ProbedGpu> DgxCudaGpus() {
-  std::vector<ProbedGpu> gpus;
-  for (int i = 0; i < 8; ++i) {
-    ProbedGpu g;
-    g.ordinal = i;
-    g.pci_bus_id = Bdf(kDgxBus[i] + 3);
-    g.uuid = absl::StrFormat("GPU-%08x-7d1f-4c2b-9a3e-0123456789ab", 0xa0 + i);
-    g.name = "NVIDIA H200";
-    gpus.push_back(g);
-  }
-  return gpus;
-}
-
-TEST(Discovery, CudaVisibleDevicesByUuidAndTheDriversPeers) {
-  SysfsFixture f;
-  BuildDgx(f);
-  CudaEnvironment env;
-  env.visible_devices = "GPU-000000a3,1";  // a UUID prefix, then an index
-  FakeCuda cuda(DgxCudaGpus(), env);
-  DiscoveryOptions o = Options(f, DgxAddresses());
-  o.gpus = &cuda;
-  absl::StatusOr<Topology> t = DiscoverTopology(o);
-  ASSERT_TRUE(t.ok()) << t.status();
-  ASSERT_EQ(t->gpus_size(), 2);
-  EXPECT_EQ(t->gpus(0).uuid(), "GPU-000000a3-7d1f-4c2b-9a3e-0123456789ab");
-  EXPECT_EQ(t->gpus(0).pci_bus_id(), Bdf(kDgxBus[3] + 3));
-  EXPECT_EQ(t->gpus(0).name(), "NVIDIA H200");
-  EXPECT_THAT(t->gpus(0).peer_gpus(), ElementsAre(1));
-  EXPECT_EQ(t->gpus(1).pci_bus_id(), Bdf(kDgxBus[1] + 3));
-  EXPECT_EQ(Row(t->nics(3)), (std::vector<PathClass>{PIX, NODE}));  // mlx5_3
-  EXPECT_EQ(t->nics(3).owner_gpu(), 0u);
-  EXPECT_EQ(t->gpus(0).direct_nic(), 3u);
-  EXPECT_EQ(t->gpus(1).direct_nic(), 1u);
-
-  env.visible_devices = "GPU-000000a";  // a prefix of all eight
-  FakeCuda ambiguous(DgxCudaGpus(), env);
-  o.gpus = &ambiguous;
-  EXPECT_EQ(ReasonOf(DiscoverTopology(o).status()), "CUDA_VISIBLE_DEVICES");
 }
 
 // machines.h: BuildPcieServer.
@@ -692,91 +470,6 @@ TEST(Discovery, PortAddressIsOnItsOwnNetdevPreferringOneWithIpv4) {
     EXPECT_EQ(t->excluded_nics(0).detail(),
               "enp136s0d1's address 10.3.0.1 is mlx4_0's too");
   }
-}
-
-TEST(Affinity, ClassesFromPciPaths) {
-  auto at = [](absl::string_view path, int numa) {
-    absl::StatusOr<PciPosition> p = ParsePciPath(path);
-    EXPECT_TRUE(p.ok()) << path;
-    PciPosition out = p.ok() ? *p : PciPosition{};
-    out.numa_node = numa;
-    return out;
-  };
-  const PciPosition gpu =
-      at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:00.0/0000:1a:00.0", 0);
-  EXPECT_EQ(gpu.root, "pci0000:17");
-  EXPECT_THAT(gpu.bridges, ElementsAre("0000:17:01.0", "0000:18:00.0", "0000:19:00.0"));
-  EXPECT_EQ(gpu.function, "0000:1a:00.0");
-  EXPECT_EQ(
-      Classify(
-          gpu,
-          at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/0000:1b:00.0",
-             0)),
-      PIX);
-  EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/"
-                             "0000:1b:00.0/0000:1c:00.0/0000:1d:00.0",
-                             0)),
-            PXB);
-  // One switch below the GPU's switch: two bridges below the common one.
-  EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/"
-                             "0000:1b:00.0/0000:1c:00.0",
-                             0)),
-            PXB);
-  EXPECT_EQ(Classify(gpu, at("devices/pci0000:17/0000:17:02.0/0000:30:00.0", 0)), PHB);
-  EXPECT_EQ(Classify(gpu, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", 0)), NODE);
-  EXPECT_EQ(Classify(gpu, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", 1)), SYS);
-  EXPECT_EQ(Classify(gpu, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", -1)),
-            UNKNOWN);  // one NUMA node known, the other not
-  PciPosition no_numa = gpu;
-  no_numa.numa_node = -1;
-  EXPECT_EQ(Classify(no_numa, at("devices/pci0000:40/0000:40:01.0/0000:41:00.0", -1)),
-            NODE);  // neither known: one NUMA node
-  EXPECT_EQ(Classify(gpu, PciPosition{}), UNKNOWN);
-  EXPECT_FALSE(ParsePciPath("devices/virtual/net/lo").ok());
-  EXPECT_EQ(ParsePciPath("devices/pci0000:00/0000:00:03.0/virtio2")->function,
-            "0000:00:03.0");
-  EXPECT_STREQ(PathClassName(NODE), "NODE");
-}
-
-// Taken NIC by NIC, NIC 0 (PIX to GPUs 0 and 1) and NIC 1 (PIX to GPU 0 only) both
-// went to GPU 0, and GPU 1 had no NIC of its own.
-TEST(Affinity, GpuDirectReachesUpToTheLimitAndWhereNobodySays) {
-  EXPECT_TRUE(GpuDirectReaches(v1::PATH_CLASS_PIX, v1::PATH_CLASS_PXB));
-  EXPECT_TRUE(GpuDirectReaches(v1::PATH_CLASS_PXB, v1::PATH_CLASS_PXB));
-  EXPECT_FALSE(GpuDirectReaches(v1::PATH_CLASS_PHB, v1::PATH_CLASS_PXB));
-  EXPECT_FALSE(GpuDirectReaches(v1::PATH_CLASS_SYS, v1::PATH_CLASS_NODE));
-  EXPECT_TRUE(GpuDirectReaches(v1::PATH_CLASS_SYS, v1::PATH_CLASS_SYS));
-  EXPECT_TRUE(GpuDirectReaches(v1::PATH_CLASS_UNSPECIFIED, v1::PATH_CLASS_PIX));
-  EXPECT_EQ(ParsePathClass("pxb"), v1::PATH_CLASS_PXB);
-  EXPECT_EQ(ParsePathClass("SYS"), v1::PATH_CLASS_SYS);
-  EXPECT_EQ(ParsePathClass("?"), std::nullopt);
-  EXPECT_EQ(ParsePathClass(""), std::nullopt);
-}
-
-TEST(Affinity, EveryGpuGetsANicOfItsOwnWhenTheNicsAllow) {
-  Affinity a = ChooseAffinity({{PIX, PIX}, {PIX, NODE}}, 2);
-  EXPECT_THAT(a.owner_gpu, ElementsAre(1, 0));
-  EXPECT_THAT(a.direct_nic, ElementsAre(1, 0));
-  // A longer chain: GPU 2 gets NIC 0 only after GPU 0 moves to NIC 1 and GPU 1 to NIC 2.
-  a = ChooseAffinity({{PIX, SYS, PIX}, {PIX, PIX, SYS}, {SYS, PIX, SYS}}, 3);
-  EXPECT_THAT(a.direct_nic, ElementsAre(1, 2, 0));
-  EXPECT_THAT(a.owner_gpu, ElementsAre(2, 0, 1));
-  // A GPU is matched only at its best class: GPU 1 shares NIC 0 (PIX) rather than
-  // starting on NIC 1 (NODE); NIC 1 is then owned by its nearest GPU with fewest.
-  a = ChooseAffinity({{PIX, PIX}, {NODE, NODE}}, 2);
-  EXPECT_THAT(a.direct_nic, ElementsAre(0, 0));
-  EXPECT_THAT(a.owner_gpu, ElementsAre(0, 1));
-  // Two GPUs want one NIC: the nearer one (PXB) gets it, whatever the index order.
-  a = ChooseAffinity({{PHB, PXB}}, 2);
-  EXPECT_THAT(a.owner_gpu, ElementsAre(1));
-  EXPECT_THAT(a.direct_nic, ElementsAre(0, 0));
-  // More NICs than GPUs: the extra ones spread by fewest owned.
-  a = ChooseAffinity({{PIX}, {PIX}, {PIX}}, 1);
-  EXPECT_THAT(a.owner_gpu, ElementsAre(0, 0, 0));
-  EXPECT_THAT(a.direct_nic, ElementsAre(0));
-  // No GPUs: the notional GPU 0 owns everything; unknown classes still get a NIC.
-  EXPECT_THAT(ChooseAffinity({{}, {}}, 0).owner_gpu, ElementsAre(0, 0));
-  EXPECT_THAT(ChooseAffinity({{UNKNOWN, UNKNOWN}}, 2).direct_nic, ElementsAre(0, 0));
 }
 
 TEST(Render, ShowsTheMatrixOwnersAndReasons) {

@@ -26,7 +26,10 @@ if(FUSELINK_SANITIZE)
     message(FATAL_ERROR "FUSELINK_SANITIZE: thread goes alone")
   endif()
   list(JOIN FUSELINK_SANITIZE "," fl_sanitizers)
-  add_compile_options(-fsanitize=${fl_sanitizers} -fno-omit-frame-pointer)
+  # Line tables (inlined frames included) are all a report's stack needs; the full
+  # debug info of -g made these builds' compiles about a sixth slower.
+  add_compile_options(-fsanitize=${fl_sanitizers} -fno-omit-frame-pointer
+                      -gline-tables-only)
   add_link_options(-fsanitize=${fl_sanitizers})
   if("undefined" IN_LIST FUSELINK_SANITIZE)
     add_compile_options(-fno-sanitize-recover=undefined)

@@ -13,6 +13,12 @@
 #          -> .bench-carry/: each build's agent and fuselink-bench, their libraries, jq
 #   there: carry [".bench-carry"], command `bash .bench-carry/run.sh` (ROUNDS, PARTS as
 #          bench-ab.sh takes them) -> the table on stdout and in $OUT/ab.txt
+# And for scripts/bench-loopback.sh (fuselink beside iperf3) on those cores:
+#   here:  tests/gpu/device_carry.sh pack-loopback [BUILD_DIR=build]
+#          -> .loop-carry/: the agent, fuselink-bench, the planner's bench, copy_rate,
+#             their libraries, jq, openssl and iperf3
+#   there: carry [".loop-carry"], command `bash .loop-carry/run.sh` (ROUNDS as
+#          bench-loopback.sh takes it) -> $OUT/loopback.txt, copy_rate.txt, raw/
 # Binaries built on Debian 12 (glibc 2.36) run on the machine's Ubuntu 24.04 (glibc 2.39).
 set -euo pipefail
 top=$(git rev-parse --show-toplevel)
@@ -30,6 +36,48 @@ copy_libs() {
   cp -L "$(g++ -print-file-name=libstdc++.so.6)" "$(g++ -print-file-name=libgcc_s.so.1)" \
     "$carry/lib-cxx/"
 }
+
+# bench_run_sh CARRY BENCH: the start of CARRY/run.sh, which unpacks the carried .deb
+# files and finds the libraries that BENCH (a carried fuselink-bench) runs with.
+bench_run_sh() {
+  cat >"$1/run.sh" <<RUN
+#!/bin/bash
+C=\$(cd "\$(dirname "\$0")" && pwd)
+mkdir -p /tmp/debs && for f in \$C/*.deb; do dpkg -x "\$f" /tmp/debs; done
+export PATH=/tmp/debs/usr/bin:\$PATH
+export LD_LIBRARY_PATH=\$C/lib:/tmp/debs/usr/lib/x86_64-linux-gnu
+\$C/$2 --help >/dev/null 2>&1 || export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$C/lib-cxx
+{ nproc; grep -m1 'model name' /proc/cpuinfo; uname -r; uptime; } | tee \$OUT/env.txt
+RUN
+  chmod +x "$1/run.sh"
+}
+
+if [ "${1:-}" = pack-loopback ]; then
+  build=${2:-$top/build}
+  carry=$top/.loop-carry
+  grep -qx '/.loop-carry/' "$top/.git/info/exclude" 2>/dev/null ||
+    echo '/.loop-carry/' >>"$top/.git/info/exclude"
+  rm -rf "$carry" && mkdir -p "$carry"
+  bins=(services/fuselink-agent tools/bench/fuselink-bench tools/bench/fuselink_plan_bench
+    tools/bench/copy_rate)
+  for b in "${bins[@]}"; do
+    mkdir -p "$carry/build/$(dirname "$b")"
+    cp "$build/$b" "$carry/build/$b" && strip "$carry/build/$b"
+  done
+  copy_libs "$carry" "${bins[@]/#/$carry/build/}"
+  (cd "$carry" && apt-get download -q=2 jq libjq1 libonig5 openssl iperf3 libiperf0 \
+    libsctp1 2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
+  git -C "$top" rev-parse --short HEAD >"$carry/rev"
+  bench_run_sh "$carry" build/tools/bench/fuselink-bench
+  cat >>"$carry/run.sh" <<'RUN'
+BUILD=$C/build SKIP_BUILD=1 CODE_REV="$(cat $C/rev) (carried build)" \
+  bash scripts/bench-loopback.sh 2>&1 | tee $OUT/loopback.txt
+mkdir -p $OUT/raw && cp /tmp/fuselink-bench.*/*.jsonl $OUT/raw/ 2>/dev/null
+$C/build/tools/bench/copy_rate 3 2>&1 | tee $OUT/copy_rate.txt
+RUN
+  du -sh "$carry"
+  exit 0
+fi
 
 if [ "${1:-}" = pack-bench ]; then
   shift
@@ -49,24 +97,17 @@ if [ "${1:-}" = pack-bench ]; then
   copy_libs "$carry" "$carry"/*/services/fuselink-agent "$carry"/*/tools/bench/fuselink-bench
   (cd "$carry" && apt-get download -q=2 jq libjq1 libonig5 openssl 2>&1 |
     grep -v "^W: Download is performed unsandboxed" || true)
-  cat >"$carry/run.sh" <<RUN
-#!/bin/bash
-C=\$(cd "\$(dirname "\$0")" && pwd)
-mkdir -p /tmp/debs && for f in \$C/*.deb; do dpkg -x "\$f" /tmp/debs; done
-export PATH=/tmp/debs/usr/bin:\$PATH
-export LD_LIBRARY_PATH=\$C/lib:/tmp/debs/usr/lib/x86_64-linux-gnu
-\$C/${variants[0]%%=*}/tools/bench/fuselink-bench --help >/dev/null 2>&1 ||
-  export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$C/lib-cxx
-{ nproc; uptime; } | tee \$OUT/env.txt
+  bench_run_sh "$carry" "${variants[0]%%=*}/tools/bench/fuselink-bench"
+  cat >>"$carry/run.sh" <<RUN
 VARIANTS="\${VARIANTS:-${variants[*]}}" bash scripts/bench-ab.sh 2>&1 | tee \$OUT/ab.txt
 RUN
-  chmod +x "$carry/run.sh"
   du -sh "$carry"
   exit 0
 fi
 
 [ "${1:-}" = pack ] || {
-  echo "usage: $0 pack [BUILD_DIR] | pack-bench NAME=BUILD_DIR:MODE..." >&2
+  echo "usage: $0 pack [BUILD_DIR] | pack-bench NAME=BUILD_DIR:MODE... |" \
+    "pack-loopback [BUILD_DIR]" >&2
   exit 2
 }
 build=${2:-$top/build-gpu}

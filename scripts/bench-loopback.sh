@@ -19,9 +19,10 @@
 # Environment: ROUNDS (3), REPS (transfers per bench run, 3), IPERF_SECONDS (2),
 # NET (first of two loopback nets for the agents' NICs, 230), BUILD (build-bench),
 # SKIP_BUILD=1 (measure the binaries already in BUILD), CODE_REV (what to print as
-# the code measured outside a git checkout), CLEAN_PCT (10), NICE (-10 as root, else
-# 0: the agents, the bench and iperf3 alike run at this nice level, so that other
-# work on the machine disturbs them less), and QUIET_PCT (15) / QUIET_WAIT_S (10):
+# the code measured; the checkout's HEAD by default), CLEAN_PCT (10), NICE (-10 as
+# root, else 0: the agents, the bench and iperf3 alike run at this nice level, so
+# that other work on the machine disturbs them less), and QUIET_PCT (15) /
+# QUIET_WAIT_S (10):
 # before each run, wait up to QUIET_WAIT_S seconds for other work to use less than
 # QUIET_PCT of the CPU.
 set -euo pipefail
@@ -334,10 +335,12 @@ cell() {
 ipcell() { printf '%.2f %s' "$(of "$IP" "$1" .gbps)" "$(clean "$IP" "$1")"; }
 
 echo
-if git -C "$ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
+if [[ -n ${CODE_REV:-} ]]; then
+  code=$CODE_REV
+elif git -C "$ROOT" rev-parse --short HEAD >/dev/null 2>&1; then
   code="$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null || echo ' + uncommitted changes')"
 else
-  code="${CODE_REV:-not a git checkout}"
+  code="not a git checkout"
 fi
 echo "code: $code; binaries built $(date -u -r "$AGENT" +%H:%MZ)"
 echo "machine: $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p')), $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ)"

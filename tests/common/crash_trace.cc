@@ -17,7 +17,7 @@ namespace {
 #define FUSELINK_SANITIZED 1
 #endif
 
-const bool kInstalled = [] {
+[[maybe_unused]] const bool kInstalled = [] {
 #ifndef FUSELINK_SANITIZED
   absl::InitializeSymbolizer("/proc/self/exe");
   absl::InstallFailureSignalHandler({});

@@ -24,31 +24,47 @@ a=$(field "$run/node-a.json" grpc)
 b=$(field "$run/node-b.json" grpc)
 
 # GPU 0: 32 layers x 64 blocks x 256 KiB = 512 MiB; GPU 1: 32 x 16 x 256 KiB = 128 MiB,
-# the main job's sizes. GPU 1's transfer starts at the hot one's first progress report;
-# the hot one must still be running then (a CI run of 256 MiB once ended first, under
-# load, and so had nothing to give back).
-"$ctl" --agent="$a" --target_agent="$b" "${demo_tls[@]}" --source_socket="$run/node-a.sock" \
-  --target_socket="$run/node-b.sock" --demo_layers=32 --demo_blocks=64 \
-  --demo_block_bytes=262144 --demo_owner_blocks=16 demo >"$run/demo.out" 2>&1 ||
-  { cat "$run/demo.out"; fail "demo"; }
-tr '\r' '\n' <"$run/demo.out" | grep -v '^\[' || true
-grep -q "verify GPU 0's: node-b's bytes match" "$run/demo.out" || fail "GPU 0's bytes"
-grep -q "verify GPU 1's: node-b's bytes match" "$run/demo.out" || fail "GPU 1's bytes"
-grep -q "GPU 1, the owner of rail1, moved 128.0 MiB" "$run/demo.out" || fail "no owner line"
-! grep -q "had ended before GPU 1's began" "$run/demo.out" ||
-  fail "the hot transfer ended before GPU 1's began: the run tells nothing of give-back"
-
-curl -sf "$(field "$run/node-a.json" metrics)" >"$run/node-a.metrics" || fail "scrape"
+# the main job's sizes. GPU 1's transfer starts at the hot one's first progress report.
+# A run tells something of give-back only if a borrowed chunk is in flight on rail1 at
+# the instant GPU 1's transfer is accepted, and a run under load can miss that instant:
+# a CI run of 256 MiB once ended before GPU 1's began, and one of 512 MiB counted no
+# give-back with 12 MiB borrowed on rail1 between GPU 1's call and its end. So up to
+# three runs on the same agents, each one's bytes checked; the first that counts a
+# give-back passes, and none in three is a failure.
+demo() {
+  "$ctl" --agent="$a" --target_agent="$b" "${demo_tls[@]}" --source_socket="$run/node-a.sock" \
+    --target_socket="$run/node-b.sock" --demo_layers=32 --demo_blocks=64 \
+    --demo_block_bytes=262144 --demo_owner_blocks=16 demo >"$run/demo.out" 2>&1 ||
+    { cat "$run/demo.out"; fail "demo"; }
+  tr '\r' '\n' <"$run/demo.out" | grep -v '^\[' || true
+  grep -q "verify GPU 0's: node-b's bytes match" "$run/demo.out" || fail "GPU 0's bytes"
+  grep -q "verify GPU 1's: node-b's bytes match" "$run/demo.out" || fail "GPU 1's bytes"
+  grep -q "GPU 1, the owner of rail1, moved 128.0 MiB" "$run/demo.out" || fail "no owner line"
+  # The hot transfer ended before GPU 1's began: the run tells nothing of give-back.
+  ! grep -q "had ended before GPU 1's began" "$run/demo.out"
+}
 sent() { # NIC TRAFFIC: node-a's transmitted bytes
   awk -v nic="nic=\"$1\"" -v traffic="traffic=\"$2\"" \
     '/^fuselink_nic_transmitted_bytes_total/ && index($0, nic) && index($0, traffic) {print $2}' \
     "$run/node-a.metrics"
 }
-for nic in rail1 rail2 rail3; do
-  [ "$(sent "$nic" borrowed)" -gt 0 ] 2>/dev/null || fail "GPU 0 did not borrow $nic"
+for attempt in 1 2 3; do
+  if ! demo; then
+    echo "run $attempt: the hot transfer had ended before GPU 1's began"
+    continue
+  fi
+  curl -sf "$(field "$run/node-a.json" metrics)" >"$run/node-a.metrics" || fail "scrape"
+  for nic in rail1 rail2 rail3; do
+    [ "$(sent "$nic" borrowed)" -gt 0 ] 2>/dev/null || fail "GPU 0 did not borrow $nic"
+  done
+  [ "$(sent rail0 own)" -gt 0 ] 2>/dev/null || fail "GPU 0 did not use its own rail0"
+  [ "$(sent rail1 own)" -gt 0 ] 2>/dev/null || fail "GPU 1 did not send on its own rail1"
+  if grep -Eq '^fuselink_nic_give_back_events_total\{nic="rail1",owner_gpu="1"\} [1-9]' \
+    "$run/node-a.metrics"; then
+    echo "PASS (run $attempt)"
+    exit 0
+  fi
+  echo "run $attempt: no give-back counted on rail1 (no borrowed chunk in flight there" \
+    "when GPU 1's transfer was accepted)"
 done
-[ "$(sent rail0 own)" -gt 0 ] 2>/dev/null || fail "GPU 0 did not use its own rail0"
-[ "$(sent rail1 own)" -gt 0 ] 2>/dev/null || fail "GPU 1 did not send on its own rail1"
-grep -Eq '^fuselink_nic_give_back_events_total\{nic="rail1",owner_gpu="1"\} [1-9]' \
-  "$run/node-a.metrics" || fail "node-a counted no give-back on rail1"
-echo "PASS"
+fail "node-a counted no give-back on rail1 in three runs"

@@ -24,7 +24,10 @@
 # that other work on the machine disturbs them less), and QUIET_PCT (15) /
 # QUIET_WAIT_S (10):
 # before each run, wait up to QUIET_WAIT_S seconds for other work to use less than
-# QUIET_PCT of the CPU.
+# QUIET_PCT of the CPU. SHMEM_HUGE (never, advise, within_size or always; unset: leave
+# it): the node's transparent_hugepage/shmem_enabled for this run (root), put back at
+# the end; whether the tensors' memfds may be made of huge pages (docs/benchmarks.md,
+# "Huge pages"). The value in force is printed either way.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -145,7 +148,14 @@ agent=$AGENT
 . "$ROOT/scripts/lib/agents.sh"
 # shellcheck disable=SC2034
 agent_prefix=("${RUN[@]}")
-trap stop_agents EXIT
+SHMEM_KNOB=/sys/kernel/mm/transparent_hugepage/shmem_enabled
+shmem_mode() { sed -n 's/.*\[\(.*\)\].*/\1/p' "$SHMEM_KNOB" 2>/dev/null || echo unknown; }
+SHMEM_BEFORE=$(shmem_mode)
+restore_shmem() { [[ -z ${SHMEM_HUGE:-} ]] || echo "$SHMEM_BEFORE" >"$SHMEM_KNOB" || true; }
+trap 'stop_agents; restore_shmem' EXIT
+if [[ -n ${SHMEM_HUGE:-} ]]; then
+  echo "$SHMEM_HUGE" >"$SHMEM_KNOB" || { log "cannot set $SHMEM_KNOB to $SHMEM_HUGE"; exit 1; }
+fi
 # Mutual TLS, as deployed (what a measurement should include): certificates per
 # agent, and the router's and engine's for the bench (scripts/lib/agents.sh).
 pki_init "$RESULTS/pki"
@@ -345,6 +355,7 @@ fi
 echo "code: $code; binaries built $(date -u -r "$AGENT" +%H:%MZ)"
 echo "machine: $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p')), $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg); agents, bench and iperf3 at nice $NICE"
+echo "huge pages for shared memory (shmem_enabled): $(shmem_mode); the tensors' memfds ask for them"
 echo "rounds: $ROUNDS. A fuselink run: 1 warm-up + $REPS transfers of 1 GiB, its median; iperf3: -t $IPERF_SECONDS."
 echo "Cells: median over clean runs (others used < $CLEAN_PCT% of the CPU meanwhile), k/n = clean/all;"
 echo "'!' = no clean run, all used. [min-max] = slowest and fastest single transfer of those runs."

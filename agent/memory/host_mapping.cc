@@ -59,6 +59,13 @@ absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
   void* data = mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
                     static_cast<off_t>(offset_bytes));
   if (data == MAP_FAILED) return ErrnoStatus("mmap(memfd)", errno);
+  // Huge pages where the node allows them for shared memory (transparent_hugepage/
+  // shmem_enabled: advise, within_size or always): pages the lender has not touched
+  // yet are then made 2 MiB at a time, and khugepaged may collapse the others. A copy
+  // into or out of 4 KiB pages pays a page walk per page, and under a hypervisor a
+  // first touch per page too (docs/benchmarks.md, "Huge pages"). Advice only: with
+  // shmem_enabled=never, or on a kernel without it, nothing changes.
+  madvise(data, size_bytes, MADV_HUGEPAGE);
   // Fault the pages in now, once, rather than on the first transfer (which otherwise
   // runs at half speed: a page fault per 4 KiB landed). Best effort: kernels before
   // 5.14 lack the advice, and the mapping works without it.

@@ -2,6 +2,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_format.h"
 #include "agent/common/status_macros.h"
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/host_mapping.h"
@@ -173,6 +178,30 @@ TEST(HostMapping, ChecksTheFile) {
   auto ok = HostMapping::Map(std::move(fd), 4096, 4096);
   ASSERT_TRUE(ok.ok()) << ok.status();
   static_cast<uint8_t*>((*ok)->data())[4095] = 7;  // writable to its last byte
+}
+
+// The VmFlags line of this process's mapping that starts at `start` ("" if none).
+std::string VmFlagsOf(const void* start) {
+  std::ifstream smaps("/proc/self/smaps");
+  const std::string prefix = absl::StrFormat("%x-", reinterpret_cast<uintptr_t>(start));
+  bool in = false;
+  for (std::string line; std::getline(smaps, line);) {
+    if (line.rfind(prefix, 0) == 0) in = true;
+    if (in && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+TEST(HostMapping, AdvisesHugePagesBeforeItPopulates) {
+  // Whether the kernel then makes them huge is the node's choice (shmem_enabled);
+  // the advice itself is on the mapping whatever that choice is.
+  UniqueFd fd(memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(ftruncate(fd.get(), 4 << 20), 0);
+  auto mapped = HostMapping::Map(std::move(fd), 0, 4 << 20);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const std::string flags = VmFlagsOf((*mapped)->data());
+  ASSERT_FALSE(flags.empty()) << "no mapping at " << (*mapped)->data();
+  EXPECT_NE(flags.find(" hg"), std::string::npos) << flags;
 }
 
 TEST(HostMapping, SealsTheFileAgainstShrinking) {

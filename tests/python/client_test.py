@@ -13,6 +13,7 @@ Environment: FL_SOURCE_AGENT, FL_SOURCE_SOCKET (node-a), FL_TARGET_AGENT,
 FL_TARGET_SOCKET, FL_TARGET_NODE (node-b), FL_PKI (scripts/certs.sh's folder).
 """
 
+import ctypes
 import os
 import threading
 import time
@@ -398,6 +399,17 @@ class ClientTest(unittest.TestCase):
                 self.source.register_kv_layers("py-odd-layers", [odd], BLOCKS)
             with self.assertRaises(ValueError):
                 self.source.register_kv_layers("py-odd-layers", [(odd, odd, odd)], BLOCKS)
+
+    def test_a_host_buffer_asks_for_huge_pages(self):
+        # Before its first touch, so that a node that allows huge shared pages makes
+        # the buffer of them; the advice shows in the mapping's VmFlags as "hg".
+        with fuselink.HostBuffer(SIZE_BYTES) as buffer:
+            start = "%x-" % ctypes.addressof(ctypes.c_char.from_buffer(buffer.data))
+            with open("/proc/self/smaps") as smaps:
+                lines = smaps.read().splitlines()
+            at = next(i for i, line in enumerate(lines) if line.startswith(start))
+            flags = next(line for line in lines[at:] if line.startswith("VmFlags:"))
+            self.assertIn(" hg", flags)
 
     def test_unregister(self):
         with fuselink.HostBuffer(SIZE_BYTES) as buffer:

@@ -71,6 +71,13 @@ class HostBuffer:
         try:
             os.ftruncate(self.fd, size_bytes)
             self.data = mmap.mmap(self.fd, size_bytes)  # MAP_SHARED, read-write
+            # Huge pages where the node allows them for shared memory (advice before
+            # the first touch; ignored where shmem_enabled is never, and refused by a
+            # kernel built without them, which is no error here).
+            try:
+                self.data.madvise(mmap.MADV_HUGEPAGE)
+            except (AttributeError, OSError):
+                pass
         except BaseException:
             os.close(self.fd)
             raise

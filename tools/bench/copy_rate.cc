@@ -2,7 +2,11 @@
 // DRAM (a 1 GiB buffer, touched before) or in the caches (a 1 MiB buffer used again
 // and again). A loopback TCP byte is copied twice, into the socket and out of it:
 // iperf3 -l 1M copies cache to cache both times, a fuselink transfer DRAM to cache
-// and cache to DRAM (docs/benchmarks.md, "Loopback").
+// and cache to DRAM (docs/benchmarks.md, "Loopback"). Then, beside socket_copy, the
+// same DRAM-to-DRAM copy over buffers just made, first pass and second, in 4 KiB pages
+// and in huge pages (MADV_HUGEPAGE; where transparent_hugepage/enabled is never, both
+// rows are 4 KiB): whether new memory or small pages cost a plain copy anything
+// (docs/benchmarks.md, "Huge pages").
 //
 //   copy_rate [ROUNDS]   prints GB/s (1e9 B/s) for each pairing, each round
 #include <sys/mman.h>
@@ -17,13 +21,15 @@ namespace {
 
 constexpr size_t kBig = size_t{1} << 30, kSmall = size_t{1} << 20;
 
-char* Dram() {
-  void* p = mmap(nullptr, kBig, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+// 1 GiB, every byte written once; `huge`: advised huge pages before the first touch.
+char* Dram(bool huge = false) {
+  void* p =
+      mmap(nullptr, kBig, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     std::perror("mmap");
     std::exit(1);
   }
+  if (huge) madvise(p, kBig, MADV_HUGEPAGE);
   std::memset(p, 1, kBig);
   return static_cast<char*>(p);
 }
@@ -52,6 +58,21 @@ int main(int argc, char** argv) {
     const double cd = Rate(b, kSmall, s.data(), 0);
     const double cc = Rate(d.data(), 0, s.data(), 0);
     std::printf("%5d  %10.2f  %11.2f  %11.2f  %12.2f\n", r + 1, dd, dc, cd, cc);
+  }
+  munmap(a, kBig);
+  munmap(b, kBig);
+  std::printf("\nnew memory, dram->dram  first pass  second pass   (GB/s)\n");
+  for (int r = 0; r < rounds; ++r) {
+    for (const bool huge : {false, true}) {
+      char* from = Dram(huge);
+      char* to = Dram(huge);
+      const double first = Rate(to, kSmall, from, kSmall);
+      const double second = Rate(to, kSmall, from, kSmall);
+      std::printf("%5d  %-13s  %10.2f  %11.2f\n", r + 1,
+                  huge ? "huge pages" : "4 KiB pages", first, second);
+      munmap(from, kBig);
+      munmap(to, kBig);
+    }
   }
   return 0;
 }

@@ -61,10 +61,11 @@ absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
   if (data == MAP_FAILED) return ErrnoStatus("mmap(memfd)", errno);
   // Huge pages where the node allows them for shared memory (transparent_hugepage/
   // shmem_enabled: advise, within_size or always): pages the lender has not touched
-  // yet are then made 2 MiB at a time, and khugepaged may collapse the others. A copy
-  // into or out of 4 KiB pages pays a page walk per page, and under a hypervisor a
-  // first touch per page too (docs/benchmarks.md, "Huge pages"). Advice only: with
-  // shmem_enabled=never, or on a kernel without it, nothing changes.
+  // yet are then made 2 MiB at a time, and khugepaged may collapse the others. On the
+  // project's test machine the TCP fabric's socket copies over new 4 KiB pages made a
+  // tensor's first transfer 7-8x slower than its later ones, and over huge pages not
+  // (docs/benchmarks.md, "Huge pages"). Advice only: with shmem_enabled=never, or on a
+  // kernel without it, nothing changes.
   madvise(data, size_bytes, MADV_HUGEPAGE);
   // Fault the pages in now, once, rather than on the first transfer (which otherwise
   // runs at half speed: a page fault per 4 KiB landed). Best effort: kernels before

@@ -21,8 +21,8 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Create(const std::string
   void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (data == MAP_FAILED) return ErrnoStatus("mmap(memfd)", errno);
   // Before anything touches it: where the node allows huge pages for shared memory,
-  // the buffer is made of them, and copies in and out of it skip a page walk (and
-  // under a hypervisor a first-touch fault) per 4 KiB. Advice; ignored elsewhere.
+  // the buffer is made of them, and a first transfer into it runs as fast as the later
+  // ones (docs/benchmarks.md, "Huge pages"). Advice; ignored elsewhere.
   madvise(data, bytes, MADV_HUGEPAGE);
   return std::unique_ptr<HostBuffer>(
       new HostBuffer(std::move(fd), static_cast<uint8_t*>(data), bytes));

@@ -91,9 +91,8 @@ void Run(int passes, bool huge) {
         sent += static_cast<size_t>(n);
       }
     }
-    // A pass ends when the receiver has it all: the next pass's bytes queue behind.
-    // The last pass waits for the receiver's word; the others are timed as sent, which
-    // the socket buffers (a few MiB against 1 GiB) hardly shift.
+    // The last pass is timed to the receiver's word that it has every byte; the others
+    // as sent, which the socket buffers (a few MiB against 1 GiB) hardly shift.
     if (pass == passes - 1) {
       char done;
       if (recv(s, &done, 1, MSG_WAITALL) != 1) Die("recv");

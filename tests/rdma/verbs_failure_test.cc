@@ -90,6 +90,10 @@ TEST_F(VerbsFabricTest, RefusalsPlaceNothingAndTheFabricGoesOn) {
   // Inside W1, on both NICs (each write goes to the next QP of its NIC).
   for (int i = 0; i < 4; ++i) lands(i % 2, w1, (i < 2 ? 0 : 2 * kBlock) + i * 4096, 4096);
   unchanged("writes inside W1");
+  // A write completes at a when b's NIC acknowledges it; b's poller reports the arrival
+  // on its own thread, maybe later. A window closed in between drops that report (no
+  // arrival is delivered through a closing window), so wait for it before any close.
+  ASSERT_TRUE(b_events_.WaitForArrivals(4));
   // Outside W1's extents: in the gap (W2's block), and across the end of extent 0.
   ExpectRefused(write(0, w1, kBlock, 4096), Refusal::kOutsideWindow, "W1, in its gap");
   ExpectRefused(write(1, w1, kBlock - 2048, 4096), Refusal::kOutsideWindow,
@@ -118,6 +122,7 @@ TEST_F(VerbsFabricTest, RefusalsPlaceNothingAndTheFabricGoesOn) {
   const WindowKey w3 = Window(target_key, "a", {{3 * kBlock, kBlock}});
   for (int i = 0; i < 8; ++i) lands(i % 2, w3, 3 * kBlock + i * 4096, 4096);
   unchanged("writes inside W3");
+  ASSERT_TRUE(b_events_.WaitForArrivals(12));
   b_->CloseWindow(w3, drained.Callback());
   b_->CloseWindow(w2, drained.Callback());
   EXPECT_EQ(drained.WaitFor(3), 3);

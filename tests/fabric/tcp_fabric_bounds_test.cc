@@ -239,6 +239,60 @@ TEST(TcpFabricBoundsTest, PeerStalledMidPayloadIsClosedAndTheWindowDrains) {
   EXPECT_EQ(region[kSentBytes], kUntouched);
 }
 
+// Counts arrivals and nothing else: a test that sends hundreds of thousands of
+// notifications keeps no record of each.
+class CountingHandler final : public Handler {
+ public:
+  void OnCompletion(const Completion&) override {}
+  void OnArrival(const Arrival&) override { arrivals.fetch_add(1); }
+  void OnPeerLost(PeerId, absl::string_view, const absl::Status&) override {}
+  std::atomic<uint64_t> arrivals{0};
+};
+
+// A source that sends notifications and never reads their ACKs: once the target's
+// ACKs fill both sockets' buffers, an ACK that finds no room for the stall bound
+// closes the connection, counted as a stall.
+TEST(TcpFabricBoundsTest, PeerThatReadsNoAcksIsClosedWithinTheBound) {
+  constexpr int kStallMs = 300;
+  // More ACKs than the target's send buffer (4 MiB asked, 8 MiB granted) and the
+  // raw socket's small receive buffer hold: kNotifications * 40 bytes > 8 MiB.
+  constexpr size_t kNotifications = 400'000;
+  KeyRing keys;
+  CountingHandler events;
+  TcpFabricOptions options = LoopbackOptions("target", 3, keys, /*nic_count=*/1);
+  options.stall_timeout_ms = kStallMs;
+  std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &events);
+
+  const SocketAddress local = *ParseSocketAddress(LoopbackAddress(9), 0);
+  const SocketAddress remote =
+      *ParseSocketAddress(target->endpoints()[0].address, target->endpoints()[0].port);
+  UniqueFd raw = *BoundDataSocket(local, remote);
+  const int small_bytes = 4096;
+  ASSERT_EQ(
+      setsockopt(raw.get(), SOL_SOCKET, SO_RCVBUF, &small_bytes, sizeof(small_bytes)), 0);
+  ASSERT_TRUE(ConnectSocket(raw.get(), remote, /*timeout_ms=*/5000).ok());
+  ASSERT_TRUE(ProveToAcceptor(raw.get(), 0, "raw", "target",
+                              *keys.For("raw")->FindConnectKey("target"),
+                              /*timeout_ms=*/5000)
+                  .ok());
+  std::string frames;
+  frames.reserve(kNotifications * wire::kHeaderBytes);
+  for (size_t i = 0; i < kNotifications; ++i) {
+    frames += AsString(wire::EncodeWrite({.imm = 1, .wr_id = i}));
+  }
+  const absl::Time started = absl::Now();
+  // Ends when the target closes (or everything fit in the buffers); either is fine.
+  (void)SendRaw(raw.get(), frames.data(), frames.size());
+  ASSERT_TRUE(WaitUntil([&] { return target->counters(0).stalled_connections == 1; }));
+  std::printf(
+      "bench: %llu ACKs sent, then the connection closed %.0f ms after the "
+      "first frame (stall_timeout_ms %d)\n",
+      static_cast<unsigned long long>(events.arrivals.load()), MillisecondsSince(started),
+      kStallMs);
+  EXPECT_LT(events.arrivals.load(), kNotifications) << "every ACK found room";
+  EXPECT_TRUE(WaitUntilClosed(raw.get()));
+}
+
 // The source's connection to a target that reads its writes and never acknowledges
 // them closes after the ACK bound: the write completes UNAVAILABLE with the reason,
 // counted once; the idle second connection is left alone.

@@ -315,14 +315,19 @@ absl::Status TcpConnection::Discard(uint32_t bytes) {
 
 absl::Status TcpConnection::ReceiveFrame(void* data, size_t bytes, bool frame_begun) {
   const absl::Duration stall = absl::Milliseconds(host_.stall_timeout_ms());
+  const absl::Duration tick =
+      absl::Milliseconds(TickMs(host_.stall_timeout_ms(), kStallTicks));
   absl::Time last_byte = absl::Now();  // the header's, for a payload
   size_t seen = 0;
   return RecvAllOr(fd_.get(), data, bytes, [&](size_t received) -> absl::Status {
     const absl::Time now = absl::Now();
-    // Bytes since the last tick, or an idle connection between frames: no stall.
-    if (received != seen || (received == 0 && !frame_begun)) {
+    // An idle connection between frames: no stall.
+    if (received == 0 && !frame_begun) return absl::OkStatus();
+    // Bytes since the last quiet tick: they came before this tick's silence began,
+    // so no later than one tick ago (counting from then is never early).
+    if (received != seen) {
       seen = received;
-      last_byte = now;
+      last_byte = now - tick;
       return absl::OkStatus();
     }
     if (now - last_byte < stall) return absl::OkStatus();

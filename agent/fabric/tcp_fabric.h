@@ -79,8 +79,8 @@ struct TcpFabricOptions {
   FabricKeys* keys = nullptr;
   // Accepted connections: once a frame (header or payload) has begun, the longest its
   // peer may send no byte of it, and the longest an ACK may wait for room to be sent.
-  // Judged every quarter of it, and a byte is seen up to a tick late: the connection
-  // closes between 1x and 1.5x this after the last byte. 1..kMaxFabricTimeoutMs.
+  // Judged every quarter of it: the connection closes between 1x and 1.25x this
+  // after the last byte. 1..kMaxFabricTimeoutMs.
   int stall_timeout_ms = 10'000;
   // Our connections: while writes are on the wire, the longest without an ACK (judged
   // every eighth of it). Past it the connection closes and its writes fail

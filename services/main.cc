@@ -103,6 +103,18 @@ ABSL_FLAG(std::string, transport, "auto",
           "auto (verbs where every NIC address is an active RDMA port, else tcp), tcp or "
           "verbs.");
 ABSL_FLAG(int, connections_per_nic, 2, "tcp: connections per NIC and peer.");
+ABSL_FLAG(int, fabric_stall_timeout_ms, 10'000,
+          "tcp: once a frame from a peer has begun, the longest it may send no byte of "
+          "it (or take no byte of an ACK); past it the connection closes and the write "
+          "it carried fails (reason FABRIC_STALL). 1 to 3600000.");
+ABSL_FLAG(int, fabric_ack_timeout_ms, 10'000,
+          "tcp: while writes of ours are on a connection, the longest without an ACK; "
+          "past it the connection closes and its writes go again on others (reason "
+          "FABRIC_ACK_TIMEOUT). 1 to 3600000.");
+ABSL_FLAG(int, fabric_connections_per_peer, 0,
+          "tcp: accepted fabric connections one authenticated peer may hold; more are "
+          "refused (reason FABRIC_PEER_CONNECTIONS). 0: twice connections_per_nic "
+          "times the NICs.");
 ABSL_FLAG(int, qps_per_nic, 2, "verbs: RC queue pairs per NIC and peer.");
 ABSL_FLAG(int, rdma_traffic_class, 0,
           "verbs: the GRH traffic class of every QP (0-255). On RoCE its upper six bits "
@@ -264,6 +276,9 @@ int main(int argc, char** argv) {
   options.limits.direct_depth = absl::GetFlag(FLAGS_direct_depth);
   options.limits.borrow_depth = absl::GetFlag(FLAGS_borrow_depth);
   options.connections_per_nic = absl::GetFlag(FLAGS_connections_per_nic);
+  options.fabric_stall_timeout_ms = absl::GetFlag(FLAGS_fabric_stall_timeout_ms);
+  options.fabric_ack_timeout_ms = absl::GetFlag(FLAGS_fabric_ack_timeout_ms);
+  options.fabric_connections_per_peer = absl::GetFlag(FLAGS_fabric_connections_per_peer);
   options.qps_per_nic = absl::GetFlag(FLAGS_qps_per_nic);
   options.rdma_traffic_class = absl::GetFlag(FLAGS_rdma_traffic_class);
   options.rdma_service_level = absl::GetFlag(FLAGS_rdma_service_level);

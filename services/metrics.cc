@@ -116,6 +116,23 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
                   "outside it.",
                   MetricType::Counter,
                   [&](int k) { return node.fabric().counters(k).refused_writes; });
+    per_nic_value("fuselink_fabric_stalled_connections_total",
+                  "Connections accepted on the NIC that closed because a frame, once "
+                  "begun, sent no byte for --fabric_stall_timeout_ms (or an ACK found "
+                  "no room as long).",
+                  MetricType::Counter,
+                  [&](int k) { return node.fabric().counters(k).stalled_connections; });
+    per_nic_value("fuselink_fabric_ack_timeouts_total",
+                  "Connections of this node on the NIC that closed because their writes "
+                  "saw no ACK for --fabric_ack_timeout_ms; the writes went again.",
+                  MetricType::Counter,
+                  [&](int k) { return node.fabric().counters(k).ack_timeouts; });
+    per_nic_value("fuselink_fabric_peer_connection_refusals_total",
+                  "Connections accepted on the NIC and refused because their peer held "
+                  "its share already (--fabric_connections_per_peer).",
+                  MetricType::Counter, [&](int k) {
+                    return node.fabric().counters(k).peer_connection_refusals;
+                  });
     // Traffic that is not ours (agent/nicstat): per watched NIC and direction.
     // NICs not watched (loopback, a shared netdev, no counters) export no series
     // here: a zero would claim an idle link that nobody looked at.

@@ -239,6 +239,9 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
   fabric::TcpFabricOptions tcp;
   tcp.node_name = options_.node;
   tcp.connections_per_nic = options_.connections_per_nic;
+  tcp.stall_timeout_ms = options_.fabric_stall_timeout_ms;
+  tcp.ack_timeout_ms = options_.fabric_ack_timeout_ms;
+  tcp.max_connections_per_peer = options_.fabric_connections_per_peer;
   tcp.nics = std::move(nics);
   tcp.device_stager = stager_.get();
   tcp.keys = &fabric_keys_;

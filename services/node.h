@@ -41,7 +41,12 @@ struct NodeOptions {
   // "auto" (verbs where every NIC address has an active RDMA port, else tcp),
   // "tcp" or "verbs".
   std::string transport = "auto";
-  int connections_per_nic = 2;    // tcp: connections per NIC and peer
+  int connections_per_nic = 2;  // tcp: connections per NIC and peer
+  // tcp: TcpFabricOptions' stall and ACK timeouts, and each peer's share of accepted
+  // connections (0: sized from connections_per_nic and the NICs).
+  int fabric_stall_timeout_ms = 10'000;
+  int fabric_ack_timeout_ms = 10'000;
+  int fabric_connections_per_peer = 0;
   int qps_per_nic = 2;            // verbs: RC QPs per NIC and peer
   int rdma_traffic_class = 0;     // verbs: GRH traffic class, 0-255
   int rdma_service_level = 0;     // verbs: service level, 0-15

@@ -147,6 +147,15 @@ struct NicCounters {
   // Accepted connections closed before they proved the key agreed with the peer they
   // named (unknown peer, wrong proof, malformed, too slow).
   uint64_t auth_failures = 0;
+  // Accepted connections closed because a frame, once begun, stopped arriving (no
+  // byte for the stall timeout), or an acknowledgement found no room (TCP only).
+  uint64_t stalled_connections = 0;
+  // Connections of ours closed because writes on them went unacknowledged for the
+  // acknowledgement timeout; their writes failed over (TCP only).
+  uint64_t ack_timeouts = 0;
+  // Accepted connections refused because their peer already held its share of this
+  // node's connections (TCP only).
+  uint64_t peer_connection_refusals = 0;
 };
 
 // Moves the bytes of GPU regions for a transport whose NICs reach only host memory (the

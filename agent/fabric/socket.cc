@@ -217,6 +217,14 @@ absl::Status SetReceiveTimeout(int fd, int timeout_ms) {
   return absl::OkStatus();
 }
 
+absl::Status SetSendTimeout(int fd, int timeout_ms) {
+  timeval timeout{.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout)) != 0) {
+    return ErrnoStatus("setsockopt(SO_SNDTIMEO)", errno);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SendAll(int fd, std::span<iovec> iov) {
   while (!iov.empty()) {
     msghdr message{};
@@ -225,6 +233,11 @@ absl::Status SendAll(int fd, std::span<iovec> iov) {
     ssize_t sent = sendmsg(fd, &message, MSG_NOSIGNAL);
     if (sent < 0) {
       if (errno == EINTR) continue;
+      // With a send timeout, a call that took no byte at all ends so.
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return absl::DeadlineExceededError(
+            "the peer took no byte within the send timeout");
+      }
       return ErrnoStatus("sendmsg", errno);
     }
     auto left = static_cast<size_t>(sent);
@@ -251,6 +264,27 @@ absl::Status RecvAll(int fd, void* data, size_t bytes) {
     if (got == 0) return absl::UnavailableError("peer closed the connection");
     at += got;
     bytes -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecvAllOr(int fd, void* data, size_t bytes,
+                       absl::FunctionRef<absl::Status(size_t received)> quiet) {
+  auto* at = static_cast<char*>(data);
+  size_t received = 0;
+  while (received < bytes) {
+    // MSG_WAITALL with a timeout returns what came by then: progress, not quiet.
+    ssize_t got = recv(fd, at + received, bytes - received, MSG_WAITALL);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        FL_RETURN_IF_ERROR(quiet(received));
+        continue;
+      }
+      return ErrnoStatus("recv", errno);
+    }
+    if (got == 0) return absl::UnavailableError("peer closed the connection");
+    received += static_cast<size_t>(got);
   }
   return absl::OkStatus();
 }

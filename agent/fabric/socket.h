@@ -14,6 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -108,11 +109,22 @@ absl::StatusOr<UniqueFd> Accept(int listener);
 absl::Status ConfigureDataSocket(int fd);
 // Bounds how long a blocking receive waits; 0 waits forever.
 absl::Status SetReceiveTimeout(int fd, int timeout_ms);
+// Bounds how long a blocking send waits for the peer to take a byte; 0 waits forever.
+absl::Status SetSendTimeout(int fd, int timeout_ms);
 
 // Sends all of `iov` (modified in place as it goes) with MSG_NOSIGNAL.
+// DEADLINE_EXCEEDED when the socket has a send timeout (SetSendTimeout) and the peer
+// took no byte within it.
 absl::Status SendAll(int fd, std::span<iovec> iov);
 // Receives exactly `bytes`; UNAVAILABLE when the peer closes first.
 absl::Status RecvAll(int fd, void* data, size_t bytes);
+// The same on a socket with a receive timeout (SetReceiveTimeout): each time one
+// receive ends with no byte, `quiet(received)`, given the bytes this call has
+// received so far, decides: OK waits on, an error ends the receive with it. So the
+// caller ticks at the timeout and judges progress itself; a shutdown(2) from another
+// thread still ends the wait at once (UNAVAILABLE).
+absl::Status RecvAllOr(int fd, void* data, size_t bytes,
+                       absl::FunctionRef<absl::Status(size_t received)> quiet);
 // The same, all of it before `deadline` (DEADLINE_EXCEEDED otherwise), however the
 // peer spreads the bytes out. Leaves a receive timeout set on the socket.
 absl::Status RecvAllBefore(int fd, void* data, size_t bytes, absl::Time deadline);

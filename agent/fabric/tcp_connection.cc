@@ -6,11 +6,18 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/tcp_handshake.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
+namespace {
+
+// A wait of `timeout_ms` judged in `ticks` wakes; at least 1 ms each.
+int TickMs(int timeout_ms, int ticks) { return std::max(1, timeout_ms / ticks); }
+
+}  // namespace
 
 TcpConnection::TcpConnection(ConnectionHost& host, uint64_t id, int nic, Role role,
                              UniqueFd fd, int queue_capacity)
@@ -88,10 +95,14 @@ void TcpConnection::JoinAndFailPending() {
     sent_ = head_;
     queued_.store(0, std::memory_order_relaxed);
   }
-  for (const PendingWrite& write : failed) {
-    Complete(write,
-             absl::UnavailableError(absl::StrCat("connection lost: ", why.message())));
-  }
+  // UNAVAILABLE whatever closed it (the write may go again on another connection),
+  // with the close's reason (FABRIC_ACK_TIMEOUT, ...) kept for the caller to see.
+  absl::Status lost =
+      absl::UnavailableError(absl::StrCat("connection lost: ", why.message()));
+  why.ForEachPayload([&lost](absl::string_view url, const absl::Cord& payload) {
+    lost.SetPayload(url, payload);
+  });
+  for (const PendingWrite& write : failed) Complete(write, lost);
 }
 
 bool TcpConnection::closed() const {
@@ -142,12 +153,19 @@ absl::Status TcpConnection::SendWrites() {
       absl::MutexLock lock(&mu_, absl::Condition(this, &TcpConnection::HasWorkOrClosed));
       if (closed_) return absl::OkStatus();
       next = ring_[sent_ % ring_.size()];
+      if (head_ == sent_) awaiting_ack_since_ = absl::Now();
       ++sent_;
     }
     const WriteOp& op = next.op;
     // A device fault here leaves the source unreadable: the connection closes and
     // its writes fail over to other NICs.
-    if (op.after != nullptr) FL_RETURN_IF_ERROR(op.after->Wait());
+    if (op.after != nullptr) {
+      FL_RETURN_IF_ERROR(op.after->Wait());
+      // The fence is the producer's time, not the target's: the ACK clock of the
+      // oldest write starts once it can go.
+      absl::MutexLock lock(&mu_);
+      if (head_ + 1 == sent_) awaiting_ack_since_ = absl::Now();
+    }
     wire::HeaderBytes header =
         wire::EncodeWrite(wire::WriteHeader{.key = op.remote_key,
                                             .offset = op.remote_offset,
@@ -205,18 +223,39 @@ absl::Status TcpConnection::ReceiveIntoDevice(const Region& target, uint64_t off
   const uint64_t base = reinterpret_cast<uintptr_t>(target.base) + offset;
   for (uint32_t at = 0, i = 0; at < bytes; at += piece, ++i) {
     const uint32_t n = std::min(piece, bytes - at);
-    FL_RETURN_IF_ERROR(RecvAll(fd_.get(), stage->buffer(i % 2), n));
+    FL_RETURN_IF_ERROR(ReceiveFrame(stage->buffer(i % 2), n, /*frame_begun=*/true));
     FL_RETURN_IF_ERROR(stage->Wait());
     FL_RETURN_IF_ERROR(stage->StartToDevice(target.gpu, base + at, i % 2, n));
   }
   return stage->Wait();
 }
 
+absl::Status TcpConnection::CheckAckOverdue() {
+  const int timeout_ms = host_.ack_timeout_ms();
+  uint64_t on_wire;
+  {
+    absl::MutexLock lock(&mu_);
+    on_wire = sent_ - head_;
+    if (on_wire == 0 ||
+        absl::Now() - awaiting_ack_since_ < absl::Milliseconds(timeout_ms)) {
+      return absl::OkStatus();
+    }
+  }
+  host_.nic_stats(nic_).ack_timeouts.fetch_add(1, std::memory_order_relaxed);
+  return WithReason(absl::DeadlineExceededError(absl::StrCat(
+                        "no ACK for ", timeout_ms, " ms with ", on_wire,
+                        " writes on the wire: the target stopped answering")),
+                    kAckTimeoutReason);
+}
+
 absl::Status TcpConnection::ReceiveAcks() {
   const uint32_t max_write_bytes = host_.max_write_bytes();
+  FL_RETURN_IF_ERROR(
+      SetReceiveTimeout(fd_.get(), TickMs(host_.ack_timeout_ms(), kAckTicks)));
   while (true) {
     wire::HeaderBytes header;
-    FL_RETURN_IF_ERROR(RecvAll(fd_.get(), header.data(), header.size()));
+    FL_RETURN_IF_ERROR(RecvAllOr(fd_.get(), header.data(), header.size(),
+                                 [this](size_t) { return CheckAckOverdue(); }));
     absl::StatusOr<wire::Header> decoded = wire::DecodeHeader(header, max_write_bytes);
     if (!decoded.ok()) return Malformed(decoded.status());
     const auto* ack = std::get_if<wire::AckFrame>(&*decoded);
@@ -234,6 +273,7 @@ absl::Status TcpConnection::ReceiveAcks() {
       }
       done = std::move(oldest);
       ++head_;
+      awaiting_ack_since_ = absl::Now();  // the next write's wait starts with this ACK
       queued_.fetch_sub(1, std::memory_order_relaxed);
     }
     Complete(done, ack->refusal);
@@ -241,12 +281,16 @@ absl::Status TcpConnection::ReceiveAcks() {
 }
 
 absl::Status TcpConnection::Authenticate() {
-  absl::StatusOr<std::string> name =
-      AuthenticateConnector(fd_.get(), static_cast<uint32_t>(nic_), host_.node_name(),
-                            host_.keys(), host_.max_write_bytes(), kHelloTimeoutMs);
+  absl::StatusOr<std::string> name = AuthenticateConnector(
+      fd_.get(), static_cast<uint32_t>(nic_), host_.node_name(), host_.keys(),
+      host_.max_write_bytes(), kHelloTimeoutMs,
+      [this](absl::string_view connector) { return host_.AdmitHello(nic_, connector); });
   if (!name.ok()) {
     // Closed by this side (the fabric going away): no failure of the connector's.
-    if (closed()) return name.status();
+    // Refused for its peer's share: counted as such, not as a failed proof.
+    if (closed() || ReasonOf(name.status()) == kPeerConnectionsReason) {
+      return name.status();
+    }
     NicStats& stats = host_.nic_stats(nic_);
     if (ReasonOf(name.status()) == kMalformedReason) {
       stats.malformed_frames.fetch_add(1, std::memory_order_relaxed);
@@ -263,19 +307,60 @@ absl::Status TcpConnection::Discard(uint32_t bytes) {
   uint8_t sink[64 << 10];
   while (bytes > 0) {
     const uint32_t n = std::min<uint32_t>(bytes, sizeof(sink));
-    FL_RETURN_IF_ERROR(RecvAll(fd_.get(), sink, n));
+    FL_RETURN_IF_ERROR(ReceiveFrame(sink, n, /*frame_begun=*/true));
     bytes -= n;
   }
   return absl::OkStatus();
+}
+
+absl::Status TcpConnection::ReceiveFrame(void* data, size_t bytes, bool frame_begun) {
+  const absl::Duration stall = absl::Milliseconds(host_.stall_timeout_ms());
+  const absl::Duration tick =
+      absl::Milliseconds(TickMs(host_.stall_timeout_ms(), kStallTicks));
+  absl::Time last_byte = absl::Now();  // the header's, for a payload
+  size_t seen = 0;
+  return RecvAllOr(fd_.get(), data, bytes, [&](size_t received) -> absl::Status {
+    const absl::Time now = absl::Now();
+    // An idle connection between frames: no stall.
+    if (received == 0 && !frame_begun) return absl::OkStatus();
+    // Bytes since the last quiet tick: they came before this tick's silence began,
+    // so no later than one tick ago (counting from then is never early).
+    if (received != seen) {
+      seen = received;
+      last_byte = now - tick;
+      return absl::OkStatus();
+    }
+    if (now - last_byte < stall) return absl::OkStatus();
+    host_.nic_stats(nic_).stalled_connections.fetch_add(1, std::memory_order_relaxed);
+    return WithReason(
+        absl::DeadlineExceededError(absl::StrCat(
+            "the peer sent no byte of a begun frame for ", host_.stall_timeout_ms(),
+            " ms (", received, " of ", bytes, " bytes of this part came)")),
+        kStallReason);
+  });
+}
+
+absl::Status TcpConnection::SendAck(wire::HeaderBytes ack) {
+  iovec iov[1] = {{ack.data(), ack.size()}};
+  absl::Status sent = SendAll(fd_.get(), iov);
+  if (sent.code() != absl::StatusCode::kDeadlineExceeded) return sent;
+  host_.nic_stats(nic_).stalled_connections.fetch_add(1, std::memory_order_relaxed);
+  return WithReason(
+      absl::DeadlineExceededError(absl::StrCat("the peer took no byte of an ACK for ",
+                                               host_.stall_timeout_ms(), " ms")),
+      kStallReason);
 }
 
 absl::Status TcpConnection::ServeInbound() {
   FL_RETURN_IF_ERROR(Authenticate());
   NicStats& stats = host_.nic_stats(nic_);
   const uint32_t max_write_bytes = host_.max_write_bytes();
+  FL_RETURN_IF_ERROR(
+      SetReceiveTimeout(fd_.get(), TickMs(host_.stall_timeout_ms(), kStallTicks)));
+  FL_RETURN_IF_ERROR(SetSendTimeout(fd_.get(), host_.stall_timeout_ms()));
   while (true) {
     wire::HeaderBytes header;
-    FL_RETURN_IF_ERROR(RecvAll(fd_.get(), header.data(), header.size()));
+    FL_RETURN_IF_ERROR(ReceiveFrame(header.data(), header.size(), /*frame_begun=*/false));
     absl::StatusOr<wire::Header> decoded = wire::DecodeHeader(header, max_write_bytes);
     if (!decoded.ok()) return Malformed(decoded.status());
     const auto* write = std::get_if<wire::WriteHeader>(&*decoded);
@@ -308,8 +393,8 @@ absl::Status TcpConnection::ServeInbound() {
         if (target.on_gpu()) {
           FL_RETURN_IF_ERROR(ReceiveIntoDevice(target, write->offset, write->bytes));
         } else {
-          FL_RETURN_IF_ERROR(
-              RecvAll(fd_.get(), target.base + write->offset, write->bytes));
+          FL_RETURN_IF_ERROR(ReceiveFrame(target.base + write->offset, write->bytes,
+                                          /*frame_begun=*/true));
         }
         stats.received_bytes.fetch_add(write->bytes, std::memory_order_relaxed);
         stats.wire_rx_bytes.fetch_add(write->bytes, std::memory_order_relaxed);
@@ -319,8 +404,7 @@ absl::Status TcpConnection::ServeInbound() {
     wire::HeaderBytes ack = wire::EncodeAck({.wr_id = write->wr_id,
                                              .code = RefusalStatus(refusal).code(),
                                              .refusal = refusal});
-    iovec iov[1] = {{ack.data(), ack.size()}};
-    FL_RETURN_IF_ERROR(SendAll(fd_.get(), iov));
+    FL_RETURN_IF_ERROR(SendAck(ack));
   }
 }
 

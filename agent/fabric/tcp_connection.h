@@ -17,6 +17,14 @@
 // thread, which completes every write still in the ring with UNAVAILABLE, and
 // destroys the connection. So each write completes exactly once: by its ACK on the
 // rx thread, or by JoinAndFailPending after every thread is gone.
+//
+// Bounds (tcp_fabric.h): an inbound connection idles between frames as long as it
+// likes, but no byte of a begun frame for the host's stall_timeout_ms (or an ACK that
+// finds no room as long) closes it, DEADLINE_EXCEEDED with reason FABRIC_STALL; its
+// rx thread wakes every quarter of that to judge. An outbound connection with writes
+// on the wire closes when no ACK came for ack_timeout_ms, DEADLINE_EXCEEDED with
+// reason FABRIC_ACK_TIMEOUT; its rx thread wakes every eighth of that. Either close
+// is counted on the NIC (stalled_connections, ack_timeouts).
 #pragma once
 
 #include <atomic>
@@ -31,17 +39,28 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/region_table.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/window_table.h"
+#include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
 
 // How long an accepted connection may take to prove itself (HELLO to PROOF), and a
 // connector to get its CHALLENGE.
 inline constexpr int kHelloTimeoutMs = 10'000;
+// The reasons a connection closed by a bound carries.
+inline constexpr absl::string_view kStallReason = "FABRIC_STALL";
+inline constexpr absl::string_view kAckTimeoutReason = "FABRIC_ACK_TIMEOUT";
+// An accepted connection refused past its peer's share (max_connections_per_peer).
+inline constexpr absl::string_view kPeerConnectionsReason = "FABRIC_PEER_CONNECTIONS";
+// How many times per timeout a waiting rx thread wakes to judge it: the close comes
+// at most timeout / ticks late.
+inline constexpr int kStallTicks = 4;
+inline constexpr int kAckTicks = 8;
 
 // Counters and the write budget of one NIC, shared by its connections.
 struct NicStats {
@@ -56,6 +75,10 @@ struct NicStats {
   // Accepted connections closed before they proved a key: unknown name, wrong
   // PROOF, malformed or missing frames, timeouts.
   std::atomic<uint64_t> auth_failures{0};
+  // As NicCounters.
+  std::atomic<uint64_t> stalled_connections{0};
+  std::atomic<uint64_t> ack_timeouts{0};
+  std::atomic<uint64_t> peer_connection_refusals{0};
   // Writes posted on the NIC and not yet completed; at most queue_depth_per_nic.
   std::atomic<int> outstanding_writes{0};
 };
@@ -69,12 +92,21 @@ class ConnectionHost {
   virtual const RegionTable& regions() const = 0;
   virtual const WindowTable& windows() const = 0;
   virtual uint32_t max_write_bytes() const = 0;
+  // TcpFabricOptions' bounds.
+  virtual int stall_timeout_ms() const = 0;
+  virtual int ack_timeout_ms() const = 0;
   // Null when GPU regions cannot be registered.
   virtual DeviceStager* device_stager() = 0;
   // This node's name and keys, for the handshake of an inbound connection.
   virtual absl::string_view node_name() const = 0;
   virtual const FabricKeys& keys() const = 0;
+  // Whether a connection that says HELLO as `name` may go on to its CHALLENGE: OK, or
+  // RESOURCE_EXHAUSTED (reason FABRIC_PEER_CONNECTIONS) when that peer holds its share
+  // of connections already. Counts the refusal on `nic`.
+  virtual absl::Status AdmitHello(int nic, absl::string_view name) = 0;
   // An inbound connection proved it speaks for `name`: the peer it now belongs to.
+  // RESOURCE_EXHAUSTED (reason FABRIC_PEER_CONNECTIONS, counted) when the peer holds
+  // its share of connections already.
   virtual absl::StatusOr<PeerId> AttachInbound(uint64_t connection_id,
                                                absl::string_view name) = 0;
   // The connection's last thread is exiting; called once, from that thread.
@@ -131,6 +163,16 @@ class TcpConnection {
   absl::Status Authenticate();
   // Reads and drops `bytes` of payload: a refused write's.
   absl::Status Discard(uint32_t bytes);
+  // Inbound: receives `bytes` of a frame; DEADLINE_EXCEEDED (reason FABRIC_STALL,
+  // counted) when no byte came for the stall timeout, unless the frame has not
+  // begun (`frame_begun` false and nothing received yet): an idle connection.
+  absl::Status ReceiveFrame(void* data, size_t bytes, bool frame_begun);
+  // Inbound: sends an ACK; FABRIC_STALL when the peer takes no byte of it in time.
+  absl::Status SendAck(wire::HeaderBytes ack);
+  // Outbound, on a quiet tick of the rx thread: DEADLINE_EXCEEDED (reason
+  // FABRIC_ACK_TIMEOUT, counted) when writes are on the wire and none was
+  // acknowledged for the ack timeout.
+  absl::Status CheckAckOverdue();
   void RunThread(absl::Status (TcpConnection::*body)());
 
   // The payload of a write from or into a GPU region, piece by piece through this
@@ -164,6 +206,10 @@ class TcpConnection {
   uint64_t head_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t tail_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the oldest write on the wire started waiting for its ACK: when it was taken
+  // to send while none was in flight (restarted after its fence), or when the ACK
+  // before it came.
+  absl::Time awaiting_ack_since_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> queued_{0};  // tail_ - head_, for PostWrite's choice
   // One per thread that moves GPU bytes: outbound tx, inbound rx.
   std::unique_ptr<DeviceStage> send_stage_;

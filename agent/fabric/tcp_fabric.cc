@@ -62,7 +62,25 @@ absl::Status ValidateOptions(const TcpFabricOptions& options, const Handler* han
     return absl::InvalidArgumentError(
         absl::StrCat("queue_depth_per_nic must be 1..", kMaxQueueDepthPerNic));
   }
+  if (options.stall_timeout_ms < 1 || options.stall_timeout_ms > kMaxFabricTimeoutMs ||
+      options.ack_timeout_ms < 1 || options.ack_timeout_ms > kMaxFabricTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stall_timeout_ms and ack_timeout_ms must be 1..", kMaxFabricTimeoutMs));
+  }
+  if (options.max_connections_per_peer < 0 ||
+      static_cast<size_t>(options.max_connections_per_peer) > kMaxConnections) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_connections_per_peer must be 0..", kMaxConnections));
+  }
   return absl::OkStatus();
+}
+
+// A peer's inbound connections still open: its share in use.
+template <typename Links>
+size_t OpenInbound(const Links& links) {
+  return static_cast<size_t>(std::count_if(links.begin(), links.end(), [](const auto& c) {
+    return c->role() == TcpConnection::Role::kInbound && !c->closed();
+  }));
 }
 
 class TcpFabric final : public Fabric, public ConnectionHost {
@@ -74,7 +92,10 @@ class TcpFabric final : public Fabric, public ConnectionHost {
         handler_(handler),
         local_(std::move(local)),
         endpoints_(std::move(endpoints)),
-        stats_(options.nics.size()) {}
+        stats_(options.nics.size()),
+        max_connections_per_peer_(options.max_connections_per_peer > 0
+                                      ? options.max_connections_per_peer
+                                      : DefaultConnectionsPerPeer(options)) {}
   ~TcpFabric() override;
 
   absl::Status Start(std::vector<UniqueFd> listeners);
@@ -131,6 +152,9 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   const RegionTable& regions() const override { return regions_; }
   const WindowTable& windows() const override { return windows_; }
   uint32_t max_write_bytes() const override { return options_.max_write_bytes; }
+  int stall_timeout_ms() const override { return options_.stall_timeout_ms; }
+  int ack_timeout_ms() const override { return options_.ack_timeout_ms; }
+  absl::Status AdmitHello(int nic, absl::string_view name) override;
   DeviceStager* device_stager() override { return options_.device_stager; }
   absl::string_view node_name() const override { return options_.node_name; }
   const FabricKeys& keys() const override { return *options_.keys; }
@@ -139,6 +163,10 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   void OnConnectionFinished(uint64_t connection_id) override;
 
  private:
+  // RESOURCE_EXHAUSTED (reason FABRIC_PEER_CONNECTIONS), counted on `nic`, when the
+  // live peer `name` holds max_connections_per_peer_ open inbound connections.
+  absl::Status CheckPeerShare(int nic, absl::string_view name)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   using Peer = PeerTable<ConnectionPtr>::Peer;
   struct ConnectionEntry {
     ConnectionPtr connection;
@@ -171,6 +199,7 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   const std::vector<SocketAddress> local_;
   const std::vector<Endpoint> endpoints_;
   std::vector<NicStats> stats_;  // sized once; NicStats is all atomics
+  const size_t max_connections_per_peer_;
   RegionTable regions_;
   WindowTable windows_;
   std::atomic<uint64_t> next_connection_id_{1};
@@ -359,7 +388,11 @@ NicCounters TcpFabric::counters(int nic) const {
       .wire_rx_bytes = stats.wire_rx_bytes.load(std::memory_order_relaxed),
       .malformed_frames = stats.malformed_frames.load(std::memory_order_relaxed),
       .refused_writes = stats.refused_writes.load(std::memory_order_relaxed),
-      .auth_failures = stats.auth_failures.load(std::memory_order_relaxed)};
+      .auth_failures = stats.auth_failures.load(std::memory_order_relaxed),
+      .stalled_connections = stats.stalled_connections.load(std::memory_order_relaxed),
+      .ack_timeouts = stats.ack_timeouts.load(std::memory_order_relaxed),
+      .peer_connection_refusals =
+          stats.peer_connection_refusals.load(std::memory_order_relaxed)};
 }
 
 void TcpFabric::OnAccepted(int nic, UniqueFd socket) {
@@ -391,11 +424,31 @@ void TcpFabric::OnAccepted(int nic, UniqueFd socket) {
   connection->Start();
 }
 
+absl::Status TcpFabric::CheckPeerShare(int nic, absl::string_view name) {
+  const std::optional<PeerId> id = peers_.Find(name);
+  if (!id.has_value()) return absl::OkStatus();
+  const size_t open = OpenInbound(peers_.Get(*id)->links);
+  if (open < max_connections_per_peer_) return absl::OkStatus();
+  stats_[nic].peer_connection_refusals.fetch_add(1, std::memory_order_relaxed);
+  return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                        "peer '", BoundedForMessage(name), "' holds ", open,
+                        " connections to this node, its share (max_connections_per_peer ",
+                        max_connections_per_peer_, ")")),
+                    kPeerConnectionsReason);
+}
+
+absl::Status TcpFabric::AdmitHello(int nic, absl::string_view name) {
+  absl::ReaderMutexLock lock(&mu_);
+  return CheckPeerShare(nic, name);
+}
+
 absl::StatusOr<PeerId> TcpFabric::AttachInbound(uint64_t connection_id,
                                                 absl::string_view name) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::CancelledError("fabric shutting down");
   ConnectionEntry& entry = connections_.at(connection_id);
+  // Checked again: connections of the same peer may have passed AdmitHello together.
+  FL_RETURN_IF_ERROR(CheckPeerShare(entry.connection->nic(), name));
   entry.peer = LivePeer(name);
   peers_.Get(entry.peer)->links.push_back(entry.connection);
   return entry.peer;
@@ -456,6 +509,10 @@ void TcpFabric::ReapOne(uint64_t connection_id) {
 }
 
 }  // namespace
+
+int DefaultConnectionsPerPeer(const TcpFabricOptions& options) {
+  return 2 * options.connections_per_nic * static_cast<int>(options.nics.size());
+}
 
 absl::StatusOr<std::unique_ptr<Fabric>> CreateTcpFabric(const TcpFabricOptions& options,
                                                         Handler* handler) {

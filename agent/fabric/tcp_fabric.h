@@ -22,6 +22,17 @@
 // accepted connection that does not prove itself is closed and counted
 // (NicCounters::auth_failures).
 //
+// Nothing waits forever (the bounds are options, each counted in NicCounters when it
+// fires): an accepted connection may idle between frames, but once a frame has begun
+// its bytes must keep coming (stall_timeout_ms; DEADLINE_EXCEEDED, reason
+// FABRIC_STALL, the connection closes and the write it was placing lets its window
+// drain); writes of ours on the wire must see an ACK every ack_timeout_ms
+// (DEADLINE_EXCEEDED, reason FABRIC_ACK_TIMEOUT: the connection closes and its writes
+// complete UNAVAILABLE, to go again on other connections); and one authenticated
+// peer holds at most max_connections_per_peer of our accepted connections (reason
+// FABRIC_PEER_CONNECTIONS: closed before its CHALLENGE, so the connector's Connect
+// fails UNAVAILABLE, or right after its PROOF when another took the last place first).
+//
 // Both sides must use the same max_write_bytes: a WRITE larger than the target's is
 // malformed there.
 #pragma once
@@ -46,6 +57,8 @@ inline constexpr size_t kMaxConnections = 4096;
 static_assert(handshake::kMaxUnprovenConnections < kMaxConnections);
 // How long Connect waits for one TCP handshake.
 inline constexpr int kConnectTimeoutMs = 10'000;
+// The longest stall and acknowledgement timeouts an option may ask for.
+inline constexpr int kMaxFabricTimeoutMs = 3'600'000;
 
 struct TcpFabricOptions {
   // Introduces this node in HELLO; 1..255 printable ASCII characters.
@@ -64,7 +77,25 @@ struct TcpFabricOptions {
   DeviceStager* device_stager = nullptr;
   // Required: the keys this node proves and checks. Must outlive the fabric.
   FabricKeys* keys = nullptr;
+  // Accepted connections: once a frame (header or payload) has begun, the longest its
+  // peer may send no byte of it, and the longest an ACK may wait for room to be sent.
+  // Judged every quarter of it: the connection closes between 1x and 1.25x this
+  // after the last byte. 1..kMaxFabricTimeoutMs.
+  int stall_timeout_ms = 10'000;
+  // Our connections: while writes are on the wire, the longest without an ACK (judged
+  // every eighth of it). Past it the connection closes and its writes fail
+  // UNAVAILABLE, reason kept. 1..kMaxFabricTimeoutMs.
+  int ack_timeout_ms = 10'000;
+  // Accepted connections one authenticated peer may hold at once; 0 sizes it from
+  // what a peer configured like this node opens (DefaultConnectionsPerPeer).
+  // 0..kMaxConnections.
+  int max_connections_per_peer = 0;
 };
+
+// Twice what a peer with our connections_per_nic opens over our NICs (Connect opens
+// connections_per_nic on each NIC; the NIC count is the same on both sides): room
+// for a peer configured with more connections per NIC than we are.
+int DefaultConnectionsPerPeer(const TcpFabricOptions& options);
 
 // INVALID_ARGUMENT for options out of bounds or without keys; the bind/listen failure
 // otherwise. `handler` must outlive the fabric.

@@ -67,7 +67,7 @@ absl::Status ProveToAcceptor(int fd, uint32_t nic, absl::string_view self,
     }
     return absl::UnavailableError(absl::StrCat(
         "the acceptor did not answer HELLO with a CHALLENGE (does it hold a fabric "
-        "key for this node?): ",
+        "key for this node, and room for another of its connections?): ",
         challenge.status().message()));
   }
   transcript.server_nonce = challenge->server_nonce;
@@ -82,11 +82,10 @@ absl::Status ProveToAcceptor(int fd, uint32_t nic, absl::string_view self,
   return SetReceiveTimeout(fd, 0);
 }
 
-absl::StatusOr<std::string> AuthenticateConnector(int fd, uint32_t nic,
-                                                  absl::string_view self,
-                                                  const FabricKeys& keys,
-                                                  uint32_t max_write_bytes,
-                                                  int timeout_ms) {
+absl::StatusOr<std::string> AuthenticateConnector(
+    int fd, uint32_t nic, absl::string_view self, const FabricKeys& keys,
+    uint32_t max_write_bytes, int timeout_ms,
+    absl::FunctionRef<absl::Status(absl::string_view connector)> admit) {
   const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
   FL_ASSIGN_OR_RETURN(
       const wire::HelloHeader hello,
@@ -101,6 +100,7 @@ absl::StatusOr<std::string> AuthenticateConnector(int fd, uint32_t nic,
     return Malformed(valid);
   }
   FL_ASSIGN_OR_RETURN(const SessionKey key, handshake::AcceptorKeyFor(keys, name));
+  FL_RETURN_IF_ERROR(admit(name));
   handshake::Transcript transcript{.connector = name,
                                    .acceptor = self,
                                    .nic = nic,

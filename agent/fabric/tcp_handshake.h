@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -32,11 +33,13 @@ absl::Status ProveToAcceptor(int fd, uint32_t nic, absl::string_view self,
 // PROOF. Returns the connector's name, now proven; the receive timeout is 0 again.
 // Fails (and the caller closes) on a malformed frame (reason FABRIC_MALFORMED), a
 // HELLO for another NIC, a connector it holds no key for, a wrong PROOF (reason
-// FABRIC_AUTH), or no PROOF within timeout_ms.
-absl::StatusOr<std::string> AuthenticateConnector(int fd, uint32_t nic,
-                                                  absl::string_view self,
-                                                  const FabricKeys& keys,
-                                                  uint32_t max_write_bytes,
-                                                  int timeout_ms);
+// FABRIC_AUTH), or no PROOF within timeout_ms. `admit`, given the name a HELLO
+// gives (one we hold a key for), may refuse it before the CHALLENGE: its error is
+// returned, and the connector sees the connection close after its HELLO.
+absl::StatusOr<std::string> AuthenticateConnector(
+    int fd, uint32_t nic, absl::string_view self, const FabricKeys& keys,
+    uint32_t max_write_bytes, int timeout_ms,
+    absl::FunctionRef<absl::Status(absl::string_view connector)> admit =
+        [](absl::string_view) { return absl::OkStatus(); });
 
 }  // namespace fuselink::fabric

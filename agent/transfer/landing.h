@@ -114,6 +114,9 @@ class Landing {
   // Arrivals that named no open slot of theirs (stale generation, unknown slot,
   // another source's slot), or strayed outside their slot's blocks.
   uint64_t stray_writes() const { return stray_writes_.load(); }
+  // Slots that ended PROTOCOL because their source's writes left more disjoint
+  // landed ranges than a transfer of their blocks can (a bound on the slot's memory).
+  uint64_t scattered_writes() const { return scattered_writes_.load(); }
   // Slots that ended because their source never sent a byte (start_timeout).
   uint64_t unstarted_expired() const { return unstarted_expired_.load(); }
   // PrepareIncoming calls refused because their source held its share.
@@ -161,6 +164,9 @@ class Landing {
     // The source's bytes in flight at most (PrepareIncomingRequest); 0: not said.
     uint64_t in_flight_bytes = 0;
     LandedRanges landed;
+    // The most disjoint ranges `landed` may hold (MaxLandedRanges in landing.cc);
+    // past it the slot fails PROTOCOL.
+    size_t max_landed_ranges = 0;
     uint64_t landed_bytes = 0;  // distinct bytes, kept once the ranges are let go
     absl::Time last_activity;
     bool started = false;  // something arrived from the source
@@ -208,6 +214,7 @@ class Landing {
   const LandingOptions options_;
   std::atomic<uint64_t> stray_writes_{0};
   std::atomic<uint64_t> unstarted_expired_{0};
+  std::atomic<uint64_t> scattered_writes_{0};
   std::atomic<uint64_t> share_refusals_{0};
   struct alignas(64) NicBytes {
     std::atomic<uint64_t> own{0}, borrowed{0};

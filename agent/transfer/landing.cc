@@ -152,7 +152,7 @@ absl::Status Landing::CheckRoomLocked(const std::string& source) {
     share_refusals_.fetch_add(1, std::memory_order_relaxed);
     return WithReason(absl::ResourceExhaustedError(absl::StrCat(
                           "node '", BoundedForMessage(source), "' holds ", it->second,
-                          " incoming transfers here, its share")),
+                          " incoming slots here (open or draining), its share")),
                       "SOURCE_SHARE");
   }
   return absl::OkStatus();
@@ -273,9 +273,7 @@ Landing::Ending Landing::BeginCloseLocked(uint32_t index, absl::Status verdict) 
   slot.commit_deadline = absl::InfiniteFuture();
   if (!slot.local) --owner_slots_[slot.rail];
   --open_;
-  if (auto it = per_source_.find(slot.source_node); it != per_source_.end()) {
-    if (--it->second == 0) per_source_.erase(it);
-  }
+  // The slot still counts in per_source_ until Finish: its window may still place.
   return Ending{index, slot.generation, slot.windows};
 }
 
@@ -350,6 +348,9 @@ void Landing::Finish(uint32_t index, uint32_t generation) {
     Slot& slot = slots_[index];
     if (slot.state != SlotState::kClosing || slot.generation != generation) return;
     slot.state = SlotState::kClosed;
+    if (auto it = per_source_.find(slot.source_node); it != per_source_.end()) {
+      if (--it->second == 0) per_source_.erase(it);
+    }
     event.set_transfer_id(slot.transfer_id);
     event.set_source_node(slot.source_node);
     event.set_tensor(slot.tensor.info().name);

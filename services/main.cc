@@ -79,7 +79,8 @@ ABSL_FLAG(uint32_t, chunk_bytes, 4u << 20, "Bytes per fabric write.");
 ABSL_FLAG(uint32_t, window_chunks, 16, "Chunks in flight per transfer.");
 ABSL_FLAG(uint32_t, max_transfers, 64, "Outgoing transfers in flight at once.");
 ABSL_FLAG(uint32_t, incoming_per_source, fuselink::transfer::kMaxIncoming / 4,
-          "Incoming transfers one source node may hold open here at once (of 4096).");
+          "Incoming transfers one source node may hold here at once, open or still "
+          "draining (of 4096).");
 ABSL_FLAG(uint32_t, incoming_start_timeout_ms, 5000,
           "An incoming transfer whose source sends nothing this long after preparing "
           "it fails SOURCE_IDLE, letting go of its tensor.");

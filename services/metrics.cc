@@ -359,6 +359,10 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
             "PrepareIncoming calls refused because their source held its share of the "
             "incoming slots (RESOURCE_EXHAUSTED, SOURCE_SHARE).",
             static_cast<double>(node.landing().share_refusals()));
+    counter("fuselink_incoming_scattered_writes_total",
+            "Incoming transfers ended PROTOCOL because their source's writes left more "
+            "disjoint landed ranges than a transfer of their blocks can.",
+            static_cast<double>(node.landing().scattered_writes()));
     counter("fuselink_incoming_unstarted_expired_total",
             "Incoming transfers ended because their source sent nothing after it "
             "prepared them (the tensor's pin let go).",

@@ -8,14 +8,39 @@
 #include "agent/fabric/window_table.h"
 #include "agent/transfer/layout_proto.h"
 #include "agent/transfer/plan.h"
+#include "agent/transfer/wr_id.h"
 
 namespace fuselink::transfer {
 namespace {
 
-// Disjoint ranges a slot may hold before its source is judged to break the protocol:
-// a source's writes join into its blocks' runs as they land, so a live transfer holds
-// at most one range per run plus one per write in flight.
-constexpr size_t kMaxRangesOverRuns = 4096;
+// Disjoint landed ranges a slot may hold over its block pieces (MaxLandedRanges)
+// before its source is judged to break the protocol.
+constexpr size_t kMaxRangesOverPieces = 4096;
+// A hole inside a piece is a write still in flight or being sent again, at most one a
+// window entry (window.h): a source's window never needs more.
+static_assert(kMaxRangesOverPieces >= kMaxWindowChunks);
+
+// The most disjoint landed ranges a legitimate source of a transfer of `pieces` block
+// pieces (blocks x layers x the target's parts) can make the slot hold, in whatever
+// order the request lists the blocks. A source writes each of its extents front to
+// back, chunk by chunk, and a target piece's stretches in order (plan.h), so apart
+// from the holes of writes in flight each piece holds at most one range: the
+// landed bytes join into the pieces as they land, and pieces that touch join too.
+// (The source writes in ascending target order within a layer, so in practice a slot
+// holds a handful; a source that lists blocks out of order and writes them in that
+// order stays within this too.) Merged runs (Slot::blocks) are no bound: with blocks
+// evens-then-odds, or interleaved with layers, one run holds a range per block.
+//
+// Memory: a range is a btree entry of 16 bytes in nodes at least half full, under 32
+// bytes (measured 19 in order, 23 at random), so a slot holds at most
+// (kMaxBlockPieces + kMaxRangesOverPieces) x 32 bytes, about 64 MiB, whatever its
+// source writes; a request that big makes Prepare spend 32 MiB on BlockRanges anyway.
+// Merged runs never outnumber pieces, so this is no more than the bound on runs
+// allowed before.
+size_t MaxLandedRanges(uint64_t pieces) {
+  return static_cast<size_t>(std::min<uint64_t>(pieces, kMaxBlockPieces)) +
+         kMaxRangesOverPieces;
+}
 
 }  // namespace
 
@@ -127,7 +152,7 @@ absl::Status Landing::CheckRoomLocked(const std::string& source) {
     share_refusals_.fetch_add(1, std::memory_order_relaxed);
     return WithReason(absl::ResourceExhaustedError(absl::StrCat(
                           "node '", BoundedForMessage(source), "' holds ", it->second,
-                          " incoming transfers here, its share")),
+                          " incoming slots here (open or draining), its share")),
                       "SOURCE_SHARE");
   }
   return absl::OkStatus();
@@ -215,6 +240,9 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       slot.expected_bytes = expected;
       slot.in_flight_bytes = request.in_flight_bytes();
       slot.landed = LandedRanges();
+      slot.max_landed_ranges = MaxLandedRanges(
+          uint64_t{ids.size()} * (request.layer_end() - request.layer_begin()) *
+          layout.part_count());
       slot.last_activity = absl::Now();
       slot.started = false;
       slot.commit_deadline = absl::InfiniteFuture();
@@ -245,9 +273,7 @@ Landing::Ending Landing::BeginCloseLocked(uint32_t index, absl::Status verdict) 
   slot.commit_deadline = absl::InfiniteFuture();
   if (!slot.local) --owner_slots_[slot.rail];
   --open_;
-  if (auto it = per_source_.find(slot.source_node); it != per_source_.end()) {
-    if (--it->second == 0) per_source_.erase(it);
-  }
+  // The slot still counts in per_source_ until Finish: its window may still place.
   return Ending{index, slot.generation, slot.windows};
 }
 
@@ -322,6 +348,9 @@ void Landing::Finish(uint32_t index, uint32_t generation) {
     Slot& slot = slots_[index];
     if (slot.state != SlotState::kClosing || slot.generation != generation) return;
     slot.state = SlotState::kClosed;
+    if (auto it = per_source_.find(slot.source_node); it != per_source_.end()) {
+      if (--it->second == 0) per_source_.erase(it);
+    }
     event.set_transfer_id(slot.transfer_id);
     event.set_source_node(slot.source_node);
     event.set_tensor(slot.tensor.info().name);
@@ -370,7 +399,8 @@ std::optional<Landing::Ending> Landing::OnDataLocked(const fabric::Arrival& arri
                   : arrival.nic == slot.rail ? nic_bytes_[arrival.nic].own
                                              : nic_bytes_[arrival.nic].borrowed;
   counter.fetch_add(arrival.bytes, std::memory_order_relaxed);
-  if (slot.landed.ranges() > slot.blocks.size() + kMaxRangesOverRuns) {
+  if (slot.landed.ranges() > slot.max_landed_ranges) {
+    scattered_writes_.fetch_add(1, std::memory_order_relaxed);
     return BeginCloseLocked(index, TargetStatus(Verdict::kProtocol));
   }
   if (slot.commit_deadline != absl::InfiniteFuture() &&

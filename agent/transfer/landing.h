@@ -51,8 +51,9 @@ struct LandingOptions {
   // A slot whose source has sent nothing at all this long after it was prepared
   // fails SOURCE_IDLE: a transfer that never starts pins its tensor only briefly.
   absl::Duration start_timeout = absl::Seconds(5);
-  // Open slots one source may hold at once: its share of kMaxIncoming, so that one
-  // peer (or one client through it) cannot take every slot.
+  // Slots one source may hold at once, open or closing (their windows not yet
+  // drained): its share of kMaxIncoming, so that one peer (or one client through it)
+  // cannot take every slot, nor by ending slots as fast as it opens them.
   uint32_t max_per_source = kMaxIncoming / 4;
 };
 
@@ -83,7 +84,7 @@ class Landing {
   // reserves a slot. Blocks while the fabric opens the window.
   // `may_write` says whether the transfer may write into the tensor (its grants),
   // checked on the pinned tensor. RESOURCE_EXHAUSTED (SOURCE_SHARE) when the source
-  // holds max_per_source slots already.
+  // holds max_per_source slots already, open or closing (share_refusals counts it).
   // `from` kThisNode: an in-node move (fabric/in_node_fabric.h), whose source is this
   // node's own engine. Its bytes load no NIC: they count in local_bytes(), not in any
   // NIC's own or borrowed bytes, and its slot makes no NIC busy (IdleMask).
@@ -114,6 +115,9 @@ class Landing {
   // Arrivals that named no open slot of theirs (stale generation, unknown slot,
   // another source's slot), or strayed outside their slot's blocks.
   uint64_t stray_writes() const { return stray_writes_.load(); }
+  // Slots that ended PROTOCOL because their source's writes left more disjoint
+  // landed ranges than a transfer of their blocks can (a bound on the slot's memory).
+  uint64_t scattered_writes() const { return scattered_writes_.load(); }
   // Slots that ended because their source never sent a byte (start_timeout).
   uint64_t unstarted_expired() const { return unstarted_expired_.load(); }
   // PrepareIncoming calls refused because their source held its share.
@@ -161,6 +165,9 @@ class Landing {
     // The source's bytes in flight at most (PrepareIncomingRequest); 0: not said.
     uint64_t in_flight_bytes = 0;
     LandedRanges landed;
+    // The most disjoint ranges `landed` may hold (MaxLandedRanges in landing.cc);
+    // past it the slot fails PROTOCOL.
+    size_t max_landed_ranges = 0;
     uint64_t landed_bytes = 0;  // distinct bytes, kept once the ranges are let go
     absl::Time last_activity;
     bool started = false;  // something arrived from the source
@@ -208,6 +215,7 @@ class Landing {
   const LandingOptions options_;
   std::atomic<uint64_t> stray_writes_{0};
   std::atomic<uint64_t> unstarted_expired_{0};
+  std::atomic<uint64_t> scattered_writes_{0};
   std::atomic<uint64_t> share_refusals_{0};
   struct alignas(64) NicBytes {
     std::atomic<uint64_t> own{0}, borrowed{0};
@@ -231,7 +239,8 @@ class Landing {
   absl::flat_hash_map<std::string, uint32_t> by_transfer_ ABSL_GUARDED_BY(mu_);
   std::array<uint32_t, topo::kMaxNics> owner_slots_ ABSL_GUARDED_BY(mu_) = {};
   size_t open_ ABSL_GUARDED_BY(mu_) = 0;
-  // Open slots by source node.
+  // Open and closing slots by source node: a closing slot holds its window (and its
+  // tensor) until the window drains, so it counts against the share until Finish.
   absl::flat_hash_map<std::string, uint32_t> per_source_ ABSL_GUARDED_BY(mu_);
   // RESOURCE_EXHAUSTED when no slot is free or `source` holds its share.
   absl::Status CheckRoomLocked(const std::string& source)

@@ -58,25 +58,28 @@ std::vector<Extent> PlanExtents(const memory::Layout& source,
                                 uint32_t layer_begin, uint32_t layer_end) {
   std::vector<Extent> extents;
   // Appends a run, joined to the last one when both sides continue it.
-  auto add = [&](uint32_t layer, uint64_t s, uint64_t t, uint64_t bytes) {
+  auto add = [&](const Extent& run) {
     if (!extents.empty()) {
       Extent& last = extents.back();
-      if (last.layer == layer && last.source_offset + last.bytes == s &&
-          last.target_offset + last.bytes == t) {
-        last.bytes += bytes;
+      if (last.layer == run.layer &&
+          last.source_offset + last.bytes == run.source_offset &&
+          last.target_offset + last.bytes == run.target_offset) {
+        last.bytes += run.bytes;
         return;
       }
     }
-    extents.push_back(Extent{layer, s, t, bytes});
+    extents.push_back(run);
   };
   // Where the parts of the two sides meet, per layer: a block's bytes are its parts'
   // in order on each side, so a stretch where neither side changes part is one run.
-  // Runs go stretch by stretch, block by block, so that consecutive blocks join.
   struct Stretch {
     uint32_t source_part, target_part;
     uint64_t source_skip, target_skip, bytes;  // into the parts
   };
   std::vector<Stretch> stretches;
+  // One layer's runs before they are sorted and joined.
+  std::vector<Extent> runs;
+  runs.reserve(source_ids.size());
   for (uint32_t layer = layer_begin; layer < layer_end; ++layer) {
     stretches.clear();
     uint32_t sp = 0, tp = 0;
@@ -97,13 +100,24 @@ std::vector<Extent> PlanExtents(const memory::Layout& source,
         t_done = 0;
       }
     }
+    runs.clear();
     for (const Stretch& x : stretches) {
       for (size_t i = 0; i < source_ids.size(); ++i) {
-        add(layer, source.PartOffset(layer, x.source_part, source_ids[i]) + x.source_skip,
+        runs.push_back(Extent{
+            layer, source.PartOffset(layer, x.source_part, source_ids[i]) + x.source_skip,
             target.PartOffset(layer, x.target_part, target_ids[i]) + x.target_skip,
-            x.bytes);
+            x.bytes});
       }
     }
+    // In the target's order, whatever the order of the request's lists (an engine's
+    // free list hands out blocks in any order): the bytes then land at the target
+    // front to back within the layer and join as they land, so its landed ranges
+    // (landed_ranges.h) stay few. The target refuses a block listed twice
+    // (ValidateBlocks), so target offsets are unique and the order total.
+    std::sort(runs.begin(), runs.end(), [](const Extent& a, const Extent& b) {
+      return a.target_offset < b.target_offset;
+    });
+    for (const Extent& run : runs) add(run);
   }
   return extents;
 }

@@ -48,8 +48,9 @@ absl::Status ValidateBlocks(const memory::Layout& layout, std::span<const uint32
 absl::Status ValidateLayers(const memory::Layout& layout, uint32_t begin, uint32_t end);
 
 // The extents that move source_ids[i] to target_ids[i] in layers [begin, end), in
-// layer order: each block's bytes in their parts' order on both sides, cut where
-// either side's part ends, runs that continue on both sides joined. The inputs must
+// layer order and, within a layer, in ascending target offset (not the lists' order):
+// each block's bytes in their parts' order on both sides, cut where either side's part
+// ends, runs that continue on both sides joined. The inputs must
 // have passed the checks above and have equal block sizes and counts.
 std::vector<Extent> PlanExtents(const memory::Layout& source,
                                 const memory::Layout& target,

@@ -113,6 +113,9 @@ class LandingTest : public ::testing::Test {
     LandingOptions options;
     options.idle_timeout = absl::Seconds(30);
     options.commit_grace = absl::Seconds(2);
+    MakeLanding(options);
+  }
+  void MakeLanding(LandingOptions options) {
     landing_ = std::make_unique<Landing>(
         &registry_, &fabric_, 4,
         [this](const v1::WatchEvent& e) { events_.push_back(e); },
@@ -487,6 +490,37 @@ TEST_F(LandingTest, RefusesWhatItCannotPrepare) {
   EXPECT_EQ(no_window.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(ReasonOf(no_window.status()), "WINDOW_FAILED");
   EXPECT_EQ(landing_->active(), 0u);
+}
+
+// A slot that is closing still holds its window, which may still place bytes: it
+// counts against its source's share until the window drains.
+TEST_F(LandingTest, ClosingSlotsCountAgainstTheSourcesShareUntilTheyDrain) {
+  LandingOptions options;
+  options.max_per_source = 2;
+  MakeLanding(options);
+  fabric_.hold_drains = true;
+  Prepared t1 = Prepare("t1");
+  Prepared t2 = Prepare("t2");
+  Notice(t1, ImmOp::kAbort);
+  Notice(t2, ImmOp::kAbort);
+  ASSERT_EQ(fabric_.held.size(), 2u);  // both closing, neither drained
+  EXPECT_EQ(landing_->active(), 0u);
+  absl::StatusOr<v1::PrepareIncomingResponse> refused = landing_->Prepare(Request("t3"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReasonOf(refused.status()), "SOURCE_SHARE");
+  EXPECT_EQ(landing_->share_refusals(), 1u);
+  v1::PrepareIncomingRequest other = Request("t3");
+  other.set_source_node("node-c");  // another source's share is its own
+  EXPECT_TRUE(landing_->Prepare(other).ok());
+  std::move(fabric_.held[0])();  // t1's window drains: one slot of the share is back
+  EXPECT_TRUE(landing_->Prepare(Request("t3")).ok());
+  refused = landing_->Prepare(Request("t4"));
+  EXPECT_EQ(ReasonOf(refused.status()), "SOURCE_SHARE");
+  EXPECT_EQ(landing_->share_refusals(), 2u);
+  std::move(fabric_.held[1])();
+  fabric_.held.clear();
+  EXPECT_TRUE(landing_->Prepare(Request("t4")).ok());
+  EXPECT_EQ(landing_->share_refusals(), 2u);
 }
 
 // A KV cache as vLLM keeps it, one host region per layer (K half, V half), on the

@@ -19,18 +19,52 @@ TEST(Plan, CoalescesRunsOfConsecutiveBlocksPerLayer) {
   const Layout source = Packed(2, 16, 100), target = Packed(2, 16, 100);
   const std::vector<uint32_t> src = {1, 2, 3, 7, 8}, dst = {4, 5, 6, 0, 9};
   std::vector<Extent> e = PlanExtents(source, target, src, dst, 0, 2);
-  // Per layer: 1-3 -> 4-6 one run; 7 -> 0 and 8 -> 9 break (target not consecutive).
+  // Per layer, in target order: 7 -> 0; 1-3 -> 4-6 one run; 8 -> 9 (the source does
+  // not continue from 3).
   ASSERT_EQ(e.size(), 6u);
   EXPECT_EQ(e[0].layer, 0u);
-  EXPECT_EQ(e[0].source_offset, 100u);
-  EXPECT_EQ(e[0].target_offset, 400u);
-  EXPECT_EQ(e[0].bytes, 300u);
-  EXPECT_EQ(e[1].bytes, 100u);
+  EXPECT_EQ(e[0].source_offset, 700u);
+  EXPECT_EQ(e[0].target_offset, 0u);
+  EXPECT_EQ(e[0].bytes, 100u);
+  EXPECT_EQ(e[1].source_offset, 100u);
+  EXPECT_EQ(e[1].target_offset, 400u);
+  EXPECT_EQ(e[1].bytes, 300u);
+  EXPECT_EQ(e[2].target_offset, 900u);
   EXPECT_EQ(e[3].layer, 1u);
-  EXPECT_EQ(e[3].source_offset, 1600u + 100);
+  EXPECT_EQ(e[3].source_offset, 1600u + 700);
   uint64_t total = 0;
   for (const Extent& x : e) total += x.bytes;
   EXPECT_EQ(total, 2u * 5 * 100);
+}
+
+// Whatever order the target's list is in, the writes go front to back in the target
+// within each layer, and the runs that continue on both sides still join: evens then
+// odds into a reversed source list is one run per layer.
+TEST(Plan, ExtentsGoInTargetOrderWithinEachLayer) {
+  const Layout layout = Packed(3, 4096, 64);
+  std::vector<uint32_t> target;
+  for (uint32_t b = 0; b < 4096; b += 2) target.push_back(b);
+  for (uint32_t b = 1; b < 4096; b += 2) target.push_back(b);
+  std::vector<uint32_t> source(target.size());
+  for (size_t i = 0; i < target.size(); ++i) source[i] = 4095 - target[i];
+  std::vector<Extent> e = PlanExtents(layout, layout, source, target, 1, 3);
+  // The source runs backwards: no two blocks join, but every block is there once.
+  ASSERT_EQ(e.size(), 2u * 4096);
+  for (size_t i = 0; i < e.size(); ++i) {
+    const uint32_t layer = 1 + static_cast<uint32_t>(i / 4096);
+    const uint32_t block = i % 4096;
+    EXPECT_EQ(e[i].layer, layer) << i;
+    EXPECT_EQ(e[i].target_offset, layout.PartOffset(layer, 0, block)) << i;
+    EXPECT_EQ(e[i].source_offset, layout.PartOffset(layer, 0, 4095 - block)) << i;
+    EXPECT_EQ(e[i].bytes, 64u) << i;
+  }
+  // Now the source list is the target's: both continue, block after block.
+  for (uint32_t& b : source) b = 4095 - b;
+  e = PlanExtents(layout, layout, source, target, 1, 3);
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[0].target_offset, layout.PartOffset(1, 0, 0));
+  EXPECT_EQ(e[0].bytes, 4096u * 64);
+  EXPECT_EQ(e[1].layer, 2u);
 }
 
 TEST(Plan, StridedBlocksAreNotMerged) {

@@ -238,6 +238,18 @@ TEST(HostMapping, RefusesWhatCannotBeSealed) {
   EXPECT_TRUE(HostMapping::Map(std::move(sealed), 0, 4096).ok());  // sealed by the lender
 }
 
+TEST(HostMapping, RefusesMemorySealedAgainstWrites) {
+  for (int seal : {F_SEAL_FUTURE_WRITE, F_SEAL_WRITE}) {
+    SCOPED_TRACE(seal);
+    UniqueFd fd(memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    ASSERT_EQ(ftruncate(fd.get(), 4096), 0);
+    ASSERT_EQ(fcntl(fd.get(), F_ADD_SEALS, seal), 0);
+    auto refused = HostMapping::Map(std::move(fd), 0, 4096);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(ReasonOf(refused.status()), "WRITE_SEALED_MEMORY");
+  }
+}
+
 }  // namespace
 }  // namespace fuselink::memory
 

@@ -26,9 +26,17 @@ absl::StatusOr<transfer::Prepared> LocalRoute::PrepareIncoming(
         FL_RETURN_IF_ERROR(guard_->RequireGrant(requester, tensor.owner, tensor.writers,
                                                 "into", tensor.name));
         // Another registration of the source's own memory (a second mapping of its
-        // file, say): the copies would overwrite blocks they have yet to read.
-        if (spec.source_memory != nullptr && tensor.name != spec.source_tensor &&
-            memory::Overlap(tensor.memory, *spec.source_memory)) {
+        // file, say): the copies would overwrite blocks they have yet to read. Told
+        // by the memory, not the name: the source's registration is the one whose
+        // memory the spec points at (the job's lease pins it). Within that one
+        // registration, distinct blocks (SAME_BLOCKS) are apart only while no two
+        // of its regions are one memory, which registration refuses (ALIASED_REGIONS)
+        // and is checked again here.
+        const bool aliased = spec.source_memory != nullptr &&
+                             (&tensor.memory == spec.source_memory
+                                  ? memory::SharedWithin(tensor.memory).has_value()
+                                  : memory::Overlap(tensor.memory, *spec.source_memory));
+        if (aliased) {
           return WithReason(absl::InvalidArgumentError(absl::StrCat(
                                 "tensors '", BoundedForMessage(spec.source_tensor),
                                 "' and '", BoundedForMessage(tensor.name),

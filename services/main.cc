@@ -405,6 +405,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<services::Metrics>> metrics =
       services::Metrics::Start(absl::GetFlag(FLAGS_metrics_listen), endpoint);
   if (!metrics.ok()) return Fail(metrics.status());
+  if (tls != nullptr) (*metrics)->AttachTls(tls.get());
   absl::StatusOr<std::unique_ptr<services::Node>> node =
       services::Node::Create(options, metrics->get());
   if (!node.ok()) return Fail(node.status());

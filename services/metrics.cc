@@ -446,9 +446,30 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
 std::string Metrics::Render() const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   std::shared_ptr<NodeCollector> collector;
+  const security::TlsCredentials* tls = nullptr;
   {
     absl::MutexLock lock(&collector_mu_);
     collector = collector_;
+    tls = tls_;
+  }
+  if (tls != nullptr) {
+    const security::TlsStage::Counts counts = tls->reload_counts();
+    auto counter = [&](const char* name, const char* help, uint64_t value) {
+      prometheus::MetricFamily f{name, help, prometheus::MetricType::Counter, {}};
+      prometheus::ClientMetric m;
+      m.counter.value = static_cast<double>(value);
+      f.metric.push_back(std::move(m));
+      families.push_back(std::move(f));
+    };
+    counter("fuselink_tls_reloads_total",
+            "Rotations of the gRPC TLS files (--tls_cert, --tls_key, --tls_ca) that "
+            "checked out and serve new connections.",
+            counts.reloads);
+    counter("fuselink_tls_reload_failures_total",
+            "Rotations of the gRPC TLS files refused: a file that does not parse, or a "
+            "key that is not the certificate's. The last good set keeps serving; the "
+            "agent's log says why.",
+            counts.failed_reloads);
   }
   if (collector) {
     std::vector<prometheus::MetricFamily> node = collector->Collect();
@@ -474,6 +495,11 @@ void Metrics::Attach(Node* node) {
   }
   absl::MutexLock lock(&collector_mu_);
   collector_ = std::make_shared<NodeCollector>(node);
+}
+
+void Metrics::AttachTls(const security::TlsCredentials* tls) {
+  absl::MutexLock lock(&collector_mu_);
+  tls_ = tls;
 }
 
 int Metrics::port() const { return server_->port(); }

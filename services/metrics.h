@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "agent/security/credentials.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
@@ -35,6 +36,9 @@ class Metrics final : public transfer::EngineObserver {
 
   // Exposes the node's own counters. Call once, before scrapes matter.
   void Attach(Node* node);
+  // Exposes the gRPC TLS files' reloads (security/tls_stage.h), read at scrape time
+  // from `tls`, which must outlive this. Call once, or never (plaintext).
+  void AttachTls(const security::TlsCredentials* tls);
   // Stops reading the node: a scrape in progress finishes first, later scrapes see
   // only the transfer outcomes. Call before the node goes.
   void Detach();
@@ -54,6 +58,7 @@ class Metrics final : public transfer::EngineObserver {
   std::shared_ptr<prometheus::Registry> registry_;
   mutable absl::Mutex collector_mu_;
   std::shared_ptr<NodeCollector> collector_ ABSL_GUARDED_BY(collector_mu_);
+  const security::TlsCredentials* tls_ ABSL_GUARDED_BY(collector_mu_) = nullptr;
   prometheus::Counter* completed_;
   prometheus::Counter* failed_;
   prometheus::Counter* cancelled_;

@@ -1,5 +1,6 @@
 #include "services/transfer_control.h"
 
+#include "absl/strings/str_cat.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
 
@@ -87,6 +88,23 @@ absl::Status RunControl(transfer::Engine& engine, const v1::ForwardControlReques
   FL_ASSIGN_OR_RETURN(
       std::shared_ptr<transfer::Transfer> t,
       engine.Find(*named.transfer_id, *named.request_id, caller.identity));
+  // Both ids given: each must be found, and name the same transfer; else the
+  // answer would be about one of two transfers, unsaid which.
+  if (!named.transfer_id->empty() && !named.request_id->empty()) {
+    FL_ASSIGN_OR_RETURN(std::shared_ptr<transfer::Transfer> by_transfer_id,
+                        engine.Find(*named.transfer_id, "", caller.identity));
+    FL_ASSIGN_OR_RETURN(std::shared_ptr<transfer::Transfer> by_request_id,
+                        engine.Find("", *named.request_id, caller.identity));
+    if (by_transfer_id != by_request_id) {
+      return WithReason(
+          absl::InvalidArgumentError(absl::StrCat(
+              "transfer_id '", BoundedForMessage(*named.transfer_id),
+              "' and request_id '", BoundedForMessage(*named.request_id),
+              "' name different transfers: give one of them, or both of one transfer")),
+          "IDS_DISAGREE");
+    }
+    t = std::move(by_transfer_id);
+  }
   absl::Status s;
   switch (call.call_case()) {
     case v1::ForwardControlRequest::kCancel:

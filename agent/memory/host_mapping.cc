@@ -14,7 +14,12 @@ namespace {
 #ifdef MADV_POPULATE_WRITE
 constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
 #else
-constexpr int kPopulateWrite = 23;  // the Linux value, for older headers
+constexpr int kPopulateWrite = 23;        // the Linux value, for older headers
+#endif
+#ifdef F_SEAL_FUTURE_WRITE
+constexpr int kSealFutureWrite = F_SEAL_FUTURE_WRITE;
+#else
+constexpr int kSealFutureWrite = 0x0010;  // the Linux value, for older headers
 #endif
 
 }  // namespace
@@ -45,6 +50,17 @@ absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
             "host memory: the file cannot be sealed against shrinking (F_SEAL_SHRINK); "
             "lend a memfd made with MFD_ALLOW_SEALING, or seal it first"),
         "UNSEALED_MEMORY");
+  }
+  // The agent writes what lands into the mapping: a file sealed against writes
+  // cannot be mapped writable (mmap says EPERM, which would read as the caller's
+  // permission).
+  if (seals & (F_SEAL_WRITE | kSealFutureWrite)) {
+    return WithReason(
+        absl::FailedPreconditionError(
+            "host memory: the file is sealed against writes (F_SEAL_WRITE or "
+            "F_SEAL_FUTURE_WRITE) and the agent maps it writable to land transfers; "
+            "lend a memfd without those seals"),
+        "WRITE_SEALED_MEMORY");
   }
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat(memfd)", errno);

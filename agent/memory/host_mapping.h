@@ -15,8 +15,9 @@ class HostMapping {
   // Maps `size_bytes` at `offset_bytes` of `fd`, read-write, shared with the file's
   // other users. Seals the file against shrinking first (FAILED_PRECONDITION,
   // UNSEALED_MEMORY, when it cannot be: not a memfd, or made without
-  // MFD_ALLOW_SEALING); INVALID_ARGUMENT when the file is shorter or the offset
-  // unaligned.
+  // MFD_ALLOW_SEALING), and FAILED_PRECONDITION (WRITE_SEALED_MEMORY) when it is
+  // sealed against writes (F_SEAL_WRITE, F_SEAL_FUTURE_WRITE); INVALID_ARGUMENT when
+  // the file is shorter or the offset unaligned.
   static absl::StatusOr<std::unique_ptr<HostMapping>> Map(UniqueFd fd,
                                                           uint64_t offset_bytes,
                                                           uint64_t size_bytes);

@@ -1,6 +1,7 @@
 #include "agent/memory/memory_extent.h"
 
 #include <algorithm>
+#include <numeric>
 #include <tuple>
 
 namespace fuselink::memory {
@@ -28,6 +29,30 @@ bool Overlap(const std::vector<MemoryExtent>& a, const std::vector<MemoryExtent>
     (p.begin + p.bytes < q.begin + q.bytes ? i : j)++;
   }
   return false;
+}
+
+std::optional<std::pair<size_t, size_t>> SharedWithin(
+    const std::vector<MemoryExtent>& v) {
+  // In order of file and start, an extent shares a byte with an earlier one of its
+  // file exactly when it starts before the furthest end seen so far in that file.
+  std::vector<size_t> order(v.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return std::tie(v[x].file, v[x].begin) < std::tie(v[y].file, v[y].begin);
+  });
+  std::optional<size_t> furthest;  // of the current file, the extent ending last
+  for (size_t i : order) {
+    const MemoryExtent& e = v[i];
+    if (e.bytes == 0) continue;  // no bytes, nothing shared
+    if (furthest && v[*furthest].file == e.file) {
+      const MemoryExtent& f = v[*furthest];
+      if (e.begin < f.begin + f.bytes)
+        return std::pair{std::min(i, *furthest), std::max(i, *furthest)};
+      if (e.begin + e.bytes <= f.begin + f.bytes) continue;
+    }
+    furthest = i;
+  }
+  return std::nullopt;
 }
 
 }  // namespace fuselink::memory

@@ -4,6 +4,8 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace fuselink::memory {
@@ -20,5 +22,9 @@ struct MemoryExtent {
 
 // True when some extent of `a` and some extent of `b` share a byte.
 bool Overlap(const std::vector<MemoryExtent>& a, const std::vector<MemoryExtent>& b);
+
+// Two indices (the lower first) of extents of `v` that share a byte, if any: the
+// regions of one tensor must not (no byte of a tensor in two of its parts).
+std::optional<std::pair<size_t, size_t>> SharedWithin(const std::vector<MemoryExtent>& v);
 
 }  // namespace fuselink::memory

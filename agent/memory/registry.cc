@@ -1,6 +1,10 @@
 #include "agent/memory/registry.h"
 
 #include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
@@ -45,6 +49,22 @@ absl::Status UnknownTensor(absl::string_view name) {
   return WithReason(absl::NotFoundError(
                         absl::StrCat("no tensor named '", BoundedForMessage(name), "'")),
                     "UNKNOWN_TENSOR");
+}
+
+// INVALID_ARGUMENT (BAD_OWNER_FD) unless `fd` is a pidfd. Signal 0 sends nothing; the
+// kernel answers EBADF only for a descriptor that is no pidfd (EPERM, ESRCH or EINVAL
+// still name a process: one we may not signal, one that exited, one in a pid namespace
+// out of reach). Anything else polls readable at once or never, so the tensor would
+// be revoked at the next poll or never, silently.
+absl::Status CheckOwnerPidfd(const UniqueFd& fd) {
+  if (!fd.valid()) return absl::OkStatus();
+  if (syscall(SYS_pidfd_send_signal, fd.get(), 0, nullptr, 0) == 0 || errno != EBADF) {
+    return absl::OkStatus();
+  }
+  return WithReason(absl::InvalidArgumentError(
+                        "owner_fd_token names a descriptor that is not a pidfd: pass "
+                        "pidfd_open(getpid(), 0) of the lending process"),
+                    "BAD_OWNER_FD");
 }
 
 }  // namespace
@@ -114,6 +134,7 @@ void Registry::Deregister(const std::vector<Region>& regions) {
 absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
                                               std::vector<RegionMemory> regions, int gpu,
                                               UniqueFd owner) {
+  FL_RETURN_IF_ERROR(CheckOwnerPidfd(owner));
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
   for (const RegionMemory& r : regions) {
@@ -127,6 +148,23 @@ absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
     total += r.bytes;  // at most kMaxRegions of them: no overflow
   }
   FL_ASSIGN_OR_RETURN(want.layout, NormalizeLayout(std::move(want.layout), sizes));
+  want.memory.clear();
+  for (const RegionMemory& r : regions) {
+    want.memory.push_back(r.extent.bytes != 0
+                              ? r.extent
+                              : MemoryExtent{.begin = reinterpret_cast<uintptr_t>(r.base),
+                                             .bytes = r.bytes});
+  }
+  // The layout keeps a tensor's parts apart by region index; two regions that are one
+  // memory (a memfd lent twice) would put one byte in two parts.
+  if (auto shared = SharedWithin(want.memory)) {
+    return WithReason(
+        absl::InvalidArgumentError(absl::StrCat(
+            "regions ", shared->first, " and ", shared->second,
+            " are the same memory (one file's bytes, or one GPU allocation's, lent "
+            "twice): no byte of a tensor may be in two of its regions")),
+        "ALIASED_REGIONS");
+  }
   FL_RETURN_IF_ERROR(CheckRoom(want));
   auto record = std::make_shared<TensorLease::Record>();
   if (gpu >= 0) want.home_gpu = static_cast<uint32_t>(gpu);
@@ -137,10 +175,6 @@ absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
   record->id = next_id_.fetch_add(1, std::memory_order_relaxed);
   record->gpu = gpu;
   for (RegionMemory& r : regions) {
-    record->info.memory.push_back(
-        r.extent.bytes != 0 ? r.extent
-                            : MemoryExtent{.begin = reinterpret_cast<uintptr_t>(r.base),
-                                           .bytes = r.bytes});
     record->memory.push_back(r.keepalive);
     absl::StatusOr<fabric::RegionKey> key =
         gpu >= 0 ? fabric_->RegisterDeviceRegion(reinterpret_cast<uintptr_t>(r.base),

@@ -111,8 +111,10 @@ class Registry {
   // Registers `regions` with the fabric as one tensor under `want.name`: host memory
   // when `gpu` is -1, else memory on GPU `gpu` (`want.memory_kind` says how it was
   // imported). `want` gives the name, layout and home GPU; the layout is normalized
-  // and checked against the regions. `owner` (may be empty): a pidfd of the process
-  // that lent the memory; see TakeExitedOwners.
+  // and checked against the regions, and no two regions may be one memory
+  // (INVALID_ARGUMENT, ALIASED_REGIONS). `owner` (may be empty): a pidfd of the process
+  // that lent the memory (INVALID_ARGUMENT, BAD_OWNER_FD, when it is no pidfd); see
+  // TakeExitedOwners.
   absl::StatusOr<TensorInfo> Register(TensorInfo want, std::vector<RegionMemory> regions,
                                       int gpu, UniqueFd owner = UniqueFd());
   // One region of host memory mapped from `fd`.

@@ -427,6 +427,7 @@ absl::StatusOr<transfer::Prepared> PreparedOf(const v1::PrepareIncomingResponse&
   prepared.peer = peer;
   prepared.slot = response.slot();
   prepared.idle_nic_mask = response.idle_nic_mask();
+  prepared.incarnation = response.incarnation();
   // The target's layout is checked like our own: a peer's bytes are never trusted.
   // Its regions' sizes stay the target's; each is as large as a region may be.
   FL_ASSIGN_OR_RETURN(prepared.layout, transfer::LayoutFromProto(response.layout()));

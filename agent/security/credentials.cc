@@ -63,10 +63,13 @@ absl::Status CheckTlsFiles(const TlsFiles& files) {
 
 absl::StatusOr<std::unique_ptr<TlsCredentials>> TlsCredentials::Create(
     const TlsFiles& files) {
-  FL_RETURN_IF_ERROR(CheckTlsFiles(files));
+  // gRPC watches the vetted copies, never the operator's files themselves.
+  FL_ASSIGN_OR_RETURN(std::unique_ptr<TlsStage> stage, TlsStage::Create(files));
+  const TlsFiles& staged = stage->staged();
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      files.key_file, files.cert_file, files.ca_file, std::max(1u, files.refresh_s));
-  return std::unique_ptr<TlsCredentials>(new TlsCredentials(std::move(provider)));
+      staged.key_file, staged.cert_file, staged.ca_file, std::max(1u, files.refresh_s));
+  return std::unique_ptr<TlsCredentials>(
+      new TlsCredentials(std::move(stage), std::move(provider)));
 }
 
 std::shared_ptr<grpc::ServerCredentials> TlsCredentials::Server() const {

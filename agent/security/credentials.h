@@ -1,13 +1,15 @@
 // gRPC over mutual TLS from certificate files: the agent's server, its calls to peer
 // agents, and clients of the Agent API (tools, tests). The files are watched: a
 // rotated certificate, key or CA (cert-manager renews them in place) is used for new
-// connections within refresh_s, without a restart.
+// connections within about two refresh_s, without a restart, once it checks out; one
+// that does not is logged and counted, and the last good set stays (tls_stage.h).
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "agent/security/tls_stage.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 
@@ -34,11 +36,15 @@ class TlsCredentials {
   // To a peer agent, which must prove `identity` (its SPIFFE ID) whatever address it
   // is dialled at.
   std::shared_ptr<grpc::ChannelCredentials> ToPeer(const std::string& identity) const;
+  // Rotations of the files staged, and refused (the last good set kept).
+  TlsStage::Counts reload_counts() const { return stage_->counts(); }
 
  private:
-  explicit TlsCredentials(
+  TlsCredentials(
+      std::unique_ptr<TlsStage> stage,
       std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider)
-      : provider_(std::move(provider)) {}
+      : stage_(std::move(stage)), provider_(std::move(provider)) {}
+  std::unique_ptr<TlsStage> stage_;
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
 };
 

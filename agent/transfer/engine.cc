@@ -160,7 +160,7 @@ void Engine::Prepare(const JobPtr& job, IncomingSpec spec) {
   if (prepared.ok()) {
     // Planned here, off the lock: the extents grow with the request's blocks.
     plan = PlanTransfer(job->transfer()->request(), job->source_layout(), *prepared);
-    transfers_.Accepted(job, job->target_node(), prepared->slot);
+    transfers_.Accepted(job, job->target_node(), prepared->slot, prepared->incarnation);
   }
   Run(job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
     j.OnPrepared(std::move(prepared), std::move(plan), fx);

@@ -1,8 +1,10 @@
 #include "agent/transfer/landing.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/window_table.h"
@@ -42,6 +44,14 @@ size_t MaxLandedRanges(uint64_t pieces) {
          kMaxRangesOverPieces;
 }
 
+// Never 0 (what a target that draws none sends). absl's generator is seeded from the
+// OS's entropy, so two starts of one node draw the same value once in 2^64.
+uint64_t DrawIncarnation() {
+  absl::BitGen gen;
+  return absl::Uniform<uint64_t>(absl::IntervalClosed, gen, 1,
+                                 std::numeric_limits<uint64_t>::max());
+}
+
 }  // namespace
 
 Landing::Landing(memory::Registry* registry, fabric::Fabric* fabric, int nic_count,
@@ -53,7 +63,8 @@ Landing::Landing(memory::Registry* registry, fabric::Fabric* fabric, int nic_cou
       on_event_(std::move(on_event)),
       on_notice_(std::move(on_notice)),
       on_idle_(std::move(on_idle)),
-      options_(options) {
+      options_(options),
+      incarnation_(DrawIncarnation()) {
   absl::MutexLock lock(&mu_);
   slots_.resize(kMaxIncoming);
   for (uint32_t i = 0; i < kMaxIncoming; ++i) free_.push_back(i);
@@ -256,6 +267,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       LayoutToProto(layout, response.mutable_layout());
       response.set_slot(SlotId{index, slot.generation}.Pack());
       response.set_idle_nic_mask(IdleMaskLocked());
+      response.set_incarnation(incarnation_);
     }
   }
   if (!room.ok()) {  // lost the race for the last slot, or shut down meanwhile

@@ -213,6 +213,8 @@ class Landing {
   const NoticeFn on_notice_;
   const IdleFn on_idle_;
   const LandingOptions options_;
+  // This agent's incarnation, told to every source in PrepareIncomingResponse.
+  const uint64_t incarnation_;
   std::atomic<uint64_t> stray_writes_{0};
   std::atomic<uint64_t> unstarted_expired_{0};
   std::atomic<uint64_t> scattered_writes_{0};

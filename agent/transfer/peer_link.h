@@ -49,6 +49,9 @@ struct Prepared {
   memory::Layout layout;
   uint32_t slot = 0;
   uint32_t idle_nic_mask = 0;  // the target's idle NICs when it accepted
+  // The target agent's incarnation (PrepareIncomingResponse.incarnation): verdict
+  // notices are matched only to transfers of the target's latest one.
+  uint64_t incarnation = 0;
 };
 
 class PeerLink {

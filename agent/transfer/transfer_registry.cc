@@ -96,10 +96,18 @@ std::vector<TransferRegistry::JobPtr> TransferRegistry::Live() const {
 }
 
 void TransferRegistry::Accepted(const JobPtr& job, const std::string& target_node,
-                                uint32_t slot) {
+                                uint32_t slot, uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
-  if (!live_.contains(job->serial())) return;  // ended meanwhile
-  by_target_[target_node].emplace_back(slot, job);
+  const bool live = live_.contains(job->serial());  // else it ended meanwhile
+  auto it = by_target_.find(target_node);
+  if (it == by_target_.end()) {
+    if (!live) return;  // no job of the node's to tell apart
+    it = by_target_.emplace(target_node, Target{}).first;
+  }
+  // Heard last: an accept of a node's previous incarnation cannot follow one of
+  // its next (the previous one had exited before the next one started).
+  it->second.incarnation = incarnation;
+  if (live) it->second.jobs.push_back(AcceptedJob{slot, incarnation, job});
 }
 
 TransferRegistry::JobPtr TransferRegistry::FindByVerdict(
@@ -107,8 +115,11 @@ TransferRegistry::JobPtr TransferRegistry::FindByVerdict(
   absl::ReaderMutexLock lock(&mu_);
   auto it = by_target_.find(target_node);
   if (it == by_target_.end()) return nullptr;
-  for (const auto& [slot, job] : it->second) {
-    if (VerdictNames(notice, SlotId::Unpack(slot))) return job;
+  for (const AcceptedJob& accepted : it->second.jobs) {
+    if (accepted.incarnation == it->second.incarnation &&
+        VerdictNames(notice, SlotId::Unpack(accepted.slot))) {
+      return accepted.job;
+    }
   }
   return nullptr;
 }
@@ -119,11 +130,9 @@ void TransferRegistry::Finished(const JobPtr& job, bool free_request_id, absl::T
   --active_;
   const std::string& node = job->target_node();
   if (auto it = by_target_.find(node); it != by_target_.end()) {
-    auto& jobs = it->second;
-    jobs.erase(std::remove_if(jobs.begin(), jobs.end(),
-                              [&](const auto& entry) { return entry.second == job; }),
-               jobs.end());
-    if (jobs.empty()) by_target_.erase(it);
+    std::erase_if(it->second.jobs,
+                  [&](const AcceptedJob& accepted) { return accepted.job == job; });
+    if (it->second.jobs.empty()) by_target_.erase(it);
   }
   if (free_request_id) {
     auto it =

@@ -70,10 +70,17 @@ class TransferRegistry {
                               absl::string_view request_id) const;
   std::vector<JobPtr> Live() const;
 
-  // The target `target_node` accepted `job` into `slot` (SlotId packed): its verdict
-  // notices find it by that.
-  void Accepted(const JobPtr& job, const std::string& target_node, uint32_t slot);
-  // The live job a verdict notice from `target_node` names; null when none.
+  // The target `target_node`, in its incarnation `incarnation`
+  // (Prepared::incarnation), accepted `job` into `slot` (SlotId packed): its verdict
+  // notices find it by that. The node's incarnation heard last becomes its current
+  // one.
+  void Accepted(const JobPtr& job, const std::string& target_node, uint32_t slot,
+                uint64_t incarnation = 0);
+  // The live job a verdict notice from `target_node` names; null when none. A notice
+  // carries no incarnation: it names only jobs of the node's current one, as a
+  // target that restarted reuses slots and generations from the start, and its
+  // notices must not end a transfer its previous incarnation accepted (that one
+  // learns its end from QueryVerdict).
   JobPtr FindByVerdict(absl::string_view target_node, const VerdictNotice& notice) const;
 
   // `job` ended at `now`; with `free_request_id` its request id may start anew.
@@ -102,9 +109,18 @@ class TransferRegistry {
   absl::flat_hash_map<std::string, JobPtr> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Request> by_request_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint32_t, JobPtr> live_ ABSL_GUARDED_BY(mu_);
-  // Live accepted jobs of each target node, with their slots.
-  absl::flat_hash_map<std::string, std::vector<std::pair<uint32_t, JobPtr>>> by_target_
-      ABSL_GUARDED_BY(mu_);
+  // Live accepted jobs of each target node, with their slots and the incarnation
+  // that accepted them, and the node's current incarnation (heard last).
+  struct AcceptedJob {
+    uint32_t slot = 0;
+    uint64_t incarnation = 0;
+    JobPtr job;
+  };
+  struct Target {
+    uint64_t incarnation = 0;
+    std::vector<AcceptedJob> jobs;
+  };
+  absl::flat_hash_map<std::string, Target> by_target_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<absl::Time, JobPtr>> finished_ ABSL_GUARDED_BY(mu_);  // in order
   uint32_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_number_ ABSL_GUARDED_BY(mu_) = 1;

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -445,12 +447,79 @@ TEST_F(SecurityTest, CertificatesRotateUnderARunningTransfer) {
   TransferResult done = call.Finish();
   ASSERT_TRUE(done.status.ok()) << done.status.error_message();
   EXPECT_TRUE(SameBytes(**src_buffer, **dst_buffer));
-  // New connections see the new certificate, and peers still trust each other.
-  const std::string serial_after = ServedSerial(b_->grpc_address());
+  // New connections see the new certificate, and peers still trust each other. The
+  // agent was stopped meanwhile, so its watchers look again only now: the new files
+  // are vetted and staged at its next look, and gRPC takes the staged copy at its
+  // own next look (tls_stage.h), within two --tls_refresh_s=1 of the resume.
+  const absl::Time deadline = absl::Now() + kWaitTimeout;
+  std::string serial_after = ServedSerial(b_->grpc_address());
+  while (serial_after == serial_before && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+    serial_after = ServedSerial(b_->grpc_address());
+  }
   EXPECT_NE(serial_after, serial_before);
   TransferResult again =
       RunTransfer(*router, MakeRequest("after-rotation", "src", blocks, "dst", blocks));
   EXPECT_TRUE(again.status.ok()) << again.status.error_message();
+}
+
+double TlsCounter(AgentProcess& agent, const std::string& name) {
+  absl::StatusOr<std::string> metrics =
+      client::HttpGet(agent.metrics_url(), kWaitTimeout);
+  if (!metrics.ok()) return -1;
+  absl::StatusOr<double> v = client::MetricValue(*metrics, name);
+  return v.ok() ? *v : -1;
+}
+
+// Polls `counter` of `agent` until it reaches `at_least`, for up to kWaitTimeout.
+bool CounterReaches(AgentProcess& agent, const std::string& counter, double at_least) {
+  const absl::Time deadline = absl::Now() + kWaitTimeout;
+  while (TlsCounter(agent, counter) < at_least) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return true;
+}
+
+// A certificate file overwritten with garbage: the agent says why in one counter (and
+// one log line), keeps serving new connections with the last good pair, and takes a
+// good file again once it is back.
+TEST_F(SecurityTest, AGarbledCertificateKeepsTheLastGoodPairServing) {
+  const std::string cert = absl::StrCat(PkiDir(), "/node-", kNodeB, ".crt");
+  std::string good;
+  {
+    std::ifstream in(cert);
+    std::stringstream text;
+    text << in.rdbuf();
+    good = text.str();
+  }
+  ASSERT_FALSE(good.empty());
+  const std::string serial_before = ServedSerial(b_->grpc_address());
+  ASSERT_FALSE(serial_before.empty());
+  ASSERT_EQ(TlsCounter(*b_, "fuselink_tls_reload_failures_total"), 0);
+  const double reloads = TlsCounter(*b_, "fuselink_tls_reloads_total");
+  ASSERT_GE(reloads, 0);
+  // Whole files renamed into place, as cert-manager does: one change each.
+  auto write = [&](const std::string& text) {
+    const std::string temp = cert + ".new";
+    {
+      std::ofstream out(temp, std::ios::trunc);
+      out << text;
+    }
+    ASSERT_EQ(rename(temp.c_str(), cert.c_str()), 0);
+  };
+  write("-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n");
+  EXPECT_TRUE(CounterReaches(*b_, "fuselink_tls_reload_failures_total", 1));
+  // New connections: the certificate served is still the good one, and calls pass.
+  EXPECT_EQ(ServedSerial(b_->grpc_address()), serial_before);
+  auto viewer = b_->StubAs("viewer", "v1");
+  EXPECT_TRUE(Topology(*viewer).ok());
+  EXPECT_EQ(TlsCounter(*b_, "fuselink_tls_reload_failures_total"), 1);  // once per change
+  // The good certificate back: staged again, and served.
+  write(good);
+  EXPECT_TRUE(CounterReaches(*b_, "fuselink_tls_reloads_total", reloads + 1));
+  auto again = b_->StubAs("viewer", "v2");
+  EXPECT_TRUE(Topology(*again).ok());
 }
 
 }  // namespace

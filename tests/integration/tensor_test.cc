@@ -1,6 +1,7 @@
 // The tensor calls of one agent: registration and its errors, paging, lookups.
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "agent/common/unique_fd.h"
 #include "gtest/gtest.h"
 #include "services/handle_protocol.h"
 #include "services/handle_socket.h"
@@ -183,6 +185,83 @@ TEST_F(TensorTest, ATensorShowsItsLendersKernelCredentials) {
     EXPECT_EQ(t->lender_gid(), getgid());
   }
   EXPECT_TRUE(Unregister("lent").ok());
+}
+
+// One memfd lent as two regions: over one range they are one memory, and the layout's
+// two parts would be the same bytes; over two ranges of the file they are apart.
+TEST_F(TensorTest, RegisterRefusesTwoRegionsOfOneMemory) {
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> buffer =
+      client::HostBuffer::Create("memfd", 4 * kBlockBytes);
+  ASSERT_TRUE(buffer.ok());
+  auto request = [&](uint64_t second_offset_bytes) {
+    v1::RegisterTensorRequest r;
+    r.set_name("two-regions");
+    v1::Layout* layout = r.mutable_layout();
+    layout->set_layers(2);
+    layout->set_blocks_per_layer(2);
+    layout->set_parts_per_block(1);
+    for (uint32_t region : {0u, 1u}) {
+      v1::BlockPart* part = layout->add_parts();
+      part->set_region(region);
+      part->set_bytes(kBlockBytes);
+    }
+    for (uint64_t offset : {uint64_t{0}, second_offset_bytes}) {
+      v1::HostMemory* host = r.add_regions()->mutable_host();
+      host->set_fd_token(Token(**buffer));
+      host->set_offset_bytes(offset);
+      host->set_size_bytes(2 * kBlockBytes);
+    }
+    return r;
+  };
+  v1::Tensor tensor;
+  for (uint64_t offset : {uint64_t{0}, kBlockBytes}) {  // the same range; half of it
+    SCOPED_TRACE(offset);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+    EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context, request(offset), &tensor),
+                         grpc::StatusCode::INVALID_ARGUMENT, "ALIASED_REGIONS"));
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  grpc::Status apart =
+      b_->stub().RegisterTensor(&context, request(2 * kBlockBytes), &tensor);
+  EXPECT_TRUE(apart.ok()) << apart.error_message();
+  EXPECT_TRUE(Serves(*b_));
+}
+
+// An owner token must name a pidfd: a memfd never polls readable as an exited process
+// does, so it would revoke the tensor at once or never.
+TEST_F(TensorTest, RegisterRefusesAnOwnerThatIsNoPidfd) {
+  absl::StatusOr<std::unique_ptr<client::HostBuffer>> buffer = client::HostBuffer::Create(
+                                                          "memfd", 2 * kBlockBytes),
+                                                      owner_memfd =
+                                                          client::HostBuffer::Create(
+                                                              "owner", 4096);
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_TRUE(owner_memfd.ok());
+  v1::RegisterTensorRequest request;
+  request.set_name("owned-by-a-memfd");
+  *request.mutable_layout() = MakeLayout(1, 2, kBlockBytes);
+  request.mutable_memory()->mutable_host()->set_fd_token(Token(**buffer));
+  request.mutable_memory()->mutable_host()->set_size_bytes(2 * kBlockBytes);
+  request.set_owner_fd_token(Token(**owner_memfd));
+  v1::Tensor tensor;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context, request, &tensor),
+                       grpc::StatusCode::INVALID_ARGUMENT, "BAD_OWNER_FD"));
+  // A real pidfd is accepted.
+  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
+  ASSERT_TRUE(pidfd.valid()) << strerror(errno);
+  absl::StatusOr<uint64_t> owner = services::SendFd(b_->handle_socket(), pidfd.get());
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  request.mutable_memory()->mutable_host()->set_fd_token(Token(**buffer));
+  request.set_owner_fd_token(*owner);
+  grpc::ClientContext context2;
+  context2.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  grpc::Status accepted = b_->stub().RegisterTensor(&context2, request, &tensor);
+  EXPECT_TRUE(accepted.ok()) << accepted.error_message();
+  EXPECT_TRUE(Serves(*b_));
 }
 
 TEST_F(TensorTest, RegisterRefusesUnknownAndUsedFdTokens) {

@@ -321,6 +321,24 @@ TEST_F(TransferTest, GetTransferAndCancelTransferByEitherId) {
   }
 
   v1::TransferStatus status;
+  // Both ids of one transfer find it; ids of two transfers are the caller's mistake,
+  // for a look-up and for a cancel alike.
+  ASSERT_TRUE(get(transfer_id, "find-me", &status).ok());
+  EXPECT_EQ(status.transfer_id(), transfer_id);
+  TransferResult other =
+      RunTransfer(a_->stub(), MakeRequest("other", "kv", ids, "kv", ids));
+  ASSERT_TRUE(other.status.ok()) << other.status.error_message();
+  EXPECT_TRUE(HasError(get(transfer_id, "other", &status),
+                       grpc::StatusCode::INVALID_ARGUMENT, "IDS_DISAGREE"));
+  EXPECT_TRUE(HasError(get(other.events.front().transfer_id(), "find-me", &status),
+                       grpc::StatusCode::INVALID_ARGUMENT, "IDS_DISAGREE"));
+  EXPECT_TRUE(HasError(cancel(transfer_id, "other"), grpc::StatusCode::INVALID_ARGUMENT,
+                       "IDS_DISAGREE"));
+  // One id unknown is NOT_FOUND, whichever it is.
+  EXPECT_TRUE(HasError(get(transfer_id, "never-sent", &status),
+                       grpc::StatusCode::NOT_FOUND, "UNKNOWN_TRANSFER"));
+  EXPECT_TRUE(HasError(get("node-a-nope-1", "find-me", &status),
+                       grpc::StatusCode::NOT_FOUND, "UNKNOWN_TRANSFER"));
   EXPECT_TRUE(HasError(get("node-a-nope-1", "", &status), grpc::StatusCode::NOT_FOUND,
                        "UNKNOWN_TRANSFER"));
   EXPECT_TRUE(HasError(get("", "never-sent", &status), grpc::StatusCode::NOT_FOUND,

@@ -238,6 +238,18 @@ TEST(HostMapping, RefusesWhatCannotBeSealed) {
   EXPECT_TRUE(HostMapping::Map(std::move(sealed), 0, 4096).ok());  // sealed by the lender
 }
 
+TEST(HostMapping, RefusesMemorySealedAgainstWrites) {
+  for (int seal : {F_SEAL_FUTURE_WRITE, F_SEAL_WRITE}) {
+    SCOPED_TRACE(seal);
+    UniqueFd fd(memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    ASSERT_EQ(ftruncate(fd.get(), 4096), 0);
+    ASSERT_EQ(fcntl(fd.get(), F_ADD_SEALS, seal), 0);
+    auto refused = HostMapping::Map(std::move(fd), 0, 4096);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(ReasonOf(refused.status()), "WRITE_SEALED_MEMORY");
+  }
+}
+
 }  // namespace
 }  // namespace fuselink::memory
 
@@ -271,6 +283,40 @@ TEST(MemoryExtentTest, OverlapIsSharingAByteOfOneFileOrOfTheAddressSpace) {
   EXPECT_TRUE(Overlap({at(f, 0, 10), at(f, 5, 1000)}, {at(f, 500, 1)}));
   EXPECT_FALSE(Overlap({}, {at(f, 0, 1)}));
   EXPECT_FALSE(Overlap({at(f, 0, 0)}, {at(f, 0, 1)}));  // no bytes, nothing shared
+}
+
+}  // namespace
+}  // namespace fuselink::memory
+
+namespace fuselink::memory {
+namespace {
+
+TEST(MemoryExtentTest, SharedWithinFindsTwoRegionsOfOneMemory) {
+  const std::array<uint64_t, 2> f{7, 42}, g{7, 43};
+  auto at = [](std::array<uint64_t, 2> file, uint64_t begin, uint64_t bytes) {
+    return MemoryExtent{.file = file, .begin = begin, .bytes = bytes};
+  };
+  // One memfd lent twice over the same range: regions 0 and 2 are one memory.
+  EXPECT_EQ(SharedWithin({at(f, 0, 4096), at(g, 0, 4096), at(f, 0, 4096)}),
+            (std::pair<size_t, size_t>{0, 2}));
+  // Overlapping ranges of one file, in any order; one inside a longer one.
+  EXPECT_EQ(SharedWithin({at(f, 8192, 4096), at(f, 4096, 4097)}),
+            (std::pair<size_t, size_t>{0, 1}));
+  EXPECT_EQ(SharedWithin({at(f, 0, 1 << 20), at(f, 4096, 10), at(f, 8192, 10)}),
+            (std::pair<size_t, size_t>{0, 1}));
+  // Addresses (GPU memory) compare the same way.
+  EXPECT_TRUE(SharedWithin({at({0, 0}, 4096, 10), at({0, 0}, 4100, 1)}).has_value());
+  // Apart: adjacent ranges of one file, the same range of two files, empty extents.
+  EXPECT_FALSE(SharedWithin({at(f, 0, 4096), at(f, 4096, 4096)}).has_value());
+  EXPECT_FALSE(SharedWithin({at(f, 0, 4096), at(g, 0, 4096)}).has_value());
+  EXPECT_FALSE(SharedWithin({at(f, 0, 0), at(f, 0, 4096)}).has_value());
+  EXPECT_FALSE(SharedWithin({}).has_value());
+  // Many regions, the clash between the first and the last lent.
+  std::vector<MemoryExtent> many;
+  for (uint64_t i = 0; i < 1000; ++i) many.push_back(at(f, i * 8192, 4096));
+  EXPECT_FALSE(SharedWithin(many).has_value());
+  many.push_back(at(f, 4095, 2));
+  EXPECT_EQ(SharedWithin(many), (std::pair<size_t, size_t>{0, 1000}));
 }
 
 }  // namespace

@@ -369,6 +369,33 @@ TEST_F(RegistryTest, VerdictsFindTheLiveJobOfTheirSlot) {
   EXPECT_EQ(r.FindLive(b->serial()), b);
 }
 
+// A target that restarted draws a new incarnation and hands out its slots from the
+// start: the verdict of a transfer it accepted anew names the slot and generation of
+// one its previous incarnation accepted. That notice ends the new transfer only; the
+// old one hears nothing more by notice (it asks QueryVerdict), and a notice of the
+// old incarnation that comes late names nothing.
+TEST_F(RegistryTest, VerdictsOfARestartedTargetNameOnlyItsOwnTransfers) {
+  TransferRegistry r(RegistryOptions{});
+  bool fresh;
+  auto old_job = *Admit(r, "old", "fp", &fresh);
+  auto new_job = *Admit(r, "new", "fp", &fresh);
+  const SlotId slot{0, 0};  // the first slot of each incarnation
+  const VerdictNotice notice = DecodeVerdict(EncodeVerdict(slot, 0));
+  r.Accepted(old_job, "node-b", slot.Pack(), /*incarnation=*/0x1111);
+  EXPECT_EQ(r.FindByVerdict("node-b", notice), old_job);
+  r.Accepted(new_job, "node-b", slot.Pack(), /*incarnation=*/0x2222);
+  EXPECT_EQ(r.FindByVerdict("node-b", notice), new_job);
+  r.Finished(new_job, false, kT0);
+  EXPECT_EQ(r.FindByVerdict("node-b", notice), nullptr);  // stray, not the old job's
+  EXPECT_EQ(r.FindLive(old_job->serial()), old_job);
+  // An accept that the new incarnation makes for a job that ended meanwhile still
+  // tells the node's incarnation.
+  auto third = *Admit(r, "third", "fp", &fresh);
+  r.Finished(third, false, kT0);
+  r.Accepted(third, "node-b", SlotId{1, 0}.Pack(), /*incarnation=*/0x3333);
+  EXPECT_EQ(r.FindByVerdict("node-b", notice), nullptr);
+}
+
 // --- admission.h, preparer.h ---
 
 TEST(Admission, RequestIdsAndDeadlines) {

@@ -1,6 +1,7 @@
 // The tensor calls of one agent: registration and its errors, paging, lookups.
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "tests/common/fd_passing.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
+#include "tools/client/scrape.h"
 
 namespace fuselink::testing {
 namespace {
@@ -34,6 +36,16 @@ class TensorTest : public TwoNodeTest {
   // Passes `buffer`'s memfd over the handle socket; the token names it once.
   uint64_t Token(const client::HostBuffer& buffer) {
     absl::StatusOr<uint64_t> token = services::SendFd(b_->handle_socket(), buffer.fd());
+    EXPECT_TRUE(token.ok()) << token.status();
+    return token.value_or(0);
+  }
+
+  // A pidfd of this process passed over the handle socket, as an engine proves itself
+  // local and names itself the memory's owner (owner_fd_token).
+  uint64_t OwnPidfdToken() {
+    UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
+    EXPECT_TRUE(pidfd.valid()) << strerror(errno);
+    absl::StatusOr<uint64_t> token = services::SendFd(b_->handle_socket(), pidfd.get());
     EXPECT_TRUE(token.ok()) << token.status();
     return token.value_or(0);
   }
@@ -249,6 +261,8 @@ TEST_F(TensorTest, GpuMemoryOnAnAgentWithoutGpusIsAFailedPrecondition) {
   v1::RegisterTensorRequest request;
   request.set_name("kv");
   *request.mutable_layout() = MakeLayout(1, 2, kBlockBytes);
+  // As a local engine lends it: with its pidfd's token from the handle socket.
+  request.set_owner_fd_token(OwnPidfdToken());
   v1::CudaIpcMemory* ipc = request.mutable_memory()->mutable_cuda_ipc();
   ipc->set_handle(std::string(64, '\x5a'));
   ipc->set_size_bytes(2 * kBlockBytes);
@@ -260,6 +274,41 @@ TEST_F(TensorTest, GpuMemoryOnAnAgentWithoutGpusIsAFailedPrecondition) {
   grpc::ClientContext context2;
   EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context2, request, &tensor),
                        grpc::StatusCode::INVALID_ARGUMENT, "BAD_HOME_GPU"));
+  EXPECT_TRUE(Serves(*b_));
+}
+
+// A CUDA IPC handle is 64 bytes anyone holding them may open on the node: the agent
+// takes one only with a token from its handle socket (a local process whose
+// credentials it read), never from a gRPC call alone, whatever the certificate. Said
+// before anything else, on an agent with GPUs or without; the agent serves on.
+TEST_F(TensorTest, GpuMemoryByIpcHandleWithoutAnOwnerTokenIsRefused) {
+  v1::RegisterTensorRequest request;
+  request.set_name("kv");
+  *request.mutable_layout() = MakeLayout(1, 2, kBlockBytes);
+  v1::CudaIpcMemory* ipc = request.mutable_memory()->mutable_cuda_ipc();
+  ipc->set_handle(std::string(64, '\x5a'));
+  ipc->set_size_bytes(2 * kBlockBytes);
+  v1::Tensor tensor;
+  grpc::ClientContext context;
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context, request, &tensor),
+                       grpc::StatusCode::PERMISSION_DENIED, "OWNER_TOKEN_REQUIRED"));
+  // The same as regions.
+  v1::RegisterTensorRequest regions = request;
+  regions.clear_memory();
+  *regions.add_regions() = request.memory();
+  grpc::ClientContext context2;
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context2, regions, &tensor),
+                       grpc::StatusCode::PERMISSION_DENIED, "OWNER_TOKEN_REQUIRED"));
+  // Nothing was registered.
+  v1::Tensor got;
+  EXPECT_TRUE(HasError(Get("kv", &got), grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  // Each refusal counted.
+  absl::StatusOr<std::string> metrics = client::HttpGet(b_->metrics_url(), kWaitTimeout);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(client::MetricValue(*metrics, "fuselink_gpu_handle_refusals_total",
+                                {{"reason", "OWNER_TOKEN_REQUIRED"}})
+                .value_or(-1),
+            2);
   EXPECT_TRUE(Serves(*b_));
 }
 

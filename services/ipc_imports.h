@@ -34,8 +34,8 @@ namespace fuselink::services {
 
 // How long an Open waits for the same handle's closing import (its owner's last
 // region just let go, and the driver is closing it) before UNAVAILABLE
-// (GPU_HANDLE_CLOSING). Closing unmaps the allocation; it does not wait on the GPU's
-// work, so this is generous.
+// (GPU_HANDLE_CLOSING): the default of --ipc_close_wait_ms. Closing unmaps the
+// allocation; it does not wait on the GPU's work, so this is generous.
 inline constexpr absl::Duration kIpcCloseWait = absl::Seconds(5);
 
 // Who lent an import: the registering caller's identity (empty under --plaintext)

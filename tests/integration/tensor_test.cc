@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "services/handle_protocol.h"
@@ -310,6 +311,22 @@ TEST_F(TensorTest, GpuMemoryByIpcHandleWithoutAnOwnerTokenIsRefused) {
                 .value_or(-1),
             2);
   EXPECT_TRUE(Serves(*b_));
+}
+
+// The wait for a closing CUDA IPC import is bounded by a flag; out of its range the
+// agent does not start, naming it.
+TEST_F(TensorTest, AgentRefusesIpcCloseWaitOutOfRange) {
+  for (const std::string flag : {"--ipc_close_wait_ms=0", "--ipc_close_wait_ms=60001"}) {
+    absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
+        AgentProcess::Start(dir_.path(), "node-x", {flag});
+    ASSERT_FALSE(agent.ok()) << flag;
+    EXPECT_TRUE(absl::StrContains(agent.status().message(), "--ipc_close_wait_ms"))
+        << flag << ": " << agent.status().message();
+  }
+  absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
+      AgentProcess::Start(dir_.path(), "node-x", {"--ipc_close_wait_ms=60000"});
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  EXPECT_TRUE(Serves(**agent));
 }
 
 // What is wrong with the request itself is said before whether this node has GPUs.

@@ -102,17 +102,9 @@ class SharedImports {
     }
     absl::StatusOr<std::unique_ptr<Import>> opened = open();
     if (!opened.ok()) return opened.status();
-    std::shared_ptr<const Import> held(opened->release(),
-                                       [state = state_, key](const Import* import) {
-                                         // Closed outside the lock (other handles open
-                                         // meanwhile), forgotten only then: Open never
-                                         // finds the entry gone while the driver holds it
-                                         // open.
-                                         delete import;
-                                         absl::MutexLock lock(&state->mu);
-                                         state->open.erase(key);
-                                         state->closed.SignalAll();
-                                       });
+    std::shared_ptr<const Import> held(
+        opened->release(),
+        [state = state_, key](const Import* import) { Close(*state, key, import); });
     s.open[key] = Entry{owner, held};
     return held;
   }
@@ -123,6 +115,17 @@ class SharedImports {
   }
 
  private:
+  struct State;
+  // The deleter: closes `import` outside the lock (other handles open meanwhile),
+  // then forgets its entry, so that Open never finds the entry gone while the driver
+  // still holds the handle open. Runs on whichever thread let go last.
+  static void Close(State& state, const Key& key, const Import* import) {
+    delete import;
+    absl::MutexLock lock(&state.mu);
+    state.open.erase(key);
+    state.closed.SignalAll();
+  }
+
   struct Entry {
     ImportOwner owner;
     std::weak_ptr<const Import> import;

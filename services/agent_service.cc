@@ -206,9 +206,25 @@ absl::StatusOr<std::vector<const v1::TensorMemory*>> RegionsOf(
   return regions;
 }
 
+// A CUDA IPC handle is 64 bytes that anyone holding them may open on this node: it is
+// taken only with a token that the handle socket gave a local process whose
+// credentials it checked (docs/security.md), never from the gRPC request alone.
+// PERMISSION_DENIED (OWNER_TOKEN_REQUIRED) otherwise. Pure.
+absl::Status CheckIpcLender(const v1::RegisterTensorRequest& request,
+                            const v1::TensorMemory& first) {
+  if (first.kind_case() != v1::TensorMemory::kCudaIpc || request.owner_fd_token() != 0) {
+    return absl::OkStatus();
+  }
+  return WithReason(absl::PermissionDeniedError(
+                        "cuda_ipc memory needs owner_fd_token: a pidfd of the lending "
+                        "process, passed over this node's handle socket"),
+                    "OWNER_TOKEN_REQUIRED");
+}
+
 }  // namespace
 
 absl::StatusOr<memory::RegionMemory> AgentService::Import(const v1::TensorMemory& memory,
+                                                          const ImportOwner& owner,
                                                           memory::Lender* lender) {
   switch (memory.kind_case()) {
     case v1::TensorMemory::kHost: {
@@ -235,7 +251,7 @@ absl::StatusOr<memory::RegionMemory> AgentService::Import(const v1::TensorMemory
       std::memcpy(handle.data(), ipc.handle().data(), handle.size());
       const int gpu = static_cast<int>(ipc.gpu());
       absl::StatusOr<std::shared_ptr<const gpu::IpcImport>> import =
-          node_->ipc_imports().Open(gpu, node_->gpu()->context(gpu), handle);
+          node_->ipc_imports().Open(gpu, node_->gpu()->context(gpu), handle, owner);
       if (!import.ok()) return HandleRefused(import.status());
       const std::shared_ptr<const gpu::IpcImport>& held = *import;
       FL_RETURN_IF_ERROR(gpu::CheckSubrange(held->allocation_bytes(), ipc.offset_bytes(),
@@ -280,6 +296,10 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
     const v1::RegisterTensorRequest& request, const security::Caller& caller) {
   FL_ASSIGN_OR_RETURN(std::vector<const v1::TensorMemory*> regions, RegionsOf(request));
   const v1::TensorMemory& first = *regions.front();
+  if (absl::Status lender = CheckIpcLender(request, first); !lender.ok()) {
+    node_->ipc_imports().CountNoOwnerToken();
+    return lender;
+  }
   const bool on_gpu = first.kind_case() != v1::TensorMemory::kHost;
   const uint32_t gpu = GpuOf(first, request.home_gpu());
   if (gpu >= static_cast<uint32_t>(node_->topology().gpus_size())) {
@@ -320,9 +340,11 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
     owner_lender = lent.lender;
   }
   memory::Lender lender;  // of the first region lent by descriptor
+  // Whose CUDA IPC imports these are: never shared with another (ipc_imports.h).
+  const ImportOwner ipc_owner{.identity = caller.identity, .pid = owner_lender.pid};
   std::vector<memory::RegionMemory> imported;
   for (const v1::TensorMemory* m : regions) {
-    FL_ASSIGN_OR_RETURN(memory::RegionMemory region, Import(*m, &lender));
+    FL_ASSIGN_OR_RETURN(memory::RegionMemory region, Import(*m, ipc_owner, &lender));
     imported.push_back(std::move(region));
   }
   memory::TensorInfo want;

@@ -59,8 +59,9 @@ class AgentService final : public CheckedService<v1::Agent> {
                                              security::Roles any_of,
                                              absl::string_view action);
   // Maps or imports one region of a tensor's memory; `*lender`, when still unknown,
-  // becomes whoever passed its descriptor.
+  // becomes whoever passed its descriptor. A CUDA IPC import is `owner`'s alone.
   absl::StatusOr<memory::RegionMemory> Import(const v1::TensorMemory& memory,
+                                              const ImportOwner& owner,
                                               memory::Lender* lender);
   // A router's call on one of its own transfers (transfer_control.h): run here, or
   // forwarded to the agent of the source node it names.

@@ -84,6 +84,10 @@ ABSL_FLAG(uint32_t, incoming_per_source, fuselink::transfer::kMaxIncoming / 4,
 ABSL_FLAG(uint32_t, incoming_start_timeout_ms, 5000,
           "An incoming transfer whose source sends nothing this long after preparing "
           "it fails SOURCE_IDLE, letting go of its tensor.");
+ABSL_FLAG(uint32_t, ipc_close_wait_ms, 5000,
+          "Registering a CUDA IPC handle whose previous import is still closing waits "
+          "this long for the close, then fails UNAVAILABLE (GPU_HANDLE_CLOSING); "
+          "1 to 60000.");
 ABSL_FLAG(int64_t, foreign_busy_bytes_per_s, -1,
           "Foreign traffic (bytes on a NIC that fuselink did not move, from the "
           "kernel's counters) at or above this rate makes the NIC busy for lending; "
@@ -319,6 +323,11 @@ int main(int argc, char** argv) {
   options.landing.max_per_source = absl::GetFlag(FLAGS_incoming_per_source);
   options.landing.start_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_incoming_start_timeout_ms));
+  options.ipc_close_wait = absl::Milliseconds(absl::GetFlag(FLAGS_ipc_close_wait_ms));
+  if (absl::GetFlag(FLAGS_ipc_close_wait_ms) == 0 ||
+      absl::GetFlag(FLAGS_ipc_close_wait_ms) > 60000) {
+    return Fail(absl::InvalidArgumentError("--ipc_close_wait_ms must be 1 to 60000"));
+  }
   if (options.landing.max_per_source == 0 ||
       options.landing.max_per_source > transfer::kMaxIncoming) {
     return Fail(absl::InvalidArgumentError("--incoming_per_source must be 1 to 4096"));

@@ -381,6 +381,25 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
               static_cast<double>(h.bad_messages));
     }
     // --- end of the handle socket's block ---
+    {  // CUDA IPC handles refused (services/ipc_imports.h).
+      const ImportRefusals r = node.ipc_imports().refusals();
+      prometheus::MetricFamily f{
+          "fuselink_gpu_handle_refusals_total",
+          "CUDA IPC handles refused, by reason: OWNER_TOKEN_REQUIRED (no token from "
+          "the handle socket), GPU_HANDLE_OWNED (another owner lent it), "
+          "GPU_HANDLE_CLOSING (its import still closing past the bound).",
+          MetricType::Counter,
+          {}};
+      for (const auto& [reason, n] : {std::pair{"OWNER_TOKEN_REQUIRED", r.no_owner_token},
+                                      std::pair{"GPU_HANDLE_OWNED", r.owned},
+                                      std::pair{"GPU_HANDLE_CLOSING", r.closing}}) {
+        prometheus::ClientMetric m;
+        m.label = {{"reason", reason}};
+        m.counter.value = static_cast<double>(n);
+        f.metric.push_back(std::move(m));
+      }
+      out.push_back(std::move(f));
+    }
     return out;
   }
 

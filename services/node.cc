@@ -16,6 +16,7 @@ namespace fuselink::services {
 Node::Node(NodeOptions options, transfer::EngineObserver* observer)
     : options_(std::move(options)),
       observer_(observer),
+      ipc_imports_(options_.ipc_close_wait),
       guard_(options_.access_policy, options_.open_access) {}
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Create(NodeOptions options,

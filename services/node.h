@@ -76,6 +76,9 @@ struct NodeOptions {
   // `foreign.rdma` is set by the node from the transport it picks.
   nicstat::ForeignOptions foreign;
   absl::Duration foreign_check = absl::Milliseconds(10);
+  // How long registering a CUDA IPC handle waits for the same handle's import to
+  // finish closing (ipc_imports.h).
+  absl::Duration ipc_close_wait = kIpcCloseWait;
 };
 
 class Node final : public fabric::Handler {

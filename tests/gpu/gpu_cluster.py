@@ -402,18 +402,24 @@ def check(c, args):
         engine.kill()
         engine.wait()
 
-    # A handle the driver cannot open.
-    try:
-        req = agent_pb2.RegisterTensorRequest(
-            name="bogus", layout=tensor_pb2.Layout(layers=1, blocks_per_layer=1,
-                                                   block_bytes=MIB))
-        req.memory.cuda_ipc.CopyFrom(tensor_pb2.CudaIpcMemory(
-            handle=bytes(range(64)), size_bytes=MIB, gpu=0))
-        c.a._call(c.a._stub.RegisterTensor, req)
-        raise AssertionError("a bogus CUDA IPC handle was accepted")
-    except fuselink.FuselinkError as e:
-        assert e.code.name == "INVALID_ARGUMENT" and e.reason == "BAD_GPU_HANDLE", e
-        ok(f"bogus IPC handle: {e.code.name} {e.reason}: {e}")
+    from fuselink.memory import send_owner_pidfd
+    # A handle by gRPC alone (no token from the handle socket), then one the driver
+    # cannot open, from a local process that proved itself.
+    req = agent_pb2.RegisterTensorRequest(
+        name="bogus", layout=tensor_pb2.Layout(layers=1, blocks_per_layer=1,
+                                               block_bytes=MIB))
+    req.memory.cuda_ipc.CopyFrom(tensor_pb2.CudaIpcMemory(
+        handle=bytes(range(64)), size_bytes=MIB, gpu=0))
+    for token, code, reason in ((False, "PERMISSION_DENIED", "OWNER_TOKEN_REQUIRED"),
+                                (True, "INVALID_ARGUMENT", "BAD_GPU_HANDLE")):
+        if token:
+            req.owner_fd_token = send_owner_pidfd(c.a.handle_socket)
+        try:
+            c.a._call(c.a._stub.RegisterTensor, req)
+            raise AssertionError("a bogus CUDA IPC handle was accepted")
+        except fuselink.FuselinkError as e:
+            assert e.code.name == code and e.reason == reason, e
+            ok(f"bogus IPC handle: {e.code.name} {e.reason}: {e}")
     c.a.topology()
     print(f"all {len(results)} GPU checks passed", flush=True)
 

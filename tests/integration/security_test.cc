@@ -363,6 +363,33 @@ TEST_F(SecurityTest, MalformedGrantsAndFabricKeysAreRefused) {
   EXPECT_TRUE(Register(*engine, *b_, "kv", 1).status.ok());  // serves on
 }
 
+// GPU memory by CUDA IPC handle is not lent by gRPC alone: 64 handle bytes from an
+// engine certificate, on any host, are refused unless a token from this node's handle
+// socket (a local process whose credentials the agent read) comes with them. Nothing
+// is registered; the agent serves on. (Two owners never share one import:
+// ipc_imports_test, with no GPU needed.)
+TEST_F(SecurityTest, AnEngineCertificateAloneCannotLendGpuMemoryByIpcHandle) {
+  auto engine = b_->StubAs("engine", "e1");
+  v1::RegisterTensorRequest request;
+  request.set_name("borrowed");
+  *request.mutable_layout() = kLayout;
+  v1::CudaIpcMemory* ipc = request.mutable_memory()->mutable_cuda_ipc();
+  ipc->set_handle(std::string(64, '\x33'));
+  ipc->set_size_bytes(2 * 8 * (16 << 10));
+  v1::Tensor tensor;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  EXPECT_TRUE(HasError(engine->RegisterTensor(&context, request, &tensor),
+                       grpc::StatusCode::PERMISSION_DENIED, "OWNER_TOKEN_REQUIRED"));
+  v1::GetTensorRequest get;
+  get.set_name("borrowed");
+  grpc::ClientContext get_context;
+  get_context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  EXPECT_TRUE(HasError(engine->GetTensor(&get_context, get, &tensor),
+                       grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  EXPECT_TRUE(Register(*engine, *b_, "kv", 1).status.ok());  // serves on
+}
+
 // An agent does not start on TLS files it cannot use, nor on contradictory flags; it
 // says why.
 TEST_F(SecurityTest, AgentRefusesUnusableTlsFlags) {

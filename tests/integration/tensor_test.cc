@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "agent/common/unique_fd.h"
 #include "gtest/gtest.h"
@@ -18,6 +19,7 @@
 #include "tests/common/fd_passing.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
+#include "tools/client/scrape.h"
 
 namespace fuselink::testing {
 namespace {
@@ -36,6 +38,16 @@ class TensorTest : public TwoNodeTest {
   // Passes `buffer`'s memfd over the handle socket; the token names it once.
   uint64_t Token(const client::HostBuffer& buffer) {
     absl::StatusOr<uint64_t> token = services::SendFd(b_->handle_socket(), buffer.fd());
+    EXPECT_TRUE(token.ok()) << token.status();
+    return token.value_or(0);
+  }
+
+  // A pidfd of this process passed over the handle socket, as an engine proves itself
+  // local and names itself the memory's owner (owner_fd_token).
+  uint64_t OwnPidfdToken() {
+    UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
+    EXPECT_TRUE(pidfd.valid()) << strerror(errno);
+    absl::StatusOr<uint64_t> token = services::SendFd(b_->handle_socket(), pidfd.get());
     EXPECT_TRUE(token.ok()) << token.status();
     return token.value_or(0);
   }
@@ -328,6 +340,8 @@ TEST_F(TensorTest, GpuMemoryOnAnAgentWithoutGpusIsAFailedPrecondition) {
   v1::RegisterTensorRequest request;
   request.set_name("kv");
   *request.mutable_layout() = MakeLayout(1, 2, kBlockBytes);
+  // As a local engine lends it: with its pidfd's token from the handle socket.
+  request.set_owner_fd_token(OwnPidfdToken());
   v1::CudaIpcMemory* ipc = request.mutable_memory()->mutable_cuda_ipc();
   ipc->set_handle(std::string(64, '\x5a'));
   ipc->set_size_bytes(2 * kBlockBytes);
@@ -340,6 +354,57 @@ TEST_F(TensorTest, GpuMemoryOnAnAgentWithoutGpusIsAFailedPrecondition) {
   EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context2, request, &tensor),
                        grpc::StatusCode::INVALID_ARGUMENT, "BAD_HOME_GPU"));
   EXPECT_TRUE(Serves(*b_));
+}
+
+// A CUDA IPC handle is 64 bytes anyone holding them may open on the node: the agent
+// takes one only with a token from its handle socket (a local process whose
+// credentials it read), never from a gRPC call alone, whatever the certificate. Said
+// before anything else, on an agent with GPUs or without; the agent serves on.
+TEST_F(TensorTest, GpuMemoryByIpcHandleWithoutAnOwnerTokenIsRefused) {
+  v1::RegisterTensorRequest request;
+  request.set_name("kv");
+  *request.mutable_layout() = MakeLayout(1, 2, kBlockBytes);
+  v1::CudaIpcMemory* ipc = request.mutable_memory()->mutable_cuda_ipc();
+  ipc->set_handle(std::string(64, '\x5a'));
+  ipc->set_size_bytes(2 * kBlockBytes);
+  v1::Tensor tensor;
+  grpc::ClientContext context;
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context, request, &tensor),
+                       grpc::StatusCode::PERMISSION_DENIED, "OWNER_TOKEN_REQUIRED"));
+  // The same as regions.
+  v1::RegisterTensorRequest regions = request;
+  regions.clear_memory();
+  *regions.add_regions() = request.memory();
+  grpc::ClientContext context2;
+  EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context2, regions, &tensor),
+                       grpc::StatusCode::PERMISSION_DENIED, "OWNER_TOKEN_REQUIRED"));
+  // Nothing was registered.
+  v1::Tensor got;
+  EXPECT_TRUE(HasError(Get("kv", &got), grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  // Each refusal counted.
+  absl::StatusOr<std::string> metrics = client::HttpGet(b_->metrics_url(), kWaitTimeout);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(client::MetricValue(*metrics, "fuselink_gpu_handle_refusals_total",
+                                {{"reason", "OWNER_TOKEN_REQUIRED"}})
+                .value_or(-1),
+            2);
+  EXPECT_TRUE(Serves(*b_));
+}
+
+// The wait for a closing CUDA IPC import is bounded by a flag; out of its range the
+// agent does not start, naming it.
+TEST_F(TensorTest, AgentRefusesIpcCloseWaitOutOfRange) {
+  for (const std::string flag : {"--ipc_close_wait_ms=0", "--ipc_close_wait_ms=60001"}) {
+    absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
+        AgentProcess::Start(dir_.path(), "node-x", {flag});
+    ASSERT_FALSE(agent.ok()) << flag;
+    EXPECT_TRUE(absl::StrContains(agent.status().message(), "--ipc_close_wait_ms"))
+        << flag << ": " << agent.status().message();
+  }
+  absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
+      AgentProcess::Start(dir_.path(), "node-x", {"--ipc_close_wait_ms=60000"});
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  EXPECT_TRUE(Serves(**agent));
 }
 
 // What is wrong with the request itself is said before whether this node has GPUs.

@@ -18,6 +18,7 @@ import os
 import threading
 import time
 import unittest
+from unittest import mock
 
 import grpc
 
@@ -197,6 +198,38 @@ class ClientTest(unittest.TestCase):
             self.source.register_kv_cache("py-odd", odd, LAYERS, BLOCKS)
         with self.assertRaises(TypeError):
             self.source.register_kv_cache("py-bytes", bytearray(SIZE_BYTES), LAYERS, BLOCKS)
+
+    def test_cuda_memory_is_lent_only_with_the_handle_sockets_token(self):
+        # A stand-in for a PyTorch CUDA tensor, its export faked: no GPU needed.
+        class FakeCudaTensor:
+            is_cuda = True
+
+            def data_ptr(self):
+                return 0
+
+        export = (b"\x5a" * 64, 0, SIZE_BYTES, 0)
+        with mock.patch.object(fuselink.client, "cuda_ipc_export", return_value=export):
+            # The client passes this process's pidfd over the handle socket: the agent
+            # takes the handle that far, then finds it cannot open it here (no GPU, or
+            # the handle is no real one), never OWNER_TOKEN_REQUIRED.
+            with self.assertRaises(fuselink.FuselinkError) as caught:
+                self.source.register_kv_cache("py-cuda", FakeCudaTensor(), LAYERS, BLOCKS,
+                                              watch=False)
+            self.assertIn(caught.exception.reason,
+                          {"NO_GPU", "BAD_HOME_GPU", "BAD_GPU_HANDLE"},
+                          str(caught.exception))
+            # Without the pidfd the client refuses before the agent would.
+            with self.assertRaises(ValueError):
+                self.source.register_kv_cache("py-cuda", FakeCudaTensor(), LAYERS, BLOCKS,
+                                              owner_pidfd=False, watch=False)
+        # The agent itself refuses a handle that comes by gRPC alone.
+        request = agent_pb2.RegisterTensorRequest(
+            name="py-cuda", layout=tensor_pb2.Layout(layers=LAYERS, blocks_per_layer=BLOCKS,
+                                                     block_bytes=BLOCK_BYTES))
+        request.memory.cuda_ipc.CopyFrom(tensor_pb2.CudaIpcMemory(
+            handle=export[0], size_bytes=SIZE_BYTES, gpu=0))
+        self.assertError(grpc.StatusCode.PERMISSION_DENIED, "OWNER_TOKEN_REQUIRED",
+                         self.source._call, self.source._stub.RegisterTensor, request)
 
     def test_per_layer_kv_caches_move_between_engine_layouts(self):
         """vLLM's layout on node-a (a buffer per layer, K half then V half) into SGLang's

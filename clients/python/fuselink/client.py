@@ -107,9 +107,9 @@ class Agent:
         CUDA_VISIBLE_DEVICES) or a HostBuffer (its memfd goes over the handle
         socket). `block_bytes` defaults to the tensor's bytes split evenly into packed
         blocks; the strides follow fuselink.v1.Layout (0: packed). `home_gpu` picks
-        the direct NIC of host memory. `owner_pidfd` (default: on for CUDA tensors)
-        hands the agent a pidfd of this process, so it lets go of the memory when the
-        process exits. `watch` puts the watch that wait_for_transfer() reads in
+        the direct NIC of host memory. `owner_pidfd` (default: on for CUDA tensors,
+        which the agent takes only with it) hands the agent a pidfd of this process,
+        so it lets go of the memory when the process exits. `watch` puts the watch that wait_for_transfer() reads in
         place before this returns (before registering where the agent lets this
         client watch a tensor it does not own yet, else right after), so no transfer
         started after it returns can finish unseen.
@@ -225,6 +225,11 @@ class Agent:
         request.writers.extend(writers or [])
         if owner_pidfd is None:
             owner_pidfd = cuda
+        if cuda and not owner_pidfd:
+            # The agent takes a CUDA IPC handle only with a token from its handle
+            # socket, which proves the lender is a local process (docs/security.md).
+            raise ValueError("CUDA tensors are lent with owner_pidfd; the agent "
+                             "refuses them without it (OWNER_TOKEN_REQUIRED)")
         if owner_pidfd:
             request.owner_fd_token = send_owner_pidfd(self.handle_socket)
 

@@ -216,7 +216,7 @@ class FakeApiServer {
   std::vector<Seen> WaitFor(int n, bool (*counted)(const std::string&),
                             absl::Duration bound) {
     absl::MutexLock lock(&mu_);
-    auto enough = [&] {
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       int found = 0;
       for (const Seen& s : seen_) found += counted(s.path);
       return found >= n;

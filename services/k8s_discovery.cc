@@ -2,12 +2,15 @@
 
 // The library is loaded at run time (below); the header gives its types only.
 #define CURL_DISABLE_TYPECHECK
+#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
+#include <random>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -27,8 +30,6 @@ using google::protobuf::Value;
 
 constexpr absl::Duration kConnectTimeout = absl::Seconds(5);
 constexpr absl::Duration kListTimeout = absl::Seconds(15);
-constexpr absl::Duration kBackoffFirst = absl::Seconds(1);
-constexpr absl::Duration kBackoffMax = absl::Seconds(30);
 // A watch line is one EndpointSlice; the API server caps objects far below this.
 constexpr size_t kMaxLineBytes = 4 << 20;
 // A list of the Service's slices: one per ~100 agents; far below this.
@@ -61,8 +62,32 @@ absl::StatusOr<Struct> ParseJson(absl::string_view json) {
   return out;
 }
 
-absl::StatusOr<PeerSet> PeersOf(const Struct& slice, absl::string_view port_name,
-                                absl::string_view self) {
+std::optional<AddressFamily> FamilyOf(const std::string& address) {
+  unsigned char bytes[sizeof(in6_addr)];
+  if (inet_pton(AF_INET, address.c_str(), bytes) == 1) return AddressFamily::kIPv4;
+  if (inet_pton(AF_INET6, address.c_str(), bytes) == 1) return AddressFamily::kIPv6;
+  return std::nullopt;
+}
+
+// "host:port" as gRPC dials it: an IPv6 address in brackets.
+std::string HostPort(const std::string& address, AddressFamily family, int port) {
+  return family == AddressFamily::kIPv6 ? absl::StrCat("[", address, "]:", port)
+                                        : absl::StrCat(address, ":", port);
+}
+
+SlicePeers PeersOf(const Struct& slice, absl::string_view port_name,
+                   absl::string_view self) {
+  // The family every address of the slice must have; none: each its own.
+  std::optional<AddressFamily> slice_family;
+  if (const Value* type = Field(slice, "addressType"); type != nullptr) {
+    if (type->string_value() == "IPv4") {
+      slice_family = AddressFamily::kIPv4;
+    } else if (type->string_value() == "IPv6") {
+      slice_family = AddressFamily::kIPv6;
+    } else {
+      return {};  // FQDN (deprecated, never the endpoint controller's) or unknown
+    }
+  }
   int port = 0;
   if (const Value* ports = Field(slice, "ports");
       ports != nullptr && ports->has_list_value()) {
@@ -74,7 +99,7 @@ absl::StatusOr<PeerSet> PeersOf(const Struct& slice, absl::string_view port_name
       }
     }
   }
-  PeerSet peers;
+  SlicePeers peers;
   const Value* endpoints = Field(slice, "endpoints");
   if (port <= 0 || port > 65535 || endpoints == nullptr || !endpoints->has_list_value()) {
     return peers;  // no agents yet, or not our port
@@ -91,9 +116,16 @@ absl::StatusOr<PeerSet> PeersOf(const Struct& slice, absl::string_view port_name
         !addresses->has_list_value() || addresses->list_value().values_size() == 0) {
       continue;
     }
-    const std::string& address = addresses->list_value().values(0).string_value();
-    if (address.empty()) continue;
-    peers[node] = absl::StrCat(address, ":", port);
+    // The addresses of one endpoint are interchangeable: the first of the right family.
+    for (const Value& a : addresses->list_value().values()) {
+      const std::optional<AddressFamily> family = FamilyOf(a.string_value());
+      if (!family.has_value() || (slice_family.has_value() && family != slice_family)) {
+        continue;
+      }
+      PeerSet& into = *family == AddressFamily::kIPv6 ? peers.ipv6 : peers.ipv4;
+      into[node] = HostPort(a.string_value(), *family, port);
+      break;
+    }
   }
   return peers;
 }
@@ -216,16 +248,53 @@ absl::Status Get(Request& r) {
 }  // namespace
 
 struct K8sDiscovery::Slices {
-  std::map<std::string, PeerSet> by_name;
+  std::map<std::string, SlicePeers> by_name;
   std::string version;  // resourceVersion to watch from
 };
 
-absl::StatusOr<PeerSet> PeersOfSlice(absl::string_view slice_json,
-                                     absl::string_view port_name,
-                                     absl::string_view self) {
+AddressFamily FamilyOfListen(absl::string_view listen) {
+  absl::string_view host = listen.substr(0, std::min(listen.rfind(':'), listen.size()));
+  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+  return FamilyOf(std::string(host)) == AddressFamily::kIPv6 ? AddressFamily::kIPv6
+                                                             : AddressFamily::kIPv4;
+}
+
+absl::StatusOr<SlicePeers> PeersOfSlice(absl::string_view slice_json,
+                                        absl::string_view port_name,
+                                        absl::string_view self) {
   absl::StatusOr<Struct> slice = ParseJson(slice_json);
   if (!slice.ok()) return slice.status();
   return PeersOf(*slice, port_name, self);
+}
+
+PeerSet MergePeers(const std::map<std::string, SlicePeers>& by_slice,
+                   AddressFamily prefer) {
+  // insert() keeps the first: slices in name order, the preferred family's first.
+  PeerSet all;
+  for (const bool preferred : {true, false}) {
+    const bool ipv6 = (prefer == AddressFamily::kIPv6) == preferred;
+    for (const auto& [name, peers] : by_slice) {
+      const PeerSet& family = ipv6 ? peers.ipv6 : peers.ipv4;
+      all.insert(family.begin(), family.end());
+    }
+  }
+  return all;
+}
+
+absl::Duration Jittered(absl::Duration backoff, double unit) {
+  return backoff / 2 + backoff / 2 * std::clamp(unit, 0.0, 1.0);
+}
+
+absl::string_view WatchEndName(WatchEnd end) {
+  switch (end) {
+    case WatchEnd::kRenewed:
+      return "renewed";
+    case WatchEnd::kGone:
+      return "gone";
+    case WatchEnd::kError:
+      return "error";
+  }
+  return "unknown";
 }
 
 K8sDiscovery::K8sDiscovery(K8sDiscoveryOptions options,
@@ -249,6 +318,11 @@ absl::StatusOr<std::unique_ptr<K8sDiscovery>> K8sDiscovery::Start(
     return absl::InvalidArgumentError(
         "Kubernetes discovery needs a service and a namespace");
   }
+  if (options.backoff_min <= absl::ZeroDuration() ||
+      options.backoff_max < options.backoff_min) {
+    return absl::InvalidArgumentError(
+        "Kubernetes discovery: the watch backoff needs 0 < min <= max");
+  }
   std::unique_ptr<K8sDiscovery> d(
       new K8sDiscovery(std::move(options), std::move(on_change)));
   d->api_version_ = "discovery.k8s.io/v1";
@@ -265,6 +339,7 @@ absl::StatusOr<std::unique_ptr<K8sDiscovery>> K8sDiscovery::Start(
 
 K8sDiscovery::~K8sDiscovery() {
   stopping_ = true;
+  stop_.Notify();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -289,9 +364,8 @@ absl::StatusOr<std::string> K8sDiscovery::List() {
     for (const Value& item : items->list_value().values()) {
       if (!item.has_struct_value()) continue;
       const std::string name = String(Object(item.struct_value(), "metadata"), "name");
-      absl::StatusOr<PeerSet> peers =
+      slices_->by_name[name] =
           PeersOf(item.struct_value(), options_.port_name, options_.self);
-      if (peers.ok()) slices_->by_name[name] = *std::move(peers);
     }
   }
   slices_->version = String(Object(*list, "metadata"), "resourceVersion");
@@ -318,8 +392,7 @@ absl::Status K8sDiscovery::Watch(const std::string& version) {
     if (type == "DELETED") {
       slices_->by_name.erase(name);
     } else if (type == "ADDED" || type == "MODIFIED") {
-      absl::StatusOr<PeerSet> peers = PeersOf(*object, options_.port_name, options_.self);
-      if (peers.ok()) slices_->by_name[name] = *std::move(peers);
+      slices_->by_name[name] = PeersOf(*object, options_.port_name, options_.self);
     } else {
       return true;  // BOOKMARK: only the version moves
     }
@@ -354,37 +427,64 @@ absl::Status K8sDiscovery::Watch(const std::string& version) {
   return event_error.ok() ? s : event_error;
 }
 
+bool K8sDiscovery::Pause(absl::Duration pause) {
+  return !stop_.WaitForNotificationWithTimeout(pause);
+}
+
 void K8sDiscovery::Run(std::string version) {
-  absl::Duration backoff = kBackoffFirst;
-  auto pause = [&](absl::Duration d) {
-    for (absl::Time end = absl::Now() + d; !stopping_ && absl::Now() < end;) {
-      absl::SleepFor(absl::Milliseconds(100));
-    }
+  std::mt19937_64 random(std::random_device{}());
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  absl::Duration backoff = options_.backoff_min;
+  // Every pause is jittered, so that the agents of a release, restarted together,
+  // do not come back to the API server in step.
+  auto next_pause = [&] {
+    const absl::Duration pause = Jittered(backoff, unit(random));
+    backoff = std::min(backoff * 2, options_.backoff_max);
+    return pause;
   };
+  bool relist = false;
   while (!stopping_) {
-    absl::Status s = Watch(version);
-    if (stopping_) break;
-    if (s.ok()) {  // the server ended the watch: go on from the last version seen
-      version = slices_->version;
-      backoff = kBackoffFirst;
-      continue;
-    }
-    std::fprintf(stderr, "fuselink-agent: Kubernetes discovery: %s; again in %s\n",
-                 s.ToString().c_str(), absl::FormatDuration(backoff).c_str());
-    pause(backoff);
-    backoff = std::min(backoff * 2, kBackoffMax);
-    absl::StatusOr<std::string> listed = List();
-    if (listed.ok()) {
+    if (relist) {
+      absl::StatusOr<std::string> listed = List();
+      if (stopping_) break;
+      if (!listed.ok()) {
+        failed_lists_.fetch_add(1, std::memory_order_relaxed);
+        const absl::Duration pause = next_pause();
+        std::fprintf(stderr, "fuselink-agent: Kubernetes discovery: %s; again in %s\n",
+                     listed.status().ToString().c_str(),
+                     absl::FormatDuration(pause).c_str());
+        if (!Pause(pause)) break;
+        continue;
+      }
       version = *listed;
+      relist = false;
       Publish();
     }
+    const absl::Time started = absl::Now();
+    const absl::Status s = Watch(version);
+    if (stopping_) break;
+    const WatchEnd end = s.ok()               ? WatchEnd::kRenewed
+                         : absl::IsAborted(s) ? WatchEnd::kGone
+                                              : WatchEnd::kError;
+    watch_ends_[static_cast<int>(end)].fetch_add(1, std::memory_order_relaxed);
+    if (absl::Now() - started >= options_.backoff_max) backoff = options_.backoff_min;
+    const absl::Duration pause = next_pause();
+    if (s.ok()) {  // the server ended the watch: go on from the last version seen
+      version = slices_->version;
+    } else {  // the last peer set stays in force until a list succeeds
+      relist = true;
+      std::fprintf(stderr,
+                   "fuselink-agent: Kubernetes discovery: watch ended (%s): %s; "
+                   "listing again in %s\n",
+                   std::string(WatchEndName(end)).c_str(), s.ToString().c_str(),
+                   absl::FormatDuration(pause).c_str());
+    }
+    if (!Pause(pause)) break;
   }
 }
 
 void K8sDiscovery::Publish() {
-  PeerSet all;
-  for (const auto& [name, peers] : slices_->by_name)
-    all.insert(peers.begin(), peers.end());
+  PeerSet all = MergePeers(slices_->by_name, options_.prefer);
   if (all == published_) return;
   published_ = all;
   on_change_(all);

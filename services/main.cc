@@ -165,6 +165,17 @@ ABSL_FLAG(std::string, k8s_token_file,
 ABSL_FLAG(std::string, k8s_ca_file,
           "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
           "kubernetes discovery: the API server's CA.");
+ABSL_FLAG(std::string, k8s_address_family, "auto",
+          "kubernetes discovery, dual stack: the family of peers' addresses, ipv4 or "
+          "ipv6 (the other only for a peer without one); auto: IPv6 if --listen's "
+          "host is an IPv6 literal, else IPv4.");
+ABSL_FLAG(uint32_t, k8s_watch_backoff_min_ms, 1000,
+          "kubernetes discovery: after a watch ends (renewed, gone or failed), or a list "
+          "fails, a pause drawn from [b/2, b] before the next request; b starts here, "
+          "doubles each time, and starts again after a watch that lived "
+          "--k8s_watch_backoff_max_ms.");
+ABSL_FLAG(uint32_t, k8s_watch_backoff_max_ms, 30000,
+          "kubernetes discovery: the largest b of --k8s_watch_backoff_min_ms.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) of this agent: its identity, a URI SAN "
           "spiffe://fuselink/node/<node> under the default policy. Re-read when it "
@@ -486,6 +497,18 @@ int main(int argc, char** argv) {
       std::getline(ns, k8s.namespace_name);
     }
     k8s.self = options.node;
+    if (const std::string family = absl::GetFlag(FLAGS_k8s_address_family);
+        family == "ipv4" || family == "ipv6") {
+      k8s.prefer = family == "ipv6" ? services::AddressFamily::kIPv6
+                                    : services::AddressFamily::kIPv4;
+    } else if (family == "auto") {
+      k8s.prefer = services::FamilyOfListen(absl::GetFlag(FLAGS_listen));
+    } else {
+      return Fail(
+          absl::InvalidArgumentError("--k8s_address_family must be auto, ipv4 or ipv6"));
+    }
+    k8s.backoff_min = absl::Milliseconds(absl::GetFlag(FLAGS_k8s_watch_backoff_min_ms));
+    k8s.backoff_max = absl::Milliseconds(absl::GetFlag(FLAGS_k8s_watch_backoff_max_ms));
     // Peers named by --peer stay as given; discovered ones come and go with their
     // endpoints.
     auto on_change = [peers = &(*node)->peers(),

@@ -1,8 +1,6 @@
 #include "services/http/metrics_server.h"
 
 #include <netdb.h>
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
 #include <openssl/ssl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -12,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -39,9 +36,6 @@ inline constexpr int kMaxAcceptsPerRound = 64;
 // reset the connection before the client reads the response.
 inline constexpr absl::Duration kLingerTimeout = absl::Seconds(1);
 inline constexpr size_t kMaxLingerBytes = 64 * 1024;
-// Verified credentials kept (as SHA-256 of user and password) so that a scrape
-// pays bcrypt's cost once, not every time.
-inline constexpr size_t kMaxCachedCredentials = 16;
 inline constexpr size_t kReadChunkBytes = 4096;
 static_assert(kReadChunkBytes <= kMaxRequestHeadBytes, "one read stays near the bound");
 
@@ -50,13 +44,15 @@ struct SslFree {
 };
 
 enum class Phase {
-  kHandshake,  // TLS only
-  kReading,    // waiting for a complete request head
-  kWriting,    // a response queued
-  kLingering,  // response sent; dropping what the client still sends, then close
+  kHandshake,    // TLS only
+  kReading,      // waiting for a complete request head
+  kAuthorizing,  // the request's credentials on the bcrypt worker; nothing polled
+  kWriting,      // a response queued
+  kLingering,    // response sent; dropping what the client still sends, then close
 };
 
 struct Connection {
+  uint64_t id = 0;  // unique in the server's life: the bcrypt worker's ticket
   int fd = -1;
   std::unique_ptr<SSL, SslFree> ssl;  // null: plain HTTP
   Phase phase = Phase::kReading;
@@ -67,6 +63,7 @@ struct Connection {
   bool close_after = false;  // close once `out` is written
   int served = 0;            // responses written
   size_t lingered_bytes = 0;
+  HttpRequest authorizing;  // the request waiting in kAuthorizing
   absl::Time deadline;
   absl::Time active;  // last accept or response: the eviction order
   bool closed = false;
@@ -89,6 +86,8 @@ const char* StatusText(int code) {
       return "Method Not Allowed";
     case 431:
       return "Request Header Fields Too Large";
+    case 503:
+      return "Service Unavailable";
     default:
       return "Error";
   }
@@ -175,6 +174,8 @@ absl::string_view RefusalName(Refusal refusal) {
       return "malformed";
     case Refusal::kTls:
       return "tls";
+    case Refusal::kAuthBusy:
+      return "auth_busy";
   }
   return "unknown";
 }
@@ -184,11 +185,12 @@ absl::string_view RefusalName(Refusal refusal) {
 class MetricsServer::Loop {
  public:
   Loop(MetricsServerOptions options, int listen_fd, int wake_fd,
-       std::unique_ptr<TlsContext> tls)
+       std::unique_ptr<TlsContext> tls, std::unique_ptr<BasicAuth> auth)
       : options_(std::move(options)),
         listen_fd_(listen_fd),
         wake_fd_(wake_fd),
-        tls_(std::move(tls)) {}
+        tls_(std::move(tls)),
+        auth_(std::move(auth)) {}
   ~Loop() {
     for (Connection& c : connections_) Close(c);
     close(listen_fd_);
@@ -206,16 +208,21 @@ class MetricsServer::Loop {
   void Read(Connection& c, absl::Time now);
   void Linger(Connection& c, absl::Time now);
   void TakeRequest(Connection& c, absl::Time now);
+  // The verdicts of the bcrypt worker: each waiting connection answered.
+  void TakeVerdicts(absl::Time now);
+  void Unauthorized(Connection& c, const HttpRequest& request, absl::Time now);
+  // Answers an authorized request: /metrics, or 404 / 405.
+  void Route(Connection& c, const HttpRequest& request, absl::Time now);
   void Respond(Connection& c, int code, const std::string& body, bool head_only,
                absl::string_view extra_headers, absl::Time now);
   void Write(Connection& c, absl::Time now);
   void Finish(Connection& c, absl::Time now);
-  bool Authorized(const HttpRequest& request);
   // One TLS call's outcome: true to go on; false when it wants I/O (events set) or
   // failed (connection closed, refusal counted when `count`).
   bool TlsWants(Connection& c, int result, bool count);
   void Close(Connection& c) {
     if (c.closed) return;
+    if (c.phase == Phase::kAuthorizing) auth_->Cancel(c.id);
     c.ssl.reset();
     close(c.fd);
     c.closed = true;
@@ -225,8 +232,9 @@ class MetricsServer::Loop {
   const int listen_fd_;
   const int wake_fd_;
   const std::unique_ptr<TlsContext> tls_;  // null: plain HTTP
+  const std::unique_ptr<BasicAuth> auth_;  // null: no basic auth
   std::deque<Connection> connections_;     // at most max_connections
-  std::deque<std::array<unsigned char, SHA256_DIGEST_LENGTH>> verified_;
+  uint64_t next_id_ = 1;
 };
 
 void MetricsServer::Loop::Run() {
@@ -243,6 +251,8 @@ void MetricsServer::Loop::Run() {
     fds.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({auth_ ? auth_->ready_fd() : -1, POLLIN, 0});  // -1: not polled
+    constexpr size_t kFirst = 3;  // connections' entries follow
     for (Connection& c : connections_) {
       fds.push_back({c.fd, c.events, 0});
       next = std::min(next, c.pending ? now : c.deadline);
@@ -255,10 +265,11 @@ void MetricsServer::Loop::Run() {
     }
     if (fds[0].revents != 0) return;
     now = absl::Now();
+    if (fds[2].revents != 0) TakeVerdicts(now);
     for (size_t i = 0; i < connections_.size(); ++i) {
       Connection& c = connections_[i];
-      if (fds[i + 2].revents != 0) {
-        Drive(c, fds[i + 2].revents, now);
+      if (fds[i + kFirst].revents != 0) {
+        Drive(c, fds[i + kFirst].revents, now);
       } else if (c.pending && c.phase == Phase::kReading) {
         c.pending = false;
         Read(c, now);
@@ -297,11 +308,11 @@ void MetricsServer::Loop::Accept(absl::Time now) {
           oldest = it;
         }
       }
-      // Else the oldest client that does not read its response: a response waits
-      // at most response_timeout anyway.
+      // Else the oldest client that does not read its response (or waits for its
+      // credentials' check): either waits at most response_timeout anyway.
       if (oldest == connections_.end()) {
         for (auto it = connections_.begin(); it != connections_.end(); ++it) {
-          if (it->phase == Phase::kWriting &&
+          if ((it->phase == Phase::kWriting || it->phase == Phase::kAuthorizing) &&
               (oldest == connections_.end() || it->active < oldest->active)) {
             oldest = it;
           }
@@ -316,6 +327,7 @@ void MetricsServer::Loop::Accept(absl::Time now) {
       connections_.erase(oldest);
     }
     Connection& c = connections_.emplace_back();
+    c.id = next_id_++;
     c.fd = fd;
     c.active = now;
     c.deadline = now + options_.request_timeout;
@@ -350,6 +362,9 @@ void MetricsServer::Loop::Drive(Connection& c, short revents, absl::Time now) {
       break;
     case Phase::kLingering:
       Linger(c, now);
+      break;
+    case Phase::kAuthorizing:  // nothing polled: the client hung up or failed
+      Close(c);
       break;
   }
 }
@@ -427,54 +442,70 @@ void MetricsServer::Loop::TakeRequest(Connection& c, absl::Time now) {
     return;
   }
   c.close_after = !request->keep_alive;
-  const bool head_only = request->method == "HEAD";
-  if (!Authorized(*request)) {
-    Refuse(Refusal::kUnauthorized);
-    c.close_after = true;  // one guess per connection
-    Respond(c, 401, "unauthorized\n", head_only,
-            "WWW-Authenticate: Basic realm=\"fuselink metrics\"\r\n", now);
-    return;
+  if (auth_ != nullptr) {
+    switch (auth_->Check(request->authorization, c.id)) {
+      case BasicAuth::Verdict::kAllowed:
+        break;
+      case BasicAuth::Verdict::kDenied:
+        Unauthorized(c, *request, now);
+        return;
+      case BasicAuth::Verdict::kBusy:
+        Refuse(Refusal::kAuthBusy);
+        c.close_after = true;
+        Respond(c, 503, "too many credentials being checked; try again\n",
+                request->method == "HEAD", "Retry-After: 1\r\n", now);
+        return;
+      case BasicAuth::Verdict::kPending:  // TakeVerdicts goes on
+        c.phase = Phase::kAuthorizing;
+        c.events = 0;
+        c.deadline = now + options_.response_timeout;
+        c.authorizing = *std::move(request);
+        return;
+    }
   }
-  if (request->path != "/metrics") {
+  Route(c, *request, now);
+}
+
+void MetricsServer::Loop::TakeVerdicts(absl::Time now) {
+  for (const BasicAuth::Done& done : auth_->TakeDone()) {
+    // Linear: at most max_connections. Absent: closed (timed out or evicted).
+    for (Connection& c : connections_) {
+      if (c.id != done.ticket || c.closed || c.phase != Phase::kAuthorizing) continue;
+      c.phase = Phase::kReading;  // no longer waiting: Close must not cancel
+      const HttpRequest request = std::move(c.authorizing);
+      if (done.allowed) {
+        Route(c, request, now);
+      } else {
+        Unauthorized(c, request, now);
+      }
+      break;
+    }
+  }
+}
+
+void MetricsServer::Loop::Unauthorized(Connection& c, const HttpRequest& request,
+                                       absl::Time now) {
+  Refuse(Refusal::kUnauthorized);
+  c.close_after = true;  // one guess per connection
+  Respond(c, 401, "unauthorized\n", request.method == "HEAD",
+          "WWW-Authenticate: Basic realm=\"fuselink metrics\"\r\n", now);
+}
+
+void MetricsServer::Loop::Route(Connection& c, const HttpRequest& request,
+                                absl::Time now) {
+  const bool head_only = request.method == "HEAD";
+  if (request.path != "/metrics") {
     Refuse(Refusal::kMalformed);
     Respond(c, 404, "only /metrics is served here\n", head_only, "", now);
     return;
   }
-  if (request->method != "GET" && !head_only) {
+  if (request.method != "GET" && !head_only) {
     Refuse(Refusal::kMalformed);
     Respond(c, 405, "only GET and HEAD\n", false, "Allow: GET, HEAD\r\n", now);
     return;
   }
   Respond(c, 200, options_.render ? options_.render() : std::string(), head_only,
           "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n", now);
-}
-
-bool MetricsServer::Loop::Authorized(const HttpRequest& request) {
-  const auto& users = options_.web_config.basic_auth_users;
-  if (users.empty()) return true;
-  if (!request.authorization.has_value()) return false;
-  const std::optional<BasicCredentials> credentials =
-      ParseBasicAuth(*request.authorization);
-  if (!credentials.has_value()) return false;
-  std::array<unsigned char, SHA256_DIGEST_LENGTH> digest;
-  const std::string keyed = absl::StrCat(credentials->user.size(), ":", credentials->user,
-                                         credentials->password);
-  SHA256(reinterpret_cast<const unsigned char*>(keyed.data()), keyed.size(),
-         digest.data());
-  for (const auto& seen : verified_) {
-    if (CRYPTO_memcmp(seen.data(), digest.data(), digest.size()) == 0) return true;
-  }
-  const std::string* hash = nullptr;
-  for (const auto& [user, user_hash] : users) {
-    if (user == credentials->user) hash = &user_hash;
-  }
-  // An unknown user costs a bcrypt all the same, so that timing does not tell
-  // which users exist.
-  const bool match = BcryptMatches(credentials->password, hash ? *hash : users[0].second);
-  if (hash == nullptr || !match) return false;
-  if (verified_.size() == kMaxCachedCredentials) verified_.pop_front();
-  verified_.push_back(digest);
-  return true;
 }
 
 void MetricsServer::Loop::Respond(Connection& c, int code, const std::string& body,
@@ -560,6 +591,13 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   if (options.max_connections < 1) {
     return absl::InvalidArgumentError("metrics server: max_connections below 1");
   }
+  std::unique_ptr<BasicAuth> auth;
+  if (!options.web_config.basic_auth_users.empty()) {
+    absl::StatusOr<std::unique_ptr<BasicAuth>> started =
+        BasicAuth::Start(options.web_config.basic_auth_users, options.auth_queue_depth);
+    if (!started.ok()) return started.status();
+    auth = *std::move(started);
+  }
   std::unique_ptr<TlsContext> tls;
   if (options.web_config.tls.has_value()) {
     absl::StatusOr<std::unique_ptr<TlsContext>> made =
@@ -575,8 +613,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     close(*listen_fd);
     return Errno("eventfd for", "the metrics server");
   }
-  auto loop =
-      std::make_unique<Loop>(std::move(options), *listen_fd, wake_fd, std::move(tls));
+  auto loop = std::make_unique<Loop>(std::move(options), *listen_fd, wake_fd,
+                                     std::move(tls), std::move(auth));
   return std::unique_ptr<MetricsServer>(
       new MetricsServer(std::move(loop), port, wake_fd));
 }

@@ -7,9 +7,19 @@
 // answered. Optional TLS (OpenSSL, handshakes driven inside the poll loop) and HTTP
 // basic auth come from a web config (web_config.h).
 //
+// Nothing slow runs on the thread. A TLS handshake is non-blocking: each step takes
+// only the bytes already received, so a client that never sends its ClientHello (or
+// stops inside it) is one idle descriptor until request_timeout; the handshake's
+// own CPU (one signature, about a millisecond at RSA-2048) is bounded by the
+// connections that reach that step, at most max_connections a round. bcrypt runs on
+// BasicAuth's worker (basic_auth.h): a scraper's verified credentials are answered
+// from a cache, others queue (at most auth_queue_depth) with the connection parked,
+// and a full queue answers 503 at once.
+//
 // GET (or HEAD) /metrics answers 200 with the text render() returns; any other path
 // 404, any other method 405, a malformed request 400, an oversized head 431, missing
-// or wrong credentials 401. Each refusal is reported to on_refusal.
+// or wrong credentials 401, credentials that cannot be checked now (the bcrypt queue
+// is full) 503 with Retry-After. Each refusal is reported to on_refusal.
 #pragma once
 
 #include <functional>
@@ -20,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "services/http/basic_auth.h"
 #include "services/http/web_config.h"
 
 namespace fuselink::services::http {
@@ -32,8 +43,9 @@ enum class Refusal {
   kTooManyConnections,  // closed (or refused) past max_connections
   kMalformed,           // 400, 404 or 405
   kTls,                 // a TLS handshake or record that failed
+  kAuthBusy,            // 503: credentials not checked, the bcrypt queue was full
 };
-inline constexpr int kRefusalKinds = 6;
+inline constexpr int kRefusalKinds = 7;
 absl::string_view RefusalName(Refusal refusal);
 
 inline constexpr int kDefaultMaxConnections = 64;
@@ -48,8 +60,11 @@ struct MetricsServerOptions {
   // From accept (or the previous response on a kept-alive connection) to a
   // complete request head.
   absl::Duration request_timeout = absl::Seconds(5);
-  // From the request head to the last byte of the response written.
+  // From the request head to the last byte of the response written (a bcrypt
+  // check included).
   absl::Duration response_timeout = absl::Seconds(10);
+  // Basic-auth checks outstanding on the bcrypt worker, at most (basic_auth.h).
+  int auth_queue_depth = kDefaultAuthQueueDepth;
   // The body of GET /metrics. Called on the server's thread, one call at a time.
   std::function<std::string()> render;
   // Called on the server's thread for each refusal; may be empty.
@@ -58,8 +73,9 @@ struct MetricsServerOptions {
 
 class MetricsServer {
  public:
-  // Binds, loads TLS files if configured, and starts the thread. UNAVAILABLE when
-  // the address cannot be bound; INVALID_ARGUMENT for bad options or TLS files.
+  // Binds, loads TLS files if configured, and starts the thread (and the bcrypt
+  // worker, with basic auth). UNAVAILABLE when the address cannot be bound;
+  // INVALID_ARGUMENT for bad options or TLS files.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       MetricsServerOptions options);
   // Stops the thread and closes every connection.

@@ -16,10 +16,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,7 +86,7 @@ void SendAll(int fd, absl::string_view bytes) {
 // One response from `fd`. Bytes of the next (pipelined) response that arrived with it
 // are kept for the next call on the same descriptor.
 std::string ReadResponse(int fd) {
-  static std::map<int, std::string> leftovers;
+  static thread_local std::map<int, std::string> leftovers;  // threads: guessers
   std::string got = std::move(leftovers[fd]);
   leftovers.erase(fd);
   char chunk[4096];
@@ -257,9 +259,9 @@ std::string Basic(absl::string_view user, absl::string_view password) {
                       absl::Base64Escape(absl::StrCat(user, ":", password)), "\r\n");
 }
 
-std::string BcryptHash(const char* password) {
+std::string BcryptHash(const char* password, int cost = 4) {
   char salt[CRYPT_GENSALT_OUTPUT_SIZE];
-  EXPECT_NE(crypt_gensalt_rn("$2b$", 4, nullptr, 0, salt, sizeof(salt)), nullptr);
+  EXPECT_NE(crypt_gensalt_rn("$2b$", cost, nullptr, 0, salt, sizeof(salt)), nullptr);
   crypt_data data{};
   const char* hash = crypt_r(password, salt, &data);
   EXPECT_NE(hash, nullptr);
@@ -291,6 +293,112 @@ TEST(MetricsServer, BasicAuth) {
     EXPECT_TRUE(absl::StartsWith(ok, "HTTP/1.1 200 ")) << ok;
     EXPECT_TRUE(absl::EndsWith(ok, kBody));
   }
+}
+
+// Whether `done` came true within 20 s, checked every millisecond: for the
+// server's refusal counters, which have nothing to wait on.
+bool WaitUntil(const std::function<bool()>& done) {
+  for (const absl::Time end = absl::Now() + absl::Seconds(20); absl::Now() < end;) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return done();
+}
+
+absl::Duration Median(std::vector<absl::Duration> d) {
+  std::sort(d.begin(), d.end());
+  return d[d.size() / 2];
+}
+
+// Clients that guess passwords as fast as they are answered, each on a new
+// connection, against a slow bcrypt (cost 11: ~0.1 s a check on a quiet core, more
+// on a loaded one). Checked on the poll thread, each guess would hold a scrape for a
+// bcrypt; here a scrape whose credentials were verified once is answered from the
+// cache while the guesses queue on the worker (at most auth_queue_depth of them) or
+// are answered 503 at once.
+TEST(MetricsServer, PasswordGuessersDoNotDelayAVerifiedScrape) {
+  constexpr int kGuessers = 32;
+  constexpr size_t kMaxScrapes = 20'000;
+  Counts counts;
+  WebConfig web;
+  web.basic_auth_users = {{"prometheus", BcryptHash("right", 11)}};
+  auto server = Serve(&counts, web);
+  const int port = server->port();
+  const std::string scrape = Get("/metrics", Basic("prometheus", "right"));
+  const absl::Time first = absl::Now();
+  ASSERT_TRUE(absl::StartsWith(Request(port, scrape), "HTTP/1.1 200 "));
+  const absl::Duration one_bcrypt = absl::Now() - first;  // the first is checked
+  std::atomic<bool> stop{false};
+  std::atomic<int> unauthorized{0}, busy{0}, other{0};
+  std::vector<std::thread> guessers;
+  for (int g = 0; g < kGuessers; ++g) {
+    guessers.emplace_back([&, g] {
+      for (int i = 0; !stop; ++i) {
+        const std::string r = Request(
+            port, Get("/metrics", Basic("prometheus", absl::StrCat("guess", g, "-", i))));
+        if (absl::StartsWith(r, "HTTP/1.1 401 ")) {
+          ++unauthorized;
+        } else if (absl::StartsWith(r, "HTTP/1.1 503 ") &&
+                   absl::StrContains(r, "Retry-After: 1\r\n")) {
+          ++busy;
+        } else {
+          ++other;
+        }
+      }
+    });
+  }
+  // Scrapes, one after the other, from the first answered guess until two more
+  // bcrypts have run on the worker (and at most kMaxScrapes).
+  ASSERT_TRUE(WaitUntil([&] { return unauthorized + busy > 0; }));
+  const int until = unauthorized + 2;
+  std::vector<absl::Duration> took;
+  while (unauthorized < until && took.size() < kMaxScrapes) {
+    const absl::Time start = absl::Now();
+    const std::string response = Request(port, scrape);
+    took.push_back(absl::Now() - start);
+    ASSERT_TRUE(absl::StartsWith(response, "HTTP/1.1 200 ")) << response;
+    EXPECT_TRUE(absl::EndsWith(response, kBody));
+  }
+  stop = true;
+  for (std::thread& t : guessers) t.join();
+  const absl::Duration slowest = *std::max_element(took.begin(), took.end());
+  std::printf(
+      "bench: verified scrape under %d password guessers: median %s, slowest %s of %zu "
+      "(one bcrypt at cost 11 here: %s); guesses answered 401: %d, 503: %d\n",
+      kGuessers, absl::FormatDuration(Median(took)).c_str(),
+      absl::FormatDuration(slowest).c_str(), took.size(),
+      absl::FormatDuration(one_bcrypt).c_str(), unauthorized.load(), busy.load());
+  EXPECT_LT(slowest, absl::Seconds(2));
+  EXPECT_GT(unauthorized, 0);
+  EXPECT_GT(busy, 0);
+  EXPECT_EQ(other, 0) << "every guess is answered 401, or 503 with Retry-After";
+  EXPECT_EQ(counts[Refusal::kUnauthorized], unauthorized);
+  EXPECT_EQ(counts[Refusal::kAuthBusy], busy);
+}
+
+// A check still waiting when its connection's response deadline passes: the
+// connection is closed and counted as a timeout, and the server goes on.
+TEST(MetricsServer, ACredentialCheckPastTheResponseDeadlineTimesOut) {
+  Counts counts;
+  WebConfig web;
+  // "right" at cost 12 (made once, ahead): ~0.25 s a check on a quiet core.
+  web.basic_auth_users = {
+      {"prometheus", "$2b$12$.k1PAYhSgqrEcEgiQ0bdk.WDt4cNLrryN6RF/oMsElE2oL2m2GKym"}};
+  MetricsServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.web_config = web;
+  options.response_timeout = absl::Milliseconds(1);
+  options.render = [] { return std::string(kBody); };
+  options.on_refusal = [&counts](Refusal r) { ++counts.by_reason[static_cast<int>(r)]; };
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string response =
+      Request((*server)->port(), Get("/metrics", Basic("prometheus", "right")));
+  EXPECT_EQ(response, "") << "closed without a response";
+  EXPECT_EQ(counts[Refusal::kTimeout], 1);
+  EXPECT_TRUE(
+      absl::StartsWith(Request((*server)->port(), Get("/metrics")), "HTTP/1.1 401 "))
+      << "no credentials: answered at once, the worker still busy";
 }
 
 // A throwaway CA, a server certificate for 127.0.0.1 and a client certificate, made
@@ -417,6 +525,39 @@ TEST(MetricsServerTls, ScrapeOverTlsWhileASlowHandshakeWaits) {
   EXPECT_GE(counts[Refusal::kTls], 1);
   close(slow);
   close(idle);
+}
+
+// Clients that open TLS and never send a ClientHello, and clients that stop inside
+// theirs: each is an idle descriptor in the poll set (the handshake only ever takes
+// bytes already received), so a scrape beside them is answered at once.
+TEST(MetricsServerTls, SilentAndStalledHandshakesDoNotHoldAScrape) {
+  Pki pki;
+  Counts counts;
+  auto server = Serve(&counts, TlsConfig(pki, ClientAuth::kNoClientCert));
+  std::vector<int> stuck;
+  for (int i = 0; i < kDefaultMaxConnections - 4; ++i) {
+    stuck.push_back(Connect(server->port()));
+    // Every third stops after a TLS record header and the ClientHello's type.
+    if (i % 3 == 0) SendAll(stuck.back(), std::string("\x16\x03\x01\x02\x00\x01", 6));
+  }
+  const std::string wanted = Get("/metrics", "Connection: close\r\n");
+  std::vector<absl::Duration> took;
+  for (int i = 0; i < 5; ++i) {
+    const absl::Time start = absl::Now();
+    const TlsResult result = TlsRequest(server->port(), pki, false, wanted);
+    took.push_back(absl::Now() - start);
+    EXPECT_TRUE(result.ok) << result.response;
+    EXPECT_TRUE(absl::EndsWith(result.response, kBody));
+  }
+  const absl::Duration slowest = *std::max_element(took.begin(), took.end());
+  std::printf(
+      "bench: TLS scrape (handshake included) beside %zu stalled handshakes: median %s, "
+      "slowest %s of %zu\n",
+      stuck.size(), absl::FormatDuration(Median(took)).c_str(),
+      absl::FormatDuration(slowest).c_str(), took.size());
+  EXPECT_LT(slowest, absl::Seconds(2));
+  EXPECT_EQ(counts[Refusal::kTimeout], 0) << "request_timeout (5 s) has not passed";
+  for (int fd : stuck) close(fd);
 }
 
 TEST(MetricsServerTls, RequireAndVerifyClientCert) {

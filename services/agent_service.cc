@@ -58,14 +58,20 @@ using security::Role;
 class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
                           public WatchSink {
  public:
-  WatchStream(grpc::CallbackServerContext* context, WatchHub& hub, std::string tensor,
-              bool outgoing, const absl::Status& allowed)
+  WatchStream(grpc::CallbackServerContext* context, WatchHub& hub, std::string identity,
+              std::string tensor, bool outgoing, const absl::Status& allowed)
       : hub_(hub) {
     if (!allowed.ok()) {
       Finish(ToGrpcStatus(allowed));
       return;
     }
-    hub_.Add(this, std::move(tensor), outgoing, &watcher_);
+    // Past the identity's share: refused, and nothing was added.
+    if (absl::Status added =
+            hub_.Add(this, std::move(identity), std::move(tensor), outgoing, &watcher_);
+        !added.ok()) {
+      Finish(ToGrpcStatus(added));
+      return;
+    }
     // Said outright, so that a client never takes a refusal's empty metadata for it.
     context->AddInitialMetadata(std::string(kWatchReadyKey), "1");
     // Tells the client the watch is in place: every transfer that finishes from now
@@ -476,8 +482,9 @@ grpc::ServerWriteReactor<v1::WatchEvent>* AgentService::WatchTransfers(
                           : info.status();
     }
   }
-  return new WatchStream(context, node_->watch_hub(), request->tensor(),
-                         request->outgoing(), allowed);
+  return new WatchStream(context, node_->watch_hub(),
+                         caller.ok() ? caller->identity : std::string(),
+                         request->tensor(), request->outgoing(), allowed);
 }
 
 grpc::ServerUnaryReactor* AgentService::GetTopology(grpc::CallbackServerContext* context,

@@ -2,6 +2,10 @@
 // fabric with made-up device addresses (nothing reads the memory here).
 #include "agent/memory/registry.h"
 
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,7 +41,8 @@ class RegistryShareTest : public ::testing::Test {
 
   // Each tensor at its own made-up address: no two alias.
   absl::StatusOr<TensorInfo> Register(const std::string& owner, const std::string& name,
-                                      const Layout& layout = Strided()) {
+                                      const Layout& layout = Strided(),
+                                      UniqueFd lender = UniqueFd()) {
     TensorInfo want;
     want.name = name;
     want.owner = owner;
@@ -45,7 +50,7 @@ class RegistryShareTest : public ::testing::Test {
     want.memory_kind = "vmm";
     const uint64_t address = 0x7f0000000000ull + (next_++) * (uint64_t{1} << 20);
     return registry_.RegisterGpu(std::move(want), address, 0, kTensorBytes,
-                                 std::make_shared<int>(0));
+                                 std::make_shared<int>(0), std::move(lender));
   }
   std::vector<std::string> Names(absl::string_view after, size_t limit, bool* more,
                                  std::optional<absl::string_view> owner) {
@@ -85,6 +90,21 @@ TEST_F(RegistryShareTest, EachOwnerHoldsItsShareOfLayoutParts) {
   EXPECT_TRUE(Register("b", "p2", FourParts()).ok());
   ASSERT_TRUE(registry_.Unregister("p1").ok());
   EXPECT_TRUE(Register("a", "p3", FourParts()).ok());
+}
+
+// A tensor whose lending process exited is taken out: its owner's share comes back.
+TEST_F(RegistryShareTest, ATensorWhoseLenderExitedGivesItsShareBack) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, child, 0)));
+  ASSERT_GE(pidfd.get(), 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // exited: its pidfd polls readable
+  ASSERT_TRUE(Register("a", "gone", FourParts(), std::move(pidfd)).ok());
+  ASSERT_TRUE(Register("a", "kept").ok());
+  EXPECT_EQ(ReasonOf(Register("a", "over").status()), "TENSOR_SHARE");
+  ASSERT_EQ(registry_.TakeExitedOwners().size(), 1u);
+  EXPECT_TRUE(Register("a", "p", FourParts()).ok());  // a tensor and 4 parts back
 }
 
 TEST_F(RegistryShareTest, ListingByOwnerWalksOnlyThatOwnersTensors) {

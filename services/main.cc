@@ -200,7 +200,8 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-// The shares per identity, each at least 1 and at most the bound it is a share of.
+// The shares per identity: each at least 1, the tensors' at most the registry's bound.
+// A transfer share over --max_transfers is allowed: only --max_transfers bounds it then.
 absl::Status CheckShares(const fuselink::services::NodeOptions& options) {
   using namespace fuselink;
   if (options.engine.max_active_transfers_per_requester == 0) {

@@ -104,11 +104,13 @@ for p in "${!policies[@]}"; do
     agent_dir=$state
     # shellcheck disable=SC2034  # the address fuselink-bench dials, in the certificate
     agent_sans=("IP:$(testbed_mgmt "$i")")
+    # The bench is the one router: its share of transfers is all of --max_transfers
+    # (a share over it leaves --max_transfers the only bound).
     # shellcheck disable=SC2086  # FUSELINK_AGENT_FLAGS: words
     launch_agent "$policy-n$i" --topology="$(testbed_var TOPOLOGY "$i")" \
       --listen="$(testbed_mgmt "$i"):$((7100 + p))" \
       --metrics_listen="$(testbed_mgmt "$i"):$((7200 + p))" \
-      --peer="$peers" \
+      --peer="$peers" --max_transfers_per_router=4096 \
       --policy="$policy" --chunk_bytes="$chunk_bytes" ${FUSELINK_AGENT_FLAGS:-}
   done
 done

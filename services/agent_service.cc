@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -57,14 +58,20 @@ using security::Role;
 class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
                           public WatchSink {
  public:
-  WatchStream(grpc::CallbackServerContext* context, WatchHub& hub, std::string tensor,
-              bool outgoing, const absl::Status& allowed)
+  WatchStream(grpc::CallbackServerContext* context, WatchHub& hub, std::string identity,
+              std::string tensor, bool outgoing, const absl::Status& allowed)
       : hub_(hub) {
     if (!allowed.ok()) {
       Finish(ToGrpcStatus(allowed));
       return;
     }
-    hub_.Add(this, std::move(tensor), outgoing, &watcher_);
+    // Past the identity's share: refused, and nothing was added.
+    if (absl::Status added =
+            hub_.Add(this, std::move(identity), std::move(tensor), outgoing, &watcher_);
+        !added.ok()) {
+      Finish(ToGrpcStatus(added));
+      return;
+    }
     // Said outright, so that a client never takes a refusal's empty metadata for it.
     context->AddInitialMetadata(std::string(kWatchReadyKey), "1");
     // Tells the client the watch is in place: every transfer that finishes from now
@@ -404,28 +411,17 @@ grpc::ServerUnaryReactor* AgentService::ListTensors(grpc::CallbackServerContext*
   const uint32_t page =
       request->page_size() == 0 ? kDefaultPage : std::min(request->page_size(), kMaxPage);
   // The page token is the last name of the previous page. An engine sees its own
-  // tensors only: the registry is read on past others' (whose names its tokens never
-  // carry) until the page is full or nothing follows.
-  const bool all = caller->Has(kSeeAll);
-  std::string after = request->page_token();
-  bool more = true;
-  while (more && static_cast<uint32_t>(response->tensors_size()) < page) {
-    std::vector<memory::TensorInfo> tensors = node_->registry().List(after, page, &more);
-    if (tensors.empty()) break;
-    after = tensors.back().name;
-    for (const auto& info : tensors) {
-      if (static_cast<uint32_t>(response->tensors_size()) == page) {
-        more = true;
-        break;
-      }
-      if (all || info.owner == caller->identity) {
-        ToProto(info, node_->name(), response->add_tensors());
-      }
-    }
+  // tensors only, and the registry walks no other's for it. The infos are copied
+  // here, off the registry's lock.
+  std::optional<absl::string_view> owner;
+  if (!caller->Has(kSeeAll)) owner = caller->identity;
+  bool more = false;
+  const std::vector<std::shared_ptr<const memory::TensorInfo>> tensors =
+      node_->registry().List(request->page_token(), page, &more, owner);
+  for (const auto& info : tensors) {
+    ToProto(*info, node_->name(), response->add_tensors());
   }
-  if (more && response->tensors_size() > 0) {
-    response->set_next_page_token(response->tensors(response->tensors_size() - 1).name());
-  }
+  if (more && !tensors.empty()) response->set_next_page_token(tensors.back()->name);
   return Answer(context, absl::OkStatus());
 }
 
@@ -508,8 +504,9 @@ grpc::ServerWriteReactor<v1::WatchEvent>* AgentService::WatchTransfers(
                           : info.status();
     }
   }
-  return new WatchStream(context, node_->watch_hub(), request->tensor(),
-                         request->outgoing(), allowed);
+  return new WatchStream(context, node_->watch_hub(),
+                         caller.ok() ? caller->identity : std::string(),
+                         request->tensor(), request->outgoing(), allowed);
 }
 
 grpc::ServerUnaryReactor* AgentService::GetTopology(grpc::CallbackServerContext* context,

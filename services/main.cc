@@ -78,6 +78,22 @@ ABSL_FLAG(uint32_t, borrow_depth, 2,
 ABSL_FLAG(uint32_t, chunk_bytes, 4u << 20, "Bytes per fabric write.");
 ABSL_FLAG(uint32_t, window_chunks, 16, "Chunks in flight per transfer.");
 ABSL_FLAG(uint32_t, max_transfers, 64, "Outgoing transfers in flight at once.");
+// Shares per identity (docs/security.md): past one, RESOURCE_EXHAUSTED with its reason.
+// Under --plaintext every caller is one identity, so each is a bound on the whole.
+ABSL_FLAG(uint32_t, max_transfers_per_router, 32,
+          "Of --max_transfers, those one router may hold in flight at once "
+          "(TRANSFER_SHARE).");
+ABSL_FLAG(uint32_t, max_tensors_per_engine, fuselink::memory::kMaxTensors / 4,
+          "Tensors one engine may hold registered at once, of 65536 (TENSOR_SHARE).");
+ABSL_FLAG(uint64_t, max_layout_parts_per_engine, uint64_t{1} << 20,
+          "Layout parts (32 bytes of agent memory each) over all of one engine's "
+          "tensors (LAYOUT_PART_SHARE).");
+ABSL_FLAG(uint32_t, max_watches_per_identity,
+          fuselink::services::kDefaultWatchesPerIdentity,
+          "WatchTransfers streams one identity may hold open at once (WATCH_SHARE).");
+ABSL_FLAG(uint32_t, grpc_max_streams_per_connection, 1024,
+          "Concurrent gRPC calls one client connection may have open "
+          "(GRPC_ARG_MAX_CONCURRENT_STREAMS); a client past it waits for one to end.");
 ABSL_FLAG(uint32_t, incoming_per_source, fuselink::transfer::kMaxIncoming / 4,
           "Incoming transfers one source node may hold here at once, open or still "
           "draining (of 4096).");
@@ -212,6 +228,28 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// The shares per identity: each at least 1, the tensors' at most the registry's bound.
+// A transfer share over --max_transfers is allowed: only --max_transfers bounds it then.
+absl::Status CheckShares(const fuselink::services::NodeOptions& options) {
+  using namespace fuselink;
+  if (options.engine.max_active_transfers_per_requester == 0) {
+    return absl::InvalidArgumentError("--max_transfers_per_router must be at least 1");
+  }
+  if (options.shares.max_tensors == 0 ||
+      options.shares.max_tensors > memory::kMaxTensors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_tensors_per_engine must be 1 to ", memory::kMaxTensors));
+  }
+  // Under kMaxLayoutParts it also refuses single tensors with more parts than that.
+  if (options.shares.max_layout_parts == 0) {
+    return absl::InvalidArgumentError("--max_layout_parts_per_engine must be at least 1");
+  }
+  if (options.max_watches_per_identity == 0) {
+    return absl::InvalidArgumentError("--max_watches_per_identity must be at least 1");
+  }
+  return absl::OkStatus();
+}
+
 // The node's topology as --topology says: discovered, emulated or from a file.
 absl::StatusOr<fuselink::topo::Topology> MakeTopology(bool gpus_on) {
   using namespace fuselink;
@@ -331,6 +369,12 @@ int main(int argc, char** argv) {
   options.engine.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.engine.window_chunks = absl::GetFlag(FLAGS_window_chunks);
   options.engine.max_active_transfers = absl::GetFlag(FLAGS_max_transfers);
+  options.engine.max_active_transfers_per_requester =
+      absl::GetFlag(FLAGS_max_transfers_per_router);
+  options.shares.max_tensors = absl::GetFlag(FLAGS_max_tensors_per_engine);
+  options.shares.max_layout_parts = absl::GetFlag(FLAGS_max_layout_parts_per_engine);
+  options.max_watches_per_identity = absl::GetFlag(FLAGS_max_watches_per_identity);
+  if (absl::Status s = CheckShares(options); !s.ok()) return Fail(s);
   options.landing.max_per_source = absl::GetFlag(FLAGS_incoming_per_source);
   options.landing.start_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_incoming_start_timeout_ms));
@@ -447,11 +491,18 @@ int main(int argc, char** argv) {
   services::PeerService peer_service(node->get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  const uint32_t grpc_streams = absl::GetFlag(FLAGS_grpc_max_streams_per_connection);
+  if (grpc_streams == 0 || grpc_streams > (1u << 20)) {
+    return Fail(absl::InvalidArgumentError(
+        "--grpc_max_streams_per_connection must be 1 to 1048576"));
+  }
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
                            tls ? tls->Server() : grpc::InsecureServerCredentials(),
                            &grpc_port);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(grpc_streams));
   builder.RegisterService(&agent_service);
   builder.RegisterService(&peer_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -355,6 +355,29 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
             "In-node writes refused before a byte landed: no open window of this "
             "node's own under their key (late, or closed), or outside it.",
             static_cast<double>(node.in_node_counters().refused_writes));
+    {
+      // Shares per identity (docs/security.md): every reason, also at 0.
+      const memory::ShareRefusals registry = node.registry().share_refusals();
+      prometheus::MetricFamily f{
+          "fuselink_share_refusals_total",
+          "Calls refused RESOURCE_EXHAUSTED because their caller held its share, by "
+          "reason: TENSOR_SHARE, LAYOUT_PART_SHARE (RegisterTensor, per engine), "
+          "WATCH_SHARE (WatchTransfers, per identity), TRANSFER_SHARE "
+          "(TransferKVCache, per router).",
+          MetricType::Counter,
+          {}};
+      for (const auto& [reason, n] :
+           {std::pair{"TENSOR_SHARE", registry.tensors},
+            std::pair{"LAYOUT_PART_SHARE", registry.layout_parts},
+            std::pair{"WATCH_SHARE", node.watch_hub().share_refusals()},
+            std::pair{"TRANSFER_SHARE", node.engine().share_refusals()}}) {
+        prometheus::ClientMetric m;
+        m.label = {{"reason", reason}};
+        m.counter.value = static_cast<double>(n);
+        f.metric.push_back(std::move(m));
+      }
+      out.push_back(std::move(f));
+    }
     counter("fuselink_incoming_share_refusals_total",
             "PrepareIncoming calls refused because their source held its share of the "
             "incoming slots (RESOURCE_EXHAUSTED, SOURCE_SHARE).",

@@ -17,6 +17,7 @@ Node::Node(NodeOptions options, transfer::EngineObserver* observer)
     : options_(std::move(options)),
       observer_(observer),
       ipc_imports_(options_.ipc_close_wait),
+      watch_hub_(options_.max_watches_per_identity),
       guard_(options_.access_policy, options_.open_access) {}
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Create(NodeOptions options,
@@ -54,7 +55,7 @@ absl::Status Node::Start() {
     }
   }
 
-  registry_ = std::make_unique<memory::Registry>(fabric_.get());
+  registry_ = std::make_unique<memory::Registry>(fabric_.get(), options_.shares);
   scheduler_ =
       std::make_unique<sched::Scheduler>(policy, topology_.nics_size(), options_.limits);
   // Host tensors need no relay slots (every NIC reads host memory, so the engine

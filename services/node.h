@@ -60,6 +60,11 @@ struct NodeOptions {
   uint64_t rdma_max_shadow_bytes = uint64_t{1} << 30;
   transfer::EngineOptions engine;
   transfer::LandingOptions landing;
+  // What one engine may register (--max_tensors_per_engine,
+  // --max_layout_parts_per_engine), and the watch streams one identity may hold
+  // (--max_watches_per_identity).
+  memory::OwnerShares shares;
+  size_t max_watches_per_identity = kDefaultWatchesPerIdentity;
   // GPU paths: "auto" (on where the driver finds GPUs) or "off".
   std::string gpu = "auto";
   relay::GpuRelayOptions gpu_relay;

@@ -2,13 +2,15 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::services {
 
 struct WatchHub::Watcher {
   WatchSink* sink = nullptr;
-  std::string tensor;  // filter; empty: all
+  std::string identity;  // holds one of its share
+  std::string tensor;    // filter; empty: all
   bool outgoing = false;
   std::deque<v1::WatchEvent> queue;
   v1::WatchEvent writing_event;
@@ -18,22 +20,37 @@ struct WatchHub::Watcher {
   bool overflowed = false;
 };
 
-WatchHub::WatchHub() = default;
+WatchHub::WatchHub(size_t max_per_identity) : max_per_identity_(max_per_identity) {}
 WatchHub::~WatchHub() = default;
 
-void WatchHub::Add(WatchSink* sink, std::string tensor, bool outgoing, Watcher** handle) {
+absl::Status WatchHub::Add(WatchSink* sink, std::string identity, std::string tensor,
+                           bool outgoing, Watcher** handle) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
+    size_t& held = held_[identity];
+    if (held >= max_per_identity_) {
+      ++share_refusals_;
+      return WithReason(
+          absl::ResourceExhaustedError(absl::StrCat(
+              identity.empty() ? std::string("every caller (open access)")
+                               : absl::StrCat("'", BoundedForMessage(identity), "'"),
+              " already holds ", held,
+              " watch streams, its share (--max_watches_per_identity); end one first")),
+          "WATCH_SHARE");
+    }
+    ++held;
     watchers_.push_back(std::make_unique<Watcher>());
     Watcher* w = watchers_.back().get();
     w->sink = sink;
+    w->identity = std::move(identity);
     w->tensor = std::move(tensor);
     w->outgoing = outgoing;
     *handle = w;
     Advance(w, &actions);
   }
   Run(actions);
+  return absl::OkStatus();
 }
 
 void WatchHub::OnWriteDone(Watcher* w, bool ok) {
@@ -59,6 +76,8 @@ void WatchHub::OnCancel(Watcher* w) {
 
 void WatchHub::Remove(Watcher* watcher) {
   absl::MutexLock lock(&mu_);
+  auto held = held_.find(watcher->identity);
+  if (--held->second == 0) held_.erase(held);
   std::erase_if(watchers_, [watcher](const auto& w) { return w.get() == watcher; });
 }
 
@@ -95,6 +114,11 @@ void WatchHub::Close() {
 size_t WatchHub::size() const {
   absl::MutexLock lock(&mu_);
   return watchers_.size();
+}
+
+uint64_t WatchHub::share_refusals() const {
+  absl::MutexLock lock(&mu_);
+  return share_refusals_;
 }
 
 void WatchHub::Advance(Watcher* w, Actions* actions) {

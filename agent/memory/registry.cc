@@ -96,7 +96,45 @@ absl::Status Registry::CheckRoom(const TensorInfo& want) const {
                           absl::StrCat("already ", kMaxTensors, " tensors registered")),
                       "TOO_MANY_TENSORS");
   }
+  return CheckShareLocked(want);
+}
+
+absl::Status Registry::CheckShareLocked(const TensorInfo& want) const {
+  size_t tensors = 0, layout_parts = 0;
+  if (auto it = holdings_.find(want.owner); it != holdings_.end()) {
+    tensors = it->second.tensors.size();
+    layout_parts = it->second.layout_parts;
+  }
+  const std::string who = want.owner.empty()
+                              ? std::string("every caller (open access)")
+                              : absl::StrCat("'", BoundedForMessage(want.owner), "'");
+  if (tensors >= shares_.max_tensors) {
+    tensor_share_refusals_.fetch_add(1, std::memory_order_relaxed);
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          who, " already holds ", tensors, " tensors, its share ",
+                          "(--max_tensors_per_engine); unregister some first")),
+                      "TENSOR_SHARE");
+  }
+  // At most kMaxTensors x kMaxLayoutParts: no overflow.
+  if (layout_parts + want.layout.parts.size() > shares_.max_layout_parts) {
+    layout_part_share_refusals_.fetch_add(1, std::memory_order_relaxed);
+    return WithReason(
+        absl::ResourceExhaustedError(absl::StrCat(
+            who, " holds ", layout_parts, " layout parts; ", want.layout.parts.size(),
+            " more would pass its share of ", shares_.max_layout_parts,
+            " (--max_layout_parts_per_engine); unregister some first")),
+        "LAYOUT_PART_SHARE");
+  }
   return absl::OkStatus();
+}
+
+Registry::Records::iterator Registry::EraseLocked(Records::iterator it) {
+  const TensorInfo& info = it->second->info;
+  auto holding = holdings_.find(info.owner);
+  holding->second.tensors.erase(info.name);
+  holding->second.layout_parts -= info.layout.parts.size();
+  if (holding->second.tensors.empty()) holdings_.erase(holding);
+  return tensors_.erase(it);
 }
 
 absl::StatusOr<TensorInfo> Registry::RegisterHost(TensorInfo want, UniqueFd fd,
@@ -187,6 +225,11 @@ absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
     record->regions.push_back(Region{r.base, r.bytes, *key});
   }
   absl::MutexLock lock(&mu_);
+  // Checked again: registrations of the same owner may have raced past CheckRoom.
+  if (absl::Status share = CheckShareLocked(record->info); !share.ok()) {
+    Deregister(record->regions);
+    return share;
+  }
   auto [it, inserted] = tensors_.emplace(record->info.name, record);
   if (!inserted) {  // lost a race with a registration of the same name
     Deregister(record->regions);
@@ -195,6 +238,9 @@ absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
                           "' is already registered")),
                       "TENSOR_EXISTS");
   }
+  Holding& holding = holdings_[record->info.owner];
+  holding.tensors.emplace(record->info.name, record);
+  holding.layout_parts += record->info.layout.parts.size();
   return record->info;
 }
 
@@ -217,7 +263,7 @@ std::vector<Revoked> Registry::TakeExitedOwners() {
       std::vector<fabric::RegionKey> keys;
       for (const Region& region : r.regions) keys.push_back(region.key);
       out.push_back(Revoked{it->first, r.id, std::move(keys)});
-      it = tensors_.erase(it);
+      it = EraseLocked(it);
     } else {
       ++it;
     }
@@ -240,8 +286,8 @@ absl::Status Registry::Unregister(
                                          "wait for it to finish")),
                         "TENSOR_IN_USE");
     }
-    record = std::move(it->second);
-    tensors_.erase(it);
+    record = it->second;
+    EraseLocked(it);
   }
   absl::Status status;
   for (const Region& r : record->regions) status.Update(fabric_->DeregisterRegion(r.key));
@@ -255,15 +301,25 @@ absl::StatusOr<TensorInfo> Registry::Get(absl::string_view name) const {
   return it->second->info;
 }
 
-std::vector<TensorInfo> Registry::List(absl::string_view after, size_t limit,
-                                       bool* more) const {
-  std::vector<TensorInfo> out;
+std::vector<std::shared_ptr<const TensorInfo>> Registry::List(
+    absl::string_view after, size_t limit, bool* more,
+    std::optional<absl::string_view> owner) const {
+  std::vector<std::shared_ptr<const TensorInfo>> out;
+  out.reserve(limit);
   absl::MutexLock lock(&mu_);
-  auto it = after.empty() ? tensors_.begin() : tensors_.upper_bound(after);
-  for (; it != tensors_.end() && out.size() < limit; ++it) {
-    out.push_back(it->second->info);
+  const Records* records = &tensors_;
+  if (owner.has_value()) {
+    auto holding = holdings_.find(*owner);
+    *more = false;
+    if (holding == holdings_.end()) return out;
+    records = &holding->second.tensors;
   }
-  *more = it != tensors_.end();
+  auto it = after.empty() ? records->begin() : records->upper_bound(after);
+  for (; it != records->end() && out.size() < limit; ++it) {
+    // Shares the record's ownership: the info outlives an unregistration meanwhile.
+    out.emplace_back(it->second, &it->second->info);
+  }
+  *more = it != records->end();
   return out;
 }
 

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -27,6 +29,23 @@ namespace fuselink::memory {
 inline constexpr size_t kMaxTensors = 65536;
 // Tensor names: 1 to kMaxNameBytes characters of [A-Za-z0-9._/-].
 inline constexpr size_t kMaxNameBytes = 128;
+
+// What one owner (the identity that registered; "" under open access, one share for
+// every caller) may hold at once, so that one engine cannot take the whole registry.
+// A registration past either is RESOURCE_EXHAUSTED with the reason named.
+struct OwnerShares {
+  // Tensors registered at once (TENSOR_SHARE).
+  size_t max_tensors = kMaxTensors / 4;
+  // Layout parts (Layout::parts entries: the layout's own memory, 32 bytes each) over
+  // all its tensors (LAYOUT_PART_SHARE): 32 MiB by default.
+  size_t max_layout_parts = size_t{1} << 20;
+};
+
+// Registrations refused because their owner held its share (OwnerShares), by bound.
+struct ShareRefusals {
+  uint64_t tensors = 0;       // TENSOR_SHARE
+  uint64_t layout_parts = 0;  // LAYOUT_PART_SHARE
+};
 
 // INVALID_ARGUMENT (reason BAD_NAME) unless `name` is a valid tensor name.
 absl::Status ValidateName(absl::string_view name);
@@ -106,7 +125,8 @@ class TensorLease {
 
 class Registry {
  public:
-  explicit Registry(fabric::Fabric* fabric) : fabric_(fabric) {}
+  explicit Registry(fabric::Fabric* fabric, OwnerShares shares = {})
+      : fabric_(fabric), shares_(shares) {}
 
   // Registers `regions` with the fabric as one tensor under `want.name`: host memory
   // when `gpu` is -1, else memory on GPU `gpu` (`want.memory_kind` says how it was
@@ -114,7 +134,8 @@ class Registry {
   // and checked against the regions, and no two regions may be one memory
   // (INVALID_ARGUMENT, ALIASED_REGIONS). `owner` (may be empty): a pidfd of the process
   // that lent the memory (INVALID_ARGUMENT, BAD_OWNER_FD, when it is no pidfd); see
-  // TakeExitedOwners.
+  // TakeExitedOwners. RESOURCE_EXHAUSTED (TENSOR_SHARE, LAYOUT_PART_SHARE) when
+  // `want.owner` would hold more than its OwnerShares.
   absl::StatusOr<TensorInfo> Register(TensorInfo want, std::vector<RegionMemory> regions,
                                       int gpu, UniqueFd owner = UniqueFd());
   // One region of host memory mapped from `fd`.
@@ -136,22 +157,48 @@ class Registry {
       absl::string_view name, absl::FunctionRef<absl::Status(const TensorInfo&)> check =
                                   [](const TensorInfo&) { return absl::OkStatus(); });
   absl::StatusOr<TensorInfo> Get(absl::string_view name) const;
-  // Up to `limit` tensors named after `after`, in name order; `*more` tells whether
-  // others follow.
-  std::vector<TensorInfo> List(absl::string_view after, size_t limit, bool* more) const;
+  // Up to `limit` tensors named after `after`, in name order: every one, or with
+  // `owner` that owner's only (no other's is walked); `*more` tells whether others
+  // follow. Under the registry's lock only pointers are taken: a registered tensor's
+  // info never changes, so the caller copies it without the lock transfers pin with.
+  std::vector<std::shared_ptr<const TensorInfo>> List(
+      absl::string_view after, size_t limit, bool* more,
+      std::optional<absl::string_view> owner = std::nullopt) const;
   // Pins a tensor for a transfer. NOT_FOUND (UNKNOWN_TENSOR) if unknown.
   absl::StatusOr<TensorLease> Acquire(absl::string_view name);
   size_t size() const;
+  ShareRefusals share_refusals() const {
+    return {tensor_share_refusals_.load(), layout_part_share_refusals_.load()};
+  }
 
  private:
+  using Records =
+      std::map<std::string, std::shared_ptr<TensorLease::Record>, std::less<>>;
+  // One owner's tensors by name, and their layout parts.
+  struct Holding {
+    Records tensors;
+    size_t layout_parts = 0;
+  };
+
   absl::Status CheckRoom(const TensorInfo& want) const;
+  // RESOURCE_EXHAUSTED (TENSOR_SHARE, LAYOUT_PART_SHARE), counted, unless `want`'s
+  // owner has room for it.
+  absl::Status CheckShareLocked(const TensorInfo& want) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the tensor at `it` out of tensors_ and its owner's holding.
+  Records::iterator EraseLocked(Records::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deregister(const std::vector<Region>& regions);
 
   fabric::Fabric* const fabric_;
+  const OwnerShares shares_;
   std::atomic<uint64_t> next_id_{1};
+  mutable std::atomic<uint64_t> tensor_share_refusals_{0};
+  mutable std::atomic<uint64_t> layout_part_share_refusals_{0};
   mutable absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<TensorLease::Record>, std::less<>> tensors_
-      ABSL_GUARDED_BY(mu_);
+  Records tensors_ ABSL_GUARDED_BY(mu_);
+  // The same tensors by owner: shares are counted, and an owner's listing walked,
+  // here. An owner with no tensor has no entry.
+  absl::flat_hash_map<std::string, Holding> holdings_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fuselink::memory

@@ -58,8 +58,11 @@ Engine::Engine(EngineOptions options, const topo::Topology& topology,
       id_prefix_(absl::StrFormat("%s-%08x-", options_.node,
                                  static_cast<uint32_t>(std::random_device{}()))),
       local_scheduler_(sched::Policy::kStatic, 1, sched::Limits{}),
-      transfers_(RegistryOptions{options_.max_active_transfers,
-                                 options_.max_finished_kept, options_.finished_kept_for}),
+      transfers_(RegistryOptions{
+          .max_active = options_.max_active_transfers,
+          .max_active_per_requester = options_.max_active_transfers_per_requester,
+          .max_finished_kept = options_.max_finished_kept,
+          .finished_kept_for = options_.finished_kept_for}),
       next_collect_(options_.clock() + kCollectEvery),
       last_active_(options_.clock()),
       preparers_(std::max(1, options_.prepare_threads)),
@@ -114,7 +117,8 @@ absl::StatusOr<std::shared_ptr<Transfer>> Engine::Submit(
                                  requester.identity);
   };
   bool fresh = false;
-  FL_ASSIGN_OR_RETURN(JobPtr job, transfers_.Admit(key, fingerprint, make, &fresh));
+  FL_ASSIGN_OR_RETURN(
+      JobPtr job, transfers_.Admit(key, fingerprint, make, &fresh, requester.identity));
   if (!fresh) return job->transfer();  // raced an identical request
   Run(job, [](Job& j, JobEffects* fx)
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { j.Refresh(fx); });

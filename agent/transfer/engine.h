@@ -51,6 +51,8 @@ struct EngineOptions {
   uint32_t window_chunks = 16;
   // Transfers preparing or running at once; past it Submit is RESOURCE_EXHAUSTED.
   size_t max_active_transfers = 64;
+  // Of them, one requester's at once (RegistryOptions::max_active_per_requester).
+  size_t max_active_transfers_per_requester = 32;
   // Finished transfers kept for GetTransfer and idempotent retries.
   size_t max_finished_kept = 4096;
   absl::Duration finished_kept_for = absl::Minutes(10);
@@ -158,6 +160,8 @@ class Engine {
   void Tick(absl::Time now);
 
   size_t active() const { return transfers_.active(); }
+  // Submits refused because their requester held its share (TRANSFER_SHARE).
+  uint64_t share_refusals() const { return transfers_.share_refusals(); }
   // Completions that named no write in flight, and verdicts that named no live
   // transfer: counted, and otherwise ignored.
   uint64_t stray_completions() const { return stray_completions_.load(); }

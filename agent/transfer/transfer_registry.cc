@@ -36,7 +36,7 @@ uint32_t TransferRegistry::NextSerialLocked() {
 
 absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::Admit(
     const std::string& request_id, absl::string_view fingerprint, MakeJob make,
-    bool* fresh) {
+    bool* fresh, absl::string_view requester) {
   *fresh = false;
   absl::MutexLock lock(&mu_);
   FL_ASSIGN_OR_RETURN(JobPtr existing, ExistingLocked(request_id, fingerprint));
@@ -48,8 +48,22 @@ absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::Admit(
             options_.max_active, " transfers are already in flight; retry later")),
         "TOO_MANY_TRANSFERS");
   }
+  if (auto held = active_by_requester_.find(requester);
+      held != active_by_requester_.end() &&
+      held->second >= options_.max_active_per_requester) {
+    ++share_refusals_;
+    return WithReason(
+        absl::ResourceExhaustedError(absl::StrCat(
+            requester.empty() ? std::string("every caller (open access)")
+                              : absl::StrCat("'", BoundedForMessage(requester), "'"),
+            " already has ", held->second,
+            " transfers in flight here, its share (--max_transfers_per_router); "
+            "retry later")),
+        "TRANSFER_SHARE");
+  }
   JobPtr job = make(NextSerialLocked(), next_number_++);
   ++active_;
+  ++active_by_requester_[job->requester()];
   live_.emplace(job->serial(), job);
   by_id_.emplace(job->transfer()->id(), job);
   by_request_[request_id] = Request{job, false};
@@ -128,6 +142,10 @@ void TransferRegistry::Finished(const JobPtr& job, bool free_request_id, absl::T
   absl::MutexLock lock(&mu_);
   if (live_.erase(job->serial()) == 0) return;  // told once
   --active_;
+  if (auto held = active_by_requester_.find(job->requester());
+      held != active_by_requester_.end() && --held->second == 0) {
+    active_by_requester_.erase(held);
+  }
   const std::string& node = job->target_node();
   if (auto it = by_target_.find(node); it != by_target_.end()) {
     std::erase_if(it->second.jobs,
@@ -175,6 +193,11 @@ size_t TransferRegistry::active() const {
 size_t TransferRegistry::kept() const {
   absl::ReaderMutexLock lock(&mu_);
   return by_id_.size();
+}
+
+uint64_t TransferRegistry::share_refusals() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return share_refusals_;
 }
 
 }  // namespace fuselink::transfer

@@ -33,6 +33,9 @@ namespace fuselink::transfer {
 struct RegistryOptions {
   // Transfers preparing or running at once.
   size_t max_active = 64;
+  // Of them, one requester's (a router; "" under open access): its share, so that one
+  // router cannot take every slot. At or over max_active, only max_active bounds it.
+  size_t max_active_per_requester = 32;
   // Finished transfers kept for GetTransfer and idempotent retries.
   size_t max_finished_kept = 4096;
   absl::Duration finished_kept_for = absl::Minutes(10);
@@ -58,10 +61,12 @@ class TransferRegistry {
   // As Existing, and when the id names none, admits the job `make` builds (under the
   // registry's lock: `make` locks nothing). `fingerprint` is not read once `make` has
   // been called (make may take the string it views). `*fresh` says which.
-  // RESOURCE_EXHAUSTED (TOO_MANY_TRANSFERS) past max_active; UNAVAILABLE
-  // (SHUTTING_DOWN) once closed.
+  // RESOURCE_EXHAUSTED (TOO_MANY_TRANSFERS) past max_active, (TRANSFER_SHARE, counted)
+  // past `requester`'s max_active_per_requester; UNAVAILABLE (SHUTTING_DOWN) once
+  // closed. The job `make` builds must be `requester`'s (Job::requester).
   absl::StatusOr<JobPtr> Admit(const std::string& request_id,
-                               absl::string_view fingerprint, MakeJob make, bool* fresh);
+                               absl::string_view fingerprint, MakeJob make, bool* fresh,
+                               absl::string_view requester = "");
 
   // A live job by its serial (from a wr_id); null when none.
   JobPtr FindLive(uint32_t serial) const;
@@ -93,6 +98,8 @@ class TransferRegistry {
 
   size_t active() const;
   size_t kept() const;
+  // Admissions refused TRANSFER_SHARE.
+  uint64_t share_refusals() const;
 
  private:
   struct Request {
@@ -125,6 +132,9 @@ class TransferRegistry {
   uint32_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_number_ ABSL_GUARDED_BY(mu_) = 1;
   size_t active_ ABSL_GUARDED_BY(mu_) = 0;
+  // Live jobs by requester; a requester with none has no entry.
+  absl::flat_hash_map<std::string, size_t> active_by_requester_ ABSL_GUARDED_BY(mu_);
+  uint64_t share_refusals_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

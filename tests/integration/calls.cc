@@ -75,16 +75,19 @@ WatchCall::WatchCall(v1::Agent::Stub& stub, const std::string& tensor, bool outg
         stub.WatchTransfers(&context_, request);
     reader->WaitForInitialMetadata();
     {
+      // The agent says when the watch is in place; a refusal carries no such key.
       absl::MutexLock lock(&mu_);
-      established_ = true;
+      established_ =
+          context_.GetServerInitialMetadata().count("fuselink-watch-ready") > 0;
     }
     v1::WatchEvent event;
     while (reader->Read(&event)) {
       absl::MutexLock lock(&mu_);
       events_.push_back(event);
     }
-    (void)reader->Finish();
+    grpc::Status status = reader->Finish();
     absl::MutexLock lock(&mu_);
+    status_ = std::move(status);
     ended_ = true;
   });
   absl::MutexLock lock(&mu_);
@@ -110,6 +113,15 @@ bool WatchCall::WaitForEvents(size_t count, absl::Duration timeout) {
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
   return events_.size() >= count;
+}
+
+grpc::Status WatchCall::WaitForEnd(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ended_; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the watch did not end");
+  }
+  return status_;
 }
 
 std::vector<v1::WatchEvent> WatchCall::events() const {

@@ -75,10 +75,14 @@ class WatchCall {
   // Waits up to `timeout` for at least `count` events.
   bool WaitForEvents(size_t count, absl::Duration timeout = kWaitTimeout);
   std::vector<v1::WatchEvent> events() const;
+  // Waits up to `timeout` for the stream to end (a refused watch ends at once) and
+  // returns its status; DEADLINE_EXCEEDED, here, when it did not end in time.
+  grpc::Status WaitForEnd(absl::Duration timeout = kWaitTimeout);
 
  private:
   grpc::ClientContext context_;
   mutable absl::Mutex mu_;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
   bool established_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<v1::WatchEvent> events_ ABSL_GUARDED_BY(mu_);

@@ -288,17 +288,19 @@ class RegistryTest : public ::testing::Test {
     ASSERT_TRUE(testing::RegisterHostTensor(registry_, "s", {1, 1, 4096, 0, 0}).ok());
   }
   absl::StatusOr<std::shared_ptr<Job>> Admit(TransferRegistry& r, const std::string& rid,
-                                             const std::string& fp, bool* fresh) {
+                                             const std::string& fp, bool* fresh,
+                                             const std::string& requester = "") {
     return r.Admit(
-        TransferRegistry::RequestKey("", rid), fp,
+        TransferRegistry::RequestKey(requester, rid), fp,
         [&](uint32_t serial, uint64_t number) {
           v1::TransferRequest request = testing::MakeRequest(rid, "s", {0}, "d", {0});
           auto t = std::make_shared<Transfer>(absl::StrCat("t", number), request, fp,
                                               std::vector<std::string>{},
                                               absl::InfiniteFuture());
-          return std::make_shared<Job>(serial, t, *registry_.Acquire("s"), 0, &ctx_);
+          return std::make_shared<Job>(serial, t, *registry_.Acquire("s"), 0, &ctx_,
+                                       requester);
         },
-        fresh);
+        fresh, requester);
   }
   FakeFabric fabric_;
   memory::Registry registry_;
@@ -328,6 +330,30 @@ TEST_F(RegistryTest, RequestIdsNameOneTransferUntilFreed) {
   EXPECT_TRUE(r.Close());
   EXPECT_FALSE(r.Close());
   EXPECT_EQ(ReasonOf(Admit(r, "z", "fp", &fresh).status()), "SHUTTING_DOWN");
+}
+
+TEST_F(RegistryTest, EachRequesterHoldsItsShareOfTransfers) {
+  TransferRegistry r(RegistryOptions{.max_active = 4, .max_active_per_requester = 2});
+  bool fresh = false;
+  auto a = Admit(r, "a", "fp", &fresh, "r1");
+  ASSERT_TRUE(a.ok() && fresh);
+  ASSERT_TRUE(Admit(r, "b", "fp", &fresh, "r1").ok());
+  absl::StatusOr<std::shared_ptr<Job>> over = Admit(r, "c", "fp", &fresh, "r1");
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReasonOf(over.status()), "TRANSFER_SHARE");
+  EXPECT_EQ(r.share_refusals(), 1u);
+  // The same request again is its transfer, not a new one: no share is spent.
+  auto same = Admit(r, "a", "fp", &fresh, "r1");
+  ASSERT_TRUE(same.ok());
+  EXPECT_FALSE(fresh);
+  // Another requester has its own share, up to the bound on all.
+  ASSERT_TRUE(Admit(r, "c", "fp", &fresh, "r2").ok());
+  ASSERT_TRUE(Admit(r, "d", "fp", &fresh, "r2").ok());
+  EXPECT_EQ(ReasonOf(Admit(r, "e", "fp", &fresh, "r3").status()), "TOO_MANY_TRANSFERS");
+  // An end gives the share back.
+  r.Finished(*a, /*free_request_id=*/true, kT0);
+  EXPECT_TRUE(Admit(r, "c", "fp", &fresh, "r1").ok());
+  EXPECT_EQ(r.share_refusals(), 1u);
 }
 
 TEST_F(RegistryTest, ForgetsOldestFirstPastTheCapAndTheKeepingTime) {

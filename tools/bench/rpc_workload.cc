@@ -17,7 +17,9 @@ namespace fuselink::bench {
 namespace {
 
 // Callers at most; the agent admits 64 transfers at once by default
-// (--max_transfers), and each caller has its own blocks of the tensor.
+// (--max_transfers), 32 of them one router's (--max_transfers_per_router: past 32
+// callers, run the agents with more), and each caller has its own blocks of the
+// tensor.
 constexpr int kMaxCallers = 64;
 
 struct CallTimes {

@@ -494,6 +494,12 @@ class LaneEngineTest : public EngineTest {
     peers_.AddNode("node-c");
     peers_.AddNode("node-d");
   }
+  // A test that failed with a target still held must not hang the engine's shutdown.
+  void TearDown() override {
+    peers_.Release("node-c");
+    peers_.Release("node-d");
+    EngineTest::TearDown();
+  }
   EngineOptions Options() {
     EngineOptions o = EngineTest::Options();
     o.in_node_moves = true;

@@ -48,8 +48,9 @@ KeyedPoolOptions PrepareLanes(const EngineOptions& o) {
   lanes.threads = o.prepare_threads;
   lanes.running_per_key = o.prepare_threads_per_target;
   lanes.pending_per_key = o.prepare_queue_per_target;
-  // Never reached: a job has one call queued or running at a time.
-  lanes.pending_total = std::max(o.max_active_transfers, o.prepare_queue_per_target);
+  // Never reached: a job has at most one call queued and one running (a question
+  // it posts as its prepare returns).
+  lanes.pending_total = std::max(2 * o.max_active_transfers, o.prepare_queue_per_target);
   return lanes;
 }
 
@@ -59,8 +60,8 @@ KeyedPoolOptions InNodeLane(const EngineOptions& o) {
   lane.reason = "PREPARE_QUEUE_FULL";
   lane.threads = kInNodePrepareThreads;
   lane.running_per_key = kInNodePrepareThreads;
-  // Never reached: a job has one call queued or running at a time.
-  lane.pending_per_key = lane.pending_total = o.max_active_transfers;
+  // Never reached: a job has at most one call queued and one running.
+  lane.pending_per_key = lane.pending_total = 2 * o.max_active_transfers;
   return lane;
 }
 
@@ -165,9 +166,9 @@ void Engine::PrepareJob(const JobPtr& job) {
     const absl::Time deadline = spec->deadline;
     peers_->Bootstrap(
         target, deadline, [this, job, spec = *std::move(spec)](absl::Status up) mutable {
-          const std::string target = spec.target_node;
+          const std::string node = spec.target_node;  // read before spec moves
           if (up.ok()) {
-            up = PostPeerCall(target, [this, job, spec = std::move(spec)]() mutable {
+            up = PostPeerCall(node, [this, job, spec = std::move(spec)]() mutable {
               Prepare(job, std::move(spec));
             });
           }

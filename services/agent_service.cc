@@ -14,6 +14,7 @@
 #include "agent/gpu/vmm.h"
 #include "agent/memory/host_mapping.h"
 #include "agent/transfer/layout_proto.h"
+#include "services/answer_off_thread.h"
 #include "services/request_checks.h"
 #include "services/transfer_control.h"
 #include "services/transfer_stream.h"
@@ -135,9 +136,17 @@ grpc::ServerUnaryReactor* AgentService::RegisterTensor(
   absl::StatusOr<security::Caller> caller =
       Authorize(context, Bit(Role::kEngine), "register tensors");
   if (!caller.ok()) return Answer(context, caller.status());
-  absl::StatusOr<memory::TensorInfo> info = Register(*request, *caller);
-  if (info.ok()) ToProto(*info, node_->name(), response);
-  return Answer(context, info.status());
+  // Mapping, populating and registering memory blocks: on the caller's own lane of
+  // the node's pool (open access knows no identities: a lane per connection).
+  const std::string key = caller->identity.empty() ? context->peer() : caller->identity;
+  return AnswerOffThread(
+      context, node_->registrations(), key,
+      [this, request, response, caller = *std::move(caller)]() -> absl::Status {
+        absl::StatusOr<memory::TensorInfo> info = Register(*request, caller);
+        if (!info.ok()) return info.status();
+        ToProto(*info, node_->name(), response);
+        return absl::OkStatus();
+      });
 }
 
 namespace {

@@ -1,6 +1,9 @@
 // The control API (fuselink.v1.Agent) on the gRPC callback API. Handlers validate,
-// call into the node and answer; none blocks: transfers are prepared on the engine's
-// threads and streamed by reactors that the transfer drives. Every request's bytes
+// call into the node and answer; none blocks a gRPC thread: transfers are prepared on
+// the engine's threads and streamed by reactors that the transfer drives, and
+// RegisterTensor's mapping and registering runs on the node's registrations() pool, a
+// lane per caller with bounds per caller and in all (RESOURCE_EXHAUSTED,
+// REGISTRATIONS_BUSY past them). Every request's bytes
 // are checked before it is parsed (checked_request.h): a string field that is not
 // UTF-8 is INVALID_ARGUMENT (BAD_UTF8), bytes that are no message MALFORMED_REQUEST.
 #pragma once

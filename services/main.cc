@@ -104,6 +104,30 @@ ABSL_FLAG(uint32_t, ipc_close_wait_ms, 5000,
           "Registering a CUDA IPC handle whose previous import is still closing waits "
           "this long for the close, then fails UNAVAILABLE (GPU_HANDLE_CLOSING); "
           "1 to 60000.");
+ABSL_FLAG(uint32_t, prepare_threads, 8,
+          "Threads that call remote targets (PrepareIncoming, QueryVerdict), shared by "
+          "the targets (1 to 256).");
+ABSL_FLAG(uint32_t, prepare_threads_per_target, 2,
+          "Of --prepare_threads, the most one target's calls hold at once: a target "
+          "that hangs delays only its own transfers (1 to --prepare_threads).");
+ABSL_FLAG(uint32_t, prepare_queue_per_target, 16,
+          "Calls to one target queued or running; a transfer past it fails "
+          "RESOURCE_EXHAUSTED (PREPARE_QUEUE_FULL).");
+ABSL_FLAG(uint32_t, incoming_prepare_threads, 4,
+          "Threads that run peers' PrepareIncoming calls, off gRPC's (1 to 256).");
+ABSL_FLAG(uint32_t, incoming_prepares_per_source, 4,
+          "PrepareIncoming calls of one source node queued or running here; past it, "
+          "or past --incoming_prepares_pending in all, RESOURCE_EXHAUSTED "
+          "(INCOMING_PREPARES_BUSY).");
+ABSL_FLAG(uint32_t, incoming_prepares_pending, 32,
+          "PrepareIncoming calls queued or running here, of all sources.");
+ABSL_FLAG(uint32_t, register_threads, 2,
+          "Threads that map and register tensors' memory, off gRPC's (1 to 256).");
+ABSL_FLAG(uint32_t, registrations_per_caller, 4,
+          "RegisterTensor calls of one caller queued or running; past it, or past "
+          "--registrations_pending in all, RESOURCE_EXHAUSTED (REGISTRATIONS_BUSY).");
+ABSL_FLAG(uint32_t, registrations_pending, 16,
+          "RegisterTensor calls queued or running, of all callers.");
 ABSL_FLAG(int64_t, foreign_busy_bytes_per_s, -1,
           "Foreign traffic (bytes on a NIC that fuselink did not move, from the "
           "kernel's counters) at or above this rate makes the NIC busy for lending; "
@@ -222,6 +246,9 @@ ABSL_FLAG(std::string, ready_file, "",
 #endif
 
 namespace {
+
+// Threads of any one pool, at most (--prepare_threads and the services' pools).
+constexpr uint32_t kMaxPoolThreads = 256;
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "fuselink-agent: %s\n", status.ToString().c_str());
@@ -375,6 +402,37 @@ int main(int argc, char** argv) {
   options.shares.max_layout_parts = absl::GetFlag(FLAGS_max_layout_parts_per_engine);
   options.max_watches_per_identity = absl::GetFlag(FLAGS_max_watches_per_identity);
   if (absl::Status s = CheckShares(options); !s.ok()) return Fail(s);
+  {
+    const uint32_t prepare = absl::GetFlag(FLAGS_prepare_threads);
+    const uint32_t per_target = absl::GetFlag(FLAGS_prepare_threads_per_target);
+    const uint32_t queue = absl::GetFlag(FLAGS_prepare_queue_per_target);
+    const uint32_t incoming = absl::GetFlag(FLAGS_incoming_prepare_threads);
+    const uint32_t per_source = absl::GetFlag(FLAGS_incoming_prepares_per_source);
+    const uint32_t incoming_all = absl::GetFlag(FLAGS_incoming_prepares_pending);
+    const uint32_t registering = absl::GetFlag(FLAGS_register_threads);
+    const uint32_t per_caller = absl::GetFlag(FLAGS_registrations_per_caller);
+    const uint32_t registering_all = absl::GetFlag(FLAGS_registrations_pending);
+    auto threads_ok = [](uint32_t n) { return n >= 1 && n <= kMaxPoolThreads; };
+    if (!threads_ok(prepare) || !threads_ok(incoming) || !threads_ok(registering) ||
+        per_target == 0 || per_target > prepare || queue < per_target ||
+        per_source == 0 || incoming_all < per_source || per_caller == 0 ||
+        registering_all < per_caller) {
+      return Fail(absl::InvalidArgumentError(
+          "--prepare_threads, --incoming_prepare_threads and --register_threads must "
+          "be 1 to 256; --prepare_threads_per_target 1 to --prepare_threads and at "
+          "most --prepare_queue_per_target; --incoming_prepares_per_source and "
+          "--registrations_per_caller at least 1 and at most their totals"));
+    }
+    options.engine.prepare_threads = static_cast<int>(prepare);
+    options.engine.prepare_threads_per_target = static_cast<int>(per_target);
+    options.engine.prepare_queue_per_target = queue;
+    options.incoming_prepares.threads = static_cast<int>(incoming);
+    options.incoming_prepares.pending_per_key = per_source;
+    options.incoming_prepares.pending_total = incoming_all;
+    options.registrations.threads = static_cast<int>(registering);
+    options.registrations.pending_per_key = per_caller;
+    options.registrations.pending_total = registering_all;
+  }
   options.landing.max_per_source = absl::GetFlag(FLAGS_incoming_per_source);
   options.landing.start_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_incoming_start_timeout_ms));

@@ -386,6 +386,20 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
             "Incoming transfers ended PROTOCOL because their source's writes left more "
             "disjoint landed ranges than a transfer of their blocks can.",
             static_cast<double>(node.landing().scattered_writes()));
+    counter("fuselink_prepare_queue_full_total",
+            "Calls to a target refused because its lane was full "
+            "(--prepare_queue_per_target): the transfer failed RESOURCE_EXHAUSTED "
+            "(PREPARE_QUEUE_FULL), or a question about its verdict went unasked.",
+            static_cast<double>(node.engine().prepares_refused()));
+    counter("fuselink_incoming_prepares_busy_total",
+            "Peers' PrepareIncoming calls refused past --incoming_prepares_per_source "
+            "or --incoming_prepares_pending (RESOURCE_EXHAUSTED, "
+            "INCOMING_PREPARES_BUSY).",
+            static_cast<double>(node.incoming_prepares().refused()));
+    counter("fuselink_registrations_busy_total",
+            "RegisterTensor calls refused past --registrations_per_caller or "
+            "--registrations_pending (RESOURCE_EXHAUSTED, REGISTRATIONS_BUSY).",
+            static_cast<double>(node.registrations().refused()));
     counter("fuselink_incoming_unstarted_expired_total",
             "Incoming transfers ended because their source sent nothing after it "
             "prepared them (the tensor's pin let go).",

@@ -18,7 +18,9 @@ Node::Node(NodeOptions options, transfer::EngineObserver* observer)
       observer_(observer),
       ipc_imports_(options_.ipc_close_wait),
       watch_hub_(options_.max_watches_per_identity),
-      guard_(options_.access_policy, options_.open_access) {}
+      guard_(options_.access_policy, options_.open_access),
+      incoming_prepares_(options_.incoming_prepares),
+      registrations_(options_.registrations) {}
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Create(NodeOptions options,
                                                    transfer::EngineObserver* observer) {
@@ -151,6 +153,9 @@ void Node::StopTransfers() {
 
 Node::~Node() {
   StopTransfers();
+  // After the server: what is queued is answered (quickly: the landing is shut).
+  incoming_prepares_.Stop(/*run_queued=*/true);
+  registrations_.Stop(/*run_queued=*/true);
   stop_.store(true);
   if (expirer_.joinable()) expirer_.join();
   if (repairer_.joinable()) repairer_.join();

@@ -84,6 +84,30 @@ struct NodeOptions {
   // How long registering a CUDA IPC handle waits for the same handle's import to
   // finish closing (ipc_imports.h).
   absl::Duration ipc_close_wait = kIpcCloseWait;
+  // Peer.PrepareIncoming's work (the landing's Prepare: registrations, shadow memory,
+  // a fabric's handshake), off gRPC's threads, a lane per calling node. A source's
+  // engine has at most its prepare_threads_per_target (2) calls here at once, so 4
+  // per source leaves room for retries; past a bound: RESOURCE_EXHAUSTED
+  // (INCOMING_PREPARES_BUSY).
+  transfer::KeyedPoolOptions incoming_prepares = {
+      .name = "PrepareIncoming calls from node",
+      .reason = "INCOMING_PREPARES_BUSY",
+      .threads = 4,
+      .running_per_key = 2,
+      .pending_per_key = 4,
+      .pending_total = 32,
+  };
+  // Agent.RegisterTensor's work (mapping, populating and registering memory with
+  // the fabric), off gRPC's threads, a lane per caller; past a bound:
+  // RESOURCE_EXHAUSTED (REGISTRATIONS_BUSY).
+  transfer::KeyedPoolOptions registrations = {
+      .name = "RegisterTensor calls of",
+      .reason = "REGISTRATIONS_BUSY",
+      .threads = 2,
+      .running_per_key = 1,
+      .pending_per_key = 4,
+      .pending_total = 16,
+  };
 };
 
 class Node final : public fabric::Handler {
@@ -108,6 +132,11 @@ class Node final : public fabric::Handler {
   // the metrics read them.
   HandleSocketCounters& handle_socket_counters() { return handle_socket_counters_; }
   transfer::Engine& engine() { return *engine_; }
+  // Threads for the services' handlers whose work blocks (PrepareIncoming,
+  // RegisterTensor): a handler posts its work and answers from there. They run until
+  // the node goes, after the server: every call they took is answered.
+  transfer::KeyedPool& incoming_prepares() { return incoming_prepares_; }
+  transfer::KeyedPool& registrations() { return registrations_; }
   transfer::Landing& landing() { return *landing_; }
   WatchHub& watch_hub() { return watch_hub_; }
   fabric::Fabric& fabric() { return *fabric_; }
@@ -189,6 +218,10 @@ class Node final : public fabric::Handler {
   // WatchForeignTraffic; only where some NIC is watched. foreign_stop_ ends it.
   std::thread foreign_watcher_;
   absl::Notification foreign_stop_;
+  // Stopped (running what they queued) by ~Node once the transfers stopped, while the
+  // landing and the registry they call into are still there.
+  transfer::KeyedPool incoming_prepares_;
+  transfer::KeyedPool registrations_;
 };
 
 }  // namespace fuselink::services

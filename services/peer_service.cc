@@ -4,6 +4,7 @@
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
 #include "agent/peer/peer_directory.h"
+#include "services/answer_off_thread.h"
 #include "services/transfer_control.h"
 #include "services/transfer_stream.h"
 
@@ -72,16 +73,23 @@ grpc::ServerUnaryReactor* PeerService::PrepareIncoming(
       !caller.ok()) {
     return Answer(context, caller.status());
   }
-  // The source relays who asked it; the target tensor's grants decide.
-  security::Guard& guard = node_->guard();
-  const security::Caller requester = guard.CallerOf(request->requester());
-  absl::StatusOr<v1::PrepareIncomingResponse> prepared =
-      node_->landing().Prepare(*request, [&](const memory::TensorInfo& tensor) {
-        return guard.RequireGrant(requester, tensor.owner, tensor.writers, "into",
-                                  tensor.name);
+  // The landing's Prepare blocks (registrations, shadow memory, the fabric's
+  // handshake with the caller): on the source's own lane of the node's pool.
+  return AnswerOffThread(
+      context, node_->incoming_prepares(), request->source_node(),
+      [node = node_, request, response]() -> absl::Status {
+        // The source relays who asked it; the target tensor's grants decide.
+        security::Guard& guard = node->guard();
+        const security::Caller requester = guard.CallerOf(request->requester());
+        absl::StatusOr<v1::PrepareIncomingResponse> prepared =
+            node->landing().Prepare(*request, [&](const memory::TensorInfo& tensor) {
+              return guard.RequireGrant(requester, tensor.owner, tensor.writers, "into",
+                                        tensor.name);
+            });
+        if (!prepared.ok()) return prepared.status();
+        *response = *std::move(prepared);
+        return absl::OkStatus();
       });
-  if (prepared.ok()) *response = std::move(*prepared);
-  return Answer(context, prepared.status());
 }
 
 grpc::ServerWriteReactor<v1::TransferEvent>* PeerService::ForwardTransfer(

@@ -1,5 +1,8 @@
 // The agent-to-agent control service (fuselink.v1.Peer): session bootstrap and the
-// target's side of a transfer's set-up. Answers from memory; never blocks. Only peer
+// target's side of a transfer's set-up. Never blocks a gRPC thread: PrepareIncoming's
+// work, which does block, runs on the node's incoming_prepares() pool, a lane per
+// source node with bounds per source and in all (RESOURCE_EXHAUSTED,
+// INCOMING_PREPARES_BUSY past them); the other calls answer from memory. Only peer
 // agents may call it, each only for its own node (its certificate's identity).
 #pragma once
 

@@ -41,6 +41,30 @@ JobOptions MakeJobOptions(const EngineOptions& o) {
   return j;
 }
 
+KeyedPoolOptions PrepareLanes(const EngineOptions& o) {
+  KeyedPoolOptions lanes;
+  lanes.name = "calls to target";
+  lanes.reason = "PREPARE_QUEUE_FULL";
+  lanes.threads = o.prepare_threads;
+  lanes.running_per_key = o.prepare_threads_per_target;
+  lanes.pending_per_key = o.prepare_queue_per_target;
+  // Never reached: a job has at most one call queued and one running (a question
+  // it posts as its prepare returns).
+  lanes.pending_total = std::max(2 * o.max_active_transfers, o.prepare_queue_per_target);
+  return lanes;
+}
+
+KeyedPoolOptions InNodeLane(const EngineOptions& o) {
+  KeyedPoolOptions lane;
+  lane.name = "in-node prepares on";
+  lane.reason = "PREPARE_QUEUE_FULL";
+  lane.threads = kInNodePrepareThreads;
+  lane.running_per_key = kInNodePrepareThreads;
+  // Never reached: a job has at most one call queued and one running.
+  lane.pending_per_key = lane.pending_total = 2 * o.max_active_transfers;
+  return lane;
+}
+
 }  // namespace
 
 Engine::Engine(EngineOptions options, const topo::Topology& topology,
@@ -65,7 +89,8 @@ Engine::Engine(EngineOptions options, const topo::Topology& topology,
           .finished_kept_for = options_.finished_kept_for}),
       next_collect_(options_.clock() + kCollectEvery),
       last_active_(options_.clock()),
-      preparers_(std::max(1, options_.prepare_threads)),
+      preparers_(PrepareLanes(options_)),
+      in_node_preparers_(InNodeLane(options_)),
       relay_worker_(1) {
   ctx_.fabric = fabric;
   ctx_.scheduler = scheduler;
@@ -122,9 +147,11 @@ absl::StatusOr<std::shared_ptr<Transfer>> Engine::Submit(
   if (!fresh) return job->transfer();  // raced an identical request
   Run(job, [](Job& j, JobEffects* fx)
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { j.Refresh(fx); });
-  if (!preparers_.Post([this, job] { PrepareJob(job); })) {
-    Run(job, [](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
-      j.Stop(ShuttingDownStatus(), /*force=*/true, fx).IgnoreError();  // ends it
+  if (absl::Status posted =
+          PostPeerCall(request.target().node(), [this, job] { PrepareJob(job); });
+      !posted.ok()) {
+    Run(job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
+      j.Stop(posted, /*force=*/true, fx).IgnoreError();  // ends it
     });
   }
   return job->transfer();
@@ -143,12 +170,13 @@ void Engine::PrepareJob(const JobPtr& job) {
     const absl::Time deadline = spec->deadline;
     peers_->Bootstrap(
         target, deadline, [this, job, spec = *std::move(spec)](absl::Status up) mutable {
-          if (up.ok() && preparers_.Post([this, job, spec]() mutable {
-                Prepare(job, std::move(spec));
-              })) {
-            return;
+          const std::string node = spec.target_node;  // read before spec moves
+          if (up.ok()) {
+            up = PostPeerCall(node, [this, job, spec = std::move(spec)]() mutable {
+              Prepare(job, std::move(spec));
+            });
           }
-          if (up.ok()) up = ShuttingDownStatus();
+          if (up.ok()) return;
           Run(job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
             j.OnPrepared(up, absl::UnknownError("not prepared"), fx);
           });
@@ -169,6 +197,11 @@ void Engine::Prepare(const JobPtr& job, IncomingSpec spec) {
   Run(job, [&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
     j.OnPrepared(std::move(prepared), std::move(plan), fx);
   });
+}
+
+absl::Status Engine::PostPeerCall(const std::string& target_node, KeyedPool::Task call) {
+  KeyedPool& lanes = target_node == options_.node ? in_node_preparers_ : preparers_;
+  return lanes.Post(target_node, std::move(call));
 }
 
 void Engine::Run(const JobPtr& job, Event event) {
@@ -220,16 +253,15 @@ void Engine::Apply(const JobPtr& job, JobEffects& fx) {
 }
 
 void Engine::AskVerdict(const JobPtr& job, absl::Time deadline) {
-  const bool posted = preparers_.Post([this, job, deadline] {
+  absl::Status posted = PostPeerCall(job->target_node(), [this, job, deadline] {
     const absl::StatusOr<std::optional<absl::Status>> reply =
         peers_->QueryVerdict(job->target_node(), job->transfer()->id(), deadline);
     Run(job, [&](Job& j, JobEffects* fx)
                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { j.OnVerdictReply(reply, fx); });
   });
-  if (!posted) {  // shutting down: the job is being stopped anyway
-    Run(job, [](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
-      j.OnVerdictReply(ShuttingDownStatus(), fx);
-    });
+  if (!posted.ok()) {  // a question unasked: an error like any other, or shutting down
+    Run(job, [&](Job& j, JobEffects* fx)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { j.OnVerdictReply(posted, fx); });
   }
 }
 
@@ -374,6 +406,7 @@ void Engine::Shutdown() {
   // Calls under way return within their own bounds (PeerLink's call timeouts); the
   // jobs of queued ones are stopped already.
   preparers_.Stop(/*run_queued=*/false);
+  in_node_preparers_.Stop(/*run_queued=*/false);
   stop_all();
   ctx_.posting_stopped.store(true);
   local_ctx_.posting_stopped.store(true);

@@ -9,11 +9,14 @@
 //  - verdict_wait.h: when a source that heard no verdict asks for it;
 //  - wait_list.h, timer_queue.h, worker_pool.h: waking jobs that wait for room, the
 //    jobs' timers, and the threads for calls that block.
-// Threads: the fabric's (completions, arrivals), `prepare_threads` for the blocking
-// peer calls (PrepareIncoming, QueryVerdict), one relay worker (GPU fences, relay
-// pool growth) and one housekeeping thread (timers, the scheduler's look, the
-// forgetting of finished transfers). Nothing blocks on a fabric thread or under a
-// transfer's lock.
+// Threads: the fabric's (completions, arrivals); `prepare_threads` for the blocking
+// calls to remote targets (PrepareIncoming, QueryVerdict), in a lane per target of
+// which one target holds at most `prepare_threads_per_target`; kInNodePrepareThreads
+// of their own for in-node prepares and questions, which so never wait behind a
+// remote target; one relay worker (GPU fences, relay pool growth) and one
+// housekeeping thread (timers, the scheduler's look, the forgetting of finished
+// transfers). In all prepare_threads + kInNodePrepareThreads + 2. Nothing blocks on a
+// fabric thread or under a transfer's lock.
 #pragma once
 
 #include <array>
@@ -43,6 +46,10 @@
 
 namespace fuselink::transfer {
 
+// Threads for in-node prepares: they ask this node's own landing, which answers from
+// memory, and never wait for a peer.
+inline constexpr int kInNodePrepareThreads = 1;
+
 struct EngineOptions {
   std::string node;
   // Bytes per fabric write.
@@ -58,8 +65,15 @@ struct EngineOptions {
   absl::Duration finished_kept_for = absl::Minutes(10);
   // Progress events at most this often per transfer.
   absl::Duration progress_interval = absl::Milliseconds(50);
-  // Threads that call targets (each blocks on one peer call at a time).
-  int prepare_threads = 2;
+  // Threads that call remote targets (PrepareIncoming, QueryVerdict; each blocks on
+  // one call at a time), shared by the targets.
+  int prepare_threads = 8;
+  // Of those, the most one target's calls hold at once: a target that hangs delays
+  // its own transfers, never another's. 1 to prepare_threads.
+  int prepare_threads_per_target = 2;
+  // One target's calls queued or running; past it the transfer that would queue
+  // fails RESOURCE_EXHAUSTED (PREPARE_QUEUE_FULL), counted in prepares_refused().
+  size_t prepare_queue_per_target = 16;
   // Waiting for, and asking for, the target's verdict.
   VerdictWaitOptions verdict;
   // A job waiting for room with nothing in flight tries again this often.
@@ -168,6 +182,11 @@ class Engine {
   uint64_t stray_verdicts() const { return stray_verdicts_.load(); }
   // Relay copies that failed on their GPU, seen when a slot was let go of.
   uint64_t fence_errors() const { return fence_errors_.load(); }
+  // Calls to a target refused because its lane was full (PREPARE_QUEUE_FULL): the
+  // transfer failed, or a question about its verdict went unasked.
+  uint64_t prepares_refused() const {
+    return preparers_.refused() + in_node_preparers_.refused();
+  }
 
  private:
   using JobPtr = std::shared_ptr<Job>;
@@ -184,6 +203,9 @@ class Engine {
   void PrepareJob(const JobPtr& job);
   // Asks the target (its session up) to accept `job`, on a preparer thread.
   void Prepare(const JobPtr& job, IncomingSpec spec);
+  // Queues `call` in the lane of `target_node`: in-node prepares' own, else that
+  // target's. KeyedPool::Post's codes.
+  absl::Status PostPeerCall(const std::string& target_node, KeyedPool::Task call);
   void AskVerdict(const JobPtr& job, absl::Time deadline);
   void ReleaseAfterFence(const relay::Slot& slot);
   void GrowRelay(int nic);
@@ -218,7 +240,8 @@ class Engine {
   absl::Time last_tick_ = absl::InfinitePast();
 
   // Threads last: they stop before the state they use goes.
-  WorkerPool preparers_;
+  KeyedPool preparers_;          // remote targets, a lane each
+  KeyedPool in_node_preparers_;  // this node's own landing
   WorkerPool relay_worker_;
   std::thread housekeeping_;
 };

@@ -1,5 +1,11 @@
 #include "agent/transfer/worker_pool.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/status_macros.h"
+#include "agent/transfer/admission.h"
+
 namespace fuselink::transfer {
 
 WorkerPool::WorkerPool(int threads) {
@@ -41,6 +47,124 @@ void WorkerPool::Loop() {
       tasks_.pop_front();
     }
     std::move(task)();
+  }
+}
+
+// --- KeyedPool ---
+
+namespace {
+
+KeyedPoolOptions Clamped(KeyedPoolOptions o) {
+  o.threads = std::max(o.threads, 1);
+  o.running_per_key = std::clamp(o.running_per_key, 1, o.threads);
+  o.pending_per_key = std::max(o.pending_per_key, static_cast<size_t>(o.running_per_key));
+  o.pending_total = std::max(o.pending_total, o.pending_per_key);
+  return o;
+}
+
+}  // namespace
+
+KeyedPool::KeyedPool(KeyedPoolOptions options) : options_(Clamped(std::move(options))) {
+  absl::MutexLock lock(&join_mu_);
+  for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Loop(); });
+}
+
+absl::Status KeyedPool::Post(absl::string_view key, Task task) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return ShuttingDownStatus();
+  auto refuse = [&](absl::string_view over) {
+    ++refused_;
+    return WithReason(absl::ResourceExhaustedError(
+                          absl::StrCat(options_.name, " '", BoundedForMessage(key),
+                                       "': ", over, "; try again later")),
+                      options_.reason);
+  };
+  if (pending_ >= options_.pending_total) {
+    return refuse(absl::StrCat(options_.pending_total,
+                               " queued or running over all keys, the most in all"));
+  }
+  auto it = lanes_.find(key);
+  if (it != lanes_.end() &&
+      it->second.tasks.size() + it->second.running >= options_.pending_per_key) {
+    return refuse(
+        absl::StrCat(options_.pending_per_key, " queued or running, the most for one"));
+  }
+  if (it == lanes_.end()) it = lanes_.try_emplace(std::string(key)).first;
+  it->second.tasks.push_back(std::move(task));
+  ++pending_;
+  MaybeList(it->first, it->second);
+  return absl::OkStatus();
+}
+
+void KeyedPool::MaybeList(const std::string& key, Lane& lane) {
+  if (lane.listed || lane.tasks.empty() || lane.running >= options_.running_per_key) {
+    return;
+  }
+  lane.listed = true;
+  ready_.push_back(key);
+}
+
+void KeyedPool::Stop(bool run_queued) {
+  absl::flat_hash_map<std::string, Lane> dropped;  // destroyed with no lock held
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) run_queued_ = run_queued;
+    stopping_ = true;
+    if (!run_queued_) {
+      for (auto& [key, lane] : lanes_) {
+        pending_ -= lane.tasks.size();
+        dropped[key].tasks.swap(lane.tasks);
+      }
+      ready_.clear();
+    }
+  }
+  absl::MutexLock lock(&join_mu_);
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+uint64_t KeyedPool::refused() const {
+  absl::MutexLock lock(&mu_);
+  return refused_;
+}
+
+size_t KeyedPool::pending() const {
+  absl::MutexLock lock(&mu_);
+  return pending_;
+}
+
+void KeyedPool::Loop() {
+  for (;;) {
+    Task task;
+    std::string key;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return !ready_.empty() || (stopping_ && (!run_queued_ || pending_ == 0));
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (ready_.empty()) return;  // stopping, and nothing more to run here
+      key = std::move(ready_.front());
+      ready_.pop_front();
+      Lane& lane = lanes_.at(key);
+      lane.listed = false;
+      task = std::move(lane.tasks.front());
+      lane.tasks.pop_front();
+      ++lane.running;
+      MaybeList(key, lane);  // behind the other keys: they take turns
+    }
+    std::move(task)();
+    task = nullptr;  // what it owned goes before the lane is told it ended
+    absl::MutexLock lock(&mu_);
+    --pending_;
+    auto it = lanes_.find(key);
+    Lane& lane = it->second;
+    --lane.running;
+    if (lane.running == 0 && lane.tasks.empty()) {
+      lanes_.erase(it);
+    } else {
+      MaybeList(key, lane);
+    }
   }
 }
 

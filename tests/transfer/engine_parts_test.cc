@@ -1,5 +1,5 @@
 // The source engine's small parts, each on its own: failover classification and
-// notices, the wait list's wakeups, the timer queue, the worker pool, the verdict
+// notices, the wait list's wakeups, the timer queue, the worker pools, the verdict
 // wait's questions, the registry's request ids and forgetting, and the preparer's
 // checks of a target's answer.
 #include <atomic>
@@ -185,6 +185,113 @@ TEST(WorkerPool, StopDropsQueuedTasksWhenAsked) {
   for (int i = 0; i < 5; ++i) pool.Post([&] { ++ran; });
   std::thread stopper([&] { pool.Stop(/*run_queued=*/false); });
   while (pool.Post([] {})) {  // until Stop has begun: it takes nothing more
+  }
+  release.Notify();
+  stopper.join();
+  EXPECT_EQ(ran.load(), 0);
+}
+
+KeyedPoolOptions Lanes(int threads, int running_per_key, size_t pending_per_key,
+                       size_t pending_total) {
+  KeyedPoolOptions o;
+  o.name = "calls to target";
+  o.reason = "PREPARE_QUEUE_FULL";
+  o.threads = threads;
+  o.running_per_key = running_per_key;
+  o.pending_per_key = pending_per_key;
+  o.pending_total = pending_total;
+  return o;
+}
+
+TEST(KeyedPool, AKeyThatHangsHoldsItsShareOfThreadsAndNoMore) {
+  KeyedPool pool(Lanes(/*threads=*/2, /*running_per_key=*/1, 8, 64));
+  absl::Notification began, release;
+  std::atomic<int> slow_started{0};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pool.Post("slow",
+                          [&] {
+                            if (slow_started.fetch_add(1) == 0) began.Notify();
+                            release.WaitForNotification();
+                          })
+                    .ok());
+  }
+  ASSERT_TRUE(began.WaitForNotificationWithTimeout(testing::kWaitTimeout));
+  // Another key runs while "slow" holds a thread, again and again.
+  for (int i = 0; i < 3; ++i) {
+    absl::Notification ran;
+    ASSERT_TRUE(pool.Post("fast", [&] { ran.Notify(); }).ok());
+    EXPECT_TRUE(ran.WaitForNotificationWithTimeout(testing::kWaitTimeout));
+  }
+  EXPECT_EQ(slow_started.load(), 1);  // its others wait in its lane
+  release.Notify();
+  pool.Stop(/*run_queued=*/true);
+  EXPECT_EQ(slow_started.load(), 3);
+  EXPECT_EQ(pool.pending(), 0u);
+}
+
+TEST(KeyedPool, AKeysTasksStartInTheOrderPosted) {
+  KeyedPool pool(Lanes(/*threads=*/4, /*running_per_key=*/1, 100, 100));
+  absl::Mutex mu;
+  std::vector<int> order;
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(pool.Post("k",
+                          [&, i] {
+                            absl::MutexLock lock(&mu);
+                            order.push_back(i);
+                          })
+                    .ok());
+  }
+  pool.Stop(/*run_queued=*/true);
+  std::vector<int> expected(50);
+  for (int i = 0; i < 50; ++i) expected[i] = i;
+  EXPECT_EQ(order, expected);
+}
+
+TEST(KeyedPool, PostsPastABoundAreRefusedWithTheReasonAndCounted) {
+  KeyedPool pool(Lanes(/*threads=*/1, /*running_per_key=*/1, /*pending_per_key=*/2,
+                       /*pending_total=*/3));
+  absl::Notification started, release;
+  ASSERT_TRUE(pool.Post("a",
+                        [&] {
+                          started.Notify();
+                          release.WaitForNotification();
+                        })
+                  .ok());
+  started.WaitForNotification();
+  ASSERT_TRUE(pool.Post("a", [] {}).ok());  // queued: two pending for "a"
+  absl::Status per_key = pool.Post("a", [] {});
+  EXPECT_EQ(per_key.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReasonOf(per_key), "PREPARE_QUEUE_FULL");
+  ASSERT_TRUE(pool.Post("b", [] {}).ok());  // three pending in all
+  absl::Status total = pool.Post("c", [] {});
+  EXPECT_EQ(total.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReasonOf(total), "PREPARE_QUEUE_FULL");
+  EXPECT_EQ(pool.refused(), 2u);
+  release.Notify();
+  pool.Stop(/*run_queued=*/true);
+  EXPECT_EQ(pool.pending(), 0u);
+  // Once stopped: UNAVAILABLE, not counted as a bound.
+  absl::Status stopped = pool.Post("a", [] {});
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ReasonOf(stopped), "SHUTTING_DOWN");
+  EXPECT_EQ(pool.refused(), 2u);
+}
+
+TEST(KeyedPool, StopDropsQueuedTasksWhenAsked) {
+  KeyedPool pool(Lanes(/*threads=*/1, /*running_per_key=*/1, 10, 10));
+  absl::Notification started, release;
+  std::atomic<int> ran{0};
+  ASSERT_TRUE(pool.Post("a",
+                        [&] {
+                          started.Notify();
+                          release.WaitForNotification();
+                        })
+                  .ok());
+  started.WaitForNotification();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(pool.Post("b", [&] { ++ran; }).ok());
+  std::thread stopper([&] { pool.Stop(/*run_queued=*/false); });
+  // Until Stop has begun (posts past the bounds are refused meanwhile).
+  while (pool.Post("c", [] {}).code() != absl::StatusCode::kUnavailable) {
   }
   release.Notify();
   stopper.join();

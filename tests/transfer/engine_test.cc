@@ -484,6 +484,125 @@ TEST_F(EngineTest, ShutdownWithTheHousekeepingThreadRunning) {
   EXPECT_EQ(End(*t).second, "SHUTTING_DOWN");
 }
 
+// --- Calls to targets, in a lane per target ---
+
+// Targets node-b, node-c and node-d, and this node (node-a) for in-node moves.
+class LaneEngineTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    peers_.AddNode("node-c");
+    peers_.AddNode("node-d");
+  }
+  // A test that failed with a target still held must not hang the engine's shutdown.
+  void TearDown() override {
+    peers_.Release("node-c");
+    peers_.Release("node-d");
+    EngineTest::TearDown();
+  }
+  EngineOptions Options() {
+    EngineOptions o = EngineTest::Options();
+    o.in_node_moves = true;
+    o.prepare_threads = 2;
+    o.prepare_threads_per_target = 1;
+    return o;
+  }
+  absl::StatusOr<std::shared_ptr<Transfer>> SubmitTo(const std::string& target_node,
+                                                     const std::string& rid) {
+    v1::TransferRequest request = testing::MakeRequest(rid, "src", {0}, "dst", {0});
+    request.mutable_target()->set_node(target_node);
+    return engine_->Submit(request, absl::InfiniteFuture());
+  }
+  // Runs `t`, prepared already, to its end: its writes land, its target says so.
+  void Finish(const Transfer& t) {
+    ASSERT_TRUE(fabric_.WaitForPending(1));
+    fabric_.CompleteAll();
+    // The fake gives the n-th prepare (from 0) slot 5 + n.
+    const std::vector<IncomingSpec> specs = peers_.specs();
+    uint32_t n = 0;
+    while (n < specs.size() && specs[n].transfer_id != t.id()) ++n;
+    ASSERT_LT(n, specs.size());
+    engine_->OnVerdict(
+        t.request().target().node(),
+        EncodeVerdict(SlotId{5 + n, 300}, static_cast<uint8_t>(Verdict::kCompleted)));
+    EXPECT_EQ(t.state(), State::kCompleted);
+  }
+};
+
+TEST_F(LaneEngineTest, ATargetThatHangsDelaysNoOtherTargetNorInNodeMoves) {
+  Make(Options());
+  peers_.Block("node-c");
+  std::vector<std::shared_ptr<Transfer>> stuck;
+  for (int i = 0; i < 3; ++i) {  // more than the engine's prepare threads
+    absl::StatusOr<std::shared_ptr<Transfer>> t =
+        SubmitTo("node-c", absl::StrCat("c", i));
+    ASSERT_TRUE(t.ok()) << t.status();
+    stuck.push_back(*t);
+  }
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-c", 1));
+  absl::StatusOr<std::shared_ptr<Transfer>> other = SubmitTo("node-b", "b");
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-b", 1));
+  Finish(**other);
+  absl::StatusOr<std::shared_ptr<Transfer>> local = SubmitTo("node-a", "a");
+  ASSERT_TRUE(local.ok()) << local.status();
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-a", 1));
+  Finish(**local);
+  // All the while node-c's calls held one thread (prepare_threads_per_target): its
+  // others queued in its lane.
+  EXPECT_EQ(peers_.prepares_of("node-c"), 1);
+  for (const auto& t : stuck) EXPECT_FALSE(IsTerminal(t->state()));
+  peers_.Release("node-c");
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-c", 3));
+}
+
+TEST_F(LaneEngineTest, InNodeMovesHaveThreadsOfTheirOwn) {
+  Make(Options());
+  // Two targets that hang hold both prepare threads.
+  peers_.Block("node-c");
+  peers_.Block("node-d");
+  ASSERT_TRUE(SubmitTo("node-c", "c").ok());
+  ASSERT_TRUE(SubmitTo("node-d", "d").ok());
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-c", 1));
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-d", 1));
+  absl::StatusOr<std::shared_ptr<Transfer>> local = SubmitTo("node-a", "a");
+  ASSERT_TRUE(local.ok()) << local.status();
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-a", 1));
+  Finish(**local);
+  // A third remote target waits for a prepare thread: the bound is prepare_threads
+  // targets that hang at once.
+  absl::StatusOr<std::shared_ptr<Transfer>> third = SubmitTo("node-b", "b");
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(peers_.prepares_of("node-b"), 0);
+  peers_.Release("node-c");
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-b", 1));
+  peers_.Release("node-d");
+}
+
+TEST_F(LaneEngineTest, ATargetsFullLaneFailsTheTransferWithAReason) {
+  EngineOptions o = Options();
+  o.prepare_queue_per_target = 2;
+  Make(o);
+  peers_.Block("node-c");
+  ASSERT_TRUE(SubmitTo("node-c", "c0").ok());  // asking
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-c", 1));
+  absl::StatusOr<std::shared_ptr<Transfer>> queued = SubmitTo("node-c", "c1");
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  absl::StatusOr<std::shared_ptr<Transfer>> refused = SubmitTo("node-c", "c2");
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(End(**refused), std::make_pair(absl::StatusCode::kResourceExhausted,
+                                           std::string("PREPARE_QUEUE_FULL")));
+  EXPECT_EQ(engine_->prepares_refused(), 1u);
+  EXPECT_FALSE(IsTerminal((*queued)->state()));
+  // Never accepted: the same request may be sent again.
+  peers_.Release("node-c");
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-c", 2));
+  absl::StatusOr<std::shared_ptr<Transfer>> again = SubmitTo("node-c", "c2");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE((*again)->id(), (*refused)->id());
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-c", 3));
+}
+
 // fuselink with nothing to borrow (borrow_depth 0) and a direct queue of 2.
 class SharedNicEngineTest : public EngineTest {
  protected:

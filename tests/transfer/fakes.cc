@@ -146,12 +146,22 @@ absl::Status FakeFabric::PostWrite(fabric::PeerId peer, int nic,
 
 FakePeerLink::FakePeerLink() : prepared_(absl::UnknownError("no answer scripted")) {}
 
-bool FakePeerLink::Knows(absl::string_view node) const { return node == "node-b"; }
+void FakePeerLink::AddNode(const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  nodes_.insert(node);
+}
+
+bool FakePeerLink::Knows(absl::string_view node) const {
+  absl::MutexLock lock(&mu_);
+  return nodes_.contains(std::string(node));
+}
 
 absl::StatusOr<Prepared> FakePeerLink::PrepareIncoming(const IncomingSpec& spec) {
   absl::MutexLock lock(&mu_);
   specs_.push_back(spec);
-  auto released = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !blocked_; };
+  auto released = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return !blocked_ && !blocked_targets_.contains(spec.target_node);
+  };
   mu_.Await(absl::Condition(&released));
   ++prepares_returned_;
   if (!prepared_.ok()) return prepared_;
@@ -191,6 +201,16 @@ void FakePeerLink::Release() {
   blocked_ = false;
 }
 
+void FakePeerLink::Block(const std::string& target) {
+  absl::MutexLock lock(&mu_);
+  blocked_targets_.insert(target);
+}
+
+void FakePeerLink::Release(const std::string& target) {
+  absl::MutexLock lock(&mu_);
+  blocked_targets_.erase(target);
+}
+
 void FakePeerLink::AddReply(absl::StatusOr<std::optional<absl::Status>> reply) {
   absl::MutexLock lock(&mu_);
   replies_.push_back(reply.ok() ? Reply{absl::OkStatus(), *reply}
@@ -216,6 +236,24 @@ bool FakePeerLink::WaitForPrepares(int count, absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   auto enough = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return static_cast<int>(specs_.size()) >= count;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+}
+
+int FakePeerLink::prepares_of(const std::string& target) const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(
+      std::count_if(specs_.begin(), specs_.end(),
+                    [&](const IncomingSpec& s) { return s.target_node == target; }));
+}
+
+bool FakePeerLink::WaitForPreparesOf(const std::string& target, int count,
+                                     absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto enough = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return std::count_if(specs_.begin(), specs_.end(), [&](const IncomingSpec& s) {
+             return s.target_node == target;
+           }) >= count;
   };
   return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
 }

@@ -114,10 +114,14 @@ class FakeFabric final : public fabric::Fabric {
   uint32_t next_key_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
-// A target that answers PrepareIncoming and QueryVerdict as scripted.
+// A target that answers PrepareIncoming and QueryVerdict as scripted. It knows
+// node-b and the nodes added; every node's answers are the same.
 class FakePeerLink final : public PeerLink {
  public:
   FakePeerLink();
+
+  // Knows `node` too.
+  void AddNode(const std::string& node);
 
   bool Knows(absl::string_view node) const override;
   absl::StatusOr<Prepared> PrepareIncoming(const IncomingSpec& spec) override;
@@ -128,9 +132,11 @@ class FakePeerLink final : public PeerLink {
   // The answer to every PrepareIncoming: `prepared`, or an error. The n-th call
   // (from 0) gets slot index `prepared.slot`'s + n.
   void set_prepared(absl::StatusOr<Prepared> prepared);
-  // PrepareIncoming blocks until Release.
+  // PrepareIncoming blocks until Release: for every target, or for `target` alone.
   void Block();
   void Release();
+  void Block(const std::string& target);
+  void Release(const std::string& target);
   // Answers to QueryVerdict, in order; past them, NOT_FOUND.
   void AddReply(absl::StatusOr<std::optional<absl::Status>> reply);
 
@@ -138,12 +144,19 @@ class FakePeerLink final : public PeerLink {
   int queries() const;
   int prepares_returned() const;
   bool WaitForPrepares(int count, absl::Duration timeout = kWaitTimeout) const;
+  // Waits until `count` PrepareIncoming calls for `target` began.
+  bool WaitForPreparesOf(const std::string& target, int count,
+                         absl::Duration timeout = kWaitTimeout) const;
+  // PrepareIncoming calls for `target` that began.
+  int prepares_of(const std::string& target) const;
   bool WaitForQueries(int count, absl::Duration timeout = kWaitTimeout) const;
 
  private:
   mutable absl::Mutex mu_;
   absl::StatusOr<Prepared> prepared_ ABSL_GUARDED_BY(mu_);
   bool blocked_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> blocked_targets_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> nodes_ ABSL_GUARDED_BY(mu_) = {"node-b"};
   std::vector<IncomingSpec> specs_ ABSL_GUARDED_BY(mu_);
   struct Reply {
     absl::Status error;                   // not OK: the call failed

@@ -153,9 +153,9 @@ ABSL_FLAG(int, fabric_stall_timeout_ms, 10'000,
           "it (or take no byte of an ACK); past it the connection closes and the write "
           "it carried fails (reason FABRIC_STALL). 1 to 3600000.");
 ABSL_FLAG(int, fabric_ack_timeout_ms, 10'000,
-          "tcp: while writes of ours are on a connection, the longest without an ACK; "
-          "past it the connection closes and its writes go again on others (reason "
-          "FABRIC_ACK_TIMEOUT). 1 to 3600000.");
+          "While writes of ours are on a connection (tcp) or QP (verbs), the longest "
+          "without an acknowledgement; past it the connection or QP closes and its "
+          "writes go again on others (tcp: reason FABRIC_ACK_TIMEOUT). 1 to 3600000.");
 ABSL_FLAG(int, fabric_connections_per_peer, 0,
           "tcp: accepted fabric connections one authenticated peer may hold; more are "
           "refused (reason FABRIC_PEER_CONNECTIONS). 0: twice connections_per_nic "

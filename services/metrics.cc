@@ -123,8 +123,9 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
                   MetricType::Counter,
                   [&](int k) { return node.fabric().counters(k).stalled_connections; });
     per_nic_value("fuselink_fabric_ack_timeouts_total",
-                  "Connections of this node on the NIC that closed because their writes "
-                  "saw no ACK for --fabric_ack_timeout_ms; the writes went again.",
+                  "Connections (TCP) or QPs (verbs) of this node on the NIC that closed "
+                  "because their writes saw no acknowledgement for "
+                  "--fabric_ack_timeout_ms; the writes went again.",
                   MetricType::Counter,
                   [&](int k) { return node.fabric().counters(k).ack_timeouts; });
     per_nic_value("fuselink_fabric_peer_connection_refusals_total",

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/tcp_fabric.h"
 #include "agent/fabric/verbs_device.h"
@@ -226,6 +227,7 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
     verbs.max_qps_per_nic = static_cast<uint32_t>(options_.rdma_max_qps_per_nic);
     verbs.rc.traffic_class = static_cast<uint8_t>(options_.rdma_traffic_class);
     verbs.rc.service_level = static_cast<uint8_t>(options_.rdma_service_level);
+    verbs.ack_timeout = absl::Milliseconds(options_.fabric_ack_timeout_ms);
     verbs.keys = &fabric_keys_;
     verbs.device_stager = stager_.get();
     verbs.gpu_count = gpu_ != nullptr ? gpu_->count() : 0;

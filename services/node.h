@@ -42,8 +42,9 @@ struct NodeOptions {
   // "tcp" or "verbs".
   std::string transport = "auto";
   int connections_per_nic = 2;  // tcp: connections per NIC and peer
-  // tcp: TcpFabricOptions' stall and ACK timeouts, and each peer's share of accepted
-  // connections (0: sized from connections_per_nic and the NICs).
+  // tcp: TcpFabricOptions' stall and ACK timeouts (the ACK timeout is the verbs
+  // watchdog's too), and each peer's share of accepted connections (0: sized from
+  // connections_per_nic and the NICs).
   int fabric_stall_timeout_ms = 10'000;
   int fabric_ack_timeout_ms = 10'000;
   int fabric_connections_per_peer = 0;

@@ -150,8 +150,8 @@ struct NicCounters {
   // Accepted connections closed because a frame, once begun, stopped arriving (no
   // byte for the stall timeout), or an acknowledgement found no room (TCP only).
   uint64_t stalled_connections = 0;
-  // Connections of ours closed because writes on them went unacknowledged for the
-  // acknowledgement timeout; their writes failed over (TCP only).
+  // Connections (TCP) or QPs (verbs) of ours closed because the writes on them went
+  // unacknowledged for the acknowledgement timeout; their writes failed over.
   uint64_t ack_timeouts = 0;
   // Accepted connections refused because their peer already held its share of this
   // node's connections (TCP only).

@@ -67,6 +67,8 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
   FL_RETURN_IF_ERROR(in(o.max_window_registrations_per_nic, 1,
                         kMaxWindowRegistrationsPerNic,
                         "max_window_registrations_per_nic"));
+  FL_RETURN_IF_ERROR(
+      in(absl::ToInt64Milliseconds(o.ack_timeout), 1, 3'600'000, "ack_timeout in ms"));
   return absl::OkStatus();
 }
 
@@ -85,7 +87,8 @@ absl::Status VerbsFabric::OpenNic(int index, verbs::NicBinding binding) {
       .recv_depth_per_qp = options_.recv_depth_per_qp,
       .queue_depth = static_cast<uint32_t>(options_.queue_depth_per_nic),
       .max_write_bytes = options_.max_write_bytes,
-      .max_window_registrations = options_.max_window_registrations_per_nic};
+      .max_window_registrations = options_.max_window_registrations_per_nic,
+      .ack_timeout = options_.ack_timeout};
   FL_ASSIGN_OR_RETURN(std::unique_ptr<Nic> nic,
                       Nic::Open(index, std::move(binding), sizing, options_.rc, *this));
   nics_.push_back(std::move(nic));
@@ -329,7 +332,8 @@ NicCounters VerbsFabric::counters(int nic) const {
                      .wire_rx_bytes = nics_[nic]->wire_rx_bytes(),
                      .malformed_frames = nics_[nic]->malformed(),
                      .refused_writes = nics_[nic]->refused(),
-                     .auth_failures = nics_[nic]->auth_failures()};
+                     .auth_failures = nics_[nic]->auth_failures(),
+                     .ack_timeouts = nics_[nic]->ack_timeouts()};
 }
 
 void VerbsFabric::OnQpCreated(uint64_t link) {

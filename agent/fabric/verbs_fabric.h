@@ -41,7 +41,9 @@
 //    FAILED_PRECONDITION (FABRIC_NO_KEY) or UNAVAILABLE (FABRIC_AUTH) likewise, and
 //    NicCounters::auth_failures counts the control connections refused.
 //  - A port going down (IBV_EVENT_PORT_ERR) closes every QP on that NIC at once; a QP
-//    whose peer stops answering fails after the RC retries (timeout, retry_cnt).
+//    whose peer stops answering fails after the RC retries (timeout, retry_cnt; a
+//    receiver that stops reposting, after rnr_retry, about 3.4 s), and a QP whose
+//    writes see no acknowledgement within ack_timeout is closed all the same.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +53,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/verbs_wrap.h"
@@ -92,6 +95,10 @@ struct VerbsFabricOptions {
   bool push_window_closes = true;
   // RC timeout, retry_cnt, rnr_retry and the rest, explicit.
   verbs::RcParams rc;
+  // A QP whose outstanding writes see no acknowledgement for this long is closed and
+  // they complete UNAVAILABLE (to be failed over): the bound on a write in flight
+  // whatever the RC retries do. verbs::NicSizing::ack_timeout.
+  absl::Duration ack_timeout = absl::Seconds(10);
   // GPU memory (verbs_staging.h). The stager copies it where a NIC cannot reach it
   // and exports it as dma-buf where it can; null: GPU regions are refused
   // (UNIMPLEMENTED). Must outlive the fabric. The path of GPUs 0..gpu_count-1 to

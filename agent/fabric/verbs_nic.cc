@@ -362,6 +362,7 @@ absl::Status Nic::Post(VerbsQp* qp, const WriteOp& op, WriteSource source,
     send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
     return posted;
   }
+  if (qp->head == qp->tail) qp->progress_at = absl::Now();  // the first of a run
   ++qp->tail;
   return absl::OkStatus();
 }

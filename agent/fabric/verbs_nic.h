@@ -138,6 +138,9 @@ struct NicSizing {
   uint32_t queue_depth = 512;        // writes in flight on the NIC (CQE quota)
   uint32_t max_write_bytes = 64 << 20;
   uint32_t max_window_registrations = 1 << 16;  // checked against max_mr
+  // A QP with writes outstanding and none acknowledged for this long is closed (its
+  // writes complete UNAVAILABLE): the watchdog over whatever the RC retries miss.
+  absl::Duration ack_timeout = absl::Seconds(10);
 };
 
 // Where the source of a write lives on this NIC, and what keeps it alive.
@@ -230,6 +233,10 @@ class VerbsQp : public std::enable_shared_from_this<VerbsQp> {
   WindowKey refused_window ABSL_GUARDED_BY(mu) = 0;  // its held writes are refused too
   bool renew_requested ABSL_GUARDED_BY(mu) = false;
   absl::Time renew_deadline ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
+  // The last sign of life of the writes in [head, tail): the posting of the first
+  // of them into an empty ring, or the latest acknowledgement. The ack watchdog
+  // (ExpireStalledWrites) closes an active QP whose ring is non-empty past it.
+  absl::Time progress_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   // A renewal step is using the ibv_qp outside the lock: nobody else may touch it (a
   // close is deferred to the step's end, the poller does not destroy it).
   bool busy ABSL_GUARDED_BY(mu) = false;
@@ -344,6 +351,9 @@ class Nic {
   void CountAuthFailure() { auth_failures_.fetch_add(1, std::memory_order_relaxed); }
   // Renewals of QPs after a refusal that put their writes back on the wire.
   uint64_t renewals() const { return renewals_.load(); }
+  // QPs closed because their outstanding writes saw no acknowledgement within
+  // NicSizing::ack_timeout.
+  uint64_t ack_timeouts() const { return ack_timeouts_.load(); }
 
  private:
   Nic(int index, NicBinding binding, const NicSizing& sizing, const RcParams& rc,
@@ -368,6 +378,8 @@ class Nic {
   bool ReadyToRenew(VerbsQp& qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp.mu);
   void FinalizeDrained();
   void ExpireRenewals();
+  // Closes every active QP whose writes made no progress within ack_timeout.
+  void ExpireStalledWrites();
   void DrainAsyncEvents();
   bool NoQps() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_) { return live_qps_ == 0; }
 
@@ -409,6 +421,7 @@ class Nic {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> auth_failures_{0};
   std::atomic<uint64_t> renewals_{0};
+  std::atomic<uint64_t> ack_timeouts_{0};
 
   // Staged arrivals (and, behind them, every arrival of this NIC, to keep the order)
   // queued on the lander, which exists with a device stager; its stage is made there

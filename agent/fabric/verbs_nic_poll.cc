@@ -46,6 +46,7 @@ void Nic::Poll() {
   int idle = 0;
   int sleep_us = 1;
   uint32_t loops = 0;
+  uint32_t watch_loops = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     absl::StatusOr<int> polled = PollCq(cq_.get(), completions);
     const int count = polled.ok() ? *polled : 0;
@@ -55,6 +56,9 @@ void Nic::Poll() {
     if (renewing_.load(std::memory_order_relaxed) > 0 && (++loops % 1024 == 0)) {
       ExpireRenewals();
     }
+    // Every 1024 polls: about 200 ms apart on an idle NIC (kMaxIdleSleepUs each), far
+    // more often on a busy one, so a stall is seen within ack_timeout + 0.2 s.
+    if ((++watch_loops & 1023) == 0) ExpireStalledWrites();
     if (count > 0) {
       idle = 0;
       sleep_us = 1;
@@ -121,6 +125,7 @@ void Nic::HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
       if (!id.payload) {  // the SEND: the write's last CQE, in ring order
         released = std::move(slot.hold);
         ++qp.head;
+        qp.progress_at = absl::Now();
         send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
       }
     }

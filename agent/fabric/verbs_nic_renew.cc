@@ -3,8 +3,10 @@
 // the renewal once every WR of the QP is back (ReadyToRenew); the worker restarts the
 // QP (RestartQp), the link's thread connects it to the target's new QP and posts the
 // held writes again (ResumeQp); the poller closes a renewal that takes too long
-// (ExpireRenewals). A step that uses the ibv_qp outside the QP's lock marks it busy:
-// a close meanwhile is deferred to the step's end, and the poller does not destroy it.
+// (ExpireRenewals). The same sweep bounds an active QP's writes: none acknowledged
+// within ack_timeout closes it (ExpireStalledWrites). A step that uses the ibv_qp outside
+// the QP's lock marks it busy: a close meanwhile is deferred to the step's end, and the
+// poller does not destroy it.
 #include <utility>
 #include <vector>
 
@@ -106,6 +108,7 @@ absl::Status Nic::ResumeQp(VerbsQp& qp, uint32_t remote_qpn, uint32_t remote_psn
       qp.renew_requested = false;
       qp.renew_deadline = absl::InfiniteFuture();
       qp.state = VerbsQp::State::kActive;
+      qp.progress_at = absl::Now();  // the held writes are on the wire again
       renewing_.fetch_sub(1);
       renewals_.fetch_add(1);
     }
@@ -130,6 +133,29 @@ void Nic::ExpireRenewals() {
       CloseQp(qp, absl::UnavailableError(absl::StrCat(
                       "QP ", qp->qp.qpn(), " on NIC ", index_, " was not renewed within ",
                       absl::FormatDuration(kRenewTimeout), " of a refusal")));
+    }
+  }
+}
+
+void Nic::ExpireStalledWrites() {
+  const absl::Time now = absl::Now();
+  for (uint32_t index = 0; index < sizing_.max_qps; ++index) {
+    VerbsQp* qp = slots_[index].load(std::memory_order_acquire);
+    if (qp == nullptr) continue;
+    bool stalled = false;
+    {
+      absl::MutexLock lock(&qp->mu);
+      // Only an active QP: a renewing one has kRenewTimeout, a closing one is flushing.
+      stalled = qp->state == VerbsQp::State::kActive && qp->head != qp->tail &&
+                now - qp->progress_at > sizing_.ack_timeout;
+    }
+    if (stalled) {
+      ack_timeouts_.fetch_add(1, std::memory_order_relaxed);
+      CloseQp(qp,
+              absl::UnavailableError(absl::StrCat(
+                  "QP ", qp->qp.qpn(), " on NIC ", index_, ": no write acknowledged in ",
+                  absl::FormatDuration(sizing_.ack_timeout),
+                  " (the target stopped answering)")));
     }
   }
 }

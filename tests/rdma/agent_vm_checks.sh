@@ -22,6 +22,9 @@
 #      transfer completes (failover to rail 0), the bytes match, and node-a counted
 #      failed writes on rail1 (else the down missed the transfer and proved nothing);
 #      then, informational only (d-back INFO), a new transfer once rail1 is back up
+#   f  node-b stopped (SIGSTOP) in the middle of a transfer: the demo ends with a
+#      failure within 30 s of the stop, node-b still stopped; then (f-back INFO) a new
+#      transfer after node-b is thawed
 #   c  --transport=tcp on the same addresses: tcp reported, demo bytes match; and
 #      --transport=auto with an address that has no RDMA device picks tcp
 #   v6 verbs with the rails' IPv6 addresses as NICs (RoCE v2 IPv6 GIDs): demo bytes
@@ -203,6 +206,41 @@ else
   result b 1 "verbs demo: no agents"
 fi
 
+# --- (f) the target frozen mid-transfer (SIGSTOP): its kernel's rxe keeps the QPs in
+# RTS and acknowledges writes until each QP's posted receives are used up, then answers
+# receiver-not-ready for as long as the agent is stopped. The source's writes must fail
+# within the RC retries' bound (rnr_retry 6 at 491.52 ms, about 3.4 s) or the ack
+# watchdog (10 s), and the transfer end with a reason, while node-b is still stopped.
+frozen_target() {
+  local demo_pid t_stop ended=""
+  demo "$run/f.out" 32 16 262144 &  # 128 MiB
+  demo_pid=$!
+  for _ in $(seq 400); do
+    grep -qa $'\r\\[' "$run/f.out" && break
+    kill -0 $demo_pid 2>/dev/null || break
+    sleep 0.05
+  done
+  t_stop=$(now)
+  kill -STOP "${pids[0]}"  # node-b, started first by pair()
+  for _ in $(seq 600); do  # 60 s at most
+    kill -0 $demo_pid 2>/dev/null || { ended=$(since "$t_stop"); break; }
+    sleep 0.1
+  done
+  kill -CONT "${pids[0]}"
+  wait $demo_pid
+  rc=$?
+  show "$run/f.out"
+  ok=1
+  [ -n "$ended" ] && [ $rc -ne 0 ] &&
+    awk -v e="$ended" 'BEGIN { exit !(e < 30) }' && ok=0
+  result f $ok "node-b stopped (SIGSTOP) in a 128 MiB demo: the demo ended ${ended:+$ended s after the stop}${ended:-NOT within 60 s} with rc=$rc$(sed -n 's/^failed: /: /p' "$run/f.out" | head -1); node-a failed writes: $(failed_writes node-a)"
+  [ $ok -eq 0 ] || { echo "    node-a's log:"; tail -n 15 "$run/node-a.log" | sed 's/^/    /'; }
+  sleep 1
+  demo "$run/g.out" 8 16 131072
+  rc=$?
+  echo "agent-check: f-back INFO node-b thawed (SIGCONT); next 16 MiB demo rc=$rc, $(grep -c 'bytes match' "$run/g.out") verified$(sed -n 's/^failed: /; failed: /p' "$run/g.out" | head -1)"
+}
+
 # --- (d) a rail taken down mid-transfer
 # rail1_up: vA1 up again and its port ACTIVE (10 s at most).
 rail1_up() {
@@ -269,6 +307,7 @@ if [ ${#pids[@]} -eq 2 ]; then
   demo "$run/e.out" 8 16 131072
   rc=$?
   echo "agent-check: d-back INFO rail1 up again ($(cat /sys/class/infiniband/rxeA1/ports/1/state)); next 16 MiB demo rc=$rc, $(grep -c 'bytes match' "$run/e.out") verified, MiB per NIC: $(per_nic "$run/e.out")$(sed -n 's/^failed: /; failed: /p' "$run/e.out" | head -1)"
+  frozen_target
 fi
 stop_all
 

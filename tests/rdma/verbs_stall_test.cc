@@ -1,0 +1,98 @@
+// A target that stops answering, on real RDMA devices: its NIC keeps its QPs in RTS and
+// acknowledges writes until the receives its poller posted are used up, then answers
+// receiver-not-ready (RNR) for as long as the poller is stopped, as a frozen agent's
+// would (SIGSTOP). The source's writes must still complete, each exactly once: failed
+// by the finite RNR retries (RcParams::rnr_retry), or, where the retries are made
+// infinite, by the ack watchdog (VerbsFabricOptions::ack_timeout). The fixture is in
+// verbs_fabric_test_util.h.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "agent/fabric/verbs_fabric.h"
+#include "gtest/gtest.h"
+#include "tests/fabric/test_util.h"
+#include "tests/rdma/verbs_fabric_test_util.h"
+
+namespace fuselink::fabric {
+namespace {
+
+using testing::RandomBytes;
+using testing::VerbsFabricTest;
+using Clock = std::chrono::steady_clock;
+
+// true: RNR retried forever by the NIC, the watchdog ends it (500 ms); false: the
+// default rnr_retry ends it, with the watchdog out of the way (60 s).
+class VerbsStalledTargetTest : public VerbsFabricTest,
+                               public ::testing::WithParamInterface<bool> {};
+
+TEST_P(VerbsStalledTargetTest, WritesFailWithinTheBoundAndExactlyOnce) {
+  const bool watchdog = GetParam();
+  constexpr uint32_t kReceives = 4;  // b's receives per QP: RNR from the 6th write on
+  FL_MAKE(
+      1, 1, [](VerbsFabricOptions& b) { b.recv_depth_per_qp = kReceives; },
+      [&](VerbsFabricOptions& a) {
+        if (watchdog) {
+          a.rc.rnr_retry = 7;  // forever
+          a.ack_timeout = absl::Milliseconds(500);
+        } else {
+          a.ack_timeout = absl::Seconds(60);
+        }
+      });
+  constexpr uint32_t kBytes = 4096;
+  constexpr int kWrites = 12;
+  std::vector<uint8_t> source = RandomBytes(kBytes, 5);
+  std::vector<uint8_t> target(kWrites * kBytes, testing::kUntouched);
+  const RegionKey source_key = Region(*a_, source);
+  const WindowKey window =
+      Window(Region(*b_, target), "a", {{0, uint64_t{kWrites} * kBytes}});
+  ASSERT_NE(window, 0u);
+  // b's poller stops inside its first arrival, as a frozen agent's would.
+  absl::Notification thaw;
+  b_events_.SetCheck([&](const Arrival&) {
+    thaw.WaitForNotificationWithTimeout(testing::kWaitTimeout + absl::Seconds(30));
+  });
+  const auto started = Clock::now();
+  for (int i = 0; i < kWrites; ++i) {
+    ASSERT_TRUE(Post(0, {.local_key = source_key,
+                         .remote_key = window,
+                         .remote_offset = uint64_t(i) * kBytes,
+                         .bytes = kBytes,
+                         .imm = 1,
+                         .wr_id = uint64_t(i) + 1})
+                    .ok());
+  }
+  int failed = 0;
+  for (int i = 0; i < kWrites; ++i) {
+    std::optional<Completion> c = CompletionOf(uint64_t(i) + 1);
+    ASSERT_TRUE(c.has_value()) << "write " << i << " never completed";
+    if (!c->status.ok()) {
+      EXPECT_EQ(c->status.code(), absl::StatusCode::kUnavailable) << c->status;
+      ++failed;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  std::printf("bench: a stopped target, %s: %d of %d writes failed, the last in %.2f s\n",
+              watchdog ? "RNR forever, 500 ms ack watchdog" : "rnr_retry 6", failed,
+              kWrites, seconds);
+  thaw.Notify();
+  // The check must not outlive `thaw`: b's poller delivers the receives it still holds
+  // from here on. SetCheck waits for a check that is running to return.
+  b_events_.SetCheck(nullptr);
+  // The receives b had posted took writes; the rest could not land.
+  EXPECT_GT(failed, 0);
+  EXPECT_LE(failed, kWrites - static_cast<int>(kReceives));
+  EXPECT_EQ(a_->counters(0).ack_timeouts, watchdog ? 1u : 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Bound, VerbsStalledTargetTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "AckWatchdog" : "RnrRetries";
+                         });
+
+}  // namespace
+}  // namespace fuselink::fabric

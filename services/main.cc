@@ -100,6 +100,10 @@ ABSL_FLAG(uint32_t, incoming_per_source, fuselink::transfer::kMaxIncoming / 4,
 ABSL_FLAG(uint32_t, incoming_start_timeout_ms, 5000,
           "An incoming transfer whose source sends nothing this long after preparing "
           "it fails SOURCE_IDLE, letting go of its tensor.");
+ABSL_FLAG(uint32_t, incoming_idle_timeout_ms, 30'000,
+          "An incoming transfer that has begun and then sees nothing from its source "
+          "this long (a source stopped or gone without a word) fails SOURCE_IDLE, "
+          "letting go of its tensor; 1000 to 3600000.");
 ABSL_FLAG(uint32_t, ipc_close_wait_ms, 5000,
           "Registering a CUDA IPC handle whose previous import is still closing waits "
           "this long for the close, then fails UNAVAILABLE (GPU_HANDLE_CLOSING); "
@@ -436,6 +440,12 @@ int main(int argc, char** argv) {
   options.landing.max_per_source = absl::GetFlag(FLAGS_incoming_per_source);
   options.landing.start_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_incoming_start_timeout_ms));
+  const uint32_t idle_ms = absl::GetFlag(FLAGS_incoming_idle_timeout_ms);
+  if (idle_ms < 1000 || idle_ms > 3'600'000) {
+    return Fail(
+        absl::InvalidArgumentError("--incoming_idle_timeout_ms must be 1000 to 3600000"));
+  }
+  options.landing.idle_timeout = absl::Milliseconds(idle_ms);
   options.ipc_close_wait = absl::Milliseconds(absl::GetFlag(FLAGS_ipc_close_wait_ms));
   if (absl::GetFlag(FLAGS_ipc_close_wait_ms) == 0 ||
       absl::GetFlag(FLAGS_ipc_close_wait_ms) > 60000) {

@@ -20,12 +20,19 @@ namespace {
 // far more often than between two.
 const v1::Layout kLayout = MakeLayout(1, 128, 1 << 20);
 constexpr int kBoundMs = 1000;
+constexpr int kIdleMs = 3000;
 const std::vector<std::string> kFlags = {
     "--chunk_bytes=16777216", "--window_chunks=1",
     absl::StrCat("--fabric_stall_timeout_ms=", kBoundMs),
-    absl::StrCat("--fabric_ack_timeout_ms=", kBoundMs)};
-// What a stopped peer may take to be given up on: the landing's 30 s idle timeout
-// (a stop between writes leaves no frame begun), the bound, and slack.
+    absl::StrCat("--fabric_ack_timeout_ms=", kBoundMs),
+    absl::StrCat("--incoming_idle_timeout_ms=", kIdleMs)};
+// What a stopped peer may take to be given up on: a stopped source, the landing's idle
+// timeout (a stop between writes leaves no frame begun; one inside a write also makes
+// its connection close after the stall bound, but the source sends the write nowhere
+// else); a stopped target, the ACK bound and then the verdict's give-up. Each plus
+// slack for a loaded machine: a bound, not a speed.
+const absl::Duration kSourceGiveUp =
+    absl::Milliseconds(kIdleMs + kBoundMs) + absl::Seconds(15);
 constexpr absl::Duration kGiveUp = absl::Seconds(60);
 
 std::vector<uint32_t> AllBlocks() {
@@ -82,6 +89,7 @@ TEST_F(StallTest, SourceStoppedMidTransferLetsTheTargetGo) {
       Counter(*b_, "fuselink_fabric_stalled_connections_total"));
   EXPECT_NE(event.code(), 0) << "the transfer ended before the stop: " << event.message();
   EXPECT_FALSE(event.reason().empty()) << event.message();
+  EXPECT_LT(absl::Milliseconds(stop_to_verdict_ms), kSourceGiveUp);
   grpc::Status unregistered = UnregisterTensor(*b_, "big");
   EXPECT_TRUE(unregistered.ok()) << unregistered.error_message();
   a_->Resume();

@@ -160,8 +160,9 @@ Node::~Node() {
   stop_.store(true);
   if (expirer_.joinable()) expirer_.join();
   if (repairer_.joinable()) repairer_.join();
-  notifier_->Stop();  // posts nothing more; late verdicts are dropped
-  fabric_.reset();    // flushes every write in flight into the engine
+  // Null when Start failed before making it (a bad flag, a NIC that will not open).
+  if (notifier_) notifier_->Stop();  // posts nothing more; late verdicts are dropped
+  fabric_.reset();                   // flushes every write in flight into the engine
   notifier_.reset();
   engine_.reset();
   landing_.reset();

@@ -254,6 +254,40 @@ TEST_F(FailureTest, AgentRefusesRdmaFlagsOutOfRange) {
   }
 }
 
+// The liveness bounds and the queues in front of blocking work, out of their ranges,
+// stop the agent at start-up naming the flag (no silent clamp).
+TEST_F(FailureTest, AgentRefusesBoundsOutOfRange) {
+  const std::vector<std::vector<std::string>> refused = {
+      {"--fabric_stall_timeout_ms=0"},
+      {"--fabric_ack_timeout_ms=0"},
+      {"--fabric_ack_timeout_ms=3600001"},
+      {"--incoming_idle_timeout_ms=999"},
+      {"--incoming_idle_timeout_ms=3600001"},
+      {"--metrics_auth_queue_depth=0"},
+      {"--metrics_auth_queue_depth=1025"},
+      {"--prepare_threads=0"},
+      {"--prepare_threads=8", "--prepare_threads_per_target=9"},
+      {"--registrations_per_caller=0"},
+  };
+  for (const std::vector<std::string>& flags : refused) {
+    absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
+        AgentProcess::Start(dir_.path(), "node-x", flags);
+    ASSERT_FALSE(agent.ok()) << flags.back();
+    const std::string name = flags.back().substr(0, flags.back().find('='));
+    EXPECT_TRUE(absl::StrContains(agent.status().message(), name))
+        << flags.back() << ": " << agent.status().message();
+  }
+  // A node whose start fails after its options passed (here the transport) exits
+  // with its reason, not a crash of the half-made node's teardown (it was SIGSEGV).
+  absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
+      AgentProcess::Start(dir_.path(), "node-x", {"--transport=bogus"});
+  ASSERT_FALSE(agent.ok());
+  EXPECT_TRUE(absl::StrContains(agent.status().message(), "(status 256)"))  // exit(1)
+      << agent.status().message();
+  EXPECT_TRUE(absl::StrContains(agent.status().message(), "BAD_TRANSPORT"))
+      << agent.status().message();
+}
+
 TEST_F(FailureTest, TransfersPastTheLimitAreRefusedUntilOneEnds) {
   std::vector<std::string> flags = kSlowFlags;
   flags.push_back("--max_transfers=1");

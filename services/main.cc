@@ -42,6 +42,11 @@ ABSL_FLAG(std::string, metrics_web_config, "",
           "key_file, client_ca_file, client_auth_type) and basic_auth_users (name: "
           "bcrypt hash); certificates are re-read when they change. Empty: plain HTTP, "
           "no auth.");
+ABSL_FLAG(int, metrics_auth_queue_depth, 4,
+          "Basic-auth checks (bcrypt, on one worker off the serving thread) that may "
+          "wait at once; a request past it is answered 503 with Retry-After at once "
+          "(1 to 1024). Credentials that checked out are cached, so a scraper pays "
+          "once.");
 ABSL_FLAG(std::string, runtime_dir, "/run/fuselink",
           "The agent's private directory (created 0700 if absent; refused unless owned "
           "by the agent's uid with no group/other access).");
@@ -364,6 +369,14 @@ int main(int argc, char** argv) {
   options.fabric_stall_timeout_ms = absl::GetFlag(FLAGS_fabric_stall_timeout_ms);
   options.fabric_ack_timeout_ms = absl::GetFlag(FLAGS_fabric_ack_timeout_ms);
   options.fabric_connections_per_peer = absl::GetFlag(FLAGS_fabric_connections_per_peer);
+  for (const auto& [name, ms] :
+       {std::pair{"--fabric_stall_timeout_ms", options.fabric_stall_timeout_ms},
+        std::pair{"--fabric_ack_timeout_ms", options.fabric_ack_timeout_ms}}) {
+    if (ms < 1 || ms > 3'600'000) {
+      return Fail(
+          absl::InvalidArgumentError(absl::StrCat(name, " must be 1 to 3600000")));
+    }
+  }
   options.qps_per_nic = absl::GetFlag(FLAGS_qps_per_nic);
   options.rdma_traffic_class = absl::GetFlag(FLAGS_rdma_traffic_class);
   options.rdma_service_level = absl::GetFlag(FLAGS_rdma_service_level);
@@ -529,6 +542,12 @@ int main(int argc, char** argv) {
   }
 
   services::MetricsEndpoint endpoint;
+  endpoint.auth_queue_depth = absl::GetFlag(FLAGS_metrics_auth_queue_depth);
+  if (endpoint.auth_queue_depth < 1 ||
+      endpoint.auth_queue_depth > services::http::kMaxAuthQueueDepth) {
+    return Fail(
+        absl::InvalidArgumentError("--metrics_auth_queue_depth must be 1 to 1024"));
+  }
   if (const std::string file = absl::GetFlag(FLAGS_metrics_web_config); !file.empty()) {
     absl::StatusOr<services::http::WebConfig> web = services::http::LoadWebConfig(file);
     if (!web.ok()) return Fail(web.status());

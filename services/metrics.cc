@@ -452,6 +452,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
   options.listen = listen;
   options.web_config = endpoint.web_config;
   options.max_connections = endpoint.max_connections;
+  options.auth_queue_depth = endpoint.auth_queue_depth;
   Metrics* self = metrics.get();
   options.render = [self] { return self->Render(); };
   options.on_refusal = [self](http::Refusal refusal) {

@@ -24,6 +24,9 @@ namespace fuselink::services {
 struct MetricsEndpoint {
   http::WebConfig web_config;  // TLS and basic auth; default plain HTTP, no auth
   int max_connections = http::kDefaultMaxConnections;
+  // Basic-auth checks (bcrypt) waiting for the one worker; a request past it is
+  // answered 503 at once (http/basic_auth.h).
+  int auth_queue_depth = http::kDefaultAuthQueueDepth;
 };
 
 class Metrics final : public transfer::EngineObserver {

@@ -233,7 +233,9 @@ frozen_target() {
   ok=1
   [ -n "$ended" ] && [ $rc -ne 0 ] &&
     awk -v e="$ended" 'BEGIN { exit !(e < 30) }' && ok=0
-  result f $ok "node-b stopped (SIGSTOP) in a 128 MiB demo: the demo ended ${ended:+$ended s after the stop}${ended:-NOT within 60 s} with rc=$rc$(sed -n 's/^failed: /: /p' "$run/f.out" | head -1); node-a failed writes: $(failed_writes node-a)"
+  local when="NOT within 60 s of the stop"
+  [ -z "$ended" ] || when="$ended s after the stop"
+  result f $ok "node-b stopped (SIGSTOP) in a 128 MiB demo: the demo ended $when with rc=$rc$(sed -n 's/^failed: /: /p' "$run/f.out" | head -1); node-a failed writes: $(failed_writes node-a)"
   [ $ok -eq 0 ] || { echo "    node-a's log:"; tail -n 15 "$run/node-a.log" | sed 's/^/    /'; }
   sleep 1
   demo "$run/g.out" 8 16 131072

@@ -119,9 +119,10 @@ ABSL_FLAG(uint32_t, prepare_threads, 8,
 ABSL_FLAG(uint32_t, prepare_threads_per_target, 2,
           "Of --prepare_threads, the most one target's calls hold at once: a target "
           "that hangs delays only its own transfers (1 to --prepare_threads).");
-ABSL_FLAG(uint32_t, prepare_queue_per_target, 16,
+ABSL_FLAG(uint32_t, prepare_queue_per_target, 0,
           "Calls to one target queued or running; a transfer past it fails "
-          "RESOURCE_EXHAUSTED (PREPARE_QUEUE_FULL).");
+          "RESOURCE_EXHAUSTED (PREPARE_QUEUE_FULL). 0: twice --max_transfers, which "
+          "the transfers admitted never reach, so all of them may go to one target.");
 ABSL_FLAG(uint32_t, incoming_prepare_threads, 4,
           "Threads that run peers' PrepareIncoming calls, off gRPC's (1 to 256).");
 ABSL_FLAG(uint32_t, incoming_prepares_per_source, 4,
@@ -431,7 +432,7 @@ int main(int argc, char** argv) {
     const uint32_t registering_all = absl::GetFlag(FLAGS_registrations_pending);
     auto threads_ok = [](uint32_t n) { return n >= 1 && n <= kMaxPoolThreads; };
     if (!threads_ok(prepare) || !threads_ok(incoming) || !threads_ok(registering) ||
-        per_target == 0 || per_target > prepare || queue < per_target ||
+        per_target == 0 || per_target > prepare || (queue != 0 && queue < per_target) ||
         per_source == 0 || incoming_all < per_source || per_caller == 0 ||
         registering_all < per_caller) {
       return Fail(absl::InvalidArgumentError(

@@ -47,10 +47,12 @@ KeyedPoolOptions PrepareLanes(const EngineOptions& o) {
   lanes.reason = "PREPARE_QUEUE_FULL";
   lanes.threads = o.prepare_threads;
   lanes.running_per_key = o.prepare_threads_per_target;
-  lanes.pending_per_key = o.prepare_queue_per_target;
   // Never reached: a job has at most one call queued and one running (a question
   // it posts as its prepare returns).
-  lanes.pending_total = std::max(2 * o.max_active_transfers, o.prepare_queue_per_target);
+  lanes.pending_total = 2 * o.max_active_transfers;
+  lanes.pending_per_key = o.prepare_queue_per_target == 0
+                              ? lanes.pending_total
+                              : std::min(o.prepare_queue_per_target, lanes.pending_total);
   return lanes;
 }
 

@@ -73,7 +73,10 @@ struct EngineOptions {
   int prepare_threads_per_target = 2;
   // One target's calls queued or running; past it the transfer that would queue
   // fails RESOURCE_EXHAUSTED (PREPARE_QUEUE_FULL), counted in prepares_refused().
-  size_t prepare_queue_per_target = 16;
+  // 0: 2 x max_active_transfers, which is never reached (a job has at most one call
+  // queued and one running), so every transfer admitted may target one node, as a
+  // decode node's do; a smaller bound refuses such a node's ordinary load.
+  size_t prepare_queue_per_target = 0;
   // Waiting for, and asking for, the target's verdict.
   VerdictWaitOptions verdict;
   // A job waiting for room with nothing in flight tries again this often.

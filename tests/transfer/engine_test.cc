@@ -579,6 +579,29 @@ TEST_F(LaneEngineTest, InNodeMovesHaveThreadsOfTheirOwn) {
   peers_.Release("node-d");
 }
 
+// By default the lane refuses nothing the engine admitted: every transfer in flight
+// may go to one target (a decode node), even while that target is slow to answer.
+TEST_F(LaneEngineTest, EveryAdmittedTransferMayWaitForOneTarget) {
+  EngineOptions o = Options();
+  o.max_active_transfers = 40;
+  o.max_active_transfers_per_requester = 40;
+  Make(o);
+  peers_.Block("node-c");
+  std::vector<std::shared_ptr<Transfer>> waiting;
+  for (int i = 0; i < 40; ++i) {
+    absl::StatusOr<std::shared_ptr<Transfer>> t =
+        SubmitTo("node-c", absl::StrCat("c", i));
+    ASSERT_TRUE(t.ok()) << t.status();
+    waiting.push_back(*t);
+  }
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-c", 1));
+  EXPECT_EQ(engine_->prepares_refused(), 0u);
+  for (const auto& t : waiting) EXPECT_FALSE(IsTerminal(t->state()));
+  peers_.Release("node-c");
+  ASSERT_TRUE(peers_.WaitForPreparesOf("node-c", 40));
+  EXPECT_EQ(engine_->prepares_refused(), 0u);
+}
+
 TEST_F(LaneEngineTest, ATargetsFullLaneFailsTheTransferWithAReason) {
   EngineOptions o = Options();
   o.prepare_queue_per_target = 2;

@@ -133,10 +133,10 @@ ABSL_FLAG(uint32_t, incoming_prepares_pending, 32,
           "PrepareIncoming calls queued or running here, of all sources.");
 ABSL_FLAG(uint32_t, register_threads, 2,
           "Threads that map and register tensors' memory, off gRPC's (1 to 256).");
-ABSL_FLAG(uint32_t, registrations_per_caller, 4,
+ABSL_FLAG(uint32_t, registrations_per_caller, 16,
           "RegisterTensor calls of one caller queued or running; past it, or past "
           "--registrations_pending in all, RESOURCE_EXHAUSTED (REGISTRATIONS_BUSY).");
-ABSL_FLAG(uint32_t, registrations_pending, 16,
+ABSL_FLAG(uint32_t, registrations_pending, 64,
           "RegisterTensor calls queued or running, of all callers.");
 ABSL_FLAG(int64_t, foreign_busy_bytes_per_s, -1,
           "Foreign traffic (bytes on a NIC that fuselink did not move, from the "

@@ -106,8 +106,8 @@ struct NodeOptions {
       .reason = "REGISTRATIONS_BUSY",
       .threads = 2,
       .running_per_key = 1,
-      .pending_per_key = 4,
-      .pending_total = 16,
+      .pending_per_key = 16,
+      .pending_total = 64,
   };
 };
 

@@ -229,6 +229,19 @@ TEST_F(FailureTest, ShutdownEndsAFabricConnectUnderWay) {
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 
+// Each set of flags stops an agent at start-up with a message naming its last flag.
+void ExpectRefusedAtStart(const std::string& dir,
+                          const std::vector<std::vector<std::string>>& refused) {
+  for (const std::vector<std::string>& flags : refused) {
+    absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
+        AgentProcess::Start(dir, "node-x", flags);
+    ASSERT_FALSE(agent.ok()) << flags.back();
+    const std::string name = flags.back().substr(0, flags.back().find('='));
+    EXPECT_TRUE(absl::StrContains(agent.status().message(), name))
+        << flags.back() << ": " << agent.status().message();
+  }
+}
+
 // RDMA traffic classes, service levels and QP limits out of their ranges stop the
 // agent at start-up, whatever the transport, naming the flag.
 TEST_F(FailureTest, AgentRefusesRdmaFlagsOutOfRange) {
@@ -244,14 +257,7 @@ TEST_F(FailureTest, AgentRefusesRdmaFlagsOutOfRange) {
       {"--rdma_max_shadow_mib=0"},
       {"--gpudirect_max_class=FAR"},
   };
-  for (const std::vector<std::string>& flags : refused) {
-    absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
-        AgentProcess::Start(dir_.path(), "node-x", flags);
-    ASSERT_FALSE(agent.ok()) << flags.back();
-    const std::string name = flags.back().substr(0, flags.back().find('='));
-    EXPECT_TRUE(absl::StrContains(agent.status().message(), name))
-        << flags.back() << ": " << agent.status().message();
-  }
+  ExpectRefusedAtStart(dir_.path(), refused);
 }
 
 // The liveness bounds and the queues in front of blocking work, out of their ranges,
@@ -269,14 +275,7 @@ TEST_F(FailureTest, AgentRefusesBoundsOutOfRange) {
       {"--prepare_threads=8", "--prepare_threads_per_target=9"},
       {"--registrations_per_caller=0"},
   };
-  for (const std::vector<std::string>& flags : refused) {
-    absl::StatusOr<std::unique_ptr<AgentProcess>> agent =
-        AgentProcess::Start(dir_.path(), "node-x", flags);
-    ASSERT_FALSE(agent.ok()) << flags.back();
-    const std::string name = flags.back().substr(0, flags.back().find('='));
-    EXPECT_TRUE(absl::StrContains(agent.status().message(), name))
-        << flags.back() << ": " << agent.status().message();
-  }
+  ExpectRefusedAtStart(dir_.path(), refused);
   // A node whose start fails after its options passed (here the transport) exits
   // with its reason, not a crash of the half-made node's teardown (it was SIGSEGV).
   absl::StatusOr<std::unique_ptr<AgentProcess>> agent =

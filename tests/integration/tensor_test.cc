@@ -335,16 +335,23 @@ TEST_F(TensorTest, RegisterRefusesAnEmptyLayoutAndMemoryPastTheFile) {
   EXPECT_TRUE(Serves(*b_));
 }
 
-// The test agent runs with --gpu=off, so GPU memory has nowhere to go, on any machine.
-TEST_F(TensorTest, GpuMemoryOnAnAgentWithoutGpusIsAFailedPrecondition) {
+// Two blocks of GPU memory lent by a made-up CUDA IPC handle, with no owner token.
+v1::RegisterTensorRequest IpcRequest() {
   v1::RegisterTensorRequest request;
   request.set_name("kv");
   *request.mutable_layout() = MakeLayout(1, 2, kBlockBytes);
-  // As a local engine lends it: with its pidfd's token from the handle socket.
-  request.set_owner_fd_token(OwnPidfdToken());
   v1::CudaIpcMemory* ipc = request.mutable_memory()->mutable_cuda_ipc();
   ipc->set_handle(std::string(64, '\x5a'));
   ipc->set_size_bytes(2 * kBlockBytes);
+  return request;
+}
+
+// The test agent runs with --gpu=off, so GPU memory has nowhere to go, on any machine.
+TEST_F(TensorTest, GpuMemoryOnAnAgentWithoutGpusIsAFailedPrecondition) {
+  v1::RegisterTensorRequest request = IpcRequest();
+  // As a local engine lends it: with its pidfd's token from the handle socket.
+  request.set_owner_fd_token(OwnPidfdToken());
+  v1::CudaIpcMemory* ipc = request.mutable_memory()->mutable_cuda_ipc();
   v1::Tensor tensor;
   grpc::ClientContext context;
   EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context, request, &tensor),
@@ -361,12 +368,7 @@ TEST_F(TensorTest, GpuMemoryOnAnAgentWithoutGpusIsAFailedPrecondition) {
 // credentials it read), never from a gRPC call alone, whatever the certificate. Said
 // before anything else, on an agent with GPUs or without; the agent serves on.
 TEST_F(TensorTest, GpuMemoryByIpcHandleWithoutAnOwnerTokenIsRefused) {
-  v1::RegisterTensorRequest request;
-  request.set_name("kv");
-  *request.mutable_layout() = MakeLayout(1, 2, kBlockBytes);
-  v1::CudaIpcMemory* ipc = request.mutable_memory()->mutable_cuda_ipc();
-  ipc->set_handle(std::string(64, '\x5a'));
-  ipc->set_size_bytes(2 * kBlockBytes);
+  const v1::RegisterTensorRequest request = IpcRequest();
   v1::Tensor tensor;
   grpc::ClientContext context;
   EXPECT_TRUE(HasError(b_->stub().RegisterTensor(&context, request, &tensor),

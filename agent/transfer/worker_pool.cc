@@ -72,22 +72,21 @@ KeyedPool::KeyedPool(KeyedPoolOptions options) : options_(Clamped(std::move(opti
 absl::Status KeyedPool::Post(absl::string_view key, Task task) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return ShuttingDownStatus();
-  auto refuse = [&](absl::string_view over) {
+  std::string over;  // the bound the post would pass, if any
+  auto it = lanes_.find(key);
+  if (pending_ >= options_.pending_total) {
+    over = absl::StrCat(options_.pending_total,
+                        " queued or running over all keys, the most in all");
+  } else if (it != lanes_.end() &&
+             it->second.tasks.size() + it->second.running >= options_.pending_per_key) {
+    over = absl::StrCat(options_.pending_per_key, " queued or running, the most for one");
+  }
+  if (!over.empty()) {
     ++refused_;
     return WithReason(absl::ResourceExhaustedError(
                           absl::StrCat(options_.name, " '", BoundedForMessage(key),
                                        "': ", over, "; try again later")),
                       options_.reason);
-  };
-  if (pending_ >= options_.pending_total) {
-    return refuse(absl::StrCat(options_.pending_total,
-                               " queued or running over all keys, the most in all"));
-  }
-  auto it = lanes_.find(key);
-  if (it != lanes_.end() &&
-      it->second.tasks.size() + it->second.running >= options_.pending_per_key) {
-    return refuse(
-        absl::StrCat(options_.pending_per_key, " queued or running, the most for one"));
   }
   if (it == lanes_.end()) it = lanes_.try_emplace(std::string(key)).first;
   it->second.tasks.push_back(std::move(task));

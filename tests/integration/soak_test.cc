@@ -69,7 +69,7 @@ constexpr uint32_t kLeaseMs = 300;
 // fabric's and the landing's bounds, and slack for a loaded 2-core machine.
 const absl::Duration kSlack =
     kFreeze + absl::Milliseconds(kIdleMs + 2 * kBoundMs) + absl::Seconds(15);
-// A transfer without a deadline of its own: at most 64 MiB on loopback, plus kSlack.
+// A transfer without a deadline of its own: at most 32 MiB on loopback, plus kSlack.
 const absl::Duration kPlainBound = absl::Seconds(15) + kSlack;
 // Each call's gRPC deadline, beyond every bound above: a call that reaches it failed.
 constexpr absl::Duration kSoakCallTimeout = absl::Seconds(90);

@@ -65,8 +65,9 @@ TransferResult RunTransfer(v1::Agent::Stub& stub, const v1::TransferRequest& req
   return call.Finish();
 }
 
-WatchCall::WatchCall(v1::Agent::Stub& stub, const std::string& tensor, bool outgoing) {
-  context_.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+WatchCall::WatchCall(v1::Agent::Stub& stub, const std::string& tensor, bool outgoing,
+                     absl::Duration timeout) {
+  context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   v1::WatchTransfersRequest request;
   request.set_tensor(tensor);
   request.set_outgoing(outgoing);

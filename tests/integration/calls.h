@@ -64,8 +64,10 @@ TransferResult RunTransfer(v1::Agent::Stub& stub, const v1::TransferRequest& req
 // reaches it. Thread-safe.
 class WatchCall {
  public:
-  // `outgoing`: the transfers the agent sends, not those landing there.
-  WatchCall(v1::Agent::Stub& stub, const std::string& tensor, bool outgoing = false);
+  // `outgoing`: the transfers the agent sends, not those landing there. `timeout`
+  // bounds the whole stream (its gRPC deadline).
+  WatchCall(v1::Agent::Stub& stub, const std::string& tensor, bool outgoing = false,
+            absl::Duration timeout = kCallTimeout);
   ~WatchCall();
   WatchCall(const WatchCall&) = delete;
   WatchCall& operator=(const WatchCall&) = delete;

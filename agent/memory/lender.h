@@ -9,8 +9,9 @@
 namespace fuselink::memory {
 
 struct Lender {
-  // False when no descriptor came with the memory (a CUDA IPC handle without an
-  // owner pidfd); then the rest is 0 and means nothing.
+  // False when no descriptor came with the memory (a caller of the registry that
+  // passes none; RegisterTensor takes a CUDA IPC handle only with its owner's pidfd);
+  // then the rest is 0 and means nothing.
   bool known = false;
   // As the agent's pid namespace sees it: 0 when the lender's is not visible there.
   pid_t pid = 0;

@@ -30,6 +30,7 @@
 namespace fuselink::fabric {
 namespace {
 
+using testing::AuthenticatedRaw;
 using testing::KeyRing;
 using testing::LoopbackAddress;
 using testing::LoopbackOptions;
@@ -44,16 +45,6 @@ constexpr uint8_t kUntouched = 0xAB;
 
 std::string AsString(const wire::HeaderBytes& header) {
   return std::string(reinterpret_cast<const char*>(header.data()), header.size());
-}
-
-// Connects to the target's NIC `nic` as "raw", with the key the ring agreed.
-absl::StatusOr<UniqueFd> AuthenticatedRaw(KeyRing& keys, const Fabric& target,
-                                          int nic = 0) {
-  FL_ASSIGN_OR_RETURN(UniqueFd raw, RawConnect(9, target.endpoints()[nic]));
-  FL_RETURN_IF_ERROR(ProveToAcceptor(raw.get(), static_cast<uint32_t>(nic), "raw",
-                                     "target", *keys.For("raw")->FindConnectKey("target"),
-                                     /*timeout_ms=*/5000));
-  return raw;
 }
 
 // Waits up to kWaitTimeout for `condition`.

@@ -19,6 +19,7 @@
 namespace fuselink::fabric {
 namespace {
 
+using testing::AuthenticatedRaw;
 using testing::KeyRing;
 using testing::LoopbackOptions;
 using testing::RawConnect;
@@ -78,16 +79,6 @@ const HostileCase kHostileCases[] = {
     {.name = "HelloAfterProof",
      .frame = [](RegionKey) { return *wire::EncodeHello(0, "raw", {}); }},
 };
-
-// Connects to the target's NIC `nic` as "raw", with the key the ring agreed.
-absl::StatusOr<UniqueFd> AuthenticatedRaw(KeyRing& keys, const Fabric& target,
-                                          int nic = 0) {
-  FL_ASSIGN_OR_RETURN(UniqueFd raw, RawConnect(9, target.endpoints()[nic]));
-  FL_RETURN_IF_ERROR(ProveToAcceptor(raw.get(), static_cast<uint32_t>(nic), "raw",
-                                     "target", *keys.For("raw")->FindConnectKey("target"),
-                                     /*timeout_ms=*/5000));
-  return raw;
-}
 
 class HostileFrameTest : public ::testing::TestWithParam<HostileCase> {};
 

@@ -116,6 +116,14 @@ absl::StatusOr<UniqueFd> RawConnect(int from_host, const Endpoint& to) {
   return ConnectFrom(*local, *remote, /*timeout_ms=*/5000);
 }
 
+absl::StatusOr<UniqueFd> AuthenticatedRaw(KeyRing& keys, const Fabric& target, int nic) {
+  FL_ASSIGN_OR_RETURN(UniqueFd raw, RawConnect(9, target.endpoints()[nic]));
+  FL_RETURN_IF_ERROR(ProveToAcceptor(raw.get(), static_cast<uint32_t>(nic), "raw",
+                                     "target", *keys.For("raw")->FindConnectKey("target"),
+                                     /*timeout_ms=*/5000));
+  return raw;
+}
+
 absl::Status SendRaw(int fd, const void* data, size_t bytes) {
   iovec iov[1] = {{const_cast<void*>(data), bytes}};
   return SendAll(fd, iov);

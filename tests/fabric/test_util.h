@@ -147,6 +147,10 @@ std::string LoopbackAddress(int host);
 
 // A raw TCP connection from 127.0.0.<from_host> to `to`.
 absl::StatusOr<UniqueFd> RawConnect(int from_host, const Endpoint& to);
+// A raw connection from 127.0.0.9 to `target`'s NIC `nic` that has proved itself as
+// node "raw" to node "target", with the key `keys` agreed for them.
+absl::StatusOr<UniqueFd> AuthenticatedRaw(KeyRing& keys, const Fabric& target,
+                                          int nic = 0);
 absl::Status SendRaw(int fd, const void* data, size_t bytes);
 // True when the peer closes the connection (EOF or reset) within kWaitTimeout.
 bool WaitUntilClosed(int fd);

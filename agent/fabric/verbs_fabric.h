@@ -41,9 +41,9 @@
 //    FAILED_PRECONDITION (FABRIC_NO_KEY) or UNAVAILABLE (FABRIC_AUTH) likewise, and
 //    NicCounters::auth_failures counts the control connections refused.
 //  - A port going down (IBV_EVENT_PORT_ERR) closes every QP on that NIC at once; a QP
-//    whose peer stops answering fails after the RC retries (timeout, retry_cnt; a
-//    receiver that stops reposting, after rnr_retry, about 3.4 s), and a QP whose
-//    writes see no acknowledgement within ack_timeout is closed all the same.
+//    whose peer stops answering fails after the RC retries (timeout, retry_cnt); a
+//    receiver that stops reposting is answered RNR forever by its NIC, so a QP whose
+//    writes see no acknowledgement within ack_timeout is closed (the watchdog).
 #pragma once
 
 #include <cstdint>

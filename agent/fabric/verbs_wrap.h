@@ -127,14 +127,15 @@ struct RcParams {
   // Local ACK timeout: 4.096 us * 2^timeout per try (14: ~67 ms).
   uint8_t timeout = 14;
   uint8_t retry_cnt = 7;  // transport retries before IBV_WC_RETRY_EXC_ERR
-  // Receiver-not-ready: the target's receive queue is empty because its poller stopped
-  // reposting (a frozen or hung agent). 7 would retry forever, so a stopped target
-  // whose QP is still in RTS would hold every write on it; 6 retries at the target's
-  // min_rnr_timer (31: 491.52 ms, the longest finite wait) fail the write after about
-  // 3.4 s with IBV_WC_RNR_RETRY_EXC_ERR. A live target reposts on every receive, so
-  // it answers RNR only when its poller is a whole receive queue behind.
-  uint8_t rnr_retry = 6;
-  uint8_t min_rnr_timer = 31;
+  // Receiver-not-ready: the target's receive queue is empty because its poller is a
+  // whole queue behind (busy) or stopped (a frozen agent). 7 retries forever, every
+  // min_rnr_timer (12: 0.64 ms), so a busy target costs a write nothing; a stopped
+  // one is bounded by the fabric's ack watchdog (VerbsFabricOptions::ack_timeout).
+  // A finite count fails a busy target's writes: with this timer after milliseconds
+  // of RNR; with a long one (31: 491.52 ms) each wait outlasts the transport timer
+  // (timeout x retry_cnt, ~0.5 s), which rxe may count against retry_cnt.
+  uint8_t rnr_retry = 7;
+  uint8_t min_rnr_timer = 12;
   uint8_t max_rd_atomic = 1;
   // The GRH traffic class: on RoCE its upper six bits are the packets' DSCP, which is
   // what puts them into the fabric's lossless (PFC) class. 0: best effort.

@@ -23,7 +23,7 @@
 #      failed writes on rail1 (else the down missed the transfer and proved nothing);
 #      then, informational only (d-back INFO), a new transfer once rail1 is back up
 #   f  node-b stopped (SIGSTOP) in the middle of a transfer: the demo ends with a
-#      failure within 30 s of the stop, node-b still stopped; then (f-back INFO) a new
+#      failure within 45 s of the stop, node-b still stopped; then (f-back INFO) a new
 #      transfer after node-b is thawed
 #   c  --transport=tcp on the same addresses: tcp reported, demo bytes match; and
 #      --transport=auto with an address that has no RDMA device picks tcp
@@ -208,9 +208,9 @@ fi
 
 # --- (f) the target frozen mid-transfer (SIGSTOP): its kernel's rxe keeps the QPs in
 # RTS and acknowledges writes until each QP's posted receives are used up, then answers
-# receiver-not-ready for as long as the agent is stopped. The source's writes must fail
-# within the RC retries' bound (rnr_retry 6 at 491.52 ms, about 3.4 s) or the ack
-# watchdog (10 s), and the transfer end with a reason, while node-b is still stopped.
+# receiver-not-ready for as long as the agent is stopped (RNR is retried forever). The
+# source's writes must fail by the ack watchdog (10 s) and the transfer end with a
+# reason after the verdict's questions, while node-b is still stopped: 45 s at most.
 frozen_target() {
   local demo_pid t_stop ended=""
   demo "$run/f.out" 32 16 262144 &  # 128 MiB
@@ -232,7 +232,7 @@ frozen_target() {
   show "$run/f.out"
   ok=1
   [ -n "$ended" ] && [ $rc -ne 0 ] &&
-    awk -v e="$ended" 'BEGIN { exit !(e < 30) }' && ok=0
+    awk -v e="$ended" 'BEGIN { exit !(e < 45) }' && ok=0
   local when="NOT within 60 s of the stop"
   [ -z "$ended" ] || when="$ended s after the stop"
   result f $ok "node-b stopped (SIGSTOP) in a 128 MiB demo: the demo ended $when with rc=$rc$(sed -n 's/^failed: /: /p' "$run/f.out" | head -1); node-a failed writes: $(failed_writes node-a)"

@@ -1,10 +1,10 @@
 // A target that stops answering, on real RDMA devices: its NIC keeps its QPs in RTS and
 // acknowledges writes until the receives its poller posted are used up, then answers
 // receiver-not-ready (RNR) for as long as the poller is stopped, as a frozen agent's
-// would (SIGSTOP). The source's writes must still complete, each exactly once: failed
-// by the finite RNR retries (RcParams::rnr_retry), or, where the retries are made
-// infinite, by the ack watchdog (VerbsFabricOptions::ack_timeout). The fixture is in
-// verbs_fabric_test_util.h.
+// would (SIGSTOP). The source's writes must still complete, each exactly once: by the
+// ack watchdog (VerbsFabricOptions::ack_timeout) under the default RNR retries, which
+// are infinite, or by finite ones where an operator sets them (RcParams::rnr_retry).
+// The fixture is in verbs_fabric_test_util.h.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -25,8 +25,8 @@ using testing::RandomBytes;
 using testing::VerbsFabricTest;
 using Clock = std::chrono::steady_clock;
 
-// true: RNR retried forever by the NIC, the watchdog ends it (500 ms); false: the
-// default rnr_retry ends it, with the watchdog out of the way (60 s).
+// true: RNR retried forever by the NIC (the default), the watchdog ends it (500 ms);
+// false: finite RNR retries (rnr_retry 6) end it, with the watchdog out of the way.
 class VerbsStalledTargetTest : public VerbsFabricTest,
                                public ::testing::WithParamInterface<bool> {};
 
@@ -37,9 +37,9 @@ TEST_P(VerbsStalledTargetTest, WritesFailWithinTheBoundAndExactlyOnce) {
       1, 1, [](VerbsFabricOptions& b) { b.recv_depth_per_qp = kReceives; },
       [&](VerbsFabricOptions& a) {
         if (watchdog) {
-          a.rc.rnr_retry = 7;  // forever
           a.ack_timeout = absl::Milliseconds(500);
         } else {
+          a.rc.rnr_retry = 6;
           a.ack_timeout = absl::Seconds(60);
         }
       });

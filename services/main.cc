@@ -166,6 +166,12 @@ ABSL_FLAG(int, fabric_ack_timeout_ms, 10'000,
           "While writes of ours are on a connection (tcp) or QP (verbs), the longest "
           "without an acknowledgement; past it the connection or QP closes and its "
           "writes go again on others (tcp: reason FABRIC_ACK_TIMEOUT). 1 to 3600000.");
+ABSL_FLAG(uint32_t, transfer_drain_timeout_ms, 10'000,
+          "Once a transfer has ended (deadline, lease, cancel, the verdict given up on), "
+          "the longest its writes may stay in flight; past it the connections to its "
+          "target close, failing them, so that the transfer ends and its tensor is "
+          "let go of (counted in fuselink_transfer_forced_drains_total). 1 to "
+          "3600000.");
 ABSL_FLAG(int, fabric_connections_per_peer, 0,
           "tcp: accepted fabric connections one authenticated peer may hold; more are "
           "refused (reason FABRIC_PEER_CONNECTIONS). 0: twice connections_per_nic "
@@ -451,6 +457,12 @@ int main(int argc, char** argv) {
     options.registrations.pending_per_key = per_caller;
     options.registrations.pending_total = registering_all;
   }
+  const uint32_t drain_ms = absl::GetFlag(FLAGS_transfer_drain_timeout_ms);
+  if (drain_ms < 1 || drain_ms > 3'600'000) {
+    return Fail(
+        absl::InvalidArgumentError("--transfer_drain_timeout_ms must be 1 to 3600000"));
+  }
+  options.engine.drain_bound = absl::Milliseconds(drain_ms);
   options.landing.max_per_source = absl::GetFlag(FLAGS_incoming_per_source);
   options.landing.start_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_incoming_start_timeout_ms));

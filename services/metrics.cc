@@ -303,6 +303,11 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
             "GPU relay copies whose fence failed while their slot waited to be "
             "released; the slot was released all the same.",
             static_cast<double>(node.engine().fence_errors()));
+    counter("fuselink_transfer_forced_drains_total",
+            "Ended transfers whose writes were still in flight after "
+            "--transfer_drain_timeout_ms, so that the connections to their target "
+            "were closed to fail them.",
+            static_cast<double>(node.engine().forced_drains()));
     counter("fuselink_notices_dropped_total",
             "Verdict and idle-NIC notices to other agents that were dropped (queue "
             "full, or the node unreachable); a source then asks for its verdict over "

@@ -38,6 +38,7 @@ JobOptions MakeJobOptions(const EngineOptions& o) {
   j.verdict = o.verdict;
   j.wait_backstop = o.wait_backstop;
   j.abort_patience = o.abort_patience;
+  j.drain_bound = o.drain_bound;
   return j;
 }
 
@@ -252,6 +253,10 @@ void Engine::Apply(const JobPtr& job, JobEffects& fx) {
   if (fx.outgoing && options_.on_outgoing) options_.on_outgoing(*fx.outgoing);
   if (fx.notify) job->transfer()->Notify(fx.progress_only, options_.progress_interval);
   if (fx.query) AskVerdict(job, fx.query_deadline);
+  if (fx.disconnect) {
+    forced_drains_.fetch_add(1);
+    ctx_.fabric->Disconnect(*fx.disconnect);
+  }
 }
 
 void Engine::AskVerdict(const JobPtr& job, absl::Time deadline) {

@@ -83,6 +83,9 @@ struct EngineOptions {
   absl::Duration wait_backstop = absl::Milliseconds(20);
   // How long an abort notice may wait for room in full queues.
   absl::Duration abort_patience = absl::Seconds(2);
+  // How long a decided transfer waits for its writes in flight before it closes the
+  // connections to its target (JobOptions::drain_bound).
+  absl::Duration drain_bound = absl::Seconds(10);
   // Off in tests that drive time themselves through Tick.
   bool housekeeping_thread = true;
   // The engine's clock, for tests.
@@ -185,6 +188,9 @@ class Engine {
   uint64_t stray_verdicts() const { return stray_verdicts_.load(); }
   // Relay copies that failed on their GPU, seen when a slot was let go of.
   uint64_t fence_errors() const { return fence_errors_.load(); }
+  // Decided transfers whose writes outlived drain_bound, so that the connections to
+  // their target were closed.
+  uint64_t forced_drains() const { return forced_drains_.load(); }
   // Calls to a target refused because its lane was full (PREPARE_QUEUE_FULL): the
   // transfer failed, or a question about its verdict went unasked.
   uint64_t prepares_refused() const {
@@ -236,6 +242,7 @@ class Engine {
   std::atomic<uint64_t> stray_completions_{0};
   std::atomic<uint64_t> stray_verdicts_{0};
   std::atomic<uint64_t> fence_errors_{0};
+  std::atomic<uint64_t> forced_drains_{0};
   std::array<std::atomic<bool>, topo::kMaxNics> growing_{};  // a growth is queued
   // Tick's own state: one caller at a time.
   absl::Time next_collect_;

@@ -166,6 +166,10 @@ void Job::OnVerdictReply(const absl::StatusOr<std::optional<absl::Status>>& repl
 
 void Job::OnTimer(JobEffects* fx) {
   const absl::Time t = now();
+  if (DrainOverdue(t)) {
+    drain_forced_ = true;
+    fx->disconnect = target_->peer;  // its writes fail; the job ends as they come back
+  }
   if (phase_ != Phase::kDone && !outcome_) {
     if (SourceMayStop() && t >= transfer_->deadline()) {
       Decide(DeadlineStatus(), /*abort=*/true, fx);
@@ -268,8 +272,16 @@ bool Job::SourceMayStop() const {
 }
 
 uint32_t Job::in_flight() const {
-  return (prepare_running_ ? 1 : 0) + (window_ ? window_->in_flight() : 0) +
-         (commit_in_flight_ ? 1 : 0);
+  return (prepare_running_ ? 1 : 0) + writes_in_flight();
+}
+
+uint32_t Job::writes_in_flight() const {
+  return (window_ ? window_->in_flight() : 0) + (commit_in_flight_ ? 1 : 0);
+}
+
+bool Job::DrainOverdue(absl::Time t) const {
+  return outcome_ && phase_ != Phase::kDone && !drain_forced_ && target_ &&
+         writes_in_flight() > 0 && t >= drain_until_;
 }
 
 absl::Status Job::FromTarget(absl::Status verdict) const {
@@ -279,6 +291,7 @@ absl::Status Job::FromTarget(absl::Status verdict) const {
 
 void Job::Decide(absl::Status outcome, bool abort, JobEffects* fx) {
   outcome_ = std::move(outcome);
+  drain_until_ = now() + ctx_->options.drain_bound;
   abort_owed_ = abort && !verdict_seen_;
   if (window_) window_->Halt(fx);
   const State s = transfer_->state_locked();
@@ -472,6 +485,9 @@ void Job::Settle(JobEffects* fx) {
   if (phase_ != Phase::kDone && !outcome_) {
     if (SourceMayStop()) t = std::min({t, transfer_->deadline(), lease_until_});
     if (wait_.active()) t = std::min(t, wait_.next());
+  }
+  if (outcome_ && phase_ != Phase::kDone && !drain_forced_ && writes_in_flight() > 0) {
+    t = std::min(t, drain_until_);
   }
   if (listed_ && may_post && in_flight() == 0) {
     // Nothing of its own will complete to wake it: try again on a timer too.

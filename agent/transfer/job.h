@@ -7,6 +7,9 @@
 //    verdict, after the source committed; any other verdict ends it with that
 //    verdict's code and reason. The commit's own acknowledgement decides nothing.
 //  - A job ends only once none of its writes is in flight (their wr_ids name it).
+//    Once decided, it waits at most JobOptions::drain_bound for them; then it closes
+//    the connections to its target, which fails them (and so frees its memory only
+//    once no write of it can still read it).
 //  - The source decides only before it committed: a cancel, a deadline, the source
 //    tensor's owner exiting or the last NIC failing ends it with the source's reason
 //    (and a best-effort abort tells the target). Once the commit is out, or a write
@@ -53,6 +56,10 @@ struct JobOptions {
   // How long an abort notice may wait for room in full queues before it is dropped
   // (the target also ends a silent transfer on its own).
   absl::Duration abort_patience = absl::Seconds(2);
+  // How long a decided job's writes may stay in flight before it closes the fabric's
+  // connections to its target (Fabric::Disconnect), which fails them: its end is so
+  // bounded whatever the target or the network does with them.
+  absl::Duration drain_bound = absl::Seconds(10);
 };
 
 // What every job of an engine shares. Outlives the jobs.
@@ -173,6 +180,10 @@ class Job {
   v1::WatchEvent OutgoingEvent(const absl::Status& outcome) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   uint32_t in_flight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
+  // Of those, the writes on the fabric (not the target's preparing call).
+  uint32_t writes_in_flight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
+  // Decided, with writes on the fabric that have not come back by drain_until_.
+  bool DrainOverdue(absl::Time t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   absl::Time now() const { return ctx_->clock(); }
 
   const uint32_t serial_;
@@ -204,6 +215,8 @@ class Job {
   bool verdict_seen_ ABSL_GUARDED_BY(mu()) = false;  // the target ended its slot
   VerdictWait wait_ ABSL_GUARDED_BY(mu());
   std::optional<absl::Status> outcome_ ABSL_GUARDED_BY(mu());  // decided: drain, end
+  absl::Time drain_until_ ABSL_GUARDED_BY(mu()) = absl::InfiniteFuture();
+  bool drain_forced_ ABSL_GUARDED_BY(mu()) = false;  // the connections were closed
   bool abort_owed_ ABSL_GUARDED_BY(mu()) = false;
   AbortState abort_ ABSL_GUARDED_BY(mu()) = AbortState::kNone;
   absl::Time abort_until_ ABSL_GUARDED_BY(mu()) = absl::InfiniteFuture();

@@ -10,6 +10,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/time/time.h"
+#include "agent/fabric/fabric.h"
 #include "agent/memory/registry.h"
 #include "agent/relay/pool.h"
 #include "agent/transfer/transfer.h"
@@ -48,6 +49,9 @@ struct JobEffects {
   memory::TensorLease released;
   // With `finished`: the event for the source's outgoing watches.
   std::optional<v1::WatchEvent> outgoing;
+  // A decided job's writes outlived JobOptions::drain_bound: close the connections to
+  // this peer, which fails them (and every other write to it).
+  std::optional<fabric::PeerId> disconnect;
 };
 
 }  // namespace fuselink::transfer

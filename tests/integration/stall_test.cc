@@ -3,11 +3,13 @@
 // landing's end what waits on them, and the tensors are let go. Times are printed as
 // "bench:" lines; the waits are bounded generously and speed is not asserted.
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/util/time_util.h"
 #include "gtest/gtest.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
@@ -41,11 +43,12 @@ std::vector<uint32_t> AllBlocks() {
   return ids;
 }
 
-double Counter(AgentProcess& agent, const std::string& name) {
+double Counter(AgentProcess& agent, const std::string& name,
+               const std::map<std::string, std::string>& labels = {{"nic", "rail0"}}) {
   absl::StatusOr<std::string> metrics =
       client::HttpGet(agent.metrics_url(), kWaitTimeout);
   if (!metrics.ok()) return -1;
-  absl::StatusOr<double> value = client::MetricValue(*metrics, name, {{"nic", "rail0"}});
+  absl::StatusOr<double> value = client::MetricValue(*metrics, name, labels);
   return value.ok() ? *value : -1;
 }
 
@@ -122,6 +125,55 @@ TEST_F(StallTest, TargetStoppedMidTransferEndsTheSourcesStream) {
   b_->Resume();
   grpc::Status unregistered = UnregisterTensor(*a_, "big");
   EXPECT_TRUE(unregistered.ok()) << unregistered.error_message();
+}
+
+}  // namespace
+}  // namespace fuselink::testing
+
+namespace fuselink::testing {
+namespace {
+
+// The target stops, and the acknowledgement bound is far off: the transfer's own
+// deadline decides its end, and --transfer_drain_timeout_ms later its writes are
+// failed by closing the connections to the target, so that its stream ends and its
+// tensor is let go of. Once the target is back, the next transfer reconnects.
+TEST_F(StallTest, TargetStoppedTransferEndsOneDrainBoundAfterItsDeadline) {
+  constexpr int kDrainMs = 1000;
+  std::vector<std::string> flags = kFlags;
+  flags.push_back("--fabric_ack_timeout_ms=600000");
+  flags.push_back(absl::StrCat("--transfer_drain_timeout_ms=", kDrainMs));
+  ASSERT_NO_FATAL_FAILURE(StartNodes(flags, kFlags));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair());
+  v1::TransferRequest request = Request("drained");
+  const absl::Time deadline = absl::Now() + absl::Seconds(4);
+  *request.mutable_deadline() = google::protobuf::util::TimeUtil::NanosecondsToTimestamp(
+      absl::ToUnixNanos(deadline));
+  TransferCall call(a_->stub(), request, kGiveUp);
+  ASSERT_TRUE(call.WaitUntilMoving());
+  b_->Pause();
+
+  TransferResult result = call.Finish();
+  const double deadline_to_end_ms = absl::ToDoubleMilliseconds(result.ended - deadline);
+  const double forced = Counter(*a_, "fuselink_transfer_forced_drains_total", {});
+  std::printf(
+      "bench: target stopped, stream ended %.0f ms after the deadline (drain bound %d "
+      "ms; code %d: %s; forced drains %.0f)\n",
+      deadline_to_end_ms, kDrainMs, static_cast<int>(result.status.error_code()),
+      result.status.error_message().c_str(), forced);
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << result.status.error_message();
+  EXPECT_GE(result.ended, deadline);
+  // The bound plus slack for a loaded machine: a bound, not a speed.
+  EXPECT_LT(result.ended - deadline, absl::Milliseconds(kDrainMs) + absl::Seconds(10));
+  EXPECT_EQ(forced, 1);
+  grpc::Status unregistered = UnregisterTensor(*a_, "big");
+  EXPECT_TRUE(unregistered.ok()) << unregistered.error_message();
+
+  b_->Resume();
+  absl::StatusOr<HostTensor> again = RegisterTensor(*a_, "big", kLayout, 13);
+  ASSERT_TRUE(again.ok()) << again.status();
+  TransferResult next = TransferCall(a_->stub(), Request("after-drain")).Finish();
+  EXPECT_TRUE(next.status.ok()) << next.status.error_message();
 }
 
 }  // namespace

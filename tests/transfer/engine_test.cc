@@ -331,6 +331,56 @@ TEST_F(EngineTest, DeadlineThatPassesMidTransfer) {
             std::make_pair(absl::StatusCode::kDeadlineExceeded, std::string("DEADLINE")));
 }
 
+// A decided transfer whose writes never come back (a target that stopped) closes the
+// connections to its target once they outlive the drain bound; the fabric then fails
+// them, and the transfer ends with its own reason.
+TEST_F(EngineTest, WritesThatOutliveTheDrainBoundCloseTheConnectionsToTheTarget) {
+  EngineOptions o = Options();
+  o.drain_bound = absl::Seconds(5);
+  Make(o);
+  absl::StatusOr<std::shared_ptr<Transfer>> t = engine_->Submit(
+      testing::MakeRequest("r1", "src", {0, 1}, "dst", {0, 1}), now() + absl::Seconds(2));
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(fabric_.WaitForPending(4));
+  const fabric::PeerId target = fabric_.pending()[0].peer;
+  Advance(absl::Seconds(2));
+  engine_->Tick(now());
+  EXPECT_EQ((*t)->state(), State::kStopping);  // decided; its writes are still out
+  Advance(absl::Milliseconds(4900));
+  engine_->Tick(now());
+  EXPECT_TRUE(fabric_.disconnects().empty());
+  EXPECT_EQ(engine_->forced_drains(), 0u);
+
+  Advance(absl::Milliseconds(200));
+  engine_->Tick(now());
+  EXPECT_EQ(fabric_.disconnects(), std::vector<fabric::PeerId>{target});
+  EXPECT_EQ(engine_->forced_drains(), 1u);
+  EXPECT_EQ((*t)->state(), State::kStopping);  // until the fabric fails the writes
+  fabric_.FlushAll();
+  EXPECT_EQ(End(**t),
+            std::make_pair(absl::StatusCode::kDeadlineExceeded, std::string("DEADLINE")));
+  EXPECT_TRUE(registry_.Unregister("src").ok()) << "the source tensor is let go of";
+  Advance(absl::Seconds(60));
+  engine_->Tick(now());
+  EXPECT_EQ(fabric_.disconnects().size(), 1u);  // once
+}
+
+TEST_F(EngineTest, WritesThatComeBackInTimeCloseNothing) {
+  EngineOptions o = Options();
+  o.drain_bound = absl::Seconds(5);
+  Make(o);
+  std::shared_ptr<Transfer> t = Start("r1", {0, 1});
+  ASSERT_TRUE(engine_->Cancel(t).ok());
+  Advance(absl::Seconds(4));
+  engine_->Tick(now());
+  fabric_.CompleteAll();
+  EXPECT_EQ(t->state(), State::kCancelled);
+  Advance(absl::Seconds(60));
+  engine_->Tick(now());
+  EXPECT_TRUE(fabric_.disconnects().empty());
+  EXPECT_EQ(engine_->forced_drains(), 0u);
+}
+
 TEST_F(EngineTest, AbortTensorStopsTheTransfersThatReadIt) {
   Make();
   std::shared_ptr<Transfer> t = Start("r1", {0, 1});

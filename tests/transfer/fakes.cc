@@ -85,6 +85,16 @@ size_t FakeFabric::CompleteAll(int max_rounds) {
   return done;
 }
 
+void FakeFabric::Disconnect(fabric::PeerId peer) {
+  absl::MutexLock lock(&mu_);
+  disconnects_.push_back(peer);
+}
+
+std::vector<fabric::PeerId> FakeFabric::disconnects() const {
+  absl::MutexLock lock(&mu_);
+  return disconnects_;
+}
+
 size_t FakeFabric::FlushAll() {
   std::vector<Posted> writes = Take();
   for (const Posted& w : writes) {

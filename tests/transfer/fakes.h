@@ -87,7 +87,10 @@ class FakeFabric final : public fabric::Fabric {
                    absl::AnyInvocable<void() &&> drained) override;
   absl::StatusOr<fabric::PeerId> Connect(
       absl::string_view peer_name, const std::vector<fabric::Endpoint>& remote) override;
-  void Disconnect(fabric::PeerId peer) override {}
+  // Records the peer; its writes stay pending (the test flushes them, as the real
+  // fabric's closed connections do on their own threads).
+  void Disconnect(fabric::PeerId peer) override;
+  std::vector<fabric::PeerId> disconnects() const;
   void CancelConnects() override {}
   std::string PeerName(fabric::PeerId peer) const override { return ""; }
   std::optional<fabric::PeerId> FindPeer(absl::string_view name) const override {
@@ -111,6 +114,7 @@ class FakeFabric final : public fabric::Fabric {
   std::vector<Failure> failures_ ABSL_GUARDED_BY(mu_);
   size_t posts_ ABSL_GUARDED_BY(mu_) = 0;
   size_t refused_posts_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<fabric::PeerId> disconnects_ ABSL_GUARDED_BY(mu_);
   uint32_t next_key_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

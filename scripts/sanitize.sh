@@ -10,6 +10,7 @@
 # to ctest (e.g. -R integration_stress_test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/ccache.sh
 mode=${1:-}
 shift || true
 case "$mode" in

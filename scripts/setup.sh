@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build g++ pkg-config clang-format
+  ccache  # compiles cached outside the checkout (scripts/lib/ccache.sh)
   clang libclang-rt-14-dev  # the sanitizer and fuzz builds (scripts/sanitize.sh)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libibverbs-dev libcurl4-openssl-dev

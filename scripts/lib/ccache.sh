@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the build scripts: compiles go through ccache (CMakeLists.txt picks it up
 # where it is installed), its cache kept outside the checkout like the VM image and
 # the API server ($FUSELINK_CACHE, default /var/cache/fuselink), so that a fresh clone

@@ -382,6 +382,15 @@ void PlaceAndAck(int fd, WindowKey window, uint64_t offset, uint64_t wr_id) {
   EXPECT_EQ(ack->refusal, Refusal::kNone);
 }
 
+// A one-NIC fabric "target" on 127.0.0.3 that takes at most `share` connections of
+// one peer.
+std::unique_ptr<Fabric> TargetWithShare(KeyRing& keys, RecordingHandler& events,
+                                        int share) {
+  TcpFabricOptions options = LoopbackOptions("target", 3, keys, /*nic_count=*/1);
+  options.max_connections_per_peer = share;
+  return *CreateTcpFabric(options, &events);
+}
+
 // A peer opens connections until refused: the one past its share gets a REFUSE after
 // its HELLO (the connector sees RESOURCE_EXHAUSTED, FABRIC_PEER_CONNECTIONS), counted;
 // the earlier ones keep working.
@@ -390,9 +399,7 @@ TEST(TcpFabricBoundsTest, ConnectionsPastThePeersShareAreRefused) {
   KeyRing keys;
   std::vector<uint8_t> region(4096, kUntouched);  // outlives the fabric
   RecordingHandler events;
-  TcpFabricOptions options = LoopbackOptions("target", 3, keys, /*nic_count=*/1);
-  options.max_connections_per_peer = kShare;
-  std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &events);
+  std::unique_ptr<Fabric> target = TargetWithShare(keys, events, kShare);
   const RegionKey region_key =
       *target->RegisterRegion(region.data(), region.size(), nullptr);
   const Extent all{0, region.size()};
@@ -427,9 +434,7 @@ TEST(TcpFabricBoundsTest, ConnectionsPastThePeersShareAreRefused) {
 TEST(TcpFabricBoundsTest, ShareIsCheckedAgainAfterTheProof) {
   KeyRing keys;
   RecordingHandler events;
-  TcpFabricOptions options = LoopbackOptions("target", 3, keys, /*nic_count=*/1);
-  options.max_connections_per_peer = 1;
-  std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &events);
+  std::unique_ptr<Fabric> target = TargetWithShare(keys, events, 1);
   const SessionKey key = *keys.For("raw")->FindConnectKey("target");
 
   // The late one's HELLO first, its CHALLENGE read; then the other proves itself.
@@ -477,9 +482,7 @@ TEST(TcpFabricBoundsTest, ShareIsCheckedAgainAfterTheProof) {
 TEST(TcpFabricBoundsTest, ConnectPastThePeersShareSaysWhy) {
   KeyRing keys;
   RecordingHandler events;
-  TcpFabricOptions target_options = LoopbackOptions("target", 3, keys, /*nic_count=*/1);
-  target_options.max_connections_per_peer = 1;
-  std::unique_ptr<Fabric> target = *CreateTcpFabric(target_options, &events);
+  std::unique_ptr<Fabric> target = TargetWithShare(keys, events, 1);
   auto source = [&](int host) {
     TcpFabricOptions options = LoopbackOptions("source", host, keys, /*nic_count=*/1);
     options.connections_per_nic = 1;

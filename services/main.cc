@@ -680,6 +680,7 @@ int main(int argc, char** argv) {
         services::K8sDiscovery::Start(k8s, on_change);
     if (!d.ok()) return Fail(d.status());
     discovery = *std::move(d);
+    (*metrics)->AttachDiscovery(discovery.get());
   } else if (absl::GetFlag(FLAGS_peer_discovery) != "static") {
     return Fail(
         absl::InvalidArgumentError("--peer_discovery must be static or kubernetes"));
@@ -700,6 +701,7 @@ int main(int argc, char** argv) {
   // data plane goes, the metrics stop reading it first.
   std::printf("fuselink-agent node=%s stopping\n", options.node.c_str());
   std::fflush(stdout);
+  (*metrics)->AttachDiscovery(nullptr);
   discovery.reset();  // its callback uses the node's peers
   (*node)->StopTransfers();
   (*node)->watch_hub().Close();

@@ -508,31 +508,52 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
 
 std::string Metrics::Render() const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  auto counter = [&](const char* name, const char* help, uint64_t value) {
+    prometheus::MetricFamily f{name, help, prometheus::MetricType::Counter, {}};
+    prometheus::ClientMetric m;
+    m.counter.value = static_cast<double>(value);
+    f.metric.push_back(std::move(m));
+    families.push_back(std::move(f));
+  };
   std::shared_ptr<NodeCollector> collector;
-  const security::TlsCredentials* tls = nullptr;
   {
+    // Held while tls_ and discovery_ are read: AttachDiscovery(nullptr) then waits.
     absl::MutexLock lock(&collector_mu_);
     collector = collector_;
-    tls = tls_;
-  }
-  if (tls != nullptr) {
-    const security::TlsStage::Counts counts = tls->reload_counts();
-    auto counter = [&](const char* name, const char* help, uint64_t value) {
-      prometheus::MetricFamily f{name, help, prometheus::MetricType::Counter, {}};
-      prometheus::ClientMetric m;
-      m.counter.value = static_cast<double>(value);
-      f.metric.push_back(std::move(m));
-      families.push_back(std::move(f));
-    };
-    counter("fuselink_tls_reloads_total",
-            "Rotations of the gRPC TLS files (--tls_cert, --tls_key, --tls_ca) that "
-            "checked out and serve new connections.",
-            counts.reloads);
-    counter("fuselink_tls_reload_failures_total",
-            "Rotations of the gRPC TLS files refused: a file that does not parse, or a "
-            "key that is not the certificate's. The last good set keeps serving; the "
-            "agent's log says why.",
-            counts.failed_reloads);
+    if (tls_ != nullptr) {
+      const security::TlsStage::Counts counts = tls_->reload_counts();
+      counter("fuselink_tls_reloads_total",
+              "Rotations of the gRPC TLS files (--tls_cert, --tls_key, --tls_ca) that "
+              "checked out and serve new connections.",
+              counts.reloads);
+      counter("fuselink_tls_reload_failures_total",
+              "Rotations of the gRPC TLS files refused: a file that does not parse, or "
+              "a key that is not the certificate's. The last good set keeps serving; "
+              "the agent's log says why.",
+              counts.failed_reloads);
+    }
+    if (discovery_ != nullptr) {
+      prometheus::MetricFamily ends{
+          "fuselink_k8s_watch_ends_total",
+          "Watches of the agents' EndpointSlices that ended, by reason: renewed (the "
+          "server's timeout; watched again), gone (410 or an ERROR event; listed "
+          "again), error (transport or HTTP; listed again). Each is followed by a "
+          "backoff.",
+          prometheus::MetricType::Counter,
+          {}};
+      for (int k = 0; k < kWatchEndKinds; ++k) {
+        const auto end = static_cast<WatchEnd>(k);
+        prometheus::ClientMetric m;
+        m.label = {{"reason", std::string(WatchEndName(end))}};
+        m.counter.value = static_cast<double>(discovery_->watch_ends(end));
+        ends.metric.push_back(std::move(m));
+      }
+      families.push_back(std::move(ends));
+      counter("fuselink_k8s_list_failures_total",
+              "Lists of the agents' EndpointSlices after the first that failed; each is "
+              "retried after a backoff, the last peer set in force meanwhile.",
+              discovery_->failed_lists());
+    }
   }
   if (collector) {
     std::vector<prometheus::MetricFamily> node = collector->Collect();
@@ -563,6 +584,11 @@ void Metrics::Attach(Node* node) {
 void Metrics::AttachTls(const security::TlsCredentials* tls) {
   absl::MutexLock lock(&collector_mu_);
   tls_ = tls;
+}
+
+void Metrics::AttachDiscovery(const K8sDiscovery* discovery) {
+  absl::MutexLock lock(&collector_mu_);
+  discovery_ = discovery;
 }
 
 int Metrics::port() const { return server_->port(); }

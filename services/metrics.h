@@ -16,6 +16,7 @@
 #include "prometheus/registry.h"
 #include "services/http/metrics_server.h"
 #include "services/http/web_config.h"
+#include "services/k8s_discovery.h"
 #include "services/node.h"
 
 namespace fuselink::services {
@@ -42,6 +43,10 @@ class Metrics final : public transfer::EngineObserver {
   // Exposes the gRPC TLS files' reloads (security/tls_stage.h), read at scrape time
   // from `tls`, which must outlive this. Call once, or never (plaintext).
   void AttachTls(const security::TlsCredentials* tls);
+  // Exposes Kubernetes discovery's watch ends and failed lists, read at scrape time
+  // from `discovery`; null stops. Call with null before `discovery` goes; never
+  // called (static peers): no such series.
+  void AttachDiscovery(const K8sDiscovery* discovery);
   // Stops reading the node: a scrape in progress finishes first, later scrapes see
   // only the transfer outcomes. Call before the node goes.
   void Detach();
@@ -62,6 +67,7 @@ class Metrics final : public transfer::EngineObserver {
   mutable absl::Mutex collector_mu_;
   std::shared_ptr<NodeCollector> collector_ ABSL_GUARDED_BY(collector_mu_);
   const security::TlsCredentials* tls_ ABSL_GUARDED_BY(collector_mu_) = nullptr;
+  const K8sDiscovery* discovery_ ABSL_GUARDED_BY(collector_mu_) = nullptr;
   prometheus::Counter* completed_;
   prometheus::Counter* failed_;
   prometheus::Counter* cancelled_;

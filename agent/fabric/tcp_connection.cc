@@ -258,6 +258,10 @@ absl::Status TcpConnection::ReceiveAcks() {
                                  [this](size_t) { return CheckAckOverdue(); }));
     absl::StatusOr<wire::Header> decoded = wire::DecodeHeader(header, max_write_bytes);
     if (!decoded.ok()) return Malformed(decoded.status());
+    // The acceptor took our PROOF, then found our share full (tcp_handshake.h).
+    if (const auto* refuse = std::get_if<wire::RefuseHeader>(&*decoded)) {
+      return RefusedByAcceptor(refuse->why);
+    }
     const auto* ack = std::get_if<wire::AckFrame>(&*decoded);
     if (ack == nullptr) return Malformed(absl::InvalidArgumentError("expected an ACK"));
     PendingWrite done;
@@ -298,7 +302,9 @@ absl::Status TcpConnection::Authenticate() {
     stats.auth_failures.fetch_add(1, std::memory_order_relaxed);
     return name.status();
   }
-  FL_ASSIGN_OR_RETURN(peer_, host_.AttachInbound(id_, *name));
+  absl::StatusOr<PeerId> peer = host_.AttachInbound(id_, *name);
+  if (!peer.ok()) return RefuseConnector(fd_.get(), peer.status());
+  peer_ = *peer;
   peer_name_ = *std::move(name);
   return absl::OkStatus();
 }

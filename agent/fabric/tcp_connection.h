@@ -55,8 +55,6 @@ inline constexpr int kHelloTimeoutMs = 10'000;
 // The reasons a connection closed by a bound carries.
 inline constexpr absl::string_view kStallReason = "FABRIC_STALL";
 inline constexpr absl::string_view kAckTimeoutReason = "FABRIC_ACK_TIMEOUT";
-// An accepted connection refused past its peer's share (max_connections_per_peer).
-inline constexpr absl::string_view kPeerConnectionsReason = "FABRIC_PEER_CONNECTIONS";
 // How many times per timeout a waiting rx thread wakes to judge it: the close comes
 // at most timeout / ticks late.
 inline constexpr int kStallTicks = 4;

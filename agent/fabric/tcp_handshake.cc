@@ -19,9 +19,13 @@ absl::Status RecvBefore(int fd, void* data, size_t bytes, absl::Time deadline) {
   return RecvAllBefore(fd, data, bytes, deadline);
 }
 
-absl::Status Send(int fd, const std::string& frame) {
-  iovec iov[1] = {{const_cast<char*>(frame.data()), frame.size()}};
+absl::Status Send(int fd, const void* frame, size_t bytes) {
+  iovec iov[1] = {{const_cast<void*>(frame), bytes}};
   return SendAll(fd, iov);
+}
+
+absl::Status Send(int fd, const std::string& frame) {
+  return Send(fd, frame.data(), frame.size());
 }
 
 absl::Status Malformed(const absl::Status& why) {
@@ -30,19 +34,41 @@ absl::Status Malformed(const absl::Status& why) {
                     kMalformedReason);
 }
 
-// Reads one header before `deadline` and decodes it as a T.
-template <typename T>
-absl::StatusOr<T> ReadHeader(int fd, uint32_t max_write_bytes, absl::Time deadline,
-                             absl::string_view expected) {
+// Reads one header before `deadline` and decodes it.
+absl::StatusOr<wire::Header> ReadFrame(int fd, uint32_t max_write_bytes,
+                                       absl::Time deadline) {
   wire::HeaderBytes header;
   FL_RETURN_IF_ERROR(RecvBefore(fd, header.data(), header.size(), deadline));
   absl::StatusOr<wire::Header> decoded = wire::DecodeHeader(header, max_write_bytes);
   if (!decoded.ok()) return Malformed(decoded.status());
-  const T* frame = std::get_if<T>(&*decoded);
-  if (frame == nullptr) {
+  return decoded;
+}
+
+// `frame` as a T, or malformed.
+template <typename T>
+absl::StatusOr<T> As(const wire::Header& frame, absl::string_view expected) {
+  const T* as = std::get_if<T>(&frame);
+  if (as == nullptr) {
     return Malformed(absl::InvalidArgumentError(absl::StrCat("expected ", expected)));
   }
-  return *frame;
+  return *as;
+}
+
+template <typename T>
+absl::StatusOr<T> ReadHeader(int fd, uint32_t max_write_bytes, absl::Time deadline,
+                             absl::string_view expected) {
+  FL_ASSIGN_OR_RETURN(const wire::Header frame, ReadFrame(fd, max_write_bytes, deadline));
+  return As<T>(frame, expected);
+}
+
+// The acceptor's answer to HELLO: its CHALLENGE, or the status its REFUSE stands for.
+absl::StatusOr<wire::ChallengeHeader> ReadChallenge(int fd, absl::Time deadline) {
+  FL_ASSIGN_OR_RETURN(const wire::Header frame,
+                      ReadFrame(fd, /*max_write_bytes=*/0, deadline));
+  if (const auto* refuse = std::get_if<wire::RefuseHeader>(&frame)) {
+    return RefusedByAcceptor(refuse->why);
+  }
+  return As<wire::ChallengeHeader>(frame, "a CHALLENGE");
 }
 
 }  // namespace
@@ -58,11 +84,11 @@ absl::Status ProveToAcceptor(int fd, uint32_t nic, absl::string_view self,
   FL_RETURN_IF_ERROR(Send(fd, hello));
 
   // The acceptor's frames are checked like any peer's: its garbage fails the
-  // Connect, UNAVAILABLE, as its silence would.
-  absl::StatusOr<wire::ChallengeHeader> challenge = ReadHeader<wire::ChallengeHeader>(
-      fd, /*max_write_bytes=*/0, deadline, "a CHALLENGE");
+  // Connect, UNAVAILABLE, as its silence would; its REFUSE says why.
+  absl::StatusOr<wire::ChallengeHeader> challenge = ReadChallenge(fd, deadline);
   if (!challenge.ok()) {
-    if (challenge.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    if (challenge.status().code() == absl::StatusCode::kDeadlineExceeded ||
+        ReasonOf(challenge.status()) == kPeerConnectionsReason) {
       return challenge.status();
     }
     return absl::UnavailableError(absl::StrCat(
@@ -100,7 +126,9 @@ absl::StatusOr<std::string> AuthenticateConnector(
     return Malformed(valid);
   }
   FL_ASSIGN_OR_RETURN(const SessionKey key, handshake::AcceptorKeyFor(keys, name));
-  FL_RETURN_IF_ERROR(admit(name));
+  if (absl::Status admitted = admit(name); !admitted.ok()) {
+    return RefuseConnector(fd, std::move(admitted));
+  }
   handshake::Transcript transcript{.connector = name,
                                    .acceptor = self,
                                    .nic = nic,
@@ -118,6 +146,30 @@ absl::StatusOr<std::string> AuthenticateConnector(
       handshake::VerifyMac(key, handshake::Side::kConnector, transcript, mac_c));
   FL_RETURN_IF_ERROR(SetReceiveTimeout(fd, 0));
   return name;
+}
+
+absl::Status RefusedByAcceptor(wire::ConnectionRefusal why) {
+  switch (why) {
+    case wire::ConnectionRefusal::kPeerConnections:
+      return WithReason(
+          absl::ResourceExhaustedError(
+              "the acceptor refused the connection: this node holds its share of "
+              "connections there (its --fabric_connections_per_peer)"),
+          kPeerConnectionsReason);
+  }
+  // DecodeHeader takes no other.
+  return absl::InternalError(
+      absl::StrCat("REFUSE for reason ", static_cast<uint32_t>(why)));
+}
+
+absl::Status RefuseConnector(int fd, absl::Status why) {
+  if (ReasonOf(why) == kPeerConnectionsReason) {
+    // The connection closes after this whether or not the REFUSE went out.
+    const wire::HeaderBytes refuse =
+        wire::EncodeRefuse({.why = wire::ConnectionRefusal::kPeerConnections});
+    Send(fd, refuse.data(), refuse.size()).IgnoreError();
+  }
+  return why;
 }
 
 }  // namespace fuselink::fabric

@@ -104,6 +104,12 @@ HeaderBytes EncodeAck(const AckFrame& ack) {
   return header;
 }
 
+HeaderBytes EncodeRefuse(const RefuseHeader& refuse) {
+  HeaderBytes header = EmptyHeader(FrameType::kRefuse);
+  PutLe<uint32_t>(header, kWord0At, static_cast<uint32_t>(refuse.why));
+  return header;
+}
+
 absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes,
                                     uint32_t max_write_bytes) {
   const auto magic = GetLe<uint32_t>(bytes, kMagicAt);
@@ -164,6 +170,14 @@ absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes
       return AckFrame{.wr_id = dword1,
                       .code = static_cast<absl::StatusCode>(word0),
                       .refusal = static_cast<Refusal>(word1)};
+    case FrameType::kRefuse:
+      if (word1 != 0 || word2 != 0 || dword0 != 0 || dword1 != 0) {
+        return Malformed("REFUSE with unused fields set");
+      }
+      if (word0 == 0 || word0 > kMaxConnectionRefusal) {
+        return Malformed(absl::StrCat("REFUSE for reason ", word0));
+      }
+      return RefuseHeader{.why = static_cast<ConnectionRefusal>(word0)};
   }
   return Malformed(absl::StrCat("unknown frame type ", type));
 }

@@ -6,6 +6,7 @@
 //    4   u16  version          kProtocolVersion
 //    6   u16  type             FrameType
 //    8   u32  word0            HELLO: nic        WRITE: window key  ACK: status code
+//                              REFUSE: ConnectionRefusal
 //   12   u32  word1            HELLO: name bytes WRITE: bytes       ACK: Refusal
 //   16   u32  word2            HELLO: 0          WRITE: imm         ACK: 0
 //   20   u32  reserved         0
@@ -13,19 +14,24 @@
 //   24   u64  dword0           WRITE: offset      ACK: 0
 //   32   u64  dword1           WRITE: wr_id       ACK: wr_id
 // (bytes 24..40 are one 16-byte nonce in HELLO and CHALLENGE, two u64 otherwise;
-// every field of CHALLENGE and PROOF but the nonce is 0.)
+// every field of CHALLENGE and PROOF but the nonce is 0, of REFUSE but word0.)
 // HELLO is followed by `name bytes` of node name, WRITE by `bytes` of payload,
 // CHALLENGE by kMacBytes of mac_a and PROOF by kMacBytes of mac_c (handshake.h); ACK
-// has no body. Fields a type does not use must be zero, so that a later version can
-// give them a meaning without old peers misreading it.
+// and REFUSE have no body. Fields a type does not use must be zero, so that a later
+// version can give them a meaning without old peers misreading it.
 //
 // A connection carries, from the connecting side: HELLO, PROOF, then WRITEs; from the
 // accepting side: CHALLENGE (after the HELLO), then one ACK per WRITE, in the order
 // the WRITEs arrived. The acceptor reads no WRITE before the PROOF checks; a HELLO
 // from a node it holds no key for, a wrong PROOF, or no PROOF within kHelloTimeoutMs
-// closes the connection. An ACK with a refusal (a write outside every window the
-// writer holds) says the target placed nothing and read past the payload: the
-// connection goes on.
+// closes the connection. A connector it knows but will not take (it holds its share
+// of connections) gets a REFUSE saying why, instead of the CHALLENGE or, when the
+// share filled while it proved itself, instead of its first ACK; then the close.
+// REFUSE came after version 3 without a new version: an older connector reads it as
+// a malformed frame and fails as it did on the bare close. It is not signed, so it
+// tells the connector no more than the close would (anyone on the path can close). An ACK
+// with a refusal (a write outside every window the writer holds) says the target placed
+// nothing and read past the payload: the connection goes on.
 #pragma once
 
 #include <array>
@@ -71,7 +77,14 @@ enum class FrameType : uint16_t {
   kAck = 3,
   kChallenge = 4,
   kProof = 5,
+  kRefuse = 6,
 };
+
+// Why an acceptor refuses a connector it knows (REFUSE's word0).
+enum class ConnectionRefusal : uint32_t {
+  kPeerConnections = 1,  // the connector holds its share of connections already
+};
+inline constexpr uint32_t kMaxConnectionRefusal = 1;
 
 // First frame of a connection: who is connecting, on which NIC index.
 struct HelloHeader {
@@ -87,6 +100,11 @@ struct ChallengeHeader {
 
 // The connector's answer to CHALLENGE; mac_c follows the header.
 struct ProofHeader {};
+
+// The acceptor's refusal of a connection, in place of a CHALLENGE or an ACK.
+struct RefuseHeader {
+  ConnectionRefusal why = ConnectionRefusal::kPeerConnections;
+};
 
 // A one-sided write; `bytes` of payload follow the header.
 struct WriteHeader {
@@ -105,8 +123,8 @@ struct AckFrame {
   Refusal refusal = Refusal::kNone;
 };
 
-using Header =
-    std::variant<HelloHeader, WriteHeader, AckFrame, ChallengeHeader, ProofHeader>;
+using Header = std::variant<HelloHeader, WriteHeader, AckFrame, ChallengeHeader,
+                            ProofHeader, RefuseHeader>;
 using HeaderBytes = std::array<uint8_t, kHeaderBytes>;
 
 // The header and name of a HELLO. INVALID_ARGUMENT when the name is not a valid
@@ -119,10 +137,12 @@ std::string EncodeChallenge(const handshake::Nonce& server_nonce,
 std::string EncodeProof(const handshake::Mac& mac_c);
 HeaderBytes EncodeWrite(const WriteHeader& write);
 HeaderBytes EncodeAck(const AckFrame& ack);
+HeaderBytes EncodeRefuse(const RefuseHeader& refuse);
 
 // Validates every field of a header: magic, version, type, unused fields zero,
 // NIC index, name length in [1, kMaxNodeNameBytes], WRITE bytes <= max_write_bytes,
-// ACK code a known absl::StatusCode. INVALID_ARGUMENT on anything else.
+// ACK code a known absl::StatusCode, REFUSE a known ConnectionRefusal.
+// INVALID_ARGUMENT on anything else.
 absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes,
                                     uint32_t max_write_bytes);
 

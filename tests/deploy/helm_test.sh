@@ -117,7 +117,14 @@ case_ok defaults "" \
   "sorted(c['metadata']['name'] for c in of('ConfigMap')) == ['fl-fuselink-access-policy', 'fl-fuselink-dashboard-fuselink-cluster', 'fl-fuselink-dashboard-fuselink-node']" \
   "all(c['metadata']['labels']['grafana_dashboard'] == '1' for c in of('ConfigMap') if 'dashboard' in c['metadata']['name'])" \
   "of('Pod')[0]['metadata']['annotations']['helm.sh/hook'] == 'test'" \
-  "of('Pod')[0]['spec']['containers'][0]['command'][:2] == ['python3', '-c'] and of('Pod')[0]['spec']['containers'][0]['command'][3:] == ['fl-fuselink.gpu.svc', '17351']"
+  "of('Pod')[0]['spec']['containers'][0]['command'][:2] == ['python3', '-c'] and of('Pod')[0]['spec']['containers'][0]['command'][3:] == ['fl-fuselink.gpu.svc', '17351']" \
+  "'--fabric_connections_per_peer=0' in args and '--max_layout_parts_per_engine=1048576' in args and '--incoming_idle_timeout_ms=30000' in args" \
+  "'--metrics_auth_queue_depth=4' in args and '--ipc_close_wait_ms=5000' in args" \
+  "not any(a.startswith('--transfer_drain_timeout_ms') for a in args) and pod['terminationGracePeriodSeconds'] == 10"
+case_ok agent-bounds "--set agent.fabric.connectionsPerPeer=16 --set agent.incoming.idleTimeoutMs=3600000 --set agent.registrations.perCaller=4 --set metrics.authQueueDepth=64 --set agent.transferDrainTimeoutMs=30000" \
+  "'--fabric_connections_per_peer=16' in args and '--incoming_idle_timeout_ms=3600000' in args" \
+  "'--registrations_per_caller=4' in args and '--metrics_auth_queue_depth=64' in args" \
+  "'--transfer_drain_timeout_ms=30000' in args and pod['terminationGracePeriodSeconds'] == 35"
 case_ok plaintext "--set tls.enabled=false" \
   "'--plaintext' in args and not any(a.startswith(('--tls', '--access_policy')) for a in args)" \
   "not any(v['name'] in ('tls', 'access-policy') for v in pod['volumes'])" \
@@ -262,6 +269,19 @@ bad qps-per-nic-high "--set agent.qpsPerNic=100"
 bad relay-stage "--set agent.relay.stage=d3"
 bad relay-cap-negative "--set agent.relay.capMiB=-1"
 bad relay-idle-fraction "--set agent.relay.idleMs=1.5"
+bad fabric-stall-zero "--set agent.fabric.stallTimeoutMs=0"
+bad fabric-ack-high "--set agent.fabric.ackTimeoutMs=3600001"
+bad connections-per-peer-negative "--set agent.fabric.connectionsPerPeer=-1"
+bad tensors-per-engine-high "--set agent.shares.tensorsPerEngine=65537"
+bad prepare-threads-high "--set agent.prepare.threads=257"
+bad incoming-idle-short "--set agent.incoming.idleTimeoutMs=999"
+bad registrations-pending-zero "--set agent.registrations.pending=0"
+bad grpc-streams-zero "--set agent.grpcMaxStreamsPerConnection=0"
+bad ipc-close-wait-high "--set agent.ipcCloseWaitMs=60001"
+bad drain-timeout-zero "--set agent.transferDrainTimeoutMs=0"
+bad drain-timeout-string "--set-string agent.transferDrainTimeoutMs=10s"
+bad fabric-unknown-key "--set agent.fabric.timeoutMs=5"
+bad auth-queue-depth-high "--set metrics.authQueueDepth=1025"
 bad extra-arg-not-a-flag "--set-json agent.extraArgs=[\"policy=static\"]"
 bad agent-unknown-key "--set agent.chunkSize=4096"
 bad topology-source "--set topology.source=file"

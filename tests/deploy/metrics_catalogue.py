@@ -5,14 +5,15 @@ Usage: metrics_catalogue.py CATALOGUE.md SCRAPE.txt METRICS_SOURCE.cc
 For every family in the scrape: listed, same type, same label names (le aside).
 For every family listed for all nodes: in the scrape. Families of a class of agents
 (GPU: agents with GPUs; watched: agents that read some NIC's kernel counters for
-foreign traffic): when the scrape has any family of the class, every one of it must
-be there like the others; when it has none, each must be named in the source. Prints
-each difference; exits 1 if there is any.
+foreign traffic; kubernetes: agents with Kubernetes peer discovery): when the scrape
+has any family of the class, every one of it must be there like the others; when it
+has none, each must be named in the source. Prints each difference; exits 1 if there
+is any.
 """
 import re
 import sys
 
-ROW = re.compile(r"^\|\s*`([a-z_:][a-z0-9_:]*)`\s*\|\s*(\w+)\s*\|([^|]*)\|[^|]*\|\s*(all|GPU|watched)\s*\|")
+ROW = re.compile(r"^\|\s*`([a-z_:][a-z0-9_:]*)`\s*\|\s*(\w+)\s*\|([^|]*)\|[^|]*\|\s*(all|GPU|watched|kubernetes)\s*\|")
 SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count", "")}
 
 

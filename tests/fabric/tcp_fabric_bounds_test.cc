@@ -382,16 +382,24 @@ void PlaceAndAck(int fd, WindowKey window, uint64_t offset, uint64_t wr_id) {
   EXPECT_EQ(ack->refusal, Refusal::kNone);
 }
 
-// A peer opens connections until refused: the one past its share is closed after its
-// HELLO (the connector sees UNAVAILABLE), counted; the earlier ones keep working.
+// A one-NIC fabric "target" on 127.0.0.3 that takes at most `share` connections of
+// one peer.
+std::unique_ptr<Fabric> TargetWithShare(KeyRing& keys, RecordingHandler& events,
+                                        int share) {
+  TcpFabricOptions options = LoopbackOptions("target", 3, keys, /*nic_count=*/1);
+  options.max_connections_per_peer = share;
+  return *CreateTcpFabric(options, &events);
+}
+
+// A peer opens connections until refused: the one past its share gets a REFUSE after
+// its HELLO (the connector sees RESOURCE_EXHAUSTED, FABRIC_PEER_CONNECTIONS), counted;
+// the earlier ones keep working.
 TEST(TcpFabricBoundsTest, ConnectionsPastThePeersShareAreRefused) {
   constexpr int kShare = 2;
   KeyRing keys;
   std::vector<uint8_t> region(4096, kUntouched);  // outlives the fabric
   RecordingHandler events;
-  TcpFabricOptions options = LoopbackOptions("target", 3, keys, /*nic_count=*/1);
-  options.max_connections_per_peer = kShare;
-  std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &events);
+  std::unique_ptr<Fabric> target = TargetWithShare(keys, events, kShare);
   const RegionKey region_key =
       *target->RegisterRegion(region.data(), region.size(), nullptr);
   const Extent all{0, region.size()};
@@ -405,7 +413,9 @@ TEST(TcpFabricBoundsTest, ConnectionsPastThePeersShareAreRefused) {
     PlaceAndAck(held.back().get(), window, 8 * i, i);  // attached before the next
   }
   absl::StatusOr<UniqueFd> refused = AuthenticatedRaw(keys, *target);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
+      << refused.status();
+  EXPECT_EQ(ReasonOf(refused.status()), kPeerConnectionsReason);
   EXPECT_EQ(target->counters(0).peer_connection_refusals, 1u);
   EXPECT_EQ(target->counters(0).auth_failures, 0u);  // it did prove who it is
 
@@ -419,13 +429,12 @@ TEST(TcpFabricBoundsTest, ConnectionsPastThePeersShareAreRefused) {
 }
 
 // Two connections of one peer pass their HELLO together with one place left: the
-// second to prove itself is refused after its PROOF, with the reason, and closed.
+// second to prove itself gets a REFUSE after its PROOF, in place of an ACK, and is
+// closed.
 TEST(TcpFabricBoundsTest, ShareIsCheckedAgainAfterTheProof) {
   KeyRing keys;
   RecordingHandler events;
-  TcpFabricOptions options = LoopbackOptions("target", 3, keys, /*nic_count=*/1);
-  options.max_connections_per_peer = 1;
-  std::unique_ptr<Fabric> target = *CreateTcpFabric(options, &events);
+  std::unique_ptr<Fabric> target = TargetWithShare(keys, events, 1);
   const SessionKey key = *keys.For("raw")->FindConnectKey("target");
 
   // The late one's HELLO first, its CHALLENGE read; then the other proves itself.
@@ -452,11 +461,43 @@ TEST(TcpFabricBoundsTest, ShareIsCheckedAgainAfterTheProof) {
       *handshake::ComputeMac(key, handshake::Side::kConnector, transcript);
   const std::string proof = wire::EncodeProof(mac_c);
   ASSERT_TRUE(SendRaw(late->get(), proof.data(), proof.size()).ok());
+  ASSERT_TRUE(RecvAll(late->get(), header.data(), header.size()).ok());
+  decoded = wire::DecodeHeader(header, 0);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const auto* refuse = std::get_if<wire::RefuseHeader>(&*decoded);
+  ASSERT_NE(refuse, nullptr);
+  const absl::Status refused = RefusedByAcceptor(refuse->why);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(ReasonOf(refused), kPeerConnectionsReason);
   EXPECT_TRUE(WaitUntilClosed(late->get()));
   EXPECT_TRUE(
       WaitUntil([&] { return target->counters(0).peer_connection_refusals == 1; }));
   EXPECT_EQ(target->counters(0).auth_failures, 0u);
   EXPECT_FALSE(ClosedNow(first->get()));
+}
+
+// A fabric's own Connect past its share on the target (a restarted node whose old
+// connections the target still holds, here a second fabric of the same name): the
+// Connect fails RESOURCE_EXHAUSTED with the reason, not a bare UNAVAILABLE.
+TEST(TcpFabricBoundsTest, ConnectPastThePeersShareSaysWhy) {
+  KeyRing keys;
+  RecordingHandler events;
+  std::unique_ptr<Fabric> target = TargetWithShare(keys, events, 1);
+  auto source = [&](int host) {
+    TcpFabricOptions options = LoopbackOptions("source", host, keys, /*nic_count=*/1);
+    options.connections_per_nic = 1;
+    return *CreateTcpFabric(options, &events);
+  };
+  std::unique_ptr<Fabric> first = source(5);
+  ASSERT_TRUE(first->Connect("target", target->endpoints()).ok());
+  ASSERT_TRUE(WaitUntil([&] { return target->FindPeer("source").has_value(); }));
+
+  std::unique_ptr<Fabric> second = source(6);
+  const absl::StatusOr<PeerId> refused = second->Connect("target", target->endpoints());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
+      << refused.status();
+  EXPECT_EQ(ReasonOf(refused.status()), kPeerConnectionsReason);
+  EXPECT_EQ(target->counters(0).peer_connection_refusals, 1u);
 }
 
 TEST(TcpFabricBoundsTest, DefaultShareIsTwiceWhatAPeerOpens) {

@@ -129,6 +129,26 @@ TEST(WireTest, RejectsAckWhoseRefusalAndCodeDisagree) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(WireTest, RefuseRoundTrips) {
+  absl::StatusOr<Header> decoded =
+      DecodeHeader(EncodeRefuse({.why = ConnectionRefusal::kPeerConnections}), kMaxWrite);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(std::get<RefuseHeader>(*decoded).why, ConnectionRefusal::kPeerConnections);
+}
+
+TEST(WireTest, RejectsRefuseForNoKnownReasonOrWithUnusedFieldsSet) {
+  for (uint32_t why : {0u, kMaxConnectionRefusal + 1}) {
+    EXPECT_EQ(DecodeCode(EncodeRefuse({.why = static_cast<ConnectionRefusal>(why)})),
+              absl::StatusCode::kInvalidArgument)
+        << why;
+  }
+  for (size_t at : {12, 16, 24, 32}) {  // word1, word2, dword0, dword1
+    HeaderBytes refuse = EncodeRefuse({});
+    refuse[at] = 1;
+    EXPECT_EQ(DecodeCode(refuse), absl::StatusCode::kInvalidArgument) << at;
+  }
+}
+
 TEST(WireTest, RejectsBadMagic) {
   HeaderBytes header = EncodeAck({.wr_id = 1});
   header[0] ^= 0xff;

@@ -30,6 +30,8 @@ write("tcp_wire_fuzz", "proof", tcp(5) + mac)
 write("tcp_wire_fuzz", "write", tcp(2, w0=7, w1=4096, w2=0x10002, d0=8192, d1=42))
 write("tcp_wire_fuzz", "ack", tcp(3, d1=42))
 write("tcp_wire_fuzz", "ack_refused", tcp(3, w0=5, w1=1, d1=42))
+write("tcp_wire_fuzz", "refuse", tcp(6, w0=1))
+write("tcp_wire_fuzz", "refuse_unknown", tcp(6, w0=2))
 write("tcp_wire_fuzz", "bad_magic", tcp(2, magic=0xEEEEEEEE))
 write("tcp_wire_fuzz", "name", b"node-b")
 

@@ -2,7 +2,8 @@
 // crashes, and whatever it accepts encodes back to the same 40 bytes (every field
 // is checked, unused ones must be zero, so decoding is one to one). HELLO names and
 // ValidateNodeName: a name it accepts makes a HELLO that decodes to it. CHALLENGE and
-// PROOF with the MAC that follows them re-encode to the same bytes.
+// PROOF with the MAC that follows them re-encode to the same bytes; a REFUSE names a
+// known reason.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -77,6 +78,10 @@ void CheckHeader(std::span<const uint8_t, kHeaderBytes> in, absl::string_view re
     FL_FUZZ_CHECK(SameBytes(EncodeWrite(*write), in));
   } else if (const auto* ack = std::get_if<AckFrame>(&*decoded)) {
     FL_FUZZ_CHECK(SameBytes(EncodeAck(*ack), in));
+  } else if (const auto* refuse = std::get_if<RefuseHeader>(&*decoded)) {
+    FL_FUZZ_CHECK(static_cast<uint32_t>(refuse->why) >= 1 &&
+                  static_cast<uint32_t>(refuse->why) <= kMaxConnectionRefusal);
+    FL_FUZZ_CHECK(SameBytes(EncodeRefuse(*refuse), in));
   } else {
     // CHALLENGE or PROOF: the header and the MAC after it, byte for byte.
     if (rest.size() < handshake::kMacBytes) return;

@@ -4,7 +4,9 @@
 # query API shows the bytes per NIC that the transfer moved. Then a third agent with
 # --metrics_web_config serves TLS with a required client certificate and basic auth
 # (a throwaway CA made by openssl, a bcrypt hash by Python's crypt), checked by curl;
-# and a web config with a mistake keeps the agent from starting, naming the line.
+# a fourth with Kubernetes discovery against a fake API server exports its watch ends
+# and failed lists; and a web config with a mistake keeps the agent from starting,
+# naming the line.
 # Usage: metrics_test.sh AGENT_BINARY FUSELINKCTL_BINARY
 set -euo pipefail
 agent=$1
@@ -13,7 +15,8 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 run=$(mktemp -d /tmp/fuselink-metrics.XXXXXX)
 . "$here/scripts/lib/agents.sh"
 prom_pid=""
-trap '[ -n "$prom_pid" ] && kill $prom_pid 2>/dev/null; stop_agents; wait; rm -rf "$run"' EXIT
+api_pid=""
+trap 'for p in $prom_pid $api_pid; do kill $p 2>/dev/null || true; done; stop_agents; wait; rm -rf "$run"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 pki_init "$run/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 
@@ -120,6 +123,56 @@ grep -q '^fuselink_metrics_http_refusals_total{reason="unauthorized"} 2' "$run/n
 grep -q '^fuselink_metrics_http_refusals_total{reason="tls"} [1-9]' "$run/node-t.metrics" ||
   fail "the handshake without a client certificate is not counted"
 
+# Kubernetes discovery's counters, against a fake API server (python3): the first list
+# answers, every watch and every later list fails 500. The agent's scrape then has
+# its watch ends and failed lists, and matches docs/metrics.md's kubernetes rows.
+cat >"$run/fake-api.py" <<'PY'
+import http.server, sys
+lists = 0
+class Api(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global lists
+        lists += "watch=1" not in self.path
+        if "watch=1" in self.path or lists > 1:
+            self.send_response(500); self.end_headers(); return
+        body = b'{"metadata": {"resourceVersion": "7"}, "items": []}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args): pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Api)
+open(sys.argv[1], "w").write(str(server.server_port))
+server.serve_forever()
+PY
+python3 "$run/fake-api.py" "$run/api.port" &
+api_pid=$!
+for _ in $(seq 50); do [ -s "$run/api.port" ] && break; sleep 0.1; done
+[ -s "$run/api.port" ] || fail "the fake API server did not start"
+start_agent node-k 14 "" --nics=1 --peer_discovery=kubernetes \
+  --k8s_api_server="http://127.0.0.1:$(cat "$run/api.port")" --k8s_service=fl \
+  --k8s_namespace=ns --k8s_token_file=/dev/null --k8s_watch_backoff_min_ms=20 \
+  --k8s_watch_backoff_max_ms=100
+scrape_k8s() { curl -sf "$(field "$run/node-k.json" metrics)" >"$run/node-k.metrics"; }
+for _ in $(seq 100); do
+  scrape_k8s && grep -q '^fuselink_k8s_list_failures_total [1-9]' "$run/node-k.metrics" && break
+  sleep 0.1
+done
+kill $api_pid && api_pid=""
+grep -q '^fuselink_k8s_list_failures_total [1-9]' "$run/node-k.metrics" ||
+  fail "the failed lists are not counted: $(grep fuselink_k8s "$run/node-k.metrics")"
+grep -q '^fuselink_k8s_watch_ends_total{reason="error"} 1$' "$run/node-k.metrics" ||
+  fail "the failed watch is not counted once: $(grep fuselink_k8s "$run/node-k.metrics")"
+for reason in renewed gone; do
+  grep -q "^fuselink_k8s_watch_ends_total{reason=\"$reason\"} 0$" "$run/node-k.metrics" ||
+    fail "no $reason series at 0: $(grep fuselink_k8s "$run/node-k.metrics")"
+done
+promtool check metrics <"$run/node-k.metrics" || fail "promtool check metrics with discovery"
+"$here/tests/deploy/metrics_catalogue.py" "$here/docs/metrics.md" "$run/node-k.metrics" \
+  "$here/services/metrics.cc" || fail "docs/metrics.md and the discovering agent differ"
+grep -q '^fuselink_k8s' "$run/node-a.metrics" && fail "an agent with static peers exports discovery series"
+
 # A mistake in the web config: the agent refuses to start and names the line.
 printf 'tls_server_config:\n  cert_file: server.crt\n  keyfile: server.key\n' >"$web/bad.yml"
 if "$agent" --node=bad --topology=emulated --plaintext --handle_socket="$run/bad.sock" --metrics_web_config="$web/bad.yml" \
@@ -128,4 +181,4 @@ if "$agent" --node=bad --topology=emulated --plaintext --handle_socket="$run/bad
 fi
 grep -q "bad.yml: web config line 3: keyfile: unknown key" "$run/bad.log" ||
   { cat "$run/bad.log"; fail "the bad web config's error does not name its line"; }
-echo "PASS: promtool clean on both agents; Prometheus scraped $got bytes over $nics NICs; TLS with a client certificate and basic auth through the agent; a bad web config names its line"
+echo "PASS: promtool clean on both agents; Prometheus scraped $got bytes over $nics NICs; TLS with a client certificate and basic auth through the agent; Kubernetes discovery's watch ends and failed lists exported; a bad web config names its line"

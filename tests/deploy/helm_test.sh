@@ -120,11 +120,11 @@ case_ok defaults "" \
   "of('Pod')[0]['spec']['containers'][0]['command'][:2] == ['python3', '-c'] and of('Pod')[0]['spec']['containers'][0]['command'][3:] == ['fl-fuselink.gpu.svc', '17351']" \
   "'--fabric_connections_per_peer=0' in args and '--max_layout_parts_per_engine=1048576' in args and '--incoming_idle_timeout_ms=30000' in args" \
   "'--metrics_auth_queue_depth=4' in args and '--ipc_close_wait_ms=5000' in args" \
-  "not any(a.startswith('--transfer_drain_timeout_ms') for a in args) and pod['terminationGracePeriodSeconds'] == 10"
+  "'--transfer_drain_timeout_ms=10000' in args and pod['terminationGracePeriodSeconds'] == 10"
 case_ok agent-bounds "--set agent.fabric.connectionsPerPeer=16 --set agent.incoming.idleTimeoutMs=3600000 --set agent.registrations.perCaller=4 --set metrics.authQueueDepth=64 --set agent.transferDrainTimeoutMs=30000" \
   "'--fabric_connections_per_peer=16' in args and '--incoming_idle_timeout_ms=3600000' in args" \
   "'--registrations_per_caller=4' in args and '--metrics_auth_queue_depth=64' in args" \
-  "'--transfer_drain_timeout_ms=30000' in args and pod['terminationGracePeriodSeconds'] == 35"
+  "'--transfer_drain_timeout_ms=30000' in args"
 case_ok plaintext "--set tls.enabled=false" \
   "'--plaintext' in args and not any(a.startswith(('--tls', '--access_policy')) for a in args)" \
   "not any(v['name'] in ('tls', 'access-policy') for v in pod['volumes'])" \

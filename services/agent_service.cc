@@ -130,6 +130,17 @@ absl::StatusOr<security::Caller> AgentService::Authorize(
   return caller;
 }
 
+namespace {
+
+// Whose lane of the registration pool a call takes: its caller's (open access knows no
+// identities: a lane per connection).
+std::string RegistrationLane(const grpc::CallbackServerContext& context,
+                             const security::Caller& caller) {
+  return caller.identity.empty() ? context.peer() : caller.identity;
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* AgentService::RegisterTensor(
     grpc::CallbackServerContext* context, const v1::RegisterTensorRequest* request,
     v1::Tensor* response) {
@@ -137,10 +148,9 @@ grpc::ServerUnaryReactor* AgentService::RegisterTensor(
       Authorize(context, Bit(Role::kEngine), "register tensors");
   if (!caller.ok()) return Answer(context, caller.status());
   // Mapping, populating and registering memory blocks: on the caller's own lane of
-  // the node's pool (open access knows no identities: a lane per connection).
-  const std::string key = caller->identity.empty() ? context->peer() : caller->identity;
+  // the node's pool.
   return AnswerOffThread(
-      context, node_->registrations(), key,
+      context, node_->registrations(), RegistrationLane(*context, *caller),
       [this, request, response, caller = *std::move(caller)]() -> absl::Status {
         absl::StatusOr<memory::TensorInfo> info = Register(*request, caller);
         if (!info.ok()) return info.status();
@@ -385,11 +395,16 @@ grpc::ServerUnaryReactor* AgentService::UnregisterTensor(
   absl::StatusOr<security::Caller> caller =
       Authorize(context, Bit(Role::kEngine), "unregister tensors");
   if (!caller.ok()) return Answer(context, caller.status());
-  return Answer(
-      context,
-      node_->registry().Unregister(request->name(), [&](const memory::TensorInfo& info) {
-        return node_->guard().RequireOwner(*caller, info.owner, info.name);
-      }));
+  // Letting go of the last hold of a tensor unmaps and deregisters its memory (an MR
+  // per NIC, a CUDA import): on the same lanes as registering, off gRPC's threads.
+  return AnswerOffThread(
+      context, node_->registrations(), RegistrationLane(*context, *caller),
+      [this, request, caller = *std::move(caller)]() -> absl::Status {
+        return node_->registry().Unregister(
+            request->name(), [&](const memory::TensorInfo& info) {
+              return node_->guard().RequireOwner(caller, info.owner, info.name);
+            });
+      });
 }
 
 grpc::ServerUnaryReactor* AgentService::GetTensor(grpc::CallbackServerContext* context,

@@ -134,10 +134,11 @@ ABSL_FLAG(uint32_t, incoming_prepares_pending, 32,
 ABSL_FLAG(uint32_t, register_threads, 2,
           "Threads that map and register tensors' memory, off gRPC's (1 to 256).");
 ABSL_FLAG(uint32_t, registrations_per_caller, 16,
-          "RegisterTensor calls of one caller queued or running; past it, or past "
+          "RegisterTensor and UnregisterTensor calls of one caller queued or running; "
+          "past it, or past "
           "--registrations_pending in all, RESOURCE_EXHAUSTED (REGISTRATIONS_BUSY).");
 ABSL_FLAG(uint32_t, registrations_pending, 64,
-          "RegisterTensor calls queued or running, of all callers.");
+          "RegisterTensor and UnregisterTensor calls queued or running, of all callers.");
 ABSL_FLAG(int64_t, foreign_busy_bytes_per_s, -1,
           "Foreign traffic (bytes on a NIC that fuselink did not move, from the "
           "kernel's counters) at or above this rate makes the NIC busy for lending; "

@@ -403,7 +403,8 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
             "INCOMING_PREPARES_BUSY).",
             static_cast<double>(node.incoming_prepares().refused()));
     counter("fuselink_registrations_busy_total",
-            "RegisterTensor calls refused past --registrations_per_caller or "
+            "RegisterTensor and UnregisterTensor calls refused past "
+            "--registrations_per_caller or "
             "--registrations_pending (RESOURCE_EXHAUSTED, REGISTRATIONS_BUSY).",
             static_cast<double>(node.registrations().refused()));
     counter("fuselink_incoming_unstarted_expired_total",

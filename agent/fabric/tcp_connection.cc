@@ -242,10 +242,13 @@ absl::Status TcpConnection::CheckAckOverdue() {
     }
   }
   host_.nic_stats(nic_).ack_timeouts.fetch_add(1, std::memory_order_relaxed);
-  return WithReason(absl::DeadlineExceededError(absl::StrCat(
-                        "no ACK for ", timeout_ms, " ms with ", on_wire,
-                        " writes on the wire: the target stopped answering")),
-                    kAckTimeoutReason);
+  absl::Status why = WithReason(
+      absl::DeadlineExceededError(absl::StrCat("no ACK for ", timeout_ms, " ms with ",
+                                               on_wire, " writes on the wire (NIC ", nic_,
+                                               "): the target stopped answering")),
+      kAckTimeoutReason);
+  host_.OnAckTimeout(id_, why);
+  return why;
 }
 
 absl::Status TcpConnection::ReceiveAcks() {

@@ -23,8 +23,9 @@
 // finds no room as long) closes it, DEADLINE_EXCEEDED with reason FABRIC_STALL; its
 // rx thread wakes every quarter of that to judge. An outbound connection with writes
 // on the wire closes when no ACK came for ack_timeout_ms, DEADLINE_EXCEEDED with
-// reason FABRIC_ACK_TIMEOUT; its rx thread wakes every eighth of that. Either close
-// is counted on the NIC (stalled_connections, ack_timeouts).
+// reason FABRIC_ACK_TIMEOUT, and so do its siblings (ConnectionHost::OnAckTimeout);
+// its rx thread wakes every eighth of that. Either close is counted on the NIC
+// (stalled_connections, ack_timeouts: once per bound that fired).
 #pragma once
 
 #include <atomic>
@@ -107,6 +108,10 @@ class ConnectionHost {
   // its share of connections already.
   virtual absl::StatusOr<PeerId> AttachInbound(uint64_t connection_id,
                                                absl::string_view name) = 0;
+  // An outbound connection closes on the ACK bound with `why`: the host closes its
+  // siblings (the same peer, the same NIC: the same path to the same process) with
+  // it, so that its writes, going again, do not wait out the bound on each in turn.
+  virtual void OnAckTimeout(uint64_t connection_id, const absl::Status& why) = 0;
   // The connection's last thread is exiting; called once, from that thread.
   virtual void OnConnectionFinished(uint64_t connection_id) = 0;
 };

@@ -160,6 +160,7 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   const FabricKeys& keys() const override { return *options_.keys; }
   absl::StatusOr<PeerId> AttachInbound(uint64_t connection_id,
                                        absl::string_view name) override;
+  void OnAckTimeout(uint64_t connection_id, const absl::Status& why) override;
   void OnConnectionFinished(uint64_t connection_id) override;
 
  private:
@@ -452,6 +453,20 @@ absl::StatusOr<PeerId> TcpFabric::AttachInbound(uint64_t connection_id,
   entry.peer = LivePeer(name);
   peers_.Get(entry.peer)->links.push_back(entry.connection);
   return entry.peer;
+}
+
+void TcpFabric::OnAckTimeout(uint64_t connection_id, const absl::Status& why) {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = connections_.find(connection_id);
+  if (it == connections_.end()) return;
+  const Peer* peer = peers_.Get(it->second.peer);
+  if (peer == nullptr) return;
+  const int nic = it->second.connection->nic();
+  for (const ConnectionPtr& sibling : peer->links) {
+    if (sibling->role() == TcpConnection::Role::kOutbound && sibling->nic() == nic) {
+      sibling->Close(why);  // its own as well: idempotent
+    }
+  }
 }
 
 void TcpFabric::OnConnectionFinished(uint64_t connection_id) {

@@ -25,11 +25,11 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "services/agent_service.h"
-#include "services/handle_socket.h"
-#include "services/k8s_discovery.h"
-#include "services/metrics.h"
-#include "services/peer_service.h"
+#include "services/discovery/k8s_discovery.h"
+#include "services/grpc/agent_service.h"
+#include "services/grpc/peer_service.h"
+#include "services/handle_socket/socket.h"
+#include "services/metrics/metrics.h"
 
 ABSL_FLAG(std::string, node, "", "This node's name (required).");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",

@@ -3,7 +3,7 @@
 // each addressType and dual stack; and the watch loop against a fake API server on
 // 127.0.0.1 (plain HTTP, port 0) that ends watches at once, fails them or answers
 // 410, to show every end is counted and followed by a doubling, jittered backoff.
-#include "services/k8s_discovery.h"
+#include "services/discovery/k8s_discovery.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -17,7 +17,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 pki_init "$run/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 cat_py=$here/tests/deploy/metrics_catalogue.py
 doc=$here/docs/metrics.md
-src=$here/services/metrics.cc
+src=$here/services/metrics/metrics.cc
 
 start_agent cat-b 74 "" --nics=2 --gpu=off
 start_agent cat-a 73 "cat-b=$(field "$run/cat-b.json" grpc)" --nics=2 --gpu=off

@@ -1,4 +1,4 @@
-// The handle socket's protocol (services/handle_protocol.h) on any bytes, as if
+// The handle socket's protocol (services/handle_socket/protocol.h) on any bytes, as if
 // recvmsg had returned them: the control data walk never reads outside it, a message
 // is taken exactly when it is one 'F' with one descriptor and nothing cut, and a
 // reply reads back as it was written. No descriptor is opened or closed.
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "services/handle_protocol.h"
+#include "services/handle_socket/protocol.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace fuselink::services::handle_protocol {

@@ -119,7 +119,7 @@ write("request_checks_fuzz", "unknown_group",
       b"\x07" + varint(9 << 3 | 3) + field(1, b"\xff") + varint(9 << 3 | 4) + field(1, b"kv"))
 
 
-# web_config_fuzz: web-config files (services/http/web_config.h), good and refused.
+# web_config_fuzz: web-config files (services/metrics/http/web_config.h), good and refused.
 HASH = b"$2b$10$fuselinkdummysaltfuseuVTKzBMwShV.zJPNIomO4LT9Qh81MSLy"
 write("web_config_fuzz", "full", b"""# the metrics endpoint
 tls_server_config:

@@ -1,5 +1,5 @@
 // What the Agent service checks of a request before anything else sees it, on any
-// bytes (services/request_utf8.h, request_checks.h): the UTF-8 walk never crashes,
+// bytes (services/grpc/request_utf8.h, request_checks.h): the UTF-8 walk never crashes,
 // agrees with protobuf's parser (what parses walks OK; BAD_UTF8 never parses), and a
 // parsed TransferRequest's deadline is judged as its fields say. BoundedForMessage
 // on the same bytes stays within its bound.
@@ -12,8 +12,8 @@
 #include "agent/common/status_macros.h"
 #include "fuselink/v1/agent.pb.h"
 #include "google/protobuf/message.h"
-#include "services/request_checks.h"
-#include "services/request_utf8.h"
+#include "services/grpc/request_checks.h"
+#include "services/grpc/request_utf8.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace fuselink::services {

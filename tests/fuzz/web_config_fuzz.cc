@@ -1,4 +1,4 @@
-// The web-config parser (services/http/web_config.h, yaml_subset.h) on any bytes:
+// The web-config parser (services/metrics/http/web_config.h, yaml_subset.h) on any bytes:
 // it never reads outside them, it answers the same twice, an error names a line,
 // and a parsed tree holds only lines that exist, each under a key.
 #include <algorithm>
@@ -8,8 +8,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "services/http/web_config.h"
-#include "services/http/yaml_subset.h"
+#include "services/metrics/http/web_config.h"
+#include "services/metrics/http/yaml_subset.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace fuselink::services::http {

@@ -17,10 +17,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "clients/cpp/client.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/integration/pki.h"
-#include "tools/client/client.h"
 
 #ifndef FUSELINK_AGENT_PATH
 #error "FUSELINK_AGENT_PATH must name the fuselink-agent binary"

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "clients/cpp/client.h"
 #include "fuselink/v1/agent.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/integration/agent_process.h"
-#include "tools/client/client.h"
 
 namespace fuselink::testing {
 

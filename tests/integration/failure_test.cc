@@ -20,13 +20,13 @@
 #include "absl/time/clock.h"
 #include "agent/fabric/handshake.h"
 #include "agent/fabric/wire.h"
+#include "clients/cpp/scrape.h"
 #include "fuselink/v1/peer.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/net_util.h"
 #include "tests/integration/pki.h"
-#include "tools/client/scrape.h"
 
 namespace fuselink::testing {
 namespace {

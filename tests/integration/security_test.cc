@@ -13,13 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/peer/peer_directory.h"
+#include "clients/cpp/scrape.h"
 #include "fuselink/v1/peer.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "services/handle_socket.h"
+#include "services/handle_socket/socket.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/pki.h"
-#include "tools/client/scrape.h"
 
 namespace fuselink::testing {
 namespace {

@@ -10,12 +10,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "clients/cpp/scrape.h"
 #include "gtest/gtest.h"
-#include "services/handle_socket.h"
+#include "services/handle_socket/socket.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/pki.h"
-#include "tools/client/scrape.h"
 
 namespace fuselink::testing {
 namespace {

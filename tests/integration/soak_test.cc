@@ -35,10 +35,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "clients/cpp/scrape.h"
 #include "gtest/gtest.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
-#include "tools/client/scrape.h"
 
 namespace fuselink::testing {
 namespace {

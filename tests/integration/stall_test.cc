@@ -9,11 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "clients/cpp/scrape.h"
 #include "google/protobuf/util/time_util.h"
 #include "gtest/gtest.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
-#include "tools/client/scrape.h"
 
 namespace fuselink::testing {
 namespace {

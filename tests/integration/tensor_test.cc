@@ -13,13 +13,13 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "agent/common/unique_fd.h"
+#include "clients/cpp/scrape.h"
 #include "gtest/gtest.h"
-#include "services/handle_protocol.h"
-#include "services/handle_socket.h"
+#include "services/handle_socket/protocol.h"
+#include "services/handle_socket/socket.h"
 #include "tests/common/fd_passing.h"
 #include "tests/integration/calls.h"
 #include "tests/integration/cluster.h"
-#include "tools/client/scrape.h"
 
 namespace fuselink::testing {
 namespace {

@@ -1,9 +1,9 @@
-// BasicAuth (services/http/basic_auth.h) with a verifier the test holds: verified
+// BasicAuth (services/metrics/http/basic_auth.h) with a verifier the test holds: verified
 // credentials are answered from the cache without the worker, wrong ones never
 // enter it, an unknown user costs a check all the same, a full queue answers kBusy
 // at once, a cancelled check frees its place, and the cache keeps the most
 // recently used.
-#include "services/http/basic_auth.h"
+#include "services/metrics/http/basic_auth.h"
 
 #include <poll.h>
 

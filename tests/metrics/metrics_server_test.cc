@@ -1,9 +1,9 @@
-// The /metrics HTTP server (services/http/metrics_server.h) on real sockets on
+// The /metrics HTTP server (services/metrics/http/metrics_server.h) on real sockets on
 // 127.0.0.1, port 0: a flood of idle and half-sent connections does not hold a
 // scrape; each refusal answers its status and is counted; basic auth; TLS with a
 // throwaway CA made by the openssl binary, with and without client certificates,
 // and a certificate rotated under a running server.
-#include "services/http/metrics_server.h"
+#include "services/metrics/http/metrics_server.h"
 
 #include <arpa/inet.h>
 #include <crypt.h>
@@ -33,7 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "services/http/http_request.h"
+#include "services/metrics/http/http_request.h"
 
 namespace fuselink::services::http {
 namespace {

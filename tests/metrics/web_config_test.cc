@@ -1,13 +1,13 @@
-// The web-config parser (services/http/web_config.h and yaml_subset.h): what a good
-// file means, and for each bad input the error, which names the line.
-#include "services/http/web_config.h"
+// The web-config parser (services/metrics/http/web_config.h and yaml_subset.h): what a
+// good file means, and for each bad input the error, which names the line.
+#include "services/metrics/http/web_config.h"
 
 #include <crypt.h>
 
 #include <string>
 
 #include "gtest/gtest.h"
-#include "services/http/yaml_subset.h"
+#include "services/metrics/http/yaml_subset.h"
 
 namespace fuselink::services::http {
 namespace {

@@ -1,10 +1,11 @@
-// A handler whose work blocks answers from a KeyedPool (services/answer_off_thread.h),
-// as Peer.PrepareIncoming and Agent.RegisterTensor do: over a real gRPC server on
-// loopback, a source whose prepares hang holds its lane's share of the pool and no
-// gRPC thread; its calls past the bound per source, and anyone's past the bound in
-// all, are refused at once with RESOURCE_EXHAUSTED and the pool's reason; other calls
-// (Hello, the health check) are answered all the while; every call taken is answered.
-#include "services/answer_off_thread.h"
+// A handler whose work blocks answers from a KeyedPool
+// (services/grpc/answer_off_thread.h), as Peer.PrepareIncoming and Agent.RegisterTensor
+// do: over a real gRPC server on loopback, a source whose prepares hang holds its lane's
+// share of the pool and no gRPC thread; its calls past the bound per source, and anyone's
+// past the bound in all, are refused at once with RESOURCE_EXHAUSTED and the pool's
+// reason; other calls (Hello, the health check) are answered all the while; every call
+// taken is answered.
+#include "services/grpc/answer_off_thread.h"
 
 #include <memory>
 #include <string>

@@ -1,5 +1,3 @@
-#include "services/handle_protocol.h"
-
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,6 +7,7 @@
 
 #include "agent/common/unique_fd.h"
 #include "gtest/gtest.h"
+#include "services/handle_socket/protocol.h"
 
 namespace fuselink::services::handle_protocol {
 namespace {

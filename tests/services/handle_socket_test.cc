@@ -2,8 +2,6 @@
 // clients at once, per-client time limits, refusals counted, stray descriptors
 // closed, the peer's kernel credentials kept with the token, the runtime directory
 // checks, and tokens that cannot be guessed from one another.
-#include "services/handle_socket.h"
-
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -24,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
 #include "gtest/gtest.h"
+#include "services/handle_socket/socket.h"
 #include "tests/common/fd_passing.h"
 
 namespace fuselink::services {

@@ -3,7 +3,7 @@
 // across regions; another owner (identity or lending process) is refused and gets
 // nothing of it; the import closes when its owner lets go; a closing import is
 // waited for within the bound, then refused.
-#include "services/ipc_imports.h"
+#include "agent/node/ipc_imports.h"
 
 #include <atomic>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "services/request_checks.h"
+#include "services/grpc/request_checks.h"
 
 #include <cstdint>
 #include <limits>

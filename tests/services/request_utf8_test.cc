@@ -1,4 +1,4 @@
-#include "services/request_utf8.h"
+#include "services/grpc/request_utf8.h"
 
 #include <cstdint>
 #include <random>

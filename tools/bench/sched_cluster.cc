@@ -12,8 +12,8 @@
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
 #include "agent/common/unique_fd.h"
+#include "clients/cpp/dial.h"
 #include "grpcpp/grpcpp.h"
-#include "tools/client/dial.h"
 
 namespace fuselink::bench {
 

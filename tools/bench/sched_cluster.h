@@ -12,9 +12,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "clients/cpp/client.h"
 #include "fuselink/v1/agent.grpc.pb.h"
 #include "tools/bench/session.h"
-#include "tools/client/client.h"
 
 namespace fuselink::bench {
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "tools/client/scrape.h"
+#include "clients/cpp/scrape.h"
 
 namespace fuselink::bench {
 

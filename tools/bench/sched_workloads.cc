@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
-#include "tools/client/scrape.h"
+#include "clients/cpp/scrape.h"
 
 namespace fuselink::bench {
 

@@ -9,8 +9,8 @@
 #include "absl/time/clock.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
+#include "clients/cpp/dial.h"
 #include "grpcpp/grpcpp.h"
-#include "tools/client/dial.h"
 
 namespace fuselink::bench {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "clients/cpp/client.h"
 #include "fuselink/v1/agent.grpc.pb.h"
-#include "tools/client/client.h"
 
 namespace fuselink::bench {
 

@@ -13,10 +13,10 @@
 #include "absl/time/clock.h"
 #include "agent/topo/discovery.h"
 #include "agent/topo/render.h"
+#include "clients/cpp/client.h"
+#include "clients/cpp/dial.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
-#include "tools/client/client.h"
-#include "tools/client/dial.h"
 
 ABSL_FLAG(std::string, source, "", "transfer: source as node/tensor.");
 ABSL_FLAG(std::string, target, "", "transfer: target as node/tensor.");

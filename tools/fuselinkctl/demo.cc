@@ -17,9 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
+#include "clients/cpp/client.h"
+#include "clients/cpp/dial.h"
 #include "grpcpp/grpcpp.h"
-#include "tools/client/client.h"
-#include "tools/client/dial.h"
 #include "tools/fuselinkctl/commands.h"
 
 ABSL_FLAG(std::string, target_agent, "127.0.0.1:50052", "demo: the target node's agent.");

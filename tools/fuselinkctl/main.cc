@@ -7,8 +7,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "clients/cpp/dial.h"
 #include "grpcpp/grpcpp.h"
-#include "tools/client/dial.h"
 #include "tools/fuselinkctl/commands.h"
 
 ABSL_FLAG(std::string, agent, "127.0.0.1:50051", "The agent's gRPC address.");

@@ -18,7 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "tools/client/scrape.h"
+#include "clients/cpp/scrape.h"
 #include "tools/fuselinkctl/commands.h"
 
 ABSL_FLAG(std::string, metrics, "",

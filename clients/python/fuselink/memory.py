@@ -1,7 +1,7 @@
 """Memory an engine lends its agent, and the handle socket that carries descriptors.
 
 Host memory lives in a memfd (HostBuffer) whose descriptor goes to the agent over
-its Unix handle socket (services/handle_socket.h); GPU memory is a PyTorch CUDA
+its Unix handle socket (services/handle_socket/socket.h); GPU memory is a PyTorch CUDA
 tensor exported by a CUDA IPC handle of the allocation that holds it. gRPC cannot
 carry descriptors, so the socket answers each one with a token that RegisterTensor
 then names.

@@ -1,0 +1,148 @@
+// Requests that reach a callback service's handlers only after their bytes passed
+// CheckUtf8Fields (request_utf8.h).
+//
+// gRPC parses a request before any handler runs; when protobuf refuses the bytes (a
+// string field that is not UTF-8, or no protobuf message at all) gRPC ends the call
+// UNIMPLEMENTED with no message and no reason. A service derived from
+// CheckedService<Grpc> instead registers, for each method it names, a handler whose
+// request type is Checked<Request>: its deserializer never fails the call, and the
+// handler answers the refusal itself, INVALID_ARGUMENT with reason BAD_UTF8 (naming
+// the field) or MALFORMED_REQUEST. The public API (agent.proto, its string fields, the
+// Python stubs, grpcurl's JSON) is unchanged; the service's typed methods are called
+// as before for every request that parses.
+//
+// The handler types are the ones grpc_cpp_plugin's generated code registers
+// (grpcpp/impl/codegen/server_callback_handlers.h, gRPC 1.51).
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/status/status.h"
+#include "agent/common/grpc_status.h"
+#include "agent/common/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "services/grpc/request_utf8.h"
+
+namespace fuselink::services {
+
+// A request as a checked handler receives it: `message` is parsed when `status` is
+// OK; otherwise `status` says why not, with its reason.
+template <typename Message>
+struct Checked {
+  Message message;
+  absl::Status status;
+};
+
+// Base of a service that checks its requests' bytes first. `Grpc` is the generated
+// service class (v1::Agent); the derived service overrides its CallbackService
+// methods as usual and calls Check() once per method in its constructor.
+template <typename Grpc>
+class CheckedService : public Grpc::CallbackService {
+ protected:
+  // Replaces the generated handler of the unary `method` with one that answers a
+  // refused request itself and passes the rest to `handler`.
+  template <typename Derived, typename Request, typename Response>
+  void Check(const char* method,
+             grpc::ServerUnaryReactor* (Derived::*handler)(grpc::CallbackServerContext*,
+                                                           const Request*, Response*)) {
+    auto* derived = static_cast<Derived*>(this);
+    this->MarkMethodCallback(
+        MethodIndex(method, *Request::descriptor()),
+        new grpc::internal::CallbackUnaryHandler<Checked<Request>, Response>(
+            [derived, handler](grpc::CallbackServerContext* context,
+                               const Checked<Request>* request,
+                               Response* response) -> grpc::ServerUnaryReactor* {
+              if (!request->status.ok()) {
+                grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+                reactor->Finish(ToGrpcStatus(request->status));
+                return reactor;
+              }
+              return (derived->*handler)(context, &request->message, response);
+            }));
+  }
+
+  // The same for the server-streaming `method`.
+  template <typename Derived, typename Request, typename Response>
+  void Check(const char* method, grpc::ServerWriteReactor<Response>* (Derived::*handler)(
+                                     grpc::CallbackServerContext*, const Request*)) {
+    auto* derived = static_cast<Derived*>(this);
+    this->MarkMethodCallback(
+        MethodIndex(method, *Request::descriptor()),
+        new grpc::internal::CallbackServerStreamingHandler<Checked<Request>, Response>(
+            [derived, handler](
+                grpc::CallbackServerContext* context,
+                const Checked<Request>* request) -> grpc::ServerWriteReactor<Response>* {
+              if (!request->status.ok()) return new Refused<Response>(request->status);
+              return (derived->*handler)(context, &request->message);
+            }));
+  }
+
+ private:
+  // Ends a stream at once with `status`.
+  template <typename Response>
+  class Refused final : public grpc::ServerWriteReactor<Response> {
+   public:
+    explicit Refused(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+    void OnDone() override { delete this; }
+  };
+
+  // The method's index in the service, as the generated code numbers methods (the
+  // order of the .proto); aborts on a name or request type the service does not have,
+  // which is a programming error caught at the agent's start.
+  static int MethodIndex(const char* method,
+                         const google::protobuf::Descriptor& request) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+            Grpc::service_full_name());
+    const google::protobuf::MethodDescriptor* m =
+        service != nullptr ? service->FindMethodByName(method) : nullptr;
+    if (m == nullptr || m->input_type() != &request) {
+      std::fprintf(stderr, "CheckedService: %s has no method %s taking %s\n",
+                   Grpc::service_full_name(), method, request.full_name().c_str());
+      std::abort();
+    }
+    return m->index();
+  }
+};
+
+}  // namespace fuselink::services
+
+// gRPC's deserializer for Checked<Message>: the bytes are checked, then parsed; a
+// refusal is left in `status` for the handler, and the call itself goes on.
+template <typename Message>
+class grpc::SerializationTraits<fuselink::services::Checked<Message>, void> {
+ public:
+  static grpc::Status Deserialize(grpc::ByteBuffer* buffer,
+                                  fuselink::services::Checked<Message>* out) {
+    out->status = Parse(buffer, &out->message);
+    // A deserializer owns the bytes it was given: gRPC's caller only releases the
+    // buffer's handle afterwards (grpcpp's own GenericDeserialize clears it too).
+    if (buffer != nullptr) buffer->Clear();
+    return grpc::Status::OK;
+  }
+
+ private:
+  static absl::Status Parse(grpc::ByteBuffer* buffer, Message* message) {
+    if (buffer == nullptr || !buffer->Valid()) {
+      return fuselink::WithReason(absl::InvalidArgumentError("no request message"),
+                                  "MALFORMED_REQUEST");
+    }
+    {
+      grpc::ProtoBufferReader bytes(buffer);
+      FL_RETURN_IF_ERROR(
+          fuselink::services::CheckUtf8Fields(*Message::descriptor(), bytes));
+    }
+    grpc::ProtoBufferReader bytes(buffer);
+    if (!message->ParseFromZeroCopyStream(&bytes)) {
+      return fuselink::WithReason(
+          absl::InvalidArgumentError(
+              absl::StrCat("the request is not a ", Message::descriptor()->full_name())),
+          "MALFORMED_REQUEST");
+    }
+    return absl::OkStatus();
+  }
+};

@@ -1,0 +1,145 @@
+#include "services/grpc/peer_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/grpc_status.h"
+#include "agent/common/status_macros.h"
+#include "agent/peer/peer_directory.h"
+#include "services/grpc/answer_off_thread.h"
+#include "services/grpc/transfer_control.h"
+#include "services/grpc/transfer_stream.h"
+
+namespace fuselink::services {
+namespace {
+
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                 const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+absl::Status ForwardingOff(absl::string_view node) {
+  return WithReason(absl::PermissionDeniedError(absl::StrCat(
+                        "node '", node,
+                        "' runs no forwarded transfers (--accept_forwarded): ask its "
+                        "own agent")),
+                    "FORWARDING_OFF");
+}
+
+}  // namespace
+
+absl::StatusOr<security::Caller> PeerService::Authorize(
+    grpc::CallbackServerContext* context, absl::string_view claimed_node) {
+  security::Guard& guard = node_->guard();
+  FL_ASSIGN_OR_RETURN(security::Caller caller,
+                      guard.Identify(context->auth_context().get()));
+  FL_RETURN_IF_ERROR(guard.Require(caller, security::Bit(security::Role::kPeer),
+                                   "call the Peer service"));
+  FL_RETURN_IF_ERROR(guard.RequireNode(caller, claimed_node));
+  return caller;
+}
+
+grpc::ServerUnaryReactor* PeerService::Hello(grpc::CallbackServerContext* context,
+                                             const v1::HelloRequest* request,
+                                             v1::HelloResponse* response) {
+  if (absl::StatusOr<security::Caller> caller =
+          Authorize(context, request->topology().node());
+      !caller.ok()) {
+    return Answer(context, caller.status());
+  }
+  if (request->version() != peer::kPeerProtocolVersion) {
+    return Answer(
+        context,
+        WithReason(absl::FailedPreconditionError("peer speaks another protocol version"),
+                   "VERSION_MISMATCH"));
+  }
+  absl::StatusOr<fabric::SessionKey> theirs = peer::ParseFabricKey(request->fabric_key());
+  if (!theirs.ok()) return Answer(context, theirs.status());
+  const std::string& caller_node = request->topology().node();
+  node_->fabric_keys().SetConnectKey(caller_node, *theirs);
+  node_->peers().Remember(request->topology());
+  response->set_version(peer::kPeerProtocolVersion);
+  *response->mutable_topology() = node_->topology();
+  const fabric::SessionKey ours = node_->fabric_keys().AcceptKey(caller_node);
+  response->set_fabric_key(ours.data(), ours.size());
+  return Answer(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* PeerService::PrepareIncoming(
+    grpc::CallbackServerContext* context, const v1::PrepareIncomingRequest* request,
+    v1::PrepareIncomingResponse* response) {
+  if (absl::StatusOr<security::Caller> caller =
+          Authorize(context, request->source_node());
+      !caller.ok()) {
+    return Answer(context, caller.status());
+  }
+  // The landing's Prepare blocks (registrations, shadow memory, the fabric's
+  // handshake with the caller): on the source's own lane of the node's pool.
+  return AnswerOffThread(
+      context, node_->incoming_prepares(), request->source_node(),
+      [node = node_, request, response]() -> absl::Status {
+        // The source relays who asked it; the target tensor's grants decide.
+        security::Guard& guard = node->guard();
+        const security::Caller requester = guard.CallerOf(request->requester());
+        absl::StatusOr<v1::PrepareIncomingResponse> prepared =
+            node->landing().Prepare(*request, [&](const memory::TensorInfo& tensor) {
+              return guard.RequireGrant(requester, tensor.owner, tensor.writers, "into",
+                                        tensor.name);
+            });
+        if (!prepared.ok()) return prepared.status();
+        *response = *std::move(prepared);
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerWriteReactor<v1::TransferEvent>* PeerService::ForwardTransfer(
+    grpc::CallbackServerContext* context, const v1::ForwardTransferRequest* request) {
+  absl::StatusOr<transfer::Requester> requester = absl::UnknownError("unset");
+  if (absl::StatusOr<security::Caller> peer = Authorize(context, request->from_node());
+      !peer.ok()) {
+    requester = peer.status();
+  } else if (!node_->accepts_forwarded()) {
+    requester = ForwardingOff(node_->name());
+  } else {
+    // The forwarding agent authenticated its caller; the caller's rights are checked
+    // here, by the same rules as a TransferKVCache sent to this agent.
+    security::Guard& guard = node_->guard();
+    requester = RequesterOf(&guard, guard.CallerOf(request->requester()));
+  }
+  return new TransferStream(node_->engine(), context, request->request(),
+                            std::move(requester));
+}
+
+grpc::ServerUnaryReactor* PeerService::ForwardControl(
+    grpc::CallbackServerContext* context, const v1::ForwardControlRequest* request,
+    v1::TransferStatus* response) {
+  if (absl::StatusOr<security::Caller> peer = Authorize(context, request->from_node());
+      !peer.ok()) {
+    return Answer(context, peer.status());
+  }
+  if (!node_->accepts_forwarded()) return Answer(context, ForwardingOff(node_->name()));
+  security::Guard& guard = node_->guard();
+  const security::Caller requester = guard.CallerOf(request->requester());
+  if (absl::Status s = guard.Require(requester, security::Bit(security::Role::kRouter),
+                                     ActionOf(*request));
+      !s.ok()) {
+    return Answer(context, s);
+  }
+  return Answer(context, RunControl(node_->engine(), *request, requester, response));
+}
+
+grpc::ServerUnaryReactor* PeerService::GetIncoming(grpc::CallbackServerContext* context,
+                                                   const v1::GetIncomingRequest* request,
+                                                   v1::IncomingState* response) {
+  if (absl::StatusOr<security::Caller> caller =
+          Authorize(context, request->source_node());
+      !caller.ok()) {
+    return Answer(context, caller.status());
+  }
+  absl::StatusOr<v1::IncomingState> state =
+      node_->landing().Query(request->source_node(), request->transfer_id());
+  if (state.ok()) *response = std::move(*state);
+  return Answer(context, state.status());
+}
+
+}  // namespace fuselink::services

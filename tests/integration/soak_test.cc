@@ -1,8 +1,8 @@
 // A bounded soak, about two minutes: four router threads move mixed sizes from node-a
 // to node-b, each transfer plain, with a short deadline, cancelled once accepted, or
 // held by a lease nobody renews. They call as two routers (router-r0, router-r1) on
-// tensors of two engines (engine-e0, engine-e1), each agent holding each identity to
-// a share that the identities together would pass. Both agents have two rails (NICs)
+// tensors of two engines (engine-e0, engine-e1); each engine's share of tensors is what
+// it registers, which the engines together pass. Both agents have two rails (NICs)
 // and node-a stripes every transfer over both. Meanwhile node-b is stopped dead
 // (SIGSTOP) and thawed, node-b is killed and started again at its address, rail1 goes
 // down (an nftables rule drops its packets, both agents' rail1 addresses, both ways)
@@ -114,6 +114,8 @@ constexpr absl::Duration kSoakCallTimeout = absl::Seconds(90);
 // Until a rail that came up carries bytes again: a connect begun while it was down
 // (10 s, the fabric's kConnectTimeoutMs), the agent's repair period (5 s), slack.
 constexpr absl::Duration kRailBackBound = absl::Seconds(30);
+// The watches' gRPC deadline is the soak and this: beyond the whole test.
+constexpr absl::Duration kWatchTail = absl::Minutes(10);
 // After warm-up, what the agents may hold beyond their idle count at the end.
 constexpr int kThreadMargin = 8;
 constexpr int kFdMargin = 16;
@@ -293,7 +295,7 @@ class SoakTest : public TwoNodeTest {
       pattern_[w] = Snapshot(*sources_[w]);
       // The harness's client (a viewer) watches every engine's tensors.
       watches_[w] = std::make_unique<WatchCall>(a_->stub(), SourceName(w),
-                                                /*outgoing=*/true, soak_ + kWaitTimeout);
+                                                /*outgoing=*/true, soak_ + kWatchTail);
       ASSERT_TRUE(watches_[w]->established());
     }
     ASSERT_NO_FATAL_FAILURE(RegisterTargets());

@@ -45,7 +45,7 @@ endif()
 
 # Tests with these labels run in the plain build only: they need hardware or a
 # testbed, or are shell and Python tests of tools the checking builds do not build,
-# or (soak) a minute of load whose bounds are for real speed; the stress test is the
+# or (soak) two minutes of load whose bounds are for real speed; the stress test is the
 # checking builds' concurrency load.
 set(FUSELINK_PLAIN_ONLY_LABELS gpu rdma testbed python metrics deploy tools soak)
 

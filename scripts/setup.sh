@@ -12,6 +12,7 @@ packages=(
   libssl-dev libcrypt-dev openssl  # TLS, HMAC for the fabric handshake, bcrypt; certificates
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus iperf3 iproute2 gnuplot-nox curl jq procps
+  nftables  # integration_soak_test takes a rail down with a drop rule
   python3-grpcio python3-protobuf
   python3-torch  # examples/disagg: the model its engines serve (CPU)
   qemu-system-x86 debootstrap

@@ -31,9 +31,12 @@ std::span<uint8_t> HostTensor::Block(uint32_t layer, uint32_t block) const {
   return buffer->span().subspan(offset, layout.block_bytes());
 }
 
-absl::StatusOr<HostTensor> RegisterTensor(AgentProcess& agent, const std::string& name,
-                                          const v1::Layout& layout, uint64_t seed,
-                                          uint32_t home_gpu, int owner_pidfd) {
+namespace {
+
+absl::StatusOr<HostTensor> RegisterThrough(v1::Agent::Stub& stub, AgentProcess& agent,
+                                           const std::string& name,
+                                           const v1::Layout& layout, uint64_t seed,
+                                           uint32_t home_gpu, int owner_pidfd) {
   HostTensor tensor;
   tensor.name = name;
   tensor.layout = layout;
@@ -54,11 +57,24 @@ absl::StatusOr<HostTensor> RegisterTensor(AgentProcess& agent, const std::string
   if (!buffer.ok()) return buffer.status();
   tensor.buffer = *std::move(buffer);
   client::FillPattern(tensor.buffer->span(), seed);
-  absl::StatusOr<v1::Tensor> registered =
-      client::RegisterHostTensor(agent.stub(), agent.handle_socket(), name, layout,
-                                 *tensor.buffer, home_gpu, owner_pidfd);
+  absl::StatusOr<v1::Tensor> registered = client::RegisterHostTensor(
+      stub, agent.handle_socket(), name, layout, *tensor.buffer, home_gpu, owner_pidfd);
   if (!registered.ok()) return registered.status();
   return tensor;
+}
+
+}  // namespace
+
+absl::StatusOr<HostTensor> RegisterTensor(AgentProcess& agent, const std::string& name,
+                                          const v1::Layout& layout, uint64_t seed,
+                                          uint32_t home_gpu, int owner_pidfd) {
+  return RegisterThrough(agent.stub(), agent, name, layout, seed, home_gpu, owner_pidfd);
+}
+
+absl::StatusOr<HostTensor> RegisterTensorAs(v1::Agent::Stub& stub, AgentProcess& agent,
+                                            const std::string& name,
+                                            const v1::Layout& layout, uint64_t seed) {
+  return RegisterThrough(stub, agent, name, layout, seed, 0, -1);
 }
 
 v1::TransferRequest MakeRequest(const std::string& request_id, const std::string& source,
@@ -97,12 +113,16 @@ grpc::Status GetTopology(AgentProcess& agent, v1::Topology* topology) {
 }
 
 grpc::Status UnregisterTensor(AgentProcess& agent, const std::string& name) {
+  return UnregisterTensor(agent.stub(), name);
+}
+
+grpc::Status UnregisterTensor(v1::Agent::Stub& stub, const std::string& name) {
   v1::UnregisterTensorRequest request;
   request.set_name(name);
   v1::UnregisterTensorResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
-  return agent.stub().UnregisterTensor(&context, request, &response);
+  return stub.UnregisterTensor(&context, request, &response);
 }
 
 ::testing::AssertionResult Serves(AgentProcess& agent) {

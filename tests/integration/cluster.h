@@ -39,6 +39,10 @@ struct HostTensor {
 absl::StatusOr<HostTensor> RegisterTensor(AgentProcess& agent, const std::string& name,
                                           const v1::Layout& layout, uint64_t seed,
                                           uint32_t home_gpu = 0, int owner_pidfd = -1);
+// The same through `stub`, whose identity then owns the tensor (pki.h).
+absl::StatusOr<HostTensor> RegisterTensorAs(v1::Agent::Stub& stub, AgentProcess& agent,
+                                            const std::string& name,
+                                            const v1::Layout& layout, uint64_t seed);
 
 // What `target` must hold after moving source_ids[i] to target_ids[i] in layers
 // [layer_begin, layer_end): `before` with those blocks replaced.
@@ -68,6 +72,8 @@ v1::TransferRequest MakeRequest(const std::string& request_id, const std::string
 
 grpc::Status GetTopology(AgentProcess& agent, v1::Topology* topology);
 grpc::Status UnregisterTensor(AgentProcess& agent, const std::string& name);
+// The same through `stub`: only the tensor's owner may.
+grpc::Status UnregisterTensor(v1::Agent::Stub& stub, const std::string& name);
 
 // Each test gets a directory of its own and starts the agents it needs; their logs
 // are printed when the test fails.

@@ -5,10 +5,14 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
 
@@ -27,7 +31,45 @@ absl::StatusOr<sockaddr_in> Address(const std::string& host, uint16_t port) {
   return addr;
 }
 
+// Runs `nft '<script>'`; its output when it fails.
+absl::Status Nft(const std::string& script) {
+  const std::string command = absl::StrCat("nft '", script, "' 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return ErrnoStatus("popen(nft)", errno);
+  std::string output;
+  char buffer[512];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  const int status = pclose(pipe);
+  if (status == 0) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(command, ": exit status ", status, ": ", output));
+}
+
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<PacketDrop>> PacketDrop::Create() {
+  static std::atomic<int> tables{0};
+  const std::string table =
+      absl::StrCat("fuselink_test_", getpid(), "_", tables.fetch_add(1));
+  const absl::Status made =
+      Nft(absl::StrCat("add table ip ", table, "; add chain ip ", table,
+                       " input { type filter hook input priority filter; }"));
+  if (!made.ok()) return absl::FailedPreconditionError(made.message());
+  return std::unique_ptr<PacketDrop>(new PacketDrop(table));
+}
+
+PacketDrop::~PacketDrop() { Nft(absl::StrCat("delete table ip ", table_)).IgnoreError(); }
+
+absl::Status PacketDrop::Drop(const std::vector<std::string>& addresses) {
+  const std::string set = absl::StrCat("{ ", absl::StrJoin(addresses, ", "), " }");
+  return Nft(absl::StrCat("add rule ip ", table_, " input ip saddr ", set,
+                          " drop; add rule ip ", table_, " input ip daddr ", set,
+                          " drop"));
+}
+
+absl::Status PacketDrop::Restore() {
+  return Nft(absl::StrCat("flush chain ip ", table_, " input"));
+}
 
 absl::StatusOr<UniqueFd> TcpConnect(const std::string& host, uint16_t port) {
   FL_ASSIGN_OR_RETURN(sockaddr_in addr, Address(host, port));

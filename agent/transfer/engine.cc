@@ -242,14 +242,12 @@ void Engine::Apply(const JobPtr& job, JobEffects& fx) {
     observer_->OnGiveBack(fx.give_back_nic, absl::Nanoseconds(fx.give_back_ns));
   }
   if (fx.finished) {
-    transfers_.Finished(job, fx.free_request_id, now());
+    transfers_.Finished(job, fx.free_request_id, now());  // the requester's share
+    job->transfer()->ReleaseEnd();                        // the end may be heard now
     if (observer_ != nullptr) {
       observer_->OnTransferFinished(fx.final_state, fx.elapsed, fx.total_bytes);
     }
   }
-  // The source tensor is free before anyone hears the transfer ended: a caller that
-  // unregisters it on the final event never finds it still pinned.
-  fx.released = memory::TensorLease();
   if (fx.outgoing && options_.on_outgoing) options_.on_outgoing(*fx.outgoing);
   if (fx.notify) job->transfer()->Notify(fx.progress_only, options_.progress_interval);
   if (fx.query) AskVerdict(job, fx.query_deadline);

@@ -389,6 +389,7 @@ void Job::Finish(JobEffects* fx) {
                       : absl::IsCancelled(outcome) ? State::kCancelled
                                                    : State::kFailed;
   transfer_->SetState(state, outcome);
+  transfer_->HoldEnd();  // heard once the engine let go of the tensor and the share
   fx->final_state = state;
   fx->elapsed = transfer_->elapsed_locked();
   fx->total_bytes = transfer_->total_bytes_locked();

@@ -177,7 +177,7 @@ void Transfer::Advance(Subscription* sub, Actions* actions) {
     actions->push_back(Action{sub->sink, nullptr, std::move(status)});
   };
   if (sub->cancelled) return finish(absl::CancelledError("stream cancelled"));
-  const bool terminal = IsTerminal(state_);
+  const bool terminal = EndHeard();
   if (!accepted_) {
     // Failed before the target accepted: the call itself fails, with no events.
     if (terminal) finish(FinalStatus());
@@ -222,13 +222,18 @@ void Transfer::Advance(Subscription* sub, Actions* actions) {
   actions->push_back(Action{sub->sink, &e, absl::OkStatus()});
 }
 
+void Transfer::ReleaseEnd() {
+  absl::MutexLock lock(&mu_);
+  end_held_ = false;
+}
+
 v1::TransferStatus Transfer::Status() const {
   v1::TransferStatus out;
   out.set_transfer_id(id_);
   out.set_request_id(request_.request_id());
   *out.mutable_request() = request_;
   absl::MutexLock lock(&mu_);
-  switch (state_) {
+  switch (EndHeard() ? state_ : State::kRunning) {
     case State::kPreparing:
     case State::kRunning:
     case State::kStopping:

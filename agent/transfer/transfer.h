@@ -83,6 +83,12 @@ class Transfer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves to `state`; for failures `status` says why.
   void SetState(State state, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With a final state set: nobody hears of it (streams, Status) until ReleaseEnd,
+  // which the engine calls once it let go of what the transfer held (its source
+  // tensor, its requester's share), so that a caller who hears the end finds both
+  // free. ReleaseEnd takes the lock; Notify afterwards.
+  void HoldEnd() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { end_held_ = true; }
+  void ReleaseEnd();
   State state_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_; }
   bool all_done_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return bytes_done_ == total_bytes_;
@@ -124,6 +130,11 @@ class Transfer {
 
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kPreparing;
+  bool end_held_ ABSL_GUARDED_BY(mu_) = false;  // HoldEnd
+  // Whether callers may hear that the transfer ended.
+  bool EndHeard() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return IsTerminal(state_) && !end_held_;
+  }
   bool accepted_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   std::string transport_ ABSL_GUARDED_BY(mu_);

@@ -83,9 +83,10 @@ constexpr int kCutRail = 1;  // the rail that goes down and up
 constexpr char kCutRailName[] = "rail1";
 constexpr int kBoundMs = 1000;
 constexpr int kIdleMs = 3000;
-// A router's share of transfers in flight: each of its workers' transfer, and the one
-// before it, whose end the worker may hear just before the agent gives its place back.
-constexpr int kTransfersPerRouter = 2 * kWorkers / kRouters;
+// A router's share of transfers in flight: exactly its workers' one each. The agent
+// gives a transfer's place back before its end can be heard, so a worker that starts
+// its next transfer on hearing the end is never refused.
+constexpr int kTransfersPerRouter = kWorkers / kRouters;
 // Small chunks, two in flight: the larger transfers take tens of milliseconds, so the
 // freezes, the kill and the rail catch some of them moving. The bounds short, so that
 // they fire within the soak. Stripe, so that every transfer uses both rails (the

@@ -88,6 +88,7 @@ class JobTest : public ::testing::Test {
     return fx;
   }
   void Keep(JobEffects& fx) {
+    if (fx.finished) job_->transfer()->ReleaseEnd();  // as the engine does
     finished_ |= fx.finished;
     free_request_id_ |= fx.free_request_id;
     waits_ += fx.wait;

@@ -69,6 +69,36 @@ TEST(TransferEvents, AcceptedLayersProgressThenCompleted) {
   t.Unsubscribe(sink.sub);
 }
 
+// A held end is not heard, even by a stream whose write completes meanwhile on
+// another thread, nor by Status, until the engine releases it (having let go of the
+// tensor and the requester's share).
+TEST(TransferEvents, AHeldEndIsHeardOnlyOnceReleased) {
+  Transfer t = MakeTransfer();
+  FakeSink sink;
+  t.Subscribe(&sink, &sink.sub);
+  t.Accept(100, 1, 0, 1, "tcp", "stripe");
+  ASSERT_TRUE(sink.pending);  // the accepted event's write is outstanding
+  {
+    absl::MutexLock lock(&t.mu());
+    t.AddDone(0, 0, 100);
+    t.SetState(State::kCompleted, absl::OkStatus());
+    t.HoldEnd();
+  }
+  sink.Drain(t);  // the write completes before the engine has released anything
+  for (const v1::TransferEvent& e : sink.events) EXPECT_FALSE(e.has_completed());
+  EXPECT_FALSE(sink.ended);
+  EXPECT_EQ(t.Status().state(), v1::TRANSFER_STATE_RUNNING);
+
+  t.ReleaseEnd();
+  t.Notify(false, absl::ZeroDuration());
+  sink.Drain(t);
+  ASSERT_FALSE(sink.events.empty());
+  EXPECT_TRUE(sink.events.back().has_completed());
+  EXPECT_TRUE(sink.ended);
+  EXPECT_EQ(t.Status().state(), v1::TRANSFER_STATE_COMPLETED);
+  t.Unsubscribe(sink.sub);
+}
+
 TEST(TransferEvents, FailureBeforeAcceptanceFailsTheCallWithoutEvents) {
   Transfer t = MakeTransfer();
   FakeSink sink;

@@ -1,6 +1,6 @@
 // The proof a new fabric connection gives before it may write, as pure functions:
 // nonces and HMAC-SHA256 (OpenSSL libcrypto), no sockets. Both transports frame it
-// (wire.h for TCP, verbs_wire.h for the verbs control link); the exchange is the same:
+// (wire.h for TCP, verbs/wire.h for the verbs control link); the exchange is the same:
 //
 //   connector C -> acceptor A   HELLO     {nic, C's name, client_nonce}
 //   A -> C                      CHALLENGE {server_nonce, mac_a}

@@ -28,7 +28,7 @@ struct Region {
   int gpu = -1;  // the GPU that holds the memory; -1 for host memory
   bool on_gpu() const { return gpu >= 0; }
   // A verbs window into GPU memory that some NIC cannot reach: where its bytes land
-  // first (host_shadow.h). Null otherwise.
+  // first (verbs/host_shadow.h). Null otherwise.
   std::shared_ptr<const HostShadow> shadow;
 };
 

@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
-#include "agent/fabric/in_node_fabric.h"
+#include "agent/fabric/in_node/fabric.h"
 
 namespace fuselink::services {
 

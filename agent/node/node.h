@@ -11,7 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
-#include "agent/fabric/in_node_fabric.h"
+#include "agent/fabric/in_node/fabric.h"
 #include "agent/gpu/runtime.h"
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/registry.h"

@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include "agent/fabric/in_node_fabric.h"
+#include "agent/fabric/in_node/fabric.h"
 #include "agent/gpu/runtime.h"
 #include "agent/gpu/stream.h"
 

@@ -192,7 +192,7 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
           MetricType::Gauge,
           [&](int k, nicstat::Direction d) { return foreign.busy_mask(d) >> k & 1; });
     }
-    // How each GPU's memory crosses each NIC (agent/fabric/verbs_staging.h): one
+    // How each GPU's memory crosses each NIC (agent/fabric/verbs/staging.h): one
     // series per pair, 1, with the path as a label.
     if (const gpu::Runtime* gpus = node.gpu(); gpus != nullptr) {
       prometheus::MetricFamily paths{

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "agent/fabric/tcp_fabric.h"
+#include "agent/fabric/tcp/fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 

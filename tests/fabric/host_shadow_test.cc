@@ -1,5 +1,5 @@
 // A window's host shadow: where each extent sits, and where an arrival's bytes are.
-#include "agent/fabric/host_shadow.h"
+#include "agent/fabric/verbs/host_shadow.h"
 
 #include <cstdlib>
 #include <vector>

@@ -2,14 +2,13 @@
 // drains before it is reported closed, refusals place nothing, the queue pushes back,
 // GPU memory without a copier fails the write, and everything else reaches the
 // wrapped fabric (whose windows never share a key with the lane's).
-#include "agent/fabric/in_node_fabric.h"
-
 #include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "agent/fabric/in_node/fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 

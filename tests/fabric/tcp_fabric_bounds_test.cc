@@ -1,4 +1,4 @@
-// The TCP fabric's bounds on waits (tcp_fabric.h): a peer that stops mid-frame, a
+// The TCP fabric's bounds on waits (tcp/fabric.h): a peer that stops mid-frame, a
 // target that never acknowledges, one that acknowledges late but in time, and a peer
 // that opens connections past its share. Raw sockets play the misbehaving side.
 // Times are printed as "bench:" lines; only the bounds themselves are asserted.
@@ -20,9 +20,9 @@
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/socket.h"
-#include "agent/fabric/tcp_connection.h"
-#include "agent/fabric/tcp_fabric.h"
-#include "agent/fabric/tcp_handshake.h"
+#include "agent/fabric/tcp/connection.h"
+#include "agent/fabric/tcp/fabric.h"
+#include "agent/fabric/tcp/handshake.h"
 #include "agent/fabric/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

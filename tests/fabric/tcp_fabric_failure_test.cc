@@ -10,8 +10,8 @@
 
 #include "agent/common/status_macros.h"
 #include "agent/fabric/socket.h"
-#include "agent/fabric/tcp_fabric.h"
-#include "agent/fabric/tcp_handshake.h"
+#include "agent/fabric/tcp/fabric.h"
+#include "agent/fabric/tcp/handshake.h"
 #include "agent/fabric/wire.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"

@@ -1,6 +1,4 @@
 // Two TCP fabrics in one process, on loopback addresses, two NICs each.
-#include "agent/fabric/tcp_fabric.h"
-
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
+#include "agent/fabric/tcp/fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 

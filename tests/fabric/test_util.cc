@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "agent/common/status_macros.h"
-#include "agent/fabric/tcp_handshake.h"
+#include "agent/fabric/tcp/handshake.h"
 #include "gtest/gtest.h"
 
 namespace fuselink::fabric::testing {

@@ -21,7 +21,7 @@
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/socket.h"
-#include "agent/fabric/tcp_fabric.h"
+#include "agent/fabric/tcp/fabric.h"
 
 namespace fuselink::fabric::testing {
 

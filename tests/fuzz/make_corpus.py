@@ -36,7 +36,7 @@ write("tcp_wire_fuzz", "bad_magic", tcp(2, magic=0xEEEEEEEE))
 write("tcp_wire_fuzz", "name", b"node-b")
 
 
-# agent/fabric/verbs_wire.h: u32 magic, u16 version, u16 type, u32 word0..3,
+# agent/fabric/verbs/wire.h: u32 magic, u16 version, u16 type, u32 word0..3,
 # u64 dword0..2 (a HELLO's dword2: the port's u16 LID), 16-byte gid; a HELLO is
 # followed by its name and QP records.
 def verbs(type_, w=(0, 0, 0, 0), d=(0, 0, 0), gid=bytes(16)):

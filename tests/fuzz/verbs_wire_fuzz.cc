@@ -1,4 +1,4 @@
-// The verbs transport's control frames (agent/fabric/verbs_wire.h) on any bytes:
+// The verbs transport's control frames (agent/fabric/verbs/wire.h) on any bytes:
 // DecodeFrame never crashes, and whatever it accepts encodes back to the same 64
 // bytes; a HELLO with its name, client nonce and QP records re-encodes to the bytes
 // it came from, CHALLENGE and PROOF with their MAC and nonce too.
@@ -9,7 +9,7 @@
 #include <string>
 #include <variant>
 
-#include "agent/fabric/verbs_wire.h"
+#include "agent/fabric/verbs/wire.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace fuselink::fabric::verbs::wire {

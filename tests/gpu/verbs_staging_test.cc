@@ -4,8 +4,6 @@
 // shadow, and landed in GPU memory, across NVLink when a second GPU is lent. Also what
 // the path probe finds here, and (printed, not asserted) the staging rates against one
 // PCIe copy of the same bytes.
-#include "agent/fabric/verbs_staging.h"
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,7 +11,8 @@
 #include <memory>
 #include <vector>
 
-#include "agent/fabric/host_shadow.h"
+#include "agent/fabric/verbs/host_shadow.h"
+#include "agent/fabric/verbs/staging.h"
 #include "agent/gpu/memory.h"
 #include "agent/gpu/runtime.h"
 #include "agent/relay/device_stager.h"

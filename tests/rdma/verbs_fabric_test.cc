@@ -4,8 +4,6 @@
 // handshake nobody answers). The fixture is in verbs_fabric_test_util.h; skips, saying
 // why, where no device is configured, and the binary then exits 77 (ctest: skipped),
 // see main() below.
-#include "agent/fabric/verbs_fabric.h"
-
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -20,8 +18,9 @@
 #include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/handshake.h"
 #include "agent/fabric/socket.h"
-#include "agent/fabric/verbs_device.h"
-#include "agent/fabric/verbs_wire.h"
+#include "agent/fabric/verbs/device.h"
+#include "agent/fabric/verbs/fabric.h"
+#include "agent/fabric/verbs/wire.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 #include "tests/rdma/verbs_fabric_test_util.h"

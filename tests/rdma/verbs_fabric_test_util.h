@@ -20,7 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/fabric/fabric.h"
-#include "agent/fabric/verbs_fabric.h"
+#include "agent/fabric/verbs/fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 #include "tests/rdma/rails.h"

@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "agent/fabric/verbs_fabric.h"
+#include "agent/fabric/verbs/fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 #include "tests/rdma/verbs_fabric_test_util.h"

@@ -13,7 +13,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "agent/fabric/verbs_fabric.h"
+#include "agent/fabric/verbs/fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 #include "tests/rdma/verbs_fabric_test_util.h"

@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "agent/fabric/verbs_fabric.h"
+#include "agent/fabric/verbs/fabric.h"
 #include "gtest/gtest.h"
 #include "tests/rdma/verbs_fabric_test_util.h"
 

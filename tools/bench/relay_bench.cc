@@ -28,7 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
-#include "agent/fabric/tcp_fabric.h"
+#include "agent/fabric/tcp/fabric.h"
 #include "agent/gpu/memory.h"
 #include "agent/gpu/runtime.h"
 #include "agent/gpu/stream.h"

@@ -1,4 +1,4 @@
-#include "agent/fabric/host_shadow.h"
+#include "agent/fabric/verbs/host_shadow.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-// The NIC's poller (verbs_nic.h): the completion queue's send and
+// The NIC's poller (verbs/nic.h): the completion queue's send and
 // receive completions, a write's landing in its window, the QPs that have drained and
 // are destroyed, and the device's asynchronous events.
 #include <arpa/inet.h>
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "agent/fabric/host_shadow.h"
-#include "agent/fabric/verbs_nic.h"
+#include "agent/fabric/verbs/host_shadow.h"
+#include "agent/fabric/verbs/nic.h"
 
 namespace fuselink::fabric::verbs {
 namespace {

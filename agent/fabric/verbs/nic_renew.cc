@@ -1,4 +1,4 @@
-// A QP's renewal after the target's NIC refused one of its writes (verbs_nic.h,
+// A QP's renewal after the target's NIC refused one of its writes (verbs/nic.h,
 // "Refusals"): the poller holds the writes flushed behind the refused one and asks for
 // the renewal once every WR of the QP is back (ReadyToRenew); the worker restarts the
 // QP (RestartQp), the link's thread connects it to the target's new QP and posts the
@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
-#include "agent/fabric/verbs_nic.h"
+#include "agent/fabric/verbs/nic.h"
 
 namespace fuselink::fabric::verbs {
 

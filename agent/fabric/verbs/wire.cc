@@ -1,4 +1,4 @@
-#include "agent/fabric/verbs_wire.h"
+#include "agent/fabric/verbs/wire.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "agent/fabric/verbs_wrap.h"
+#include "agent/fabric/verbs/wrap.h"
 
 #include <fcntl.h>
 

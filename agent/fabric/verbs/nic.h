@@ -5,7 +5,7 @@
 // Data path. A write is two work requests chained in one ibv_post_send on one RC QP:
 //   1. IBV_WR_RDMA_WRITE, unsignaled: the payload, straight from the registered source
 //      into one extent of a window the target opened for this node (remote address =
-//      offset in the region, rkey = that extent's registration; verbs_window.h).
+//      offset in the region, rkey = that extent's registration; verbs/window.h).
 //      Omitted for a 0-byte write (a notification).
 //   2. IBV_WR_SEND_WITH_IMM, signaled, inline: a 16-byte Descriptor {window, bytes,
 //      offset} with the caller's immediate.
@@ -28,7 +28,7 @@
 // never executed at the target (the responder stops at the refused packet). The NIC
 // keeps those writes in the ring, and once every WR of the QP is back the fabric
 // renews the QP (RESET -> INIT -> RTR -> RTS with a new PSN, towards a new QP at the
-// target: verbs_link.h, QP_RENEW) and the held writes are posted again, in order; the
+// target: verbs/link.h, QP_RENEW) and the held writes are posted again, in order; the
 // caller sees only the refusal. A renewal that fails or takes longer than
 // kRenewTimeout closes the QP: the held writes complete UNAVAILABLE.
 //
@@ -64,9 +64,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
-#include "agent/fabric/verbs_device.h"
-#include "agent/fabric/verbs_worker.h"
-#include "agent/fabric/verbs_wrap.h"
+#include "agent/fabric/verbs/device.h"
+#include "agent/fabric/verbs/worker.h"
+#include "agent/fabric/verbs/wrap.h"
 #include "agent/fabric/window_table.h"
 
 namespace fuselink::fabric::verbs {

@@ -1,4 +1,4 @@
-#include "agent/fabric/verbs_nic.h"
+#include "agent/fabric/verbs/nic.h"
 
 #include <arpa/inet.h>
 

@@ -3,19 +3,19 @@
 // to), every write completed exactly once, OnPeerLost after all of a peer's
 // completions, 0-byte writes are notifications carrying only the immediate.
 //
-// Layout per NIC (verbs_nic.h): one device context, PD and CQ, polled by one thread;
-// per (peer, NIC) one control connection (verbs_link.h) and qps_per_peer_nic RC QPs.
+// Layout per NIC (verbs/nic.h): one device context, PD and CQ, polled by one thread;
+// per (peer, NIC) one control connection (verbs/link.h) and qps_per_peer_nic RC QPs.
 // Writes are spread round-robin over a NIC's QPs to the peer. The connecting side
 // posts on its QPs; the accepting side only receives on them (to write back, it
 // Connect()s too, as with TCP).
 //
-// Windows (verbs_window.h, verbs_link.h): OpenWindow registers every extent of the
+// Windows (verbs/window.h, verbs/link.h): OpenWindow registers every extent of the
 // window separately on every NIC, in the named peer's protection domain there, and
 // pushes the rkeys to that peer alone; CloseWindow deregisters them (on the fabric's
 // worker thread) before `drained` runs, so a late write fails at the target's NIC. A
 // region's own registration is local only (lkeys for reads; no remote access).
 //
-// GPU regions (verbs_staging.h): each (GPU, NIC) pair moves GPU memory by dma-buf,
+// GPU regions (verbs/staging.h): each (GPU, NIC) pair moves GPU memory by dma-buf,
 // peer memory or staging through host memory, chosen at start-up (GpuPath). Staged
 // writes and writes behind a fence (the relay's NVLink copy) go through the NIC's
 // sender thread: PostWrite returns at once and the write completes as any other.
@@ -36,8 +36,8 @@
 //    UNAVAILABLE and that QP is gone; the NIC's other QPs are untouched.
 //  - The arrival for a write whose bytes landed before CloseWindow but whose
 //    descriptor is seen after it is not delivered (counted in refused_writes).
-//  - Authentication as over TCP (tcp_fabric.h): a control connection proves its key
-//    before the target makes a QP for it (verbs_link.h); Connect fails
+//  - Authentication as over TCP (tcp/fabric.h): a control connection proves its key
+//    before the target makes a QP for it (verbs/link.h); Connect fails
 //    FAILED_PRECONDITION (FABRIC_NO_KEY) or UNAVAILABLE (FABRIC_AUTH) likewise, and
 //    NicCounters::auth_failures counts the control connections refused.
 //  - A port going down (IBV_EVENT_PORT_ERR) closes every QP on that NIC at once; a QP
@@ -56,7 +56,7 @@
 #include "absl/time/time.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
-#include "agent/fabric/verbs_wrap.h"
+#include "agent/fabric/verbs/wrap.h"
 
 namespace fuselink::fabric {
 
@@ -99,7 +99,7 @@ struct VerbsFabricOptions {
   // they complete UNAVAILABLE (to be failed over): the bound on a write in flight
   // whatever the RC retries do. verbs::NicSizing::ack_timeout.
   absl::Duration ack_timeout = absl::Seconds(10);
-  // GPU memory (verbs_staging.h). The stager copies it where a NIC cannot reach it
+  // GPU memory (verbs/staging.h). The stager copies it where a NIC cannot reach it
   // and exports it as dma-buf where it can; null: GPU regions are refused
   // (UNIMPLEMENTED). Must outlive the fabric. The path of GPUs 0..gpu_count-1 to
   // every NIC is probed at start-up.

@@ -1,4 +1,4 @@
-// The verbs fabric's regions and windows (the class: verbs_fabric_impl.h).
+// The verbs fabric's regions and windows (the class: verbs/fabric_impl.h).
 //
 // A window is enforced by the target's NIC twice over: each extent is a registration
 // of its own (a write outside every extent matches no rkey's bounds), and the
@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/region_table.h"
-#include "agent/fabric/verbs_fabric_impl.h"
+#include "agent/fabric/verbs/fabric_impl.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric::verbs_internal {

@@ -1,6 +1,6 @@
 // One control connection of the verbs fabric: a TCP connection per (peer, NIC) that
 // exchanges QP information once and then carries windows, refusals and QP renewals
-// between the two ends. No data ever travels on it (frames: verbs_wire.h).
+// between the two ends. No data ever travels on it (frames: verbs/wire.h).
 //
 // Why a TCP side channel and not the gRPC bootstrap: Fabric::Connect takes only the
 // peer's Endpoints, and RC set-up needs a request/response (QPN, PSN, GID, MTU both
@@ -28,7 +28,7 @@
 // HELLO, and the target proves it back (CHALLENGE, PROOF). A link that does not is
 // closed and counted (Nic::auth_failures).
 //
-// QP renewal after a refusal (verbs_nic.h): the source resets its QP and sends
+// QP renewal after a refusal (verbs/nic.h): the source resets its QP and sends
 // QP_RENEW {index, QPN, new PSN}; the target replaces its QP of that index with a new
 // one connected to it and answers QP_RENEWED; the source connects and posts its held
 // writes again.
@@ -51,9 +51,9 @@
 #include "absl/time/time.h"
 #include "agent/common/unique_fd.h"
 #include "agent/fabric/fabric_keys.h"
-#include "agent/fabric/verbs_nic.h"
-#include "agent/fabric/verbs_window.h"
-#include "agent/fabric/verbs_wire.h"
+#include "agent/fabric/verbs/nic.h"
+#include "agent/fabric/verbs/window.h"
+#include "agent/fabric/verbs/wire.h"
 
 namespace fuselink::fabric::verbs {
 

@@ -1,4 +1,4 @@
-#include "agent/fabric/tcp_fabric.h"
+#include "agent/fabric/tcp/fabric.h"
 
 #include <algorithm>
 #include <atomic>
@@ -19,8 +19,8 @@
 #include "agent/fabric/peer_table.h"
 #include "agent/fabric/region_table.h"
 #include "agent/fabric/socket.h"
-#include "agent/fabric/tcp_connection.h"
-#include "agent/fabric/tcp_handshake.h"
+#include "agent/fabric/tcp/connection.h"
+#include "agent/fabric/tcp/handshake.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {

@@ -3,8 +3,8 @@
 //
 // The target registers each extent of a window separately (ibv_reg_mr_iova, iova = iova
 // base + the extent's offset in the region) in a protection domain of the window's peer
-// alone (verbs_nic.h, PeerDomain), and pushes the rkeys on the control link
-// (verbs_wire.h, WINDOW_ADD). The source maps (window key, offset, bytes) to the one
+// alone (verbs/nic.h, PeerDomain), and pushes the rkeys on the control link
+// (verbs/wire.h, WINDOW_ADD). The source maps (window key, offset, bytes) to the one
 // extent holding the whole write, and writes with that extent's rkey at remote address
 // = iova base + offset. A
 // write that no extent holds, or through a key it was never given (or was told is
@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/fabric/fabric.h"
-#include "agent/fabric/verbs_wire.h"
+#include "agent/fabric/verbs/wire.h"
 #include "agent/fabric/window_table.h"
 
 namespace fuselink::fabric::verbs {

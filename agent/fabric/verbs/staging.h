@@ -7,8 +7,8 @@
 //  - peer memory: ibv_reg_mr on the device pointer, through the nvidia-peermem module.
 //  - staged: writes out of GPU memory are copied into a bounce slot (pinned host memory
 //    registered with the NIC) over the GPU's own PCIe link and sent from there; writes
-//    into GPU memory land in the window's host shadow (host_shadow.h) and are copied
-//    to the GPU before they are delivered.
+//    into GPU memory land in the window's host shadow (verbs/host_shadow.h) and are
+//    copied to the GPU before they are delivered.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/fabric/fabric.h"
-#include "agent/fabric/verbs_wrap.h"
+#include "agent/fabric/verbs/wrap.h"
 
 namespace fuselink::fabric::verbs {
 

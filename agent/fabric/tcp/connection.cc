@@ -1,4 +1,4 @@
-#include "agent/fabric/tcp_connection.h"
+#include "agent/fabric/tcp/connection.h"
 
 #include <sys/socket.h>
 
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
-#include "agent/fabric/tcp_handshake.h"
+#include "agent/fabric/tcp/handshake.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
@@ -261,7 +261,7 @@ absl::Status TcpConnection::ReceiveAcks() {
                                  [this](size_t) { return CheckAckOverdue(); }));
     absl::StatusOr<wire::Header> decoded = wire::DecodeHeader(header, max_write_bytes);
     if (!decoded.ok()) return Malformed(decoded.status());
-    // The acceptor took our PROOF, then found our share full (tcp_handshake.h).
+    // The acceptor took our PROOF, then found our share full (tcp/handshake.h).
     if (const auto* refuse = std::get_if<wire::RefuseHeader>(&*decoded)) {
       return RefusedByAcceptor(refuse->why);
     }

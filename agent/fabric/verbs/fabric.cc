@@ -1,4 +1,4 @@
-#include "agent/fabric/verbs_fabric.h"
+#include "agent/fabric/verbs/fabric.h"
 
 #include <optional>
 #include <thread>
@@ -11,8 +11,8 @@
 #include "agent/fabric/checks.h"
 #include "agent/fabric/handshake.h"
 #include "agent/fabric/region_table.h"
-#include "agent/fabric/verbs_device.h"
-#include "agent/fabric/verbs_fabric_impl.h"
+#include "agent/fabric/verbs/device.h"
+#include "agent/fabric/verbs/fabric_impl.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {

@@ -1,4 +1,4 @@
-#include "agent/fabric/verbs_window.h"
+#include "agent/fabric/verbs/window.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "agent/fabric/in_node_fabric.h"
+#include "agent/fabric/in_node/fabric.h"
 
 #include <cstring>
 #include <utility>

@@ -1,7 +1,7 @@
-// The verbs fabric's class, shared by its three files: verbs_fabric.cc (peers, links,
-// teardown), verbs_fabric_writes.cc (posted and staged writes) and
-// verbs_fabric_windows.cc (regions and windows). Internal to
-// fuselink_fabric_verbs; callers use verbs_fabric.h.
+// The verbs fabric's class, shared by its three files: verbs/fabric.cc (peers, links,
+// teardown), verbs/fabric_writes.cc (posted and staged writes) and
+// verbs/fabric_windows.cc (regions and windows). Internal to
+// fuselink_fabric_verbs; callers use verbs/fabric.h.
 #pragma once
 
 #include <atomic>
@@ -18,14 +18,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/fabric/acceptor.h"
-#include "agent/fabric/host_shadow.h"
 #include "agent/fabric/peer_table.h"
 #include "agent/fabric/socket.h"
-#include "agent/fabric/verbs_fabric.h"
-#include "agent/fabric/verbs_link.h"
-#include "agent/fabric/verbs_nic.h"
-#include "agent/fabric/verbs_staging.h"
-#include "agent/fabric/verbs_worker.h"
+#include "agent/fabric/verbs/fabric.h"
+#include "agent/fabric/verbs/host_shadow.h"
+#include "agent/fabric/verbs/link.h"
+#include "agent/fabric/verbs/nic.h"
+#include "agent/fabric/verbs/staging.h"
+#include "agent/fabric/verbs/worker.h"
 #include "agent/fabric/window_table.h"
 
 namespace fuselink::fabric::verbs_internal {

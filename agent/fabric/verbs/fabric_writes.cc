@@ -1,4 +1,4 @@
-// The verbs fabric's writes (the class: verbs_fabric_impl.h): a write the NIC can read
+// The verbs fabric's writes (the class: verbs/fabric_impl.h): a write the NIC can read
 // is posted at once; one from GPU memory it cannot read, or from a source still being
 // written, waits for the NIC's sender thread, which stages or waits and posts it.
 #include <optional>
@@ -8,7 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/checks.h"
-#include "agent/fabric/verbs_fabric_impl.h"
+#include "agent/fabric/verbs/fabric_impl.h"
 
 namespace fuselink::fabric {
 namespace verbs_internal {

@@ -1,4 +1,4 @@
-#include "agent/fabric/verbs_worker.h"
+#include "agent/fabric/verbs/worker.h"
 
 #include <utility>
 

@@ -1,5 +1,7 @@
-// The control link's handshake (verbs_link.h), on either side: its QPs created and held
+// The control link's handshake (verbs/link.h), on either side: its QPs created and held
 // while in use, HELLO, CHALLENGE and PROOF, the QPs connected, the peer's window read.
+#include "agent/fabric/handshake.h"
+
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -10,9 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
-#include "agent/fabric/handshake.h"
 #include "agent/fabric/socket.h"
-#include "agent/fabric/verbs_link.h"
+#include "agent/fabric/verbs/link.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric::verbs {

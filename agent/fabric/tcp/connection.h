@@ -4,7 +4,7 @@
 //    the registered source memory; an rx thread reads ACKs and completes the writes
 //    in order.
 //  - inbound (we accepted): one rx thread authenticates the connector (HELLO,
-//    CHALLENGE, PROOF: tcp_handshake.h) and only then reads WRITEs; it admits each
+//    CHALLENGE, PROOF: tcp/handshake.h) and only then reads WRITEs; it admits each
 //    write through the window it names (the peer's own, the extent inside it) before
 //    a byte is placed, places the payload straight into the window's region, reports
 //    the arrival and sends the ACK itself (it is the only writer of an inbound
@@ -18,7 +18,7 @@
 // destroys the connection. So each write completes exactly once: by its ACK on the
 // rx thread, or by JoinAndFailPending after every thread is gone.
 //
-// Bounds (tcp_fabric.h): an inbound connection idles between frames as long as it
+// Bounds (tcp/fabric.h): an inbound connection idles between frames as long as it
 // likes, but no byte of a begun frame for the host's stall_timeout_ms (or an ACK that
 // finds no room as long) closes it, DEADLINE_EXCEEDED with reason FABRIC_STALL; its
 // rx thread wakes every quarter of that to judge. An outbound connection with writes

@@ -1,4 +1,4 @@
-#include "agent/fabric/verbs_staging.h"
+#include "agent/fabric/verbs/staging.h"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "agent/fabric/verbs_device.h"
+#include "agent/fabric/verbs/device.h"
 
 #include <arpa/inet.h>
 #include <net/if.h>
@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/ipv4_interfaces.h"
 #include "agent/common/status_macros.h"
-#include "agent/fabric/verbs_wrap.h"
+#include "agent/fabric/verbs/wrap.h"
 
 namespace fuselink::fabric::verbs {
 namespace {

@@ -1,4 +1,4 @@
-#include "agent/fabric/tcp_handshake.h"
+#include "agent/fabric/tcp/handshake.h"
 
 #include <algorithm>
 #include <variant>

@@ -1,4 +1,4 @@
-#include "agent/fabric/verbs_link.h"
+#include "agent/fabric/verbs/link.h"
 
 #include <sys/socket.h>
 

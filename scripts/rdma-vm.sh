@@ -202,6 +202,16 @@ for rail in 0 1; do
   ip -6 addr add fd00:fe:\$rail::2/64 dev \$b nodad
   for dev in \$a \$b; do
     echo 1 >/proc/sys/net/ipv4/conf/\$dev/accept_local
+    # RoCE RC is go-back-N: it needs one QP's packets in order, as a real fabric keeps
+    # them. A veth hands each packet to the backlog of the CPU that sent it, and rxe
+    # sends one QP's packets from whichever CPU posts or takes its ACK, so with two
+    # vCPUs two backlogs drain one QP in parallel and reorder it (rxeB0 counted
+    # out_of_seq_request 1-25 per 3 s of 1 MiB writes); each reorder costs a NAK and
+    # a retry, and now and then rxe 6.1's responder takes the retried write for an
+    # invalid request and errors the QP (the source then sees REM_INV_REQ, or
+    # retry exceeded when that NAK is lost). RPS queues each flow (rxe: one UDP source
+    # port per QP) on one CPU's backlog: in order, and still both CPUs busy.
+    printf '%x' \$(( (1 << \$(nproc)) - 1 )) >/sys/class/net/\$dev/queues/rx-0/rps_cpus
     ip link set \$dev up
   done
   rdma link add rxeA\$rail type rxe netdev \$a
@@ -243,6 +253,15 @@ fabric_rc=\$rc
 # rxe's own warnings (the console is quiet): timeouts, QP errors.
 dmesg | grep -i -E 'rxe|rdma' | grep -v -E 'loaded|set active|added' | tail -20 |
   sed 's/^/guest-dmesg: /'
+# rxe's view of the rails: a reordered or lost packet shows as out_of_seq_request at the
+# target and a retry at the source (rails taken down by the tests lose some).
+for d in /sys/class/infiniband/rxe*; do
+  c=\$d/ports/1/hw_counters
+  echo "guest: \${d##*/} out_of_seq_request \$(cat \$c/out_of_seq_request)" \
+    "duplicate_request \$(cat \$c/duplicate_request)" \
+    "completer_retry_err \$(cat \$c/completer_retry_err)" \
+    "retry_exceeded_err \$(cat \$c/retry_exceeded_err)"
+done
 echo "guest: rdma test took \$(echo "\$(cut -d' ' -f1 /proc/uptime) \$started" | awk '{print \$1-\$2}') s"
 # The reference: ib_write_bw on rail 0 (rails are back up: the test restores them).
 gid_index() {

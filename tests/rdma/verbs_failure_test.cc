@@ -366,19 +366,26 @@ TEST_F(VerbsFabricTest, RailDownFailsItsWritesUnavailableExactlyOnce) {
   const Rail rail = Rails()[1];
   if (rail.a_veth.empty()) GTEST_SKIP() << "FUSELINK_RDMA_VETHS is not set";
   constexpr size_t kChunk = 64 << 10;
-  constexpr int kWrites = 400;  // ~26 MB on NIC 1: longer than the link stays up
+  // The rail goes down once it has carried kCarried writes, while the writer keeps
+  // NIC 1's queue full until its posts fail: writes are in flight at the down however
+  // fast the link is (a fixed count on a timer was all done first on a fast one).
+  constexpr size_t kCarried = 32;
+  constexpr int kMaxWrites = 1 << 16;  // bound on wr_ids; 20 s end the loop first
   std::vector<uint8_t> source = RandomBytes(kChunk, 5);
   std::vector<uint8_t> target(kChunk * 2, kUntouched);
   const RegionKey source_key = Region(*a_, source);
   const RegionKey target_key = Region(*b_, target);
   const WindowKey window = Window(target_key, "a", {{0, 2 * kChunk}});
   int posted = 0;
+  const auto started = Clock::now();
   std::thread downer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    while (a_events_.completions().size() < kCarried &&
+           Clock::now() - started < std::chrono::seconds(10)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     std::system(absl::StrCat("ip link set ", rail.a_veth, " down").c_str());
   });
-  const auto started = Clock::now();
-  while (posted < kWrites && Clock::now() - started < std::chrono::seconds(20)) {
+  while (posted < kMaxWrites && Clock::now() - started < std::chrono::seconds(20)) {
     WriteOp op{.local_key = source_key,
                .remote_key = window,
                .remote_offset = (posted % 2) * kChunk,

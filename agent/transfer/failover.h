@@ -1,4 +1,4 @@
-// What a write's answer means for its transfer (docs/design-engine.md, "Failover,
+// What a write's answer means for its transfer (docs/design.md, "Failover,
 // refusal, back-pressure"):
 //  - a transport fault (UNAVAILABLE) is that NIC's alone: the NIC leaves this
 //    transfer's reach and the chunk goes again on another; only when no NIC is left is

@@ -7,7 +7,7 @@
 //    connection and the other transfers on it go on, and the transfer ends with the
 //    target's verdict;
 //  - a full queue (RESOURCE_EXHAUSTED from PostWrite) is a delay, never a failure.
-// Pure; unit-tested in tests/transfer/failover_test.cc.
+// Pure; unit-tested in tests/transfer/engine_parts_test.cc.
 #pragma once
 
 #include <cstdint>

@@ -30,10 +30,21 @@ NOT_READ = ("docs/bench/", "tests/fuzz/corpus/")
 
 
 def tracked(root):
-    out = subprocess.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others",
-                          "--exclude-standard"], check=True, capture_output=True).stdout
-    return [f for f in out.decode().split("\0")
-            if f and os.path.lexists(os.path.join(root, f))]
+    """The tree's files: git's tracked and not-ignored ones; outside a git checkout
+    (an exported tree), every file but build outputs and hidden folders."""
+    try:
+        out = subprocess.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others",
+                              "--exclude-standard"], check=True, capture_output=True).stdout
+        return [f for f in out.decode().split("\0")
+                if f and os.path.lexists(os.path.join(root, f))]
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for here, dirs, names in os.walk(root):
+            dirs[:] = [d for d in dirs if not d.startswith((".git", "build", "__pycache__"))
+                       and not (here == root and d.startswith(".") and d != ".ci")]
+            links = [d for d in dirs if os.path.islink(os.path.join(here, d))]  # as git
+            files += [os.path.relpath(os.path.join(here, n), root) for n in names + links]
+        return files
 
 
 def folders_of(files, root):

@@ -11,7 +11,8 @@
 #                            [--chunk_bytes N] [--build DIR] [--workloads LIST]
 #                            [--nodes N] [--quick]
 #
-# --out DIR        the PNGs (default docs/bench: docs/benchmarks.md shows them)
+# --out DIR        the PNGs (default docs/bench; docs/benchmarks.md shows each run's from
+#                  docs/bench/scheduler/<date>/, where a kept run's plots are moved)
 # --results DIR    tables, timelines, logs (default /tmp/fuselink-bench-testbed)
 # --rate RATE      each rail's rate, each way (default 1gbit: the rate, not the two
 #                  cores of a developer machine, is the limit)

@@ -1,5 +1,5 @@
 // The source side of transfers. The engine wires the parts and owns their threads;
-// each part keeps one job (docs/design-engine.md, "The source engine"):
+// each part keeps one job (docs/design.md, "The source engine"):
 //  - admission.h: what a request must be, checked on its own;
 //  - transfer_registry.h: admission against the bound, idempotency on request id,
 //    the live jobs and the finished ones kept for GetTransfer;

@@ -1,4 +1,4 @@
-// What a write's answer means for its transfer (docs/design-engine.md, "Failover,
+// What a write's answer means for its transfer (docs/design.md, "Failover,
 // refusal, back-pressure"):
 //  - a transport fault (UNAVAILABLE) is that NIC's alone: the NIC leaves this
 //    transfer's reach and the chunk goes again on another; only when no NIC is left is
@@ -7,7 +7,7 @@
 //    connection and the other transfers on it go on, and the transfer ends with the
 //    target's verdict;
 //  - a full queue (RESOURCE_EXHAUSTED from PostWrite) is a delay, never a failure.
-// Pure; unit-tested in tests/transfer/failover_test.cc.
+// Pure; unit-tested in tests/transfer/engine_parts_test.cc.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // decides when and how it ends. The window (window.h) moves the chunks; the job
 // prepares, commits, hears the target's verdict and ends.
 //
-// The rules it keeps (docs/design-engine.md, "The source engine"):
+// The rules it keeps (docs/design.md, "The source engine"):
 //  - The target decides. A transfer completes only on the target's kCompleted
 //    verdict, after the source committed; any other verdict ends it with that
 //    verdict's code and reason. The commit's own acknowledgement decides nothing.

@@ -3,7 +3,7 @@
 // GPU tensor is staged in a relay slot there, and at most `window_chunks` writes are
 // in flight. Memory is the extents and the window, never the bytes.
 //
-// The rules it keeps (docs/design-engine.md):
+// The rules it keeps (docs/design.md, "The source engine"):
 //  - Counted once: a chunk counts as landed on its one OK completion; a completion
 //    that names no write in flight (repeated, late, forged) changes nothing.
 //  - Failover: a transport fault (UNAVAILABLE) takes that NIC out of the transfer's

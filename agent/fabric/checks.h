@@ -9,13 +9,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "agent/common/limits.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
 
-// A set of a node's NICs, bit i: NIC i (up to wire::kMaxNics).
-using NicSet = std::bitset<wire::kMaxNics>;
+// A set of a node's NICs, bit i: NIC i (up to kMaxWireNics).
+using NicSet = std::bitset<kMaxWireNics>;
 
 // NICs 0 .. count - 1.
 inline NicSet FirstNics(size_t count) {

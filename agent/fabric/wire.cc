@@ -55,8 +55,9 @@ absl::Status ValidateNodeName(absl::string_view name) {
 absl::StatusOr<std::string> EncodeHello(uint32_t nic, absl::string_view node_name,
                                         const handshake::Nonce& client_nonce) {
   if (absl::Status valid = ValidateNodeName(node_name); !valid.ok()) return valid;
-  if (nic >= kMaxNics) {
-    return absl::InvalidArgumentError(absl::StrCat("NIC index ", nic, " >= ", kMaxNics));
+  if (nic >= kMaxWireNics) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NIC index ", nic, " >= ", kMaxWireNics));
   }
   HeaderBytes header = EmptyHeader(FrameType::kHello);
   PutLe<uint32_t>(header, kWord0At, nic);
@@ -130,7 +131,8 @@ absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes
   switch (static_cast<FrameType>(type)) {
     case FrameType::kHello: {
       if (word2 != 0) return Malformed("HELLO with unused fields set");
-      if (word0 >= kMaxNics) return Malformed(absl::StrCat("HELLO NIC index ", word0));
+      if (word0 >= kMaxWireNics)
+        return Malformed(absl::StrCat("HELLO NIC index ", word0));
       if (word1 == 0 || word1 > kMaxNodeNameBytes) {
         return Malformed(absl::StrCat("HELLO name length ", word1));
       }

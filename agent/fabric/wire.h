@@ -44,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "agent/common/limits.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/handshake.h"
 
@@ -55,8 +56,6 @@ inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHeaderBytes = 40;
 // Bounds a peer's HELLO, so that a hostile name cannot make us allocate much.
 inline constexpr size_t kMaxNodeNameBytes = 255;
-// NIC indices a HELLO may name.
-inline constexpr uint32_t kMaxNics = 64;
 // The largest max_write_bytes a fabric may be configured with; a WRITE's length is a
 // u32 on the wire and one write must fit in memory many times over.
 inline constexpr uint32_t kMaxWriteBytesLimit = 1u << 30;

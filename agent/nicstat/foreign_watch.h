@@ -42,9 +42,8 @@
 
 namespace fuselink::nicstat {
 
-// Masks are one bit a NIC, handed to the scheduler and the landing as they are.
-inline constexpr int kMaxNics = sched::kMaxNics;
-static_assert(kMaxNics <= 32, "busy masks are uint32_t");
+// Masks are one bit a NIC (kMaxNics, agent/common/limits.h), handed to the scheduler
+// and the landing as they are.
 // Looks kept per NIC and direction for the rate window: enough for the default 50 ms
 // window at checks every 2 ms or slower; at faster checks the rate is taken over the
 // looks kept (a shorter window).

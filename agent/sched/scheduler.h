@@ -46,13 +46,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "agent/common/limits.h"
 
 namespace fuselink::sched {
 
-inline constexpr int kMaxNics = 16;
 // Owner states are re-read every this many picks (the paper's value).
 inline constexpr uint32_t kStatusEvery = 8;
-static_assert(kMaxNics < 32, "NIC masks are 32-bit");
 
 enum class Policy { kStatic, kStripe, kFuselink };
 

@@ -10,13 +10,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "agent/common/limits.h"
 #include "fuselink/v1/topology.pb.h"
 
 namespace fuselink::topo {
-
-// Bound on NICs per node; the fabric and scheduler size per-NIC arrays with it.
-inline constexpr int kMaxNics = 16;
-inline constexpr int kMaxGpus = 16;
 
 using Topology = ::fuselink::v1::Topology;
 

@@ -13,8 +13,7 @@
 namespace fuselink::transfer {
 
 // One bound on NICs for the topology, the scheduler's table and the idle masks.
-static_assert(sched::kMaxNics == topo::kMaxNics);
-static_assert(kIdleMaskBits >= topo::kMaxNics);
+static_assert(kIdleMaskBits >= kMaxNics);
 
 namespace {
 
@@ -235,7 +234,7 @@ void Engine::Apply(const JobPtr& job, JobEffects& fx) {
   // that unregisters it at once must find it free.
   fx.released = memory::TensorLease();
   for (const relay::Slot& slot : fx.release_after_fence) ReleaseAfterFence(slot);
-  for (int nic = 0; nic < topo::kMaxNics; ++nic) {
+  for (int nic = 0; nic < kMaxNics; ++nic) {
     if (fx.grow_relay >> nic & 1) GrowRelay(nic);
   }
   if (fx.give_back_ns > 0 && observer_ != nullptr) {

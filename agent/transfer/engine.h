@@ -243,7 +243,7 @@ class Engine {
   std::atomic<uint64_t> stray_verdicts_{0};
   std::atomic<uint64_t> fence_errors_{0};
   std::atomic<uint64_t> forced_drains_{0};
-  std::array<std::atomic<bool>, topo::kMaxNics> growing_{};  // a growth is queued
+  std::array<std::atomic<bool>, kMaxNics> growing_{};  // a growth is queued
   // Tick's own state: one caller at a time.
   absl::Time next_collect_;
   absl::Time last_active_;

@@ -222,7 +222,7 @@ class Landing {
   struct alignas(64) NicBytes {
     std::atomic<uint64_t> own{0}, borrowed{0};
   };
-  std::array<NicBytes, topo::kMaxNics> nic_bytes_;
+  std::array<NicBytes, kMaxNics> nic_bytes_;
   std::atomic<uint64_t> local_bytes_{0};
   absl::Mutex tell_mu_;
   uint32_t told_mask_ ABSL_GUARDED_BY(tell_mu_) = UINT32_MAX;
@@ -239,7 +239,7 @@ class Landing {
   static std::string TransferKey(absl::string_view source_node,
                                  absl::string_view transfer_id);
   absl::flat_hash_map<std::string, uint32_t> by_transfer_ ABSL_GUARDED_BY(mu_);
-  std::array<uint32_t, topo::kMaxNics> owner_slots_ ABSL_GUARDED_BY(mu_) = {};
+  std::array<uint32_t, kMaxNics> owner_slots_ ABSL_GUARDED_BY(mu_) = {};
   size_t open_ ABSL_GUARDED_BY(mu_) = 0;
   // Open and closing slots by source node: a closing slot holds its window (and its
   // tensor) until the window drains, so it counts against the share until Finish.

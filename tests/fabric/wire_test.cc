@@ -194,7 +194,7 @@ TEST(WireTest, RejectsHelloNameLengthOutOfBounds) {
 
 TEST(WireTest, RejectsHelloNicOutOfBounds) {
   HeaderBytes header = HeaderOf(*EncodeHello(0, "a", kNonce));
-  header[8] = kMaxNics;
+  header[8] = kMaxWireNics;
   EXPECT_EQ(DecodeCode(header), absl::StatusCode::kInvalidArgument);
 }
 
@@ -222,7 +222,7 @@ TEST(WireTest, HelloValidatesName) {
   EXPECT_TRUE(EncodeHello(0, std::string(kMaxNodeNameBytes, 'x'), kNonce).ok());
   EXPECT_EQ(EncodeHello(0, std::string("a\0b", 3), kNonce).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EncodeHello(kMaxNics, "a", kNonce).status().code(),
+  EXPECT_EQ(EncodeHello(kMaxWireNics, "a", kNonce).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

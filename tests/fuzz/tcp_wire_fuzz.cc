@@ -35,7 +35,7 @@ void CheckName(absl::string_view name) {
   handshake::Nonce nonce;
   for (size_t i = 0; i < nonce.size(); ++i)
     nonce[i] = static_cast<uint8_t>(name.size() + i);
-  absl::StatusOr<std::string> hello = EncodeHello(kMaxNics - 1, name, nonce);
+  absl::StatusOr<std::string> hello = EncodeHello(kMaxWireNics - 1, name, nonce);
   FL_FUZZ_CHECK(hello.ok() == valid);
   if (!valid) return;
   FL_FUZZ_CHECK(hello->size() == kHeaderBytes + name.size());
@@ -44,7 +44,8 @@ void CheckName(absl::string_view name) {
       DecodeHeader(std::span<const uint8_t, kHeaderBytes>(bytes, kHeaderBytes), 0);
   FL_FUZZ_CHECK(decoded.ok());
   const auto* h = std::get_if<HelloHeader>(&*decoded);
-  FL_FUZZ_CHECK(h != nullptr && h->nic == kMaxNics - 1 && h->name_bytes == name.size());
+  FL_FUZZ_CHECK(h != nullptr && h->nic == kMaxWireNics - 1 &&
+                h->name_bytes == name.size());
   FL_FUZZ_CHECK(h->client_nonce == nonce);
   FL_FUZZ_CHECK(absl::string_view(*hello).substr(kHeaderBytes) == name);
 }
@@ -60,7 +61,7 @@ void CheckHeader(std::span<const uint8_t, kHeaderBytes> in, absl::string_view re
     return;
   }
   if (const auto* hello = std::get_if<HelloHeader>(&*decoded)) {
-    FL_FUZZ_CHECK(hello->nic < kMaxNics);
+    FL_FUZZ_CHECK(hello->nic < kMaxWireNics);
     FL_FUZZ_CHECK(hello->name_bytes >= 1 && hello->name_bytes <= kMaxNodeNameBytes);
     if (rest.size() < hello->name_bytes) return;
     const absl::string_view name = rest.substr(0, hello->name_bytes);

@@ -26,7 +26,7 @@
 namespace fuselink::fabric {
 namespace {
 
-static_assert(kMaxConnectionsPerNic * wire::kMaxNics <= kMaxConnections,
+static_assert(kMaxConnectionsPerNic * kMaxWireNics <= kMaxConnections,
               "one peer's outbound connections always fit under kMaxConnections");
 static_assert(kMaxQueueDepthPerNic <= (1 << 20),
               "a connection's ring holds queue_depth_per_nic writes, allocated up front");
@@ -37,9 +37,9 @@ absl::Status ValidateOptions(const TcpFabricOptions& options, const Handler* han
   if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
   if (options.keys == nullptr) return absl::InvalidArgumentError("a fabric needs keys");
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(options.node_name));
-  if (options.nics.empty() || options.nics.size() > wire::kMaxNics) {
+  if (options.nics.empty() || options.nics.size() > kMaxWireNics) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a fabric needs 1..", wire::kMaxNics, " NICs"));
+        absl::StrCat("a fabric needs 1..", kMaxWireNics, " NICs"));
   }
   for (size_t i = 0; i < options.nics.size(); ++i) {
     if (options.nics[i].nic != static_cast<int>(i)) {

@@ -28,9 +28,9 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
   if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
   if (o.keys == nullptr) return absl::InvalidArgumentError("a fabric needs keys");
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(o.node_name));
-  if (o.nics.empty() || o.nics.size() > wire::kMaxNics) {
+  if (o.nics.empty() || o.nics.size() > kMaxWireNics) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a fabric needs 1..", wire::kMaxNics, " NICs"));
+        absl::StrCat("a fabric needs 1..", kMaxWireNics, " NICs"));
   }
   for (size_t i = 0; i < o.nics.size(); ++i) {
     if (o.nics[i].nic != static_cast<int>(i)) {

@@ -10,6 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libibverbs-dev libcurl4-openssl-dev
   libssl-dev libcrypt-dev openssl  # TLS, HMAC for the fabric handshake, bcrypt; certificates
+  libyaml-dev  # the /metrics web-config file
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus iperf3 iproute2 gnuplot-nox curl jq procps
   nftables  # integration_soak_test takes a rail down with a drop rule

@@ -1,10 +1,7 @@
 #include "services/discovery/k8s_discovery.h"
 
-// The library is loaded at run time (below); the header gives its types only.
-#define CURL_DISABLE_TYPECHECK
 #include <arpa/inet.h>
 #include <curl/curl.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,7 +9,6 @@
 #include <optional>
 #include <random>
 #include <sstream>
-#include <type_traits>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -130,51 +126,15 @@ SlicePeers PeersOf(const Struct& slice, absl::string_view port_name,
   return peers;
 }
 
-// libcurl, loaded when discovery starts, so that agents that use --peer alone need
-// no libcurl (as the CUDA driver is loaded only where there are GPUs).
-struct CurlApi {
-  CURLcode (*global_init)(long);
-  CURL* (*easy_init)();
-  void (*easy_cleanup)(CURL*);
-  CURLcode (*easy_setopt)(CURL*, CURLoption, ...);
-  CURLcode (*easy_perform)(CURL*);
-  CURLcode (*easy_getinfo)(CURL*, CURLINFO, ...);
-  const char* (*easy_strerror)(CURLcode);
-  curl_slist* (*slist_append)(curl_slist*, const char*);
-  void (*slist_free_all)(curl_slist*);
-};
-
-absl::StatusOr<const CurlApi*> LoadCurl() {
-  static const absl::StatusOr<CurlApi> api = []() -> absl::StatusOr<CurlApi> {
-    void* lib = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Kubernetes discovery needs libcurl (Debian: libcurl4): ", dlerror()));
-    }
-    CurlApi a;
-    bool ok = true;
-    auto bind = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      ok = ok && fn != nullptr;
-    };
-    bind(a.global_init, "curl_global_init");
-    bind(a.easy_init, "curl_easy_init");
-    bind(a.easy_cleanup, "curl_easy_cleanup");
-    bind(a.easy_setopt, "curl_easy_setopt");
-    bind(a.easy_perform, "curl_easy_perform");
-    bind(a.easy_getinfo, "curl_easy_getinfo");
-    bind(a.easy_strerror, "curl_easy_strerror");
-    bind(a.slist_append, "curl_slist_append");
-    bind(a.slist_free_all, "curl_slist_free_all");
-    if (!ok)
-      return absl::FailedPreconditionError("libcurl.so.4 lacks curl_easy_* functions");
-    if (a.global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-      return absl::FailedPreconditionError("curl_global_init failed");
-    }
-    return a;
-  }();
-  if (!api.ok()) return api.status();
-  return &*api;
+// curl_global_init once per process, before the first handle; thread-safe in
+// libcurl 7.84 and later (Debian 12: 7.88).
+absl::Status InitCurl() {
+  static const CURLcode code = curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (code != CURLE_OK) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("curl_global_init: ", curl_easy_strerror(code)));
+  }
+  return absl::OkStatus();
 }
 
 std::string ReadFile(const std::string& path) {
@@ -196,18 +156,16 @@ struct Request {
 };
 
 absl::Status Get(Request& r) {
-  absl::StatusOr<const CurlApi*> loaded = LoadCurl();
-  if (!loaded.ok()) return loaded.status();
-  const CurlApi& c = **loaded;
-  CURL* curl = c.easy_init();
+  if (absl::Status init = InitCurl(); !init.ok()) return init;
+  CURL* curl = curl_easy_init();
   if (curl == nullptr) return absl::ResourceExhaustedError("curl_easy_init failed");
-  absl::Cleanup free_curl = [&c, curl] { c.easy_cleanup(curl); };
+  absl::Cleanup free_curl = [curl] { curl_easy_cleanup(curl); };
   const std::string url = absl::StrCat(r.options->api_server, r.path);
   const std::string auth =
       absl::StrCat("Authorization: Bearer ", ReadFile(r.options->token_file));
-  curl_slist* headers = c.slist_append(nullptr, auth.c_str());
-  headers = c.slist_append(headers, "Accept: application/json");
-  absl::Cleanup free_headers = [&c, headers] { c.slist_free_all(headers); };
+  curl_slist* headers = curl_slist_append(nullptr, auth.c_str());
+  headers = curl_slist_append(headers, "Accept: application/json");
+  absl::Cleanup free_headers = [headers] { curl_slist_free_all(headers); };
   std::string error_body;
   long http = 0;
   auto write = +[](char* data, size_t size, size_t n, void* user) -> size_t {
@@ -217,24 +175,24 @@ absl::Status Get(Request& r) {
   auto progress = +[](void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
     return static_cast<Request*>(user)->stopping->load() ? 1 : 0;
   };
-  c.easy_setopt(curl, CURLOPT_URL, url.c_str());
-  c.easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-  c.easy_setopt(curl, CURLOPT_CAINFO, r.options->ca_file.c_str());
-  c.easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                static_cast<long>(absl::ToInt64Milliseconds(kConnectTimeout)));
-  c.easy_setopt(curl, CURLOPT_TIMEOUT_MS,
-                static_cast<long>(absl::ToInt64Milliseconds(r.timeout)));
-  c.easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  c.easy_setopt(curl, CURLOPT_WRITEFUNCTION, write);
-  c.easy_setopt(curl, CURLOPT_WRITEDATA, &r);
-  c.easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
-  c.easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, progress);
-  c.easy_setopt(curl, CURLOPT_XFERINFODATA, &r);
-  c.easy_setopt(curl, CURLOPT_FAILONERROR, 1L);
-  const CURLcode code = c.easy_perform(curl);
-  c.easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http);
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(curl, CURLOPT_CAINFO, r.options->ca_file.c_str());
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(absl::ToInt64Milliseconds(kConnectTimeout)));
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
+                   static_cast<long>(absl::ToInt64Milliseconds(r.timeout)));
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &r);
+  curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, progress);
+  curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &r);
+  curl_easy_setopt(curl, CURLOPT_FAILONERROR, 1L);
+  const CURLcode code = curl_easy_perform(curl);
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http);
   if (code == CURLE_OK) return absl::OkStatus();
-  const std::string what = absl::StrCat("GET ", url, ": ", c.easy_strerror(code),
+  const std::string what = absl::StrCat("GET ", url, ": ", curl_easy_strerror(code),
                                         http ? absl::StrCat(" (HTTP ", http, ")") : "");
   if (code == CURLE_HTTP_RETURNED_ERROR) {
     if (http == 404) return absl::NotFoundError(what);

@@ -2,9 +2,9 @@
 // endpoints of its headless Service. K8sDiscovery lists that Service's EndpointSlices,
 // then watches them, and reports the whole peer set (node name -> gRPC address) each
 // time it changes. It needs only get/list/watch on EndpointSlices in one namespace
-// (the chart's Role). libcurl (loaded at run time: only agents that discover need it)
-// carries the requests: TLS against the cluster's CA, the service-account token as
-// bearer, and a watch that streams one JSON event a line.
+// (the chart's Role). libcurl (linked; the image ships libcurl4) carries the
+// requests: TLS against the cluster's CA, the service-account token as bearer, and a
+// watch that streams one JSON event a line.
 //
 // Addresses follow each slice's addressType: an IPv4 slice gives "a.b.c.d:port", an
 // IPv6 slice "[v6]:port" (what gRPC dials); an address that is not of its slice's

@@ -11,13 +11,29 @@
 // Python stubs, grpcurl's JSON) is unchanged; the service's typed methods are called
 // as before for every request that parses.
 //
-// The handler types are the ones grpc_cpp_plugin's generated code registers
-// (grpcpp/impl/codegen/server_callback_handlers.h, gRPC 1.51).
+// Why this leans on gRPC's internals: the public API gives a handler only a parsed
+// message, and gRPC's own deserializer ends a call protobuf refuses before any
+// handler (or interceptor) sees it. The only place to keep such a call alive is the
+// request type's SerializationTraits, and a request type of our own needs handlers
+// registered for it by hand, as grpc_cpp_plugin's generated code does:
+//  - grpc::internal::CallbackUnaryHandler and CallbackServerStreamingHandler
+//    (grpcpp/impl/codegen/server_callback_handlers.h), made from a std::function
+//    of the reactor-returning handler;
+//  - grpc::Service::MarkMethodCallback(int index, internal::MethodHandler*), the
+//    generated code's way to install them, by the method's index in the .proto;
+//  - what the handlers do with the bytes: they call
+//    SerializationTraits<Request>::Deserialize, end the call when it fails, and
+//    afterwards release only the buffer's handle (so Deserialize clears the buffer).
+// These were read in gRPC 1.51 (Debian 12). A gRPC outside the range below
+// fails the build here; the static_asserts in CheckedService say which type changed.
+// After reading the three points above in the new gRPC, widen the range.
 #pragma once
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "agent/common/grpc_status.h"
@@ -25,7 +41,16 @@
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/version_info.h"
 #include "services/grpc/request_utf8.h"
+
+#if !defined(GRPC_CPP_VERSION_MAJOR) || GRPC_CPP_VERSION_MAJOR != 1 || \
+    GRPC_CPP_VERSION_MINOR != 51
+#error \
+    "services/grpc/checked_request.h uses gRPC internals read in gRPC 1.51 only: \
+check the handler types, MarkMethodCallback and Deserialize's buffer ownership \
+(the header's opening comment) in this gRPC, then widen the version range"
+#endif
 
 namespace fuselink::services {
 
@@ -49,39 +74,64 @@ class CheckedService : public Grpc::CallbackService {
   void Check(const char* method,
              grpc::ServerUnaryReactor* (Derived::*handler)(grpc::CallbackServerContext*,
                                                            const Request*, Response*)) {
+    using Handler = grpc::internal::CallbackUnaryHandler<Checked<Request>, Response>;
+    static_assert(
+        std::is_base_of_v<grpc::internal::MethodHandler, Handler> &&
+            std::is_constructible_v<Handler, std::function<grpc::ServerUnaryReactor*(
+                                                 grpc::CallbackServerContext*,
+                                                 const Checked<Request>*, Response*)>>,
+        "gRPC's CallbackUnaryHandler changed: see checked_request.h's opening comment");
+    static_assert(Installs<Handler>(), "gRPC's Service::MarkMethodCallback changed");
     auto* derived = static_cast<Derived*>(this);
     this->MarkMethodCallback(
         MethodIndex(method, *Request::descriptor()),
-        new grpc::internal::CallbackUnaryHandler<Checked<Request>, Response>(
-            [derived, handler](grpc::CallbackServerContext* context,
-                               const Checked<Request>* request,
-                               Response* response) -> grpc::ServerUnaryReactor* {
-              if (!request->status.ok()) {
-                grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-                reactor->Finish(ToGrpcStatus(request->status));
-                return reactor;
-              }
-              return (derived->*handler)(context, &request->message, response);
-            }));
+        new Handler([derived, handler](grpc::CallbackServerContext* context,
+                                       const Checked<Request>* request,
+                                       Response* response) -> grpc::ServerUnaryReactor* {
+          if (!request->status.ok()) {
+            grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+            reactor->Finish(ToGrpcStatus(request->status));
+            return reactor;
+          }
+          return (derived->*handler)(context, &request->message, response);
+        }));
   }
 
   // The same for the server-streaming `method`.
   template <typename Derived, typename Request, typename Response>
   void Check(const char* method, grpc::ServerWriteReactor<Response>* (Derived::*handler)(
                                      grpc::CallbackServerContext*, const Request*)) {
+    using Handler =
+        grpc::internal::CallbackServerStreamingHandler<Checked<Request>, Response>;
+    static_assert(
+        std::is_base_of_v<grpc::internal::MethodHandler, Handler> &&
+            std::is_constructible_v<
+                Handler, std::function<grpc::ServerWriteReactor<Response>*(
+                             grpc::CallbackServerContext*, const Checked<Request>*)>>,
+        "gRPC's CallbackServerStreamingHandler changed: see "
+        "checked_request.h's opening comment");
+    static_assert(Installs<Handler>(), "gRPC's Service::MarkMethodCallback changed");
     auto* derived = static_cast<Derived*>(this);
     this->MarkMethodCallback(
         MethodIndex(method, *Request::descriptor()),
-        new grpc::internal::CallbackServerStreamingHandler<Checked<Request>, Response>(
-            [derived, handler](
-                grpc::CallbackServerContext* context,
-                const Checked<Request>* request) -> grpc::ServerWriteReactor<Response>* {
-              if (!request->status.ok()) return new Refused<Response>(request->status);
-              return (derived->*handler)(context, &request->message);
-            }));
+        new Handler([derived, handler](grpc::CallbackServerContext* context,
+                                       const Checked<Request>* request)
+                        -> grpc::ServerWriteReactor<Response>* {
+          if (!request->status.ok()) return new Refused<Response>(request->status);
+          return (derived->*handler)(context, &request->message);
+        }));
   }
 
  private:
+  // Whether the service installs a `Handler` by the method's index, as the generated
+  // code does (checked here, where the protected member is in reach).
+  template <typename Handler>
+  static constexpr bool Installs() {
+    return requires(CheckedService * service, Handler * h) {
+      service->MarkMethodCallback(0, h);
+    };
+  }
+
   // Ends a stream at once with `status`.
   template <typename Response>
   class Refused final : public grpc::ServerWriteReactor<Response> {

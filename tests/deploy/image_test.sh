@@ -54,8 +54,8 @@ tls() { # KIND NAME: the --tls_* flags of certificate KIND-NAME, as the image se
   echo "--tls_cert=/tmp/pki/$1-$2.crt --tls_key=/tmp/pki/$1-$2.key --tls_ca=/tmp/pki/ca.crt"
 }
 
-# Kubernetes discovery loads libcurl at run time (ldd does not show it): in the image
-# it loads, and the agent gets as far as dialling the API server.
+# Kubernetes discovery over the image's libcurl: the agent gets as far as dialling the
+# API server.
 # shellcheck disable=SC2046  # tls: words
 if in_image /usr/bin/fuselink-agent --node=img-k --topology=emulated --nics=1 --loopback_net=63 --gpu=off \
   $(tls node img-k) \
@@ -65,7 +65,7 @@ if in_image /usr/bin/fuselink-agent --node=img-k --topology=emulated --nics=1 --
 fi
 grep -q "GET https://127.0.0.1:1/apis/discovery.k8s.io" "$run/k8s.log" ||
   fail "discovery in the image did not reach its request: $(cat "$run/k8s.log")"
-echo "ok: the image's agent loads libcurl for Kubernetes discovery"
+echo "ok: the image's agent dials the API server through libcurl"
 
 # Two agents from the image, on loopback NICs 127.0.61.x and 127.0.62.x, over mutual
 # TLS (certificates above).

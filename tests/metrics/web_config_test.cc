@@ -1,4 +1,4 @@
-// The web-config parser (services/metrics/http/web_config.h and yaml_subset.h): what a
+// The web-config parser (services/metrics/http/web_config.h and strict_yaml.h): what a
 // good file means, and for each bad input the error, which names the line.
 #include "services/metrics/http/web_config.h"
 
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "services/metrics/http/yaml_subset.h"
+#include "services/metrics/http/strict_yaml.h"
 
 namespace fuselink::services::http {
 namespace {
@@ -49,6 +49,16 @@ TEST(WebConfig, EmptyFileIsPlainHttp) {
   }
 }
 
+TEST(WebConfig, CrlfTabsAfterContentAndQuotedUtf8) {
+  absl::StatusOr<WebConfig> config = ParseWebConfig(
+      "tls_server_config:\r\n  cert_file: \"caf\xc3\xa9.crt\"\t# a tab\r\n"
+      "\r\n  key_file: b\r\n",
+      "/d");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->tls->cert_file, "/d/caf\xc3\xa9.crt");
+  EXPECT_EQ(config->tls->key_file, "/d/b");
+}
+
 TEST(WebConfig, TlsWithoutClientCerts) {
   absl::StatusOr<WebConfig> config =
       ParseWebConfig("tls_server_config:\n    cert_file: a\n    key_file: b\n", "/d");
@@ -76,7 +86,7 @@ TEST_P(BadWebConfig, RefusedNamingTheLine) {
 INSTANTIATE_TEST_SUITE_P(
     Each, BadWebConfig,
     testing::Values(
-        // The YAML subset.
+        // What a web config may use of YAML.
         Bad{"tls_server_config:\n  - cert_file: a\n",
             "line 2: sequences are not supported"},
         Bad{"tls_server_config: {cert_file: a}\n", "line 1: value starts with '{'"},
@@ -87,17 +97,26 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"a: |\n  text\n", "line 1: value starts with '|'"},
         Bad{"a: >\n", "line 1: value starts with '>'"},
         Bad{"---\na: b\n", "line 1: document markers are not supported"},
-        Bad{"a: \"open\n", "line 1: quoted scalar not closed"},
-        Bad{"a: 'x' y\n", "line 1: unexpected text after a quoted scalar"},
-        Bad{"a: \"\\q\"\n", "line 1: unsupported escape \\q"},
+        // YAML syntax errors, in libyaml's words.
+        Bad{"a: \"open\n",
+            "line 2: found unexpected end of stream (while scanning a quoted scalar "
+            "from line 1)"},
+        Bad{"a: 'x' y\n", "line 1: did not find expected key"},
+        Bad{"a: \"\\q\"\n", "line 1: found unknown escape character"},
         Bad{"tls_server_config:\n\tcert_file: a\n", "line 2: tab in indentation"},
+        Bad{"a: b\n \t\n", "line 2: tab in indentation"},
         Bad{"  a: b\n", "line 1: the first key is indented"},
         Bad{"a: b\n  c: d\n", "line 2: indented under 'a', which has a value"},
-        Bad{"a:\n    b: c\n  d: e\n", "line 3: indentation matches no enclosing key"},
+        Bad{"a: b\n  c\n", "line 2: indented under 'a', which has a value"},
+        Bad{"a: \"two\n  lines\"\n", "line 1: quoted scalar not closed on its line"},
+        Bad{"a: b\n...\n", "line 2: document markers are not supported"},
+        Bad{"%YAML 1.1\n---\na: b\n", "line 1: directives are not supported"},
+        Bad{"a: \"\xff\"\n", "line 1: invalid leading UTF-8 octet"},
+        Bad{"a:\n    b: c\n  d: e\n", "line 3: did not find expected key"},
         Bad{"a:\n  b: c\n    d: e\n", "line 3: indented under 'b'"},
         Bad{"a: b\na: c\n", "line 2: duplicate key 'a'"},
         Bad{"just words\n", "line 1: expected 'key: value' or 'key:'"},
-        Bad{"a: b: c\n", "line 1: a value holds ': '"},
+        Bad{"a: b: c\n", "line 1: mapping values are not allowed in this context"},
         Bad{"a: caf\xc3\xa9\n", "line 1: value holds a character outside printable"},
         Bad{"a: b\x01\n", "line 1: control character"},
         Bad{"\"\": x\n", "line 1: empty key"},
@@ -129,7 +148,7 @@ INSTANTIATE_TEST_SUITE_P(
             "line 2: a:b: a user name cannot hold ':'"}));
 
 TEST(WebConfig, OversizedFileRefused) {
-  absl::StatusOr<YamlNode> root = ParseYamlSubset(std::string(kMaxYamlBytes + 1, '#'));
+  absl::StatusOr<YamlNode> root = ParseStrictYaml(std::string(kMaxYamlBytes + 1, '#'));
   ASSERT_FALSE(root.ok());
   EXPECT_EQ(root.status().code(), absl::StatusCode::kInvalidArgument);
 }

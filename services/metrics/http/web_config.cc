@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "services/metrics/http/yaml_subset.h"
+#include "services/metrics/http/strict_yaml.h"
 
 namespace fuselink::services::http {
 namespace {
@@ -105,7 +105,7 @@ bool IsBcrypt(absl::string_view hash) {
 
 absl::StatusOr<WebConfig> ParseWebConfig(absl::string_view text,
                                          absl::string_view base_dir) {
-  absl::StatusOr<YamlNode> root = ParseYamlSubset(text);
+  absl::StatusOr<YamlNode> root = ParseStrictYaml(text);
   if (!root.ok()) return root.status();
   WebConfig config;
   for (const YamlNode& node : root->children) {

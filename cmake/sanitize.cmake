@@ -9,6 +9,12 @@ set(FUSELINK_SANITIZE "" CACHE STRING
     "clang sanitizers for every target: address;undefined, or thread")
 option(FUSELINK_FUZZ "build the libFuzzer targets in tests/fuzz (clang)" OFF)
 
+# Checking builds run the debug-only invariants too (agent/common/check.h).
+option(FUSELINK_DCHECK "run FL_DCHECK and abort on FL_EXPECT (agent/common/check.h)" OFF)
+if(FUSELINK_DCHECK OR FUSELINK_SANITIZE OR FUSELINK_FUZZ OR CMAKE_BUILD_TYPE STREQUAL "Debug")
+  add_compile_definitions(FUSELINK_DCHECK)
+endif()
+
 if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
   add_compile_options(-Wthread-safety -Werror=thread-safety-analysis)
 elseif(FUSELINK_SANITIZE OR FUSELINK_FUZZ)

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/check.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
 #include "agent/topo/topology.h"
@@ -366,6 +367,7 @@ void PeerDirectory::ForwardControl(absl::string_view node,
 
 absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
     const transfer::IncomingSpec& spec) {
+  FL_MAY_BLOCK();  // a gRPC call to the target
   std::shared_ptr<Session> found = Find(spec.target_node);
   if (found == nullptr) {
     return UnknownNode(spec.target_node);
@@ -387,6 +389,7 @@ absl::StatusOr<transfer::Prepared> PeerDirectory::PrepareIncoming(
 
 absl::StatusOr<std::optional<absl::Status>> PeerDirectory::QueryVerdict(
     absl::string_view target_node, absl::string_view transfer_id, absl::Time deadline) {
+  FL_MAY_BLOCK();  // a gRPC call to the target
   std::shared_ptr<Session> session = Find(target_node);
   if (session == nullptr) {
     return UnknownNode(target_node);

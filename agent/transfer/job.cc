@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/admission.h"
 #include "agent/transfer/imm.h"
@@ -290,6 +291,7 @@ absl::Status Job::FromTarget(absl::Status verdict) const {
 }
 
 void Job::Decide(absl::Status outcome, bool abort, JobEffects* fx) {
+  FL_DCHECK(!outcome_ && phase_ != Phase::kDone, "a job is decided once");
   outcome_ = std::move(outcome);
   drain_until_ = now() + ctx_->options.drain_bound;
   abort_owed_ = abort && !verdict_seen_;
@@ -384,6 +386,8 @@ void Job::PostAbort(JobEffects* fx) {
 }
 
 void Job::Finish(JobEffects* fx) {
+  // Its tensor is let go of below: no write of it may still read or place bytes.
+  FL_CHECK(in_flight() == 0, "a job ends with writes in flight");
   const absl::Status outcome = *outcome_;
   const State state = outcome.ok()                 ? State::kCompleted
                       : absl::IsCancelled(outcome) ? State::kCancelled

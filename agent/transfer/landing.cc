@@ -6,6 +6,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/window_table.h"
 #include "agent/transfer/layout_proto.h"
@@ -172,6 +173,7 @@ absl::Status Landing::CheckRoomLocked(const std::string& source) {
 absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     const v1::PrepareIncomingRequest& request,
     absl::FunctionRef<absl::Status(const memory::TensorInfo&)> may_write, Source from) {
+  FL_MAY_BLOCK();  // registrations, shadow memory, the fabric's handshake
   FL_ASSIGN_OR_RETURN(memory::TensorLease tensor, registry_->Acquire(request.tensor()));
   FL_RETURN_IF_ERROR(may_write(tensor.info()));
   const memory::Layout& layout = tensor.info().layout;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/admission.h"
 
@@ -141,6 +142,7 @@ TransferRegistry::JobPtr TransferRegistry::FindByVerdict(
 void TransferRegistry::Finished(const JobPtr& job, bool free_request_id, absl::Time now) {
   absl::MutexLock lock(&mu_);
   if (live_.erase(job->serial()) == 0) return;  // told once
+  FL_CHECK(active_ > 0, "more transfers finished than were admitted");
   --active_;
   if (auto held = active_by_requester_.find(job->requester());
       held != active_by_requester_.end() && --held->second == 0) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/admission.h"
 
@@ -21,6 +22,7 @@ bool WorkerPool::Post(Task task) {
 }
 
 void WorkerPool::Stop(bool run_queued) {
+  FL_MAY_BLOCK();            // joins the threads
   std::deque<Task> dropped;  // destroyed with no lock held: they may own jobs
   {
     absl::MutexLock lock(&mu_);
@@ -104,6 +106,7 @@ void KeyedPool::MaybeList(const std::string& key, Lane& lane) {
 }
 
 void KeyedPool::Stop(bool run_queued) {
+  FL_MAY_BLOCK();                                  // joins the threads
   absl::flat_hash_map<std::string, Lane> dropped;  // destroyed with no lock held
   {
     absl::MutexLock lock(&mu_);
@@ -150,6 +153,8 @@ void KeyedPool::Loop() {
       task = std::move(lane.tasks.front());
       lane.tasks.pop_front();
       ++lane.running;
+      FL_DCHECK(lane.running <= options_.running_per_key,
+                "a key runs more tasks at once than its share");
       MaybeList(key, lane);  // behind the other keys: they take turns
     }
     std::move(task)();

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/common/check.h"
 #include "agent/gpu/runtime.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
@@ -303,6 +304,10 @@ class Metrics::NodeCollector final : public prometheus::Collectable {
             "GPU relay copies whose fence failed while their slot waited to be "
             "released; the slot was released all the same.",
             static_cast<double>(node.engine().fence_errors()));
+    counter("fuselink_invariant_failures_total",
+            "Invariants of the agent's own code (FL_EXPECT, agent/common/check.h) found "
+            "broken and gone on from; any is a bug to report.",
+            static_cast<double>(InvariantFailures()));
     counter("fuselink_transfer_forced_drains_total",
             "Ended transfers whose writes were still in flight after "
             "--transfer_drain_timeout_ms, so that the connections to their target "

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/tcp/handshake.h"
 #include "agent/fabric/wire.h"
@@ -47,6 +48,7 @@ void TcpConnection::Start() {
 }
 
 void TcpConnection::RunThread(absl::Status (TcpConnection::*body)()) {
+  SetThreadRole(ThreadRole::kFabric);  // blocks on its own socket only
   Close((this->*body)());
   if (running_threads_.fetch_sub(1) == 1) host_.OnConnectionFinished(id_);
 }
@@ -80,6 +82,8 @@ void TcpConnection::Close(const absl::Status& why) {
 }
 
 void TcpConnection::JoinAndFailPending() {
+  FL_CHECK(CurrentThreadRole() != ThreadRole::kFabric,
+           "a connection is joined from one of the fabric's own threads");
   for (std::thread& thread : threads_) {
     if (thread.joinable()) thread.join();
   }

@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/acceptor.h"
 #include "agent/fabric/checks.h"
@@ -287,6 +288,7 @@ absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
 
 absl::StatusOr<PeerId> TcpFabric::Connect(absl::string_view peer_name,
                                           const std::vector<Endpoint>& remote) {
+  FL_MAY_BLOCK();  // the handshakes
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
   FL_RETURN_IF_ERROR(CheckRemoteEndpoints(remote, endpoints_.size()));
   absl::MutexLock connect_lock(&connect_locks_.For(peer_name));

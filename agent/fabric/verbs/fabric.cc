@@ -7,6 +7,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/checks.h"
 #include "agent/fabric/handshake.h"
@@ -211,6 +212,7 @@ std::optional<std::string> VerbsFabric::LoseIfDone(PeerId peer_id) {
 
 absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
                                             const std::vector<Endpoint>& remote) {
+  FL_MAY_BLOCK();  // the handshakes
   FL_RETURN_IF_ERROR(wire::ValidateNodeName(peer_name));
   FL_RETURN_IF_ERROR(CheckRemoteEndpoints(remote, endpoints_.size()));
   absl::MutexLock connect_lock(&connect_locks_.For(peer_name));

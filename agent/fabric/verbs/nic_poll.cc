@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "agent/fabric/verbs/host_shadow.h"
 #include "agent/fabric/verbs/nic.h"
 
@@ -42,6 +43,7 @@ absl::Status WcStatus(const ibv_wc& wc, const absl::Status& close_reason) {
 }  // namespace
 
 void Nic::Poll() {
+  SetThreadRole(ThreadRole::kFabric);  // blocks on its completion channel only
   ibv_wc completions[kPollBatch];
   int idle = 0;
   int sleep_us = 1;

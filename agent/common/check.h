@@ -1,0 +1,66 @@
+// Invariants that run. Each names a condition the code relies on, in three strengths:
+//  - FL_CHECK(cond, what): always on. A broken invariant aborts with the file, the
+//    line and `what`: for conditions whose failure would place a byte where no live
+//    transfer prepared for it, or free memory a write still reads.
+//  - FL_DCHECK(cond, what): in checking builds only (FUSELINK_DCHECK: the sanitized
+//    builds and Debug, so every test runs them under CI); compiled out, `cond`
+//    unevaluated, elsewhere. For the hot path's pre- and postconditions.
+//  - FL_EXPECT(cond, what): a checking build aborts; a release build logs the first
+//    few and counts every one (InvariantFailures(), on /metrics as
+//    fuselink_invariant_failures_total) and goes on. For conditions whose failure
+//    costs a transfer, not memory safety.
+// No check may stand in for validating what a peer, an engine or a client sent: those
+// are errors with reasons. These are about the agent's own code.
+//
+// Thread roles make "never blocks" and "one caller at a time" checkable: a thread
+// that must not block (a fabric poller or connection thread) says so once, and code
+// that may block asserts FL_MAY_BLOCK().
+#pragma once
+
+#include <cstdint>
+
+namespace fuselink {
+
+[[noreturn]] void InvariantBroken(const char* file, int line, const char* condition,
+                                  const char* what);
+// Logs (the first few) and counts a failed FL_EXPECT in a release build.
+void InvariantMissed(const char* file, int line, const char* condition, const char* what);
+// FL_EXPECT failures counted since start.
+uint64_t InvariantFailures();
+
+enum class ThreadRole : uint8_t {
+  kAny,     // may block
+  kFabric,  // a fabric's poller or connection thread: never blocks on a peer or a lock
+            // held across a call
+};
+// The calling thread's role from now on.
+void SetThreadRole(ThreadRole role);
+ThreadRole CurrentThreadRole();
+
+}  // namespace fuselink
+
+#define FL_CHECK(cond, what)                                                   \
+  do {                                                                         \
+    if (!(cond)) ::fuselink::InvariantBroken(__FILE__, __LINE__, #cond, what); \
+  } while (0)
+
+#ifdef FUSELINK_DCHECK
+#define FL_DCHECK(cond, what) FL_CHECK(cond, what)
+#define FL_EXPECT(cond, what) FL_CHECK(cond, what)
+#else
+#define FL_DCHECK(cond, what) \
+  do {                        \
+    if (false && (cond)) {    \
+    }                         \
+  } while (0)
+#define FL_EXPECT(cond, what)                                                  \
+  do {                                                                         \
+    if (!(cond)) ::fuselink::InvariantMissed(__FILE__, __LINE__, #cond, what); \
+  } while (0)
+#endif
+
+// Code that may block (a peer call, a join, a wait on a condition another thread
+// satisfies) is never run on a fabric thread.
+#define FL_MAY_BLOCK()                                                          \
+  FL_DCHECK(::fuselink::CurrentThreadRole() != ::fuselink::ThreadRole::kFabric, \
+            "code that may block runs on a fabric thread")

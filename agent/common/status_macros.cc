@@ -42,7 +42,15 @@ absl::Status ErrnoStatus(absl::string_view call, int err) {
 
 namespace fuselink {
 
+absl::Status WithReason(absl::Status status, const Reason& reason) {
+  return WithForeignReason(std::move(status), reason.name);
+}
+
 absl::Status WithReason(absl::Status status, absl::string_view reason) {
+  return WithForeignReason(std::move(status), reason);
+}
+
+absl::Status WithForeignReason(absl::Status status, absl::string_view reason) {
   status.SetPayload(kReasonPayloadUrl, absl::Cord(reason));
   return status;
 }

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "agent/common/errors.h"
 
 // Returns the status of `expr` from the enclosing function when it is not OK.
 #define FL_RETURN_IF_ERROR(expr)                    \
@@ -42,8 +43,15 @@ namespace fuselink {
 // layer turns it into google.rpc.ErrorInfo.
 inline constexpr absl::string_view kReasonPayloadUrl = "type.fuselink.dev/reason";
 
+// `status` with `reason`, one of the catalogue's (errors.h).
+absl::Status WithReason(absl::Status status, const Reason& reason);
+// The same by name: on its way out, once every call site names a constant.
 absl::Status WithReason(absl::Status status, absl::string_view reason);
-// The reason attached by WithReason, or empty.
+// `status` with a reason the agent passes on without making it: a peer's (read off
+// its answer, already checked to be UPPER_SNAKE_CASE) or the CUDA driver's name for
+// an error (the catalogue's CUDA_ERROR_* family). Never for a reason of our own.
+absl::Status WithForeignReason(absl::Status status, absl::string_view reason);
+// The reason attached by WithReason or WithForeignReason, or empty.
 std::string ReasonOf(const absl::Status& status);
 
 // Client-supplied text (a name, an id) as an error message may echo it: at most

@@ -46,10 +46,6 @@ absl::Status WithReason(absl::Status status, const Reason& reason) {
   return WithForeignReason(std::move(status), reason.name);
 }
 
-absl::Status WithReason(absl::Status status, absl::string_view reason) {
-  return WithForeignReason(std::move(status), reason);
-}
-
 absl::Status WithForeignReason(absl::Status status, absl::string_view reason) {
   status.SetPayload(kReasonPayloadUrl, absl::Cord(reason));
   return status;

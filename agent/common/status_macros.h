@@ -45,8 +45,6 @@ inline constexpr absl::string_view kReasonPayloadUrl = "type.fuselink.dev/reason
 
 // `status` with `reason`, one of the catalogue's (errors.h).
 absl::Status WithReason(absl::Status status, const Reason& reason);
-// The same by name: on its way out, once every call site names a constant.
-absl::Status WithReason(absl::Status status, absl::string_view reason);
 // `status` with a reason the agent passes on without making it: a peer's (read off
 // its answer, already checked to be UPPER_SNAKE_CASE) or the CUDA driver's name for
 // an error (the catalogue's CUDA_ERROR_* family). Never for a reason of our own.

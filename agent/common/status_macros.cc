@@ -56,6 +56,15 @@ std::string ReasonOf(const absl::Status& status) {
   return payload ? std::string(*payload) : std::string();
 }
 
+absl::Status WithContext(const absl::Status& status, absl::string_view context) {
+  if (status.ok()) return status;
+  absl::Status out(status.code(), absl::StrCat(context, ": ", status.message()));
+  status.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
+}
+
 std::string BoundedForMessage(absl::string_view text) {
   constexpr absl::string_view kCut = "...";
   static_assert(kMaxEchoBytes >= kCut.size() + 4, "room for an escaped byte and the cut");

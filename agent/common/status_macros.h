@@ -52,6 +52,12 @@ absl::Status WithForeignReason(absl::Status status, absl::string_view reason);
 // The reason attached by WithReason or WithForeignReason, or empty.
 std::string ReasonOf(const absl::Status& status);
 
+// `status` with `context` (where it came from: "node 'b'", "NIC 2") before its
+// message; the same code and payloads, the reason among them. OK stays OK. For an
+// error crossing a boundary (a peer's answer, one part's error answered by another)
+// whose message would not say where it arose.
+absl::Status WithContext(const absl::Status& status, absl::string_view context);
+
 // Client-supplied text (a name, an id) as an error message may echo it: at most
 // kMaxEchoBytes bytes in all, every byte outside printable ASCII (and the backslash)
 // written as \xNN so that the message stays readable and valid UTF-8, and the text cut

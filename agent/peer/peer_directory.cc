@@ -50,7 +50,8 @@ absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
                           absl::StrCat("cannot reach node '", node, "': ", s.message())),
                       reasons::kPeerUnreachable);
   }
-  return s;
+  // The peer's own answer, its code and reason kept: the message says who gave it.
+  return WithContext(s, absl::StrCat("node '", BoundedForMessage(node), "'"));
 }
 
 PeerDirectory::Call::Call(PeerDirectory& directory) : directory_(directory) {

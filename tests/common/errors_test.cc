@@ -71,5 +71,15 @@ TEST(Reasons, OrderIsAReadersAlphabet) {
   EXPECT_FALSE(Before("NO_GPU", "NO_GPU"));
 }
 
+TEST(WithContext, LeadsTheMessageAndKeepsCodeAndReason) {
+  const absl::Status peer =
+      WithReason(absl::NotFoundError("no tensor named 'kv'"), reasons::kUnknownTensor);
+  const absl::Status s = WithContext(peer, "node 'b'");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "node 'b': no tensor named 'kv'");
+  EXPECT_EQ(ReasonOf(s), "UNKNOWN_TENSOR");
+  EXPECT_TRUE(WithContext(absl::OkStatus(), "node 'b'").ok());
+}
+
 }  // namespace
 }  // namespace fuselink

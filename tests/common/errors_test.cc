@@ -10,7 +10,8 @@ namespace fuselink {
 namespace {
 
 TEST(Reasons, TravelByTheirNameOnTheWire) {
-  const absl::Status s = WithReason(absl::NotFoundError("no tensor"), reasons::kUnknownTensor);
+  const absl::Status s =
+      WithReason(absl::NotFoundError("no tensor"), reasons::kUnknownTensor);
   EXPECT_EQ(ReasonOf(s), "UNKNOWN_TENSOR");
   EXPECT_EQ(ReasonOf(s), reasons::kUnknownTensor);
   EXPECT_FALSE(ReasonOf(s) == reasons::kUnknownTransfer);

@@ -31,7 +31,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
     for (const auto& any : details.details()) {
       google::rpc::ErrorInfo info;
       if (any.UnpackTo(&info) && !info.reason().empty()) {
-        return WithReason(std::move(out), info.reason());
+        return WithForeignReason(std::move(out), info.reason());
       }
     }
   }

@@ -21,7 +21,7 @@ absl::Status ForEachAddress(int family, absl::FunctionRef<void(const ifaddrs&)> 
   if (getifaddrs(&list) != 0) {
     return WithReason(
         absl::UnavailableError(absl::StrCat("getifaddrs: ", std::strerror(errno))),
-        "GETIFADDRS");
+        reasons::kGetifaddrs);
   }
   for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
     if (a->ifa_addr != nullptr && a->ifa_addr->sa_family == family) visit(*a);

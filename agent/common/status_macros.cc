@@ -42,7 +42,11 @@ absl::Status ErrnoStatus(absl::string_view call, int err) {
 
 namespace fuselink {
 
-absl::Status WithReason(absl::Status status, absl::string_view reason) {
+absl::Status WithReason(absl::Status status, const Reason& reason) {
+  return WithForeignReason(std::move(status), reason.name);
+}
+
+absl::Status WithForeignReason(absl::Status status, absl::string_view reason) {
   status.SetPayload(kReasonPayloadUrl, absl::Cord(reason));
   return status;
 }
@@ -50,6 +54,15 @@ absl::Status WithReason(absl::Status status, absl::string_view reason) {
 std::string ReasonOf(const absl::Status& status) {
   auto payload = status.GetPayload(kReasonPayloadUrl);
   return payload ? std::string(*payload) : std::string();
+}
+
+absl::Status WithContext(const absl::Status& status, absl::string_view context) {
+  if (status.ok()) return status;
+  absl::Status out(status.code(), absl::StrCat(context, ": ", status.message()));
+  status.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
 }
 
 std::string BoundedForMessage(absl::string_view text) {

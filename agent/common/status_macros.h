@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "agent/common/errors.h"
 
 // Returns the status of `expr` from the enclosing function when it is not OK.
 #define FL_RETURN_IF_ERROR(expr)                    \
@@ -42,9 +43,20 @@ namespace fuselink {
 // layer turns it into google.rpc.ErrorInfo.
 inline constexpr absl::string_view kReasonPayloadUrl = "type.fuselink.dev/reason";
 
-absl::Status WithReason(absl::Status status, absl::string_view reason);
-// The reason attached by WithReason, or empty.
+// `status` with `reason`, one of the catalogue's (errors.h).
+absl::Status WithReason(absl::Status status, const Reason& reason);
+// `status` with a reason the agent passes on without making it: a peer's (read off
+// its answer, already checked to be UPPER_SNAKE_CASE) or the CUDA driver's name for
+// an error (the catalogue's CUDA_ERROR_* family). Never for a reason of our own.
+absl::Status WithForeignReason(absl::Status status, absl::string_view reason);
+// The reason attached by WithReason or WithForeignReason, or empty.
 std::string ReasonOf(const absl::Status& status);
+
+// `status` with `context` (where it came from: "node 'b'", "NIC 2") before its
+// message; the same code and payloads, the reason among them. OK stays OK. For an
+// error crossing a boundary (a peer's answer, one part's error answered by another)
+// whose message would not say where it arose.
+absl::Status WithContext(const absl::Status& status, absl::string_view context);
 
 // Client-supplied text (a name, an id) as an error message may echo it: at most
 // kMaxEchoBytes bytes in all, every byte outside printable ASCII (and the backslash)

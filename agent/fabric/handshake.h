@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "agent/common/errors.h"
 #include "agent/fabric/fabric_keys.h"
 
 namespace fuselink::fabric::handshake {
@@ -46,7 +47,7 @@ using Mac = std::array<uint8_t, kMacBytes>;
 inline constexpr absl::string_view kAcceptorLabel = "fuselink fabric acceptor v3";
 inline constexpr absl::string_view kConnectorLabel = "fuselink fabric connector v3";
 // The reason a failed proof carries (WithReason).
-inline constexpr absl::string_view kAuthReason = "FABRIC_AUTH";
+inline constexpr Reason kAuthReason = reasons::kFabricAuth;
 // Names the MAC input may hold: node names are bounded by the wire (255 bytes).
 inline constexpr size_t kMaxNameBytes = 255;
 

@@ -302,14 +302,4 @@ absl::Status RecvAllBefore(int fd, void* data, size_t bytes, absl::Time deadline
   return absl::OkStatus();
 }
 
-absl::Status WithContext(const absl::Status& status, absl::string_view context) {
-  if (status.ok()) return status;
-  absl::Status out(status.code(), absl::StrCat(context, ": ", status.message()));
-  // Keeps the reason (and any other payload) for the caller to act on.
-  status.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
-    out.SetPayload(url, payload);
-  });
-  return out;
-}
-
 }  // namespace fuselink::fabric

@@ -129,7 +129,4 @@ absl::Status RecvAllOr(int fd, void* data, size_t bytes,
 // peer spreads the bytes out. Leaves a receive timeout set on the socket.
 absl::Status RecvAllBefore(int fd, void* data, size_t bytes, absl::Time deadline);
 
-// `status` with `context` before its message, same code and payloads (the reason).
-absl::Status WithContext(const absl::Status& status, absl::string_view context);
-
 }  // namespace fuselink::fabric

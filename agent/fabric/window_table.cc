@@ -31,17 +31,18 @@ absl::Status RefusalStatus(Refusal refusal) {
     case Refusal::kNoWindow:
       return WithReason(absl::NotFoundError("the target has no open window under that "
                                             "key: the transfer ended there"),
-                        "WINDOW_CLOSED");
+                        reasons::kWindowClosed);
     case Refusal::kNotYourWindow:
       return WithReason(
           absl::PermissionDeniedError("the target's window belongs to another peer"),
-          "WINDOW_NOT_YOURS");
+          reasons::kWindowNotYours);
     case Refusal::kOutsideWindow:
       return WithReason(absl::OutOfRangeError("the write lies outside the blocks the "
                                               "target prepared for the transfer"),
-                        "OUTSIDE_WINDOW");
+                        reasons::kOutsideWindow);
   }
-  return WithReason(absl::InternalError("the target refused the write"), "REFUSED");
+  return WithReason(absl::InternalError("the target refused the write"),
+                    reasons::kRefused);
 }
 
 absl::Status CheckWindowExtents(std::span<const Extent> extents, uint64_t region_bytes) {

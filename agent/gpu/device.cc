@@ -133,7 +133,7 @@ absl::Status EnablePeerAccess(const PrimaryContext& from, const PrimaryContext& 
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
                           "GPU ", from.ordinal(), " cannot access GPU ", to.ordinal(),
                           " as a peer (no NVLink or PCIe P2P path)")),
-                      "NO_PEER_ACCESS");
+                      reasons::kNoPeerAccess);
   }
   DeviceGuard guard(from);
   FL_RETURN_IF_ERROR(guard.status());

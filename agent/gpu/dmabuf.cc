@@ -42,7 +42,7 @@ absl::Status DmabufExportAvailable(const DriverApi& api) {
   return WithReason(absl::UnimplementedError(
                         "dma-buf export needs cuMemGetHandleForAddressRange, which this "
                         "NVIDIA driver lacks (CUDA 11.7+ drivers have it)"),
-                    "NO_DMABUF_EXPORT");
+                    reasons::kNoDmabufExport);
 }
 
 absl::StatusOr<bool> DmabufSupported(const PrimaryContext& context) {
@@ -71,7 +71,7 @@ absl::StatusOr<DmabufRange> ExportDmabuf(const PrimaryContext& context, uint64_t
                           absl::StrCat("GPU ", context.ordinal(),
                                        " cannot export dma-bufs (its driver reports "
                                        "CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0)")),
-                      "NO_DMABUF");
+                      reasons::kNoDmabuf);
   }
   DeviceGuard guard(context);
   FL_RETURN_IF_ERROR(guard.status());

@@ -105,7 +105,7 @@ absl::Status Driver::CheckAs(cu::CUresult result, absl::string_view call,
   if (api_.cuGetErrorString(result, &text) != cu::CUDA_SUCCESS || text == nullptr) {
     text = "unrecognized error code";
   }
-  return WithReason(
+  return WithForeignReason(
       absl::Status(code, absl::StrCat(call, ": ", name, " (", result, "): ", text)),
       name);
 }
@@ -118,7 +118,7 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Open(const std::string& library)
     return WithReason(absl::FailedPreconditionError(
                           absl::StrCat("no NVIDIA driver: ", library, " not found (",
                                        why != nullptr ? why : "dlopen failed", ")")),
-                      "NO_CUDA_DRIVER");
+                      reasons::kNoCudaDriver);
   }
   void* lib = driver->library_;
   DriverApi& api = driver->api_;
@@ -127,7 +127,7 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Open(const std::string& library)
     return WithReason(                                                            \
         absl::FailedPreconditionError(absl::StrCat(                               \
             "NVIDIA driver too old or not a driver: ", library, " lacks ", #fn)), \
-        "CUDA_DRIVER_TOO_OLD");                                                   \
+        reasons::kCudaDriverTooOld);                                              \
   }
   FL_RESOLVE(cuInit);
   FL_RESOLVE(cuDriverGetVersion);
@@ -193,8 +193,8 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Open(const std::string& library)
 
   // Every failure here means "no usable GPU on this node": fix the node, not the call.
   if (absl::Status s = driver->Check(api.cuInit(0), "cuInit"); !s.ok()) {
-    return WithReason(absl::Status(absl::StatusCode::kFailedPrecondition, s.message()),
-                      ReasonOf(s));
+    return WithForeignReason(
+        absl::Status(absl::StatusCode::kFailedPrecondition, s.message()), ReasonOf(s));
   }
   FL_RETURN_IF_ERROR(FL_CU(*driver, cuDriverGetVersion, &driver->version_));
   return driver;

@@ -16,7 +16,7 @@ absl::Status CheckSubrange(uint64_t allocation_bytes, uint64_t offset,
         absl::OutOfRangeError(absl::StrCat("IPC range [", offset, ", +", size_bytes,
                                            ") leaves the exported allocation of ",
                                            allocation_bytes, " bytes")),
-        "RANGE_OUTSIDE_ALLOCATION");
+        reasons::kRangeOutsideAllocation);
   }
   return absl::OkStatus();
 }

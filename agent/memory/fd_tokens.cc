@@ -31,7 +31,7 @@ absl::StatusOr<uint64_t> FdTokens::Put(UniqueFd fd, Lender lender) {
   if (pending_.size() >= kMaxPendingFds) {
     return WithReason(absl::ResourceExhaustedError("too many file descriptors waiting "
                                                    "for RegisterTensor"),
-                      "TOO_MANY_PENDING_FDS");
+                      reasons::kTooManyPendingFds);
   }
   uint64_t token = 0;
   // A zero or a collision is one chance in 2^54 at kMaxPendingFds: the loop is
@@ -51,7 +51,7 @@ absl::StatusOr<LentFd> FdTokens::Take(uint64_t token) {
     return WithReason(absl::InvalidArgumentError(
                           "fd_token is unknown, used or expired: pass the memfd over "
                           "the handle socket first"),
-                      "BAD_FD_TOKEN");
+                      reasons::kBadFdToken);
   }
   LentFd out{std::move(it->second.fd), it->second.lender};
   pending_.erase(it);

@@ -30,13 +30,13 @@ absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
   const uint64_t page_bytes = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   if (size_bytes == 0) {
     return WithReason(absl::InvalidArgumentError("host memory: size_bytes is 0"),
-                      "BAD_MEMORY");
+                      reasons::kBadMemory);
   }
   if (offset_bytes % page_bytes != 0) {
     return WithReason(absl::InvalidArgumentError(absl::StrCat(
                           "host memory: offset_bytes ", offset_bytes,
                           " is not a multiple of the page size ", page_bytes)),
-                      "BAD_MEMORY");
+                      reasons::kBadMemory);
   }
   // A lender that could shrink the file under the mapping would turn every later
   // access into SIGBUS, killing every transfer on the node: the file must be sealed
@@ -49,7 +49,7 @@ absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
         absl::FailedPreconditionError(
             "host memory: the file cannot be sealed against shrinking (F_SEAL_SHRINK); "
             "lend a memfd made with MFD_ALLOW_SEALING, or seal it first"),
-        "UNSEALED_MEMORY");
+        reasons::kUnsealedMemory);
   }
   // The agent writes what lands into the mapping: a file sealed against writes
   // cannot be mapped writable (mmap says EPERM, which would read as the caller's
@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
             "host memory: the file is sealed against writes (F_SEAL_WRITE or "
             "F_SEAL_FUTURE_WRITE) and the agent maps it writable to land transfers; "
             "lend a memfd without those seals"),
-        "WRITE_SEALED_MEMORY");
+        reasons::kWriteSealedMemory);
   }
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat(memfd)", errno);
@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<HostMapping>> HostMapping::Map(UniqueFd fd,
     return WithReason(absl::InvalidArgumentError(absl::StrCat(
                           "host memory: offset ", offset_bytes, " + size ", size_bytes,
                           " is past the end of the file (", st.st_size, " bytes)")),
-                      "BAD_MEMORY");
+                      reasons::kBadMemory);
   }
   void* data = mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
                     static_cast<off_t>(offset_bytes));

@@ -10,7 +10,7 @@ namespace {
 
 absl::Status BadLayout(absl::string_view why) {
   return WithReason(absl::InvalidArgumentError(absl::StrCat("layout: ", why)),
-                    "BAD_LAYOUT");
+                    reasons::kBadLayout);
 }
 
 absl::Status ExceedsMemory(uint64_t extent, uint64_t memory_bytes, uint32_t region,
@@ -19,7 +19,7 @@ absl::Status ExceedsMemory(uint64_t extent, uint64_t memory_bytes, uint32_t regi
       absl::InvalidArgumentError(absl::StrCat(
           "layout needs ", extent, " bytes but the memory given",
           several ? absl::StrCat(" as region ", region) : "", " has ", memory_bytes)),
-      "LAYOUT_EXCEEDS_MEMORY");
+      reasons::kLayoutExceedsMemory);
 }
 
 // a * b, or false when it overflows.

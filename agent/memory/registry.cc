@@ -48,7 +48,7 @@ namespace {
 absl::Status UnknownTensor(absl::string_view name) {
   return WithReason(absl::NotFoundError(
                         absl::StrCat("no tensor named '", BoundedForMessage(name), "'")),
-                    "UNKNOWN_TENSOR");
+                    reasons::kUnknownTensor);
 }
 
 // INVALID_ARGUMENT (BAD_OWNER_FD) unless `fd` is a pidfd. Signal 0 sends nothing; the
@@ -64,7 +64,7 @@ absl::Status CheckOwnerPidfd(const UniqueFd& fd) {
   return WithReason(absl::InvalidArgumentError(
                         "owner_fd_token names a descriptor that is not a pidfd: pass "
                         "pidfd_open(getpid(), 0) of the lending process"),
-                    "BAD_OWNER_FD");
+                    reasons::kBadOwnerFd);
 }
 
 }  // namespace
@@ -79,7 +79,7 @@ absl::Status ValidateName(absl::string_view name) {
   return WithReason(absl::InvalidArgumentError(absl::StrCat(
                         "tensor name '", BoundedForMessage(name), "' must be 1 to ",
                         kMaxNameBytes, " characters of [A-Za-z0-9._/-]")),
-                    "BAD_NAME");
+                    reasons::kBadName);
 }
 
 absl::Status Registry::CheckRoom(const TensorInfo& want) const {
@@ -89,12 +89,12 @@ absl::Status Registry::CheckRoom(const TensorInfo& want) const {
     return WithReason(
         absl::AlreadyExistsError(absl::StrCat(
             "a tensor named '", BoundedForMessage(want.name), "' is already registered")),
-        "TENSOR_EXISTS");
+        reasons::kTensorExists);
   }
   if (tensors_.size() >= kMaxTensors) {
     return WithReason(absl::ResourceExhaustedError(
                           absl::StrCat("already ", kMaxTensors, " tensors registered")),
-                      "TOO_MANY_TENSORS");
+                      reasons::kTooManyTensors);
   }
   return CheckShareLocked(want);
 }
@@ -113,7 +113,7 @@ absl::Status Registry::CheckShareLocked(const TensorInfo& want) const {
     return WithReason(absl::ResourceExhaustedError(absl::StrCat(
                           who, " already holds ", tensors, " tensors, its share ",
                           "(--max_tensors_per_engine); unregister some first")),
-                      "TENSOR_SHARE");
+                      reasons::kTensorShare);
   }
   // At most kMaxTensors x kMaxLayoutParts: no overflow.
   if (layout_parts + want.layout.parts.size() > shares_.max_layout_parts) {
@@ -123,7 +123,7 @@ absl::Status Registry::CheckShareLocked(const TensorInfo& want) const {
             who, " holds ", layout_parts, " layout parts; ", want.layout.parts.size(),
             " more would pass its share of ", shares_.max_layout_parts,
             " (--max_layout_parts_per_engine); unregister some first")),
-        "LAYOUT_PART_SHARE");
+        reasons::kLayoutPartShare);
   }
   return absl::OkStatus();
 }
@@ -180,7 +180,7 @@ absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
       return WithReason(
           absl::InvalidArgumentError(absl::StrCat("a memory region of ", r.bytes,
                                                   " bytes; at most ", kMaxRegionBytes)),
-          "BAD_MEMORY");
+          reasons::kBadMemory);
     }
     sizes.push_back(r.bytes);
     total += r.bytes;  // at most kMaxRegions of them: no overflow
@@ -201,7 +201,7 @@ absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
             "regions ", shared->first, " and ", shared->second,
             " are the same memory (one file's bytes, or one GPU allocation's, lent "
             "twice): no byte of a tensor may be in two of its regions")),
-        "ALIASED_REGIONS");
+        reasons::kAliasedRegions);
   }
   FL_RETURN_IF_ERROR(CheckRoom(want));
   auto record = std::make_shared<TensorLease::Record>();
@@ -236,7 +236,7 @@ absl::StatusOr<TensorInfo> Registry::Register(TensorInfo want,
     return WithReason(absl::AlreadyExistsError(absl::StrCat(
                           "a tensor named '", BoundedForMessage(record->info.name),
                           "' is already registered")),
-                      "TENSOR_EXISTS");
+                      reasons::kTensorExists);
   }
   Holding& holding = holdings_[record->info.owner];
   holding.tensors.emplace(record->info.name, record);
@@ -284,7 +284,7 @@ absl::Status Registry::Unregister(
                             absl::StrCat("tensor '", BoundedForMessage(name),
                                          "' is in use by a transfer; cancel it or "
                                          "wait for it to finish")),
-                        "TENSOR_IN_USE");
+                        reasons::kTensorInUse);
     }
     record = it->second;
     EraseLocked(it);

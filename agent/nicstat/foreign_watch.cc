@@ -72,7 +72,8 @@ std::unique_ptr<ForeignWatch> ForeignWatch::Create(const std::vector<WatchedNic>
         options.rdma ? CounterSource::RdmaPortOf(options.sysfs_root, netdev->name)
                      : CounterSource::Netdev(options.sysfs_root, netdev->name);
     std::string fallback;
-    if (options.rdma && !source.ok() && ReasonOf(source.status()) == "NO_COUNTERS") {
+    if (options.rdma && !source.ok() &&
+        ReasonOf(source.status()) == reasons::kNoCounters) {
       // The port is there without data counters (Soft-RoCE has packet counts only):
       // rxe's frames go through the netdev, whose counters see them. Not where no
       // port names the netdev: there the netdev may see none of the RDMA traffic

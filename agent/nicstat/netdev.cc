@@ -28,7 +28,7 @@ absl::StatusOr<InterfaceAddress> NetdevOf(
   }
   return WithReason(absl::NotFoundError(absl::StrCat(
                         "no interface in this network namespace holds ", ipv4)),
-                    "NO_NETDEV");
+                    reasons::kNoNetdev);
 }
 
 }  // namespace fuselink::nicstat

@@ -42,13 +42,13 @@ absl::StatusOr<uint64_t> CounterSource::ReadFile(File& file) {
   if (n < 0) {
     return WithReason(absl::UnavailableError(
                           absl::StrCat("read ", file.path, ": ", std::strerror(error))),
-                      "COUNTER_READ");
+                      reasons::kCounterRead);
   }
   uint64_t value = 0;
   if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::string_view(text, n)), &value)) {
     return WithReason(
         absl::UnavailableError(absl::StrCat(file.path, " does not hold a counter")),
-        "COUNTER_READ");
+        reasons::kCounterRead);
   }
   return value;
 }
@@ -62,7 +62,7 @@ absl::StatusOr<CounterSource> CounterSource::Netdev(absl::string_view sysfs_root
     return WithReason(
         absl::NotFoundError(absl::StrCat(
             "netdev ", netdev, " has no byte counters: ", now.status().message())),
-        "NO_COUNTERS");
+        reasons::kNoCounters);
   }
   return source;
 }
@@ -113,7 +113,7 @@ absl::StatusOr<CounterSource> CounterSource::RdmaPortOf(absl::string_view sysfs_
         found = WithReason(
             absl::NotFoundError(absl::StrCat(
                 source.description(), " has no data counters: ", now.status().message())),
-            "NO_COUNTERS");
+            reasons::kNoCounters);
       } else {
         found = std::move(source);
       }
@@ -123,7 +123,7 @@ absl::StatusOr<CounterSource> CounterSource::RdmaPortOf(absl::string_view sysfs_
   if (found.has_value()) return *std::move(found);
   return WithReason(absl::NotFoundError(absl::StrCat("no RDMA port under ", ib.string(),
                                                      " belongs to netdev ", netdev)),
-                    "NO_RDMA_PORT");
+                    reasons::kNoRdmaPort);
 }
 
 absl::StatusOr<KernelBytes> CounterSource::Read() {

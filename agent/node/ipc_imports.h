@@ -85,7 +85,7 @@ class SharedImports {
         return WithReason(absl::PermissionDeniedError(absl::StrCat(
                               "another owner has lent this CUDA IPC handle on GPU ",
                               key.first, "; an import is never shared")),
-                          "GPU_HANDLE_OWNED");
+                          reasons::kGpuHandleOwned);
       }
       if (entry.owner == owner) {
         if (std::shared_ptr<const Import> held = entry.import.lock()) return held;
@@ -96,7 +96,7 @@ class SharedImports {
         return WithReason(absl::UnavailableError(absl::StrCat(
                               "this CUDA IPC handle is still being closed after ",
                               absl::FormatDuration(close_wait_), "; retry")),
-                          "GPU_HANDLE_CLOSING");
+                          reasons::kGpuHandleClosing);
       }
       s.closed.WaitWithDeadline(&s.mu, deadline);
     }

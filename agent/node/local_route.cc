@@ -42,7 +42,7 @@ absl::StatusOr<transfer::Prepared> LocalRoute::PrepareIncoming(
                                 "' and '", BoundedForMessage(tensor.name),
                                 "' share memory: a move between them would overwrite "
                                 "what it reads")),
-                            "ALIASED_TENSORS");
+                            reasons::kAliasedTensors);
         }
         return absl::OkStatus();
       },

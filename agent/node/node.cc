@@ -201,7 +201,7 @@ void Node::ReapExitedOwners() {
     const absl::Status why =
         WithReason(absl::FailedPreconditionError(absl::StrCat(
                        "the process that lent tensor '", gone.name, "' exited")),
-                   "OWNER_EXITED");
+                   reasons::kOwnerExited);
     engine_->AbortTensor(gone.id, why);
     landing_->AbortTensor(gone.id, why);
     for (fabric::RegionKey key : gone.region_keys) {
@@ -218,7 +218,7 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
   if (want != "auto" && want != "tcp" && want != "verbs") {
     return WithReason(absl::InvalidArgumentError(absl::StrCat(
                           "transport '", want, "': choose auto, tcp or verbs")),
-                      "BAD_TRANSPORT");
+                      reasons::kBadTransport);
   }
   if (want == "verbs" || (want == "auto" && fabric::verbs::VerbsAvailable(addresses))) {
     fabric::VerbsFabricOptions verbs;

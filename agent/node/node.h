@@ -92,7 +92,7 @@ struct NodeOptions {
   // (INCOMING_PREPARES_BUSY).
   transfer::KeyedPoolOptions incoming_prepares = {
       .name = "PrepareIncoming calls from node",
-      .reason = "INCOMING_PREPARES_BUSY",
+      .reason = reasons::kIncomingPreparesBusy,
       .threads = 4,
       .running_per_key = 2,
       .pending_per_key = 4,
@@ -103,7 +103,7 @@ struct NodeOptions {
   // RESOURCE_EXHAUSTED (REGISTRATIONS_BUSY).
   transfer::KeyedPoolOptions registrations = {
       .name = "RegisterTensor calls of",
-      .reason = "REGISTRATIONS_BUSY",
+      .reason = reasons::kRegistrationsBusy,
       .threads = 2,
       .running_per_key = 1,
       .pending_per_key = 16,

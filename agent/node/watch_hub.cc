@@ -37,7 +37,7 @@ absl::Status WatchHub::Add(WatchSink* sink, std::string identity, std::string te
                                : absl::StrCat("'", BoundedForMessage(identity), "'"),
               " already holds ", held,
               " watch streams, its share (--max_watches_per_identity); end one first")),
-          "WATCH_SHARE");
+          reasons::kWatchShare);
     }
     ++held;
     watchers_.push_back(std::make_unique<Watcher>());
@@ -128,7 +128,7 @@ void WatchHub::Advance(Watcher* w, Actions* actions) {
     absl::Status why =
         w->overflowed ? WithReason(absl::ResourceExhaustedError(
                                        "the watcher fell too far behind; watch again"),
-                                   "WATCHER_TOO_SLOW")
+                                   reasons::kWatcherTooSlow)
                       : absl::CancelledError("watch ended");
     actions->push_back(Action{w->sink, nullptr, std::move(why)});
     return;
@@ -140,7 +140,7 @@ void WatchHub::Advance(Watcher* w, Actions* actions) {
       actions->push_back(
           Action{w->sink, nullptr,
                  WithReason(absl::UnavailableError("the agent is shutting down"),
-                            "SHUTTING_DOWN")});
+                            reasons::kShuttingDown)});
     }
     return;
   }

@@ -25,12 +25,12 @@ void SetDeadline(grpc::ClientContext& context, absl::Time deadline) {
 absl::Status UnknownNode(absl::string_view node) {
   return WithReason(
       absl::NotFoundError(absl::StrCat("unknown node '", BoundedForMessage(node), "'")),
-      "UNKNOWN_NODE");
+      reasons::kUnknownNode);
 }
 
 absl::Status ShuttingDown() {
   return WithReason(absl::UnavailableError("the agent is shutting down"),
-                    "SHUTTING_DOWN");
+                    reasons::kShuttingDown);
 }
 
 }  // namespace
@@ -42,16 +42,17 @@ absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
     return WithReason(
         absl::DeadlineExceededError(absl::StrCat(
             "the transfer's deadline passed while calling node '", node, "'")),
-        "DEADLINE");
+        reasons::kDeadline);
   }
   // Only Shutdown cancels this agent's own peer calls.
   if (ReasonOf(s).empty() && absl::IsCancelled(s)) return ShuttingDown();
   if (ReasonOf(s).empty() && (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s))) {
     return WithReason(absl::UnavailableError(
                           absl::StrCat("cannot reach node '", node, "': ", s.message())),
-                      "PEER_UNREACHABLE");
+                      reasons::kPeerUnreachable);
   }
-  return s;
+  // The peer's own answer, its code and reason kept: the message says who gave it.
+  return WithContext(s, absl::StrCat("node '", BoundedForMessage(node), "'"));
 }
 
 PeerDirectory::Call::Call(PeerDirectory& directory) : directory_(directory) {
@@ -138,7 +139,7 @@ absl::StatusOr<fabric::SessionKey> ParseFabricKey(absl::string_view bytes) {
   if (bytes.size() != key.size()) {
     return WithReason(absl::InvalidArgumentError(absl::StrCat(
                           "a fabric key has ", key.size(), " bytes, not ", bytes.size())),
-                      "PROTOCOL");
+                      reasons::kProtocol);
   }
   std::copy(bytes.begin(), bytes.end(), key.begin());
   return key;
@@ -239,7 +240,7 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
                           "the agent configured as '", session.name, "' calls itself '",
                           response.topology().node(), "'")),
-                      "PEER_MISMATCH");
+                      reasons::kPeerMismatch);
   }
   FL_ASSIGN_OR_RETURN(fabric::SessionKey theirs, ParseFabricKey(response.fabric_key()));
   keys_->SetConnectKey(session.name, theirs);
@@ -250,7 +251,7 @@ absl::StatusOr<fabric::PeerId> PeerDirectory::Connect(Session& session,
     return WithReason(
         absl::UnavailableError(absl::StrCat("fabric to node '", session.name,
                                             "': ", peer.status().message())),
-        "PEER_UNREACHABLE");
+        reasons::kPeerUnreachable);
   }
   absl::MutexLock lock(&session.mu);
   session.connected = true;
@@ -443,7 +444,7 @@ absl::StatusOr<transfer::Prepared> PreparedOf(const v1::PrepareIncomingResponse&
         absl::InternalError(absl::StrCat("node '", target_node, "' answered ",
                                          response.window_keys_size(), " windows for ",
                                          regions.size(), " regions")),
-        "TARGET_PROTOCOL");
+        reasons::kTargetProtocol);
   }
   prepared.windows.assign(response.window_keys().begin(), response.window_keys().end());
   return prepared;
@@ -466,7 +467,8 @@ absl::StatusOr<std::optional<absl::Status>> VerdictOf(const v1::IncomingState& s
         return (c >= 'A' && c <= 'Z') || c == '_' || (c >= '0' && c <= '9');
       });
   return std::optional<absl::Status>(
-      WithReason(std::move(verdict), reason_ok ? reason : "TARGET_FAILED"));
+      reason_ok ? WithForeignReason(std::move(verdict), reason)
+                : WithReason(std::move(verdict), reasons::kTargetFailed));
 }
 
 }  // namespace fuselink::peer

@@ -172,10 +172,11 @@ class PeerDirectory final : public transfer::PeerLink {
       ABSL_GUARDED_BY(remembered_mu_);
 };
 
-// A failed peer call: the target's own verdict keeps its code; a call cut short by
-// the transfer's own `deadline` is that deadline passing, DEADLINE_EXCEEDED
-// (DEADLINE); not reaching the target at all is UNAVAILABLE, PEER_UNREACHABLE; a call
-// Shutdown cancelled UNAVAILABLE, SHUTTING_DOWN.
+// A failed peer call: the target's own answer keeps its code and reason, its message
+// led by "node 'NAME': " (the peer's text alone does not say which node spoke); a
+// call cut short by the transfer's own `deadline` is that deadline passing,
+// DEADLINE_EXCEEDED (DEADLINE); not reaching the target at all is UNAVAILABLE,
+// PEER_UNREACHABLE; a call Shutdown cancelled UNAVAILABLE, SHUTTING_DOWN.
 absl::Status PeerCallStatus(const grpc::Status& status, absl::string_view node,
                             absl::Time deadline);
 

@@ -14,7 +14,7 @@ absl::StatusOr<StageMode> ParseStageMode(absl::string_view name) {
   return WithReason(
       absl::InvalidArgumentError(absl::StrCat(
           "relay stage '", name, "': choose d1 (kernel) or d2 (copy engine)")),
-      "BAD_RELAY_MODE");
+      reasons::kBadRelayMode);
 }
 
 const char* StageModeName(StageMode mode) {

@@ -15,7 +15,7 @@ absl::StatusOr<Policy> ParsePolicy(absl::string_view name) {
   return WithReason(
       absl::InvalidArgumentError(
           absl::StrCat("unknown policy '", name, "'; choose fuselink, static or stripe")),
-      "UNKNOWN_POLICY");
+      reasons::kUnknownPolicy);
 }
 
 absl::string_view PolicyName(Policy policy) {

@@ -16,7 +16,7 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view w
   auto bad = [&](absl::string_view why) {
     return WithReason(
         absl::InvalidArgumentError(absl::StrCat(what, " '", path, "': ", why)),
-        "BAD_TLS_FILES");
+        reasons::kBadTlsFiles);
   };
   if (path.empty()) return bad("not given");
   std::ifstream in(path);

@@ -5,24 +5,24 @@
 
 namespace fuselink::security {
 
-absl::string_view RefusalReason(Refusal refusal) {
+const Reason& RefusalReason(Refusal refusal) {
   switch (refusal) {
     case Refusal::kNoClientCertificate:
-      return "NO_CLIENT_CERTIFICATE";
+      return reasons::kNoClientCertificate;
     case Refusal::kNoIdentity:
-      return "NO_IDENTITY";
+      return reasons::kNoIdentity;
     case Refusal::kRoleRequired:
-      return "ROLE_REQUIRED";
+      return reasons::kRoleRequired;
     case Refusal::kNodeMismatch:
-      return "NODE_MISMATCH";
+      return reasons::kNodeMismatch;
     case Refusal::kNotOwner:
-      return "NOT_OWNER";
+      return reasons::kNotOwner;
     case Refusal::kTensorAccess:
-      return "TENSOR_ACCESS";
+      return reasons::kTensorAccess;
     case Refusal::kCount:
       break;
   }
-  return "UNKNOWN";
+  return reasons::kRoleRequired;  // unreachable: kCount is no refusal
 }
 
 absl::Status Guard::Refuse(Refusal refusal, absl::Status status) {
@@ -113,7 +113,7 @@ absl::Status Guard::RequireGrant(const Caller& caller, absl::string_view owner,
 std::vector<std::pair<absl::string_view, uint64_t>> Guard::refusals() const {
   std::vector<std::pair<absl::string_view, uint64_t>> out;
   for (size_t i = 0; i < refusals_.size(); ++i) {
-    out.emplace_back(RefusalReason(static_cast<Refusal>(i)), refusals_[i].load());
+    out.emplace_back(RefusalReason(static_cast<Refusal>(i)).name, refusals_[i].load());
   }
   return out;
 }

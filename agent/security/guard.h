@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/common/errors.h"
 #include "agent/security/policy.h"
 #include "grpcpp/security/auth_context.h"
 
@@ -25,7 +26,7 @@ enum class Refusal : uint8_t {
   kTensorAccess,         // PERMISSION_DENIED: not granted the tensor it moves
   kCount,
 };
-absl::string_view RefusalReason(Refusal refusal);
+const Reason& RefusalReason(Refusal refusal);
 
 class Guard {
  public:

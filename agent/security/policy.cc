@@ -17,7 +17,7 @@ constexpr absl::string_view kDefaultPeerIdentity = "spiffe://fuselink/node/{node
 
 absl::Status BadPolicy(absl::string_view what) {
   return WithReason(absl::InvalidArgumentError(absl::StrCat("access policy: ", what)),
-                    "BAD_POLICY");
+                    reasons::kBadPolicy);
 }
 
 // Printable ASCII without spaces: what a URI SAN can hold.
@@ -156,7 +156,7 @@ absl::Status ValidateGrants(const std::vector<std::string>& grants,
                             absl::string_view field) {
   auto bad = [&](absl::string_view what) {
     return WithReason(absl::InvalidArgumentError(absl::StrCat(field, ": ", what)),
-                      "BAD_GRANT");
+                      reasons::kBadGrant);
   };
   if (grants.size() > kMaxGrants) {
     return bad(absl::StrCat("at most ", kMaxGrants, " entries"));

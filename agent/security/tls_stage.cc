@@ -23,7 +23,7 @@ namespace fuselink::security {
 namespace {
 
 absl::Status BadFiles(absl::string_view why) {
-  return WithReason(absl::InvalidArgumentError(why), "BAD_TLS_FILES");
+  return WithReason(absl::InvalidArgumentError(why), reasons::kBadTlsFiles);
 }
 
 // OpenSSL's first queued error, as text, and the queue cleared.

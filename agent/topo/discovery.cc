@@ -65,7 +65,7 @@ absl::StatusOr<Topology> Discoverer::Run() {
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
                           found.gpus.size(), " GPUs found, more than the ", kMaxGpus,
                           " fuselink supports; narrow CUDA_VISIBLE_DEVICES")),
-                      "TOO_MANY_GPUS");
+                      reasons::kTooManyGpus);
   }
   notes_ = std::move(found.notes);
   Topology t;
@@ -229,7 +229,7 @@ absl::Status RequireDataNics(const Topology& discovered) {
       absl::FailedPreconditionError(
           absl::StrCat("topology discovery found no NIC that can carry data: ", why,
                        ". Fix the NICs, change --exclude_nics, or give --topology=FILE")),
-      "NO_DATA_NIC");
+      reasons::kNoDataNic);
 }
 
 NodeDiscovery::NodeDiscovery(std::string sysfs_root,

@@ -20,7 +20,7 @@ namespace {
 absl::Status VisibleError(absl::string_view why) {
   return WithReason(
       absl::FailedPreconditionError(absl::StrCat("CUDA_VISIBLE_DEVICES: ", why)),
-      "CUDA_VISIBLE_DEVICES");
+      reasons::kCudaVisibleDevices);
 }
 
 std::string EnvNote(const CudaEnvironment& env, absl::string_view who) {
@@ -171,7 +171,7 @@ absl::StatusOr<std::vector<VisibleEntry>> ParseCudaVisibleDevices(
               "CUDA_VISIBLE_DEVICES names a MIG instance ('", entry,
               "'): fuselink needs whole GPUs (peer access and CUDA IPC); give GPU "
               "indices or GPU- UUIDs")),
-          "MIG_UNSUPPORTED");
+          reasons::kMigUnsupported);
     }
     VisibleEntry e;
     e.text = std::string(entry);

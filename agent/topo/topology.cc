@@ -16,7 +16,7 @@ namespace {
 
 absl::Status BadTopology(absl::string_view why) {
   return WithReason(absl::InvalidArgumentError(absl::StrCat("topology: ", why)),
-                    "BAD_TOPOLOGY");
+                    reasons::kBadTopology);
 }
 
 }  // namespace
@@ -160,7 +160,7 @@ absl::Status CheckRailPairing(absl::string_view remote_node,
           "] and this node [", absl::StrJoin(local_rails, ","), "]", first_difference,
           ": the fabric pairs NIC i with NIC i, so both need the same rails. Exclude "
           "the same rail on every node (--exclude_nics) or fix the port")),
-      "RAIL_MISMATCH");
+      reasons::kRailMismatch);
 }
 
 }  // namespace fuselink::topo

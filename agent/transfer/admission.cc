@@ -22,7 +22,7 @@ absl::Status CheckRequestId(absl::string_view request_id) {
   if (request_id.empty() || request_id.size() > kMaxRequestIdBytes) {
     return WithReason(absl::InvalidArgumentError(absl::StrCat(
                           "request_id must be 1 to ", kMaxRequestIdBytes, " bytes")),
-                      "BAD_REQUEST_ID");
+                      reasons::kBadRequestId);
   }
   return absl::OkStatus();
 }
@@ -31,7 +31,7 @@ absl::Status CheckLeaseMs(uint32_t lease_ms) {
   if (lease_ms > kMaxLeaseMs) {
     return WithReason(absl::InvalidArgumentError(absl::StrCat("lease_ms is ", lease_ms,
                                                               "; at most ", kMaxLeaseMs)),
-                      "BAD_LEASE");
+                      reasons::kBadLease);
   }
   return absl::OkStatus();
 }
@@ -44,29 +44,29 @@ absl::Status CheckNodes(const v1::TransferRequest& request, absl::string_view lo
     if (src.node().empty() || !peers.Knows(src.node())) {
       return WithReason(absl::NotFoundError(absl::StrCat(
                             "unknown source node '", BoundedForMessage(src.node()), "'")),
-                        "UNKNOWN_NODE");
+                        reasons::kUnknownNode);
     }
     return WithReason(absl::FailedPreconditionError(
                           absl::StrCat("source node is '", BoundedForMessage(src.node()),
                                        "'; send the request to that node's agent")),
-                      "SOURCE_NOT_LOCAL");
+                      reasons::kSourceNotLocal);
   }
   if (dst.node() == local_node && !in_node) {
     return WithReason(absl::UnimplementedError(
                           "source and target are the same node, and this agent moves "
                           "nothing within its node"),
-                      "LOCAL_TARGET");
+                      reasons::kLocalTarget);
   }
   if (dst.node() != local_node && !peers.Knows(dst.node())) {
     return WithReason(absl::NotFoundError(absl::StrCat(
                           "unknown target node '", BoundedForMessage(dst.node()), "'")),
-                      "UNKNOWN_NODE");
+                      reasons::kUnknownNode);
   }
   if (src.block_ids_size() != dst.block_ids_size()) {
     return WithReason(absl::InvalidArgumentError(
                           absl::StrCat("source lists ", src.block_ids_size(),
                                        " blocks, target ", dst.block_ids_size())),
-                      "BLOCK_COUNT_MISMATCH");
+                      reasons::kBlockCountMismatch);
   }
   if (dst.node() == local_node && dst.tensor() == src.tensor()) {
     const absl::flat_hash_set<uint32_t> sources(src.block_ids().begin(),
@@ -77,7 +77,7 @@ absl::Status CheckNodes(const v1::TransferRequest& request, absl::string_view lo
             absl::InvalidArgumentError(absl::StrCat("block ", id, " of tensor '",
                                                     BoundedForMessage(src.tensor()),
                                                     "' is both source and target")),
-            "SAME_BLOCKS");
+            reasons::kSameBlocks);
       }
     }
   }
@@ -118,17 +118,17 @@ absl::Time RequestDeadline(const v1::TransferRequest& request) {
 absl::Status LeaseExpiredStatus() {
   return WithReason(absl::DeadlineExceededError(
                         "the transfer's lease ran out: nobody renewed it (ExtendLease)"),
-                    "LEASE_EXPIRED");
+                    reasons::kLeaseExpired);
 }
 
 absl::Status DeadlineStatus() {
   return WithReason(absl::DeadlineExceededError("the transfer's deadline passed"),
-                    "DEADLINE");
+                    reasons::kDeadline);
 }
 
 absl::Status ShuttingDownStatus() {
   return WithReason(absl::UnavailableError("the agent is shutting down"),
-                    "SHUTTING_DOWN");
+                    reasons::kShuttingDown);
 }
 
 }  // namespace fuselink::transfer

@@ -44,7 +44,7 @@ JobOptions MakeJobOptions(const EngineOptions& o) {
 KeyedPoolOptions PrepareLanes(const EngineOptions& o) {
   KeyedPoolOptions lanes;
   lanes.name = "calls to target";
-  lanes.reason = "PREPARE_QUEUE_FULL";
+  lanes.reason = reasons::kPrepareQueueFull;
   lanes.threads = o.prepare_threads;
   lanes.running_per_key = o.prepare_threads_per_target;
   // Never reached: a job has at most one call queued and one running (a question
@@ -59,7 +59,7 @@ KeyedPoolOptions PrepareLanes(const EngineOptions& o) {
 KeyedPoolOptions InNodeLane(const EngineOptions& o) {
   KeyedPoolOptions lane;
   lane.name = "in-node prepares on";
-  lane.reason = "PREPARE_QUEUE_FULL";
+  lane.reason = reasons::kPrepareQueueFull;
   lane.threads = kInNodePrepareThreads;
   lane.running_per_key = kInNodePrepareThreads;
   // Never reached: a job has at most one call queued and one running.
@@ -349,7 +349,7 @@ absl::StatusOr<std::shared_ptr<Transfer>> Engine::Find(
     // Another requester's: as if there were none, so that ids tell nothing.
     return WithReason(absl::NotFoundError(absl::StrCat(
                           "no transfer '", BoundedForMessage(transfer_id), "' of yours")),
-                      "UNKNOWN_TRANSFER");
+                      reasons::kUnknownTransfer);
   }
   return job->transfer();
 }
@@ -366,9 +366,9 @@ absl::Status Engine::OnJob(const std::shared_ptr<Transfer>& transfer, StatusEven
 absl::Status Engine::Cancel(const std::shared_ptr<Transfer>& transfer) {
   return OnJob(
       transfer, [](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
-        return j.Stop(
-            WithReason(absl::CancelledError("cancelled by CancelTransfer"), "CANCELLED"),
-            /*force=*/false, fx);
+        return j.Stop(WithReason(absl::CancelledError("cancelled by CancelTransfer"),
+                                 reasons::kCancelled),
+                      /*force=*/false, fx);
       });
 }
 

@@ -9,8 +9,8 @@ namespace {
 // The reasons fabric::RefusalStatus gives: a transport that reports a refusal by its
 // status alone is still a refusal.
 bool IsRefusalReason(absl::string_view reason) {
-  return reason == "WINDOW_CLOSED" || reason == "WINDOW_NOT_YOURS" ||
-         reason == "OUTSIDE_WINDOW";
+  return reason == reasons::kWindowClosed || reason == reasons::kWindowNotYours ||
+         reason == reasons::kOutsideWindow;
 }
 
 }  // namespace
@@ -83,7 +83,7 @@ absl::Status PeerLostStatus(absl::string_view target_node, const absl::Status& l
   return WithReason(absl::UnavailableError(absl::StrCat(
                         "every NIC to node '", BoundedForMessage(target_node),
                         "' failed; last: ", last.message().substr(0, 256))),
-                    "PEER_LOST");
+                    reasons::kPeerLost);
 }
 
 }  // namespace fuselink::transfer

@@ -15,7 +15,7 @@ namespace fuselink::transfer {
 namespace {
 
 absl::Status FinishedStatus(absl::string_view why) {
-  return WithReason(absl::FailedPreconditionError(why), "TRANSFER_FINISHED");
+  return WithReason(absl::FailedPreconditionError(why), reasons::kTransferFinished);
 }
 
 }  // namespace
@@ -24,7 +24,7 @@ absl::Status EarlyVerdictStatus(absl::string_view target_node) {
   return WithReason(absl::InternalError(absl::StrCat(
                         "target node '", BoundedForMessage(target_node),
                         "' said the transfer completed before the source committed it")),
-                    "TARGET_PROTOCOL");
+                    reasons::kTargetProtocol);
 }
 
 Job::Job(uint32_t serial, std::shared_ptr<Transfer> transfer, memory::TensorLease source,
@@ -221,7 +221,7 @@ absl::Status Job::SetLayersReady(uint32_t end, JobEffects* fx) {
     return WithReason(absl::FailedPreconditionError(
                           "the transfer was not started layer by layer: every layer is "
                           "ready already"),
-                      "NOT_LAYER_BY_LAYER");
+                      reasons::kNotLayerByLayer);
   }
   if (phase_ == Phase::kDone || outcome_.has_value()) {
     return FinishedStatus("the transfer has already finished or is stopping");
@@ -231,7 +231,7 @@ absl::Status Job::SetLayersReady(uint32_t end, JobEffects* fx) {
     return WithReason(absl::OutOfRangeError(absl::StrCat(
                           "ready_end ", end, " is past the transfer's layers [",
                           layers.begin, ", ", layers.end, ")")),
-                      "LAYER_OUT_OF_RANGE");
+                      reasons::kLayerOutOfRange);
   }
   if (end <= ready_end_) return absl::OkStatus();
   ready_end_ = end;
@@ -244,7 +244,7 @@ absl::Status Job::ExtendLease(uint32_t lease_ms, JobEffects* fx) {
   if (transfer_->request().lease_ms() == 0) {
     return WithReason(
         absl::FailedPreconditionError("the transfer was started without a lease"),
-        "NO_LEASE");
+        reasons::kNoLease);
   }
   if (phase_ == Phase::kDone || outcome_.has_value()) {
     return FinishedStatus("the transfer has already finished or is stopping");

@@ -157,7 +157,7 @@ absl::Status Landing::CheckRoomLocked(const std::string& source) {
     return WithReason(
         absl::ResourceExhaustedError(
             absl::StrCat("the target already has ", kMaxIncoming, " incoming transfers")),
-        "TOO_MANY_INCOMING");
+        reasons::kTooManyIncoming);
   }
   if (auto it = per_source_.find(source);
       it != per_source_.end() && it->second >= options_.max_per_source) {
@@ -165,7 +165,7 @@ absl::Status Landing::CheckRoomLocked(const std::string& source) {
     return WithReason(absl::ResourceExhaustedError(absl::StrCat(
                           "node '", BoundedForMessage(source), "' holds ", it->second,
                           " incoming slots here (open or draining), its share")),
-                      "SOURCE_SHARE");
+                      reasons::kSourceShare);
   }
   return absl::OkStatus();
 }
@@ -185,7 +185,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     return WithReason(absl::InvalidArgumentError(
                           absl::StrCat("source blocks are ", request.block_bytes(),
                                        " bytes, target blocks ", layout.block_bytes)),
-                      "BLOCK_SIZE_MISMATCH");
+                      reasons::kBlockSizeMismatch);
   }
   const uint64_t expected = layout.block_bytes * request.block_ids_size() *
                             (request.layer_end() - request.layer_begin());
@@ -193,13 +193,13 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     return WithReason(
         absl::InvalidArgumentError(
             absl::StrCat("total_bytes ", request.total_bytes(), " should be ", expected)),
-        "BAD_TOTAL");
+        reasons::kBadTotal);
   }
   if (request.source_nic() >= static_cast<uint32_t>(nic_count_)) {
     return WithReason(absl::InvalidArgumentError(
                           absl::StrCat("source_nic ", request.source_nic(),
                                        " is not one of the ", nic_count_, " rails")),
-                      "BAD_SOURCE_NIC");
+                      reasons::kBadSourceNic);
   }
   FL_ASSIGN_OR_RETURN(
       std::vector<fabric::Extent> blocks,
@@ -208,7 +208,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     absl::MutexLock lock(&mu_);
     if (shut_down_) {
       return WithReason(absl::UnavailableError("the target agent is shutting down"),
-                        "SHUTTING_DOWN");
+                        reasons::kShuttingDown);
     }
     FL_RETURN_IF_ERROR(CheckRoomLocked(request.source_node()));
   }
@@ -219,7 +219,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     return WithReason(
         absl::UnavailableError(absl::StrCat("cannot open a window for the transfer: ",
                                             windows.status().message())),
-        "WINDOW_FAILED");
+        reasons::kWindowFailed);
   }
   const int rail = static_cast<int>(request.source_nic());
   v1::PrepareIncomingResponse response;
@@ -228,7 +228,7 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     absl::MutexLock lock(&mu_);
     room = shut_down_
                ? WithReason(absl::UnavailableError("the target agent is shutting down"),
-                            "SHUTTING_DOWN")
+                            reasons::kShuttingDown)
                : CheckRoomLocked(request.source_node());
     if (room.ok()) {
       const uint32_t index = free_.front();
@@ -555,7 +555,7 @@ absl::StatusOr<v1::IncomingState> Landing::Query(absl::string_view source_node,
     }
   }
   return WithReason(absl::NotFoundError("no incoming transfer by that id from that node"),
-                    "UNKNOWN_TRANSFER");
+                    reasons::kUnknownTransfer);
 }
 
 }  // namespace fuselink::transfer

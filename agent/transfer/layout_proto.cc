@@ -10,7 +10,7 @@ absl::StatusOr<memory::Layout> LayoutFromProto(const v1::Layout& proto) {
     return WithReason(
         absl::InvalidArgumentError(absl::StrCat(
             "layout: ", proto.parts_size(), " parts, over ", memory::kMaxLayoutParts)),
-        "BAD_LAYOUT");
+        reasons::kBadLayout);
   }
   memory::Layout layout{proto.layers(),
                         proto.blocks_per_layer(),

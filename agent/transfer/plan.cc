@@ -12,20 +12,20 @@ absl::Status ValidateBlocks(const memory::Layout& layout, std::span<const uint32
   if (ids.empty()) {
     return WithReason(
         absl::InvalidArgumentError(absl::StrCat(side, ".block_ids is empty")),
-        "EMPTY_REQUEST");
+        reasons::kEmptyRequest);
   }
   if (ids.size() > kMaxBlocksPerRequest) {
     return WithReason(absl::InvalidArgumentError(absl::StrCat(
                           side, ".block_ids has ", ids.size(), " blocks; at most ",
                           kMaxBlocksPerRequest, " per request")),
-                      "TOO_MANY_BLOCKS");
+                      reasons::kTooManyBlocks);
   }
   for (uint32_t id : ids) {
     if (id >= layout.blocks_per_layer) {
       return WithReason(absl::OutOfRangeError(
                             absl::StrCat(side, " block ", id, " is outside the tensor's ",
                                          layout.blocks_per_layer, " blocks per layer")),
-                        "BLOCK_OUT_OF_RANGE");
+                        reasons::kBlockOutOfRange);
     }
   }
   if (unique) {
@@ -35,7 +35,7 @@ absl::Status ValidateBlocks(const memory::Layout& layout, std::span<const uint32
     if (dup != sorted.end()) {
       return WithReason(absl::InvalidArgumentError(
                             absl::StrCat(side, " block ", *dup, " is listed twice")),
-                        "DUPLICATE_TARGET_BLOCK");
+                        reasons::kDuplicateTargetBlock);
     }
   }
   return absl::OkStatus();
@@ -46,7 +46,7 @@ absl::Status ValidateLayers(const memory::Layout& layout, uint32_t begin, uint32
     return WithReason(absl::OutOfRangeError(absl::StrCat(
                           "layer range [", begin, ", ", end, ") is empty or outside the ",
                           layout.layers, " layers")),
-                      "LAYER_OUT_OF_RANGE");
+                      reasons::kLayerOutOfRange);
   }
   return absl::OkStatus();
 }
@@ -131,7 +131,7 @@ absl::StatusOr<std::vector<fabric::Extent>> BlockRanges(const memory::Layout& la
         absl::InvalidArgumentError(absl::StrCat(
             ids.size(), " blocks x ", end - begin, " layers x ", layout.part_count(),
             " parts is over ", kMaxBlockPieces, " block pieces; split the request")),
-        "TOO_FRAGMENTED");
+        reasons::kTooFragmented);
   }
   std::vector<fabric::Extent> ranges;
   ranges.reserve(pieces);
@@ -165,7 +165,7 @@ absl::StatusOr<std::vector<fabric::Extent>> BlockRanges(const memory::Layout& la
           absl::InvalidArgumentError(absl::StrCat(
               "the blocks fall in ", last - first, " separate runs of region ", region,
               ", over ", fabric::kMaxWindowExtents, "; split the request")),
-          "TOO_FRAGMENTED");
+          reasons::kTooFragmented);
     }
     first = last;
   }

@@ -57,7 +57,7 @@ absl::StatusOr<std::vector<Extent>> PlanTransfer(const v1::TransferRequest& requ
         absl::InternalError(absl::StrCat("the target accepted with a layout that does "
                                          "not hold the request: ",
                                          fits.message().substr(0, 256))),
-        "TARGET_PROTOCOL");
+        reasons::kTargetProtocol);
   }
   // Runs per block and layer: at most one per part boundary of either side. Bounded
   // here too, whatever a target accepted.
@@ -68,7 +68,7 @@ absl::StatusOr<std::vector<Extent>> PlanTransfer(const v1::TransferRequest& requ
     return WithReason(absl::InvalidArgumentError(
                           absl::StrCat("blocks x layers x parts of both sides is over ",
                                        kMaxBlockPieces, "; split the request")),
-                      "TOO_FRAGMENTED");
+                      reasons::kTooFragmented);
   }
   std::vector<Extent> extents =
       PlanExtents(source, target.layout, Ids(request.source().block_ids()),
@@ -79,7 +79,7 @@ absl::StatusOr<std::vector<Extent>> PlanTransfer(const v1::TransferRequest& requ
       return WithReason(
           absl::InternalError(absl::StrCat("the target opened no window on region ",
                                            region, ", which the request writes")),
-          "TARGET_PROTOCOL");
+          reasons::kTargetProtocol);
     }
   }
   return extents;

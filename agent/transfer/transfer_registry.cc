@@ -18,7 +18,7 @@ absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::ExistingLocked(
       absl::AlreadyExistsError(absl::StrCat(
           "request_id '", BoundedForMessage(it->second.job->transfer()->request_id()),
           "' was already used for a transfer with other content")),
-      "REQUEST_ID_REUSED");
+      reasons::kRequestIdReused);
 }
 
 absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::Existing(
@@ -47,7 +47,7 @@ absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::Admit(
     return WithReason(
         absl::ResourceExhaustedError(absl::StrCat(
             options_.max_active, " transfers are already in flight; retry later")),
-        "TOO_MANY_TRANSFERS");
+        reasons::kTooManyTransfers);
   }
   if (auto held = active_by_requester_.find(requester);
       held != active_by_requester_.end() &&
@@ -60,7 +60,7 @@ absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::Admit(
             " already has ", held->second,
             " transfers in flight here, its share (--max_transfers_per_router); "
             "retry later")),
-        "TRANSFER_SHARE");
+        reasons::kTransferShare);
   }
   JobPtr job = make(NextSerialLocked(), next_number_++);
   ++active_;
@@ -99,7 +99,7 @@ absl::StatusOr<TransferRegistry::JobPtr> TransferRegistry::Find(
                         "no transfer '",
                         BoundedForMessage(transfer_id.empty() ? request_id : transfer_id),
                         "' on this node")),
-                    "UNKNOWN_TRANSFER");
+                    reasons::kUnknownTransfer);
 }
 
 std::vector<TransferRegistry::JobPtr> TransferRegistry::Live() const {

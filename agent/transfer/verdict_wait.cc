@@ -63,7 +63,7 @@ absl::Status NoVerdictStatus(absl::string_view target_node) {
   return WithReason(absl::UnavailableError(absl::StrCat(
                         "no verdict from target node '", BoundedForMessage(target_node),
                         "': the transfer may or may not have landed there")),
-                    "NO_VERDICT");
+                    reasons::kNoVerdict);
 }
 
 }  // namespace fuselink::transfer

@@ -130,7 +130,7 @@ void Window::Pump(JobEffects* fx) {
         SetTrouble(Trouble::kFailed,
                    WithReason(absl::InternalError(absl::StrCat(
                                   "relay stage: ", staged.message().substr(0, 256))),
-                              "RELAY_FAILED"));
+                              reasons::kRelayFailed));
         return Halt(fx);
       }
     }

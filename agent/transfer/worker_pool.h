@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/common/errors.h"
 
 namespace fuselink::transfer {
 
@@ -59,7 +60,7 @@ struct KeyedPoolOptions {
   // What the pool runs, for messages ("prepares of target").
   std::string name = "tasks of";
   // The reason a refused post carries.
-  std::string reason = "QUEUE_FULL";
+  Reason reason = reasons::kQueueFull;
   // Threads, shared by all keys; at least 1.
   int threads = 2;
   // Tasks of one key that run at once; 1 (a serial lane) to `threads`.

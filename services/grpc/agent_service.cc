@@ -101,7 +101,7 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::WatchEvent>,
 // words; out of memory and a dead context keep their own codes.
 absl::Status HandleRefused(const absl::Status& status) {
   if (!absl::IsInvalidArgument(status)) return status;
-  return WithReason(absl::InvalidArgumentError(status.message()), "BAD_GPU_HANDLE");
+  return WithReason(absl::InvalidArgumentError(status.message()), reasons::kBadGpuHandle);
 }
 
 }  // namespace
@@ -186,7 +186,7 @@ uint64_t SizeOf(const v1::TensorMemory& memory) {
 }
 
 absl::Status BadMemory(absl::string_view why) {
-  return WithReason(absl::InvalidArgumentError(why), "BAD_MEMORY");
+  return WithReason(absl::InvalidArgumentError(why), reasons::kBadMemory);
 }
 
 // The memory regions a request lends: `memory`, or `regions`, all of one kind on one
@@ -226,7 +226,7 @@ absl::StatusOr<std::vector<const v1::TensorMemory*>> RegionsOf(
       return WithReason(absl::InvalidArgumentError(absl::StrCat(
                             which, ": cuda_ipc.handle has ", m.cuda_ipc().handle().size(),
                             " bytes; a CUDA IPC handle has ", sizeof(gpu::IpcMemHandle))),
-                        "BAD_GPU_HANDLE");
+                        reasons::kBadGpuHandle);
     }
   }
   return regions;
@@ -244,7 +244,7 @@ absl::Status CheckIpcLender(const v1::RegisterTensorRequest& request,
   return WithReason(absl::PermissionDeniedError(
                         "cuda_ipc memory needs owner_fd_token: a pidfd of the lending "
                         "process, passed over this node's handle socket"),
-                    "OWNER_TOKEN_REQUIRED");
+                    reasons::kOwnerTokenRequired);
 }
 
 }  // namespace
@@ -332,7 +332,7 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
     return WithReason(
         absl::InvalidArgumentError(absl::StrCat(on_gpu ? "gpu " : "home_gpu ", gpu,
                                                 " does not exist on this node")),
-        "BAD_HOME_GPU");
+        reasons::kBadHomeGpu);
   }
   // Check the request itself, then this node, before spending the tokens.
   FL_RETURN_IF_ERROR(memory::ValidateName(request.name()));
@@ -353,7 +353,7 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
                           "GPU ", gpu, " is not a CUDA device of this agent (",
                           node_->gpu_status(), ")")),
-                      "NO_GPU");
+                      reasons::kNoGpu);
   }
   // The lender is who passed the memory's descriptor, else who passed the owner's
   // pidfd: the kernel's word for both (memory::Lender), not the request's.

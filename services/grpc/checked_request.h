@@ -179,7 +179,7 @@ class grpc::SerializationTraits<fuselink::services::Checked<Message>, void> {
   static absl::Status Parse(grpc::ByteBuffer* buffer, Message* message) {
     if (buffer == nullptr || !buffer->Valid()) {
       return fuselink::WithReason(absl::InvalidArgumentError("no request message"),
-                                  "MALFORMED_REQUEST");
+                                  fuselink::reasons::kMalformedRequest);
     }
     {
       grpc::ProtoBufferReader bytes(buffer);
@@ -191,7 +191,7 @@ class grpc::SerializationTraits<fuselink::services::Checked<Message>, void> {
       return fuselink::WithReason(
           absl::InvalidArgumentError(
               absl::StrCat("the request is not a ", Message::descriptor()->full_name())),
-          "MALFORMED_REQUEST");
+          fuselink::reasons::kMalformedRequest);
     }
     return absl::OkStatus();
   }

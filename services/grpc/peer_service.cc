@@ -23,7 +23,7 @@ absl::Status ForwardingOff(absl::string_view node) {
                         "node '", node,
                         "' runs no forwarded transfers (--accept_forwarded): ask its "
                         "own agent")),
-                    "FORWARDING_OFF");
+                    reasons::kForwardingOff);
 }
 
 }  // namespace
@@ -51,7 +51,7 @@ grpc::ServerUnaryReactor* PeerService::Hello(grpc::CallbackServerContext* contex
     return Answer(
         context,
         WithReason(absl::FailedPreconditionError("peer speaks another protocol version"),
-                   "VERSION_MISMATCH"));
+                   reasons::kVersionMismatch));
   }
   absl::StatusOr<fabric::SessionKey> theirs = peer::ParseFabricKey(request->fabric_key());
   if (!theirs.ok()) return Answer(context, theirs.status());

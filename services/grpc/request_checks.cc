@@ -12,7 +12,7 @@ absl::Status CheckDeadline(const v1::TransferRequest& request, absl::Time now) {
     return WithReason(absl::InvalidArgumentError(
                           absl::StrCat("deadline.nanos is ", deadline.nanos(),
                                        "; it must be 0 to ", kMaxTimestampNanos)),
-                      "BAD_DEADLINE");
+                      reasons::kBadDeadline);
   }
   // Exact for every int64 seconds; only the very largest saturate to the infinite
   // future, which is no deadline.
@@ -21,7 +21,7 @@ absl::Status CheckDeadline(const v1::TransferRequest& request, absl::Time now) {
   if (at <= now) {
     return WithReason(
         absl::DeadlineExceededError("the request's deadline passed before it arrived"),
-        "DEADLINE");
+        reasons::kDeadline);
   }
   return absl::OkStatus();
 }

@@ -32,7 +32,7 @@ enum WireType : uint32_t {
 absl::Status Malformed(absl::string_view what) {
   return WithReason(absl::InvalidArgumentError(
                         absl::StrCat("the request is not a protobuf message: ", what)),
-                    "MALFORMED_REQUEST");
+                    reasons::kMalformedRequest);
 }
 
 // Walks fields of `type` (null: of an unknown group, nothing checked) until the end
@@ -81,7 +81,7 @@ absl::Status Walk(const Descriptor* type, CodedInputStream& in, int depth,
           if (!IsValidUtf8(value)) {
             return WithReason(absl::InvalidArgumentError(absl::StrCat(
                                   field->full_name(), " is not valid UTF-8")),
-                              "BAD_UTF8");
+                              reasons::kBadUtf8);
           }
         } else if (field != nullptr && field->type() == FieldDescriptor::TYPE_MESSAGE) {
           const CodedInputStream::Limit limit = in.PushLimit(bytes);

@@ -78,12 +78,12 @@ absl::Status RunControl(transfer::Engine& engine, const v1::ForwardControlReques
                         const security::Caller& caller, v1::TransferStatus* response) {
   if (call.call_case() == v1::ForwardControlRequest::CALL_NOT_SET) {
     return WithReason(absl::InvalidArgumentError("the call names no request"),
-                      "MALFORMED_REQUEST");
+                      reasons::kMalformedRequest);
   }
   const Named named = NamedBy(call);
   if (named.transfer_id->empty() && named.request_id->empty()) {
     return WithReason(absl::InvalidArgumentError("give transfer_id or request_id"),
-                      "MISSING_ID");
+                      reasons::kMissingId);
   }
   FL_ASSIGN_OR_RETURN(
       std::shared_ptr<transfer::Transfer> t,
@@ -101,7 +101,7 @@ absl::Status RunControl(transfer::Engine& engine, const v1::ForwardControlReques
               "transfer_id '", BoundedForMessage(*named.transfer_id),
               "' and request_id '", BoundedForMessage(*named.request_id),
               "' name different transfers: give one of them, or both of one transfer")),
-          "IDS_DISAGREE");
+          reasons::kIdsDisagree);
     }
     t = std::move(by_transfer_id);
   }

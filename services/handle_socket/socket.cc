@@ -42,7 +42,7 @@ absl::StatusOr<sockaddr_un> Address(const std::string& path) {
 
 absl::Status Unsafe(std::string message) {
   return WithReason(absl::FailedPreconditionError(std::move(message)),
-                    "RUNTIME_DIR_UNSAFE");
+                    reasons::kRuntimeDirUnsafe);
 }
 
 std::string ParentOf(const std::string& path) {
@@ -94,7 +94,7 @@ absl::StatusOr<std::string> DefaultSocketPath(absl::string_view runtime_dir,
         absl::InvalidArgumentError(absl::StrCat(
             "node name '", BoundedForMessage(node),
             "' is not one path component: give the socket's path with --handle_socket")),
-        "BAD_SOCKET_PATH");
+        reasons::kBadSocketPath);
   }
   return absl::StrCat(runtime_dir, "/", node, ".sock");
 }
@@ -108,7 +108,7 @@ absl::StatusOr<std::unique_ptr<HandleSocket>> HandleSocket::Listen(
     if (!S_ISSOCK(st.st_mode)) {
       return WithReason(absl::FailedPreconditionError(absl::StrCat(
                             "handle socket path ", path, " exists and is not a socket")),
-                        "RUNTIME_DIR_UNSAFE");
+                        reasons::kRuntimeDirUnsafe);
     }
     if (unlink(path.c_str()) != 0) {
       return ErrnoStatus(absl::StrCat("unlink(", path, ")"), errno);

@@ -136,6 +136,24 @@ TEST_F(ForwardTest, TheSourcesErrorsComeBackWithTheirReasons) {
   EXPECT_TRUE(Serves(*b_));
 }
 
+// A peer's answer crosses each agent led by the node that gave it: the source's own
+// error through node-b, and node-b's answer to node-a's PrepareIncoming (node-b as the
+// target) back through node-a and node-b again. Code and reason stay the peer's.
+TEST_F(ForwardTest, ErrorsSayWhichNodeGaveThem) {
+  TransferResult source =
+      RunTransfer(b_->stub(), MakeRequest("w1", "no-such", {0}, "kv", {0}));
+  EXPECT_TRUE(HasError(source.status, grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  EXPECT_TRUE(absl::StartsWith(source.status.error_message(),
+                               "node 'node-a': no tensor named 'no-such'"))
+      << source.status.error_message();
+  TransferResult target =
+      RunTransfer(b_->stub(), MakeRequest("w2", "kv", {0}, "no-such", {0}));
+  EXPECT_TRUE(HasError(target.status, grpc::StatusCode::NOT_FOUND, "UNKNOWN_TENSOR"));
+  EXPECT_TRUE(absl::StartsWith(target.status.error_message(),
+                               "node 'node-a': node 'node-b': no tensor named 'no-such'"))
+      << target.status.error_message();
+}
+
 // A pull the router follows and drives through the target's agent alone: the status,
 // each layer as it is ready, a renewed lease, and the source's own errors.
 TEST_F(ForwardTest, TheRouterDrivesAPulledTransferThroughTheTargetsAgent) {

@@ -90,7 +90,7 @@ class AnswerOffThreadTest : public ::testing::Test {
     grpc::EnableDefaultHealthCheckService(true);
     transfer::KeyedPoolOptions o;
     o.name = "PrepareIncoming calls from node";
-    o.reason = "INCOMING_PREPARES_BUSY";
+    o.reason = reasons::kIncomingPreparesBusy;
     o.threads = 2;
     o.running_per_key = 2;
     o.pending_per_key = 2;

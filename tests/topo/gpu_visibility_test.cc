@@ -126,7 +126,7 @@ TEST(GpuProbe, NoDeviceUnderCudaVisibleDevicesIsNoGpusNotSysfsGpus) {
   const FixedGpus sysfs(8);
   CudaEnvironment env;
   env.visible_devices = "0,0";
-  const absl::Status invalid = WithReason(
+  const absl::Status invalid = WithForeignReason(
       absl::FailedPreconditionError("cuInit: CUDA_ERROR_INVALID_DEVICE (101): invalid "
                                     "device ordinal"),
       "CUDA_ERROR_INVALID_DEVICE");
@@ -137,7 +137,7 @@ TEST(GpuProbe, NoDeviceUnderCudaVisibleDevicesIsNoGpusNotSysfsGpus) {
               HasSubstr("the CUDA driver loaded but shows no GPU"));
   EXPECT_THAT(absl::StrJoin(got->notes, "\n"), HasSubstr("CUDA_VISIBLE_DEVICES=0,0"));
   env.visible_devices = "-1";
-  const absl::Status none = WithReason(
+  const absl::Status none = WithForeignReason(
       absl::FailedPreconditionError("cuInit: CUDA_ERROR_NO_DEVICE (100): no device"),
       "CUDA_ERROR_NO_DEVICE");
   got = WithoutCudaDriver(none, env, sysfs);
@@ -146,7 +146,7 @@ TEST(GpuProbe, NoDeviceUnderCudaVisibleDevicesIsNoGpusNotSysfsGpus) {
   // No libcuda, or no device with the variable unset: sysfs, and the note says why.
   const absl::Status no_lib = WithReason(
       absl::FailedPreconditionError("no NVIDIA driver: libcuda.so.1 not found"),
-      "NO_CUDA_DRIVER");
+      reasons::kNoCudaDriver);
   got = WithoutCudaDriver(no_lib, env, sysfs);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->gpus.size(), 8u);

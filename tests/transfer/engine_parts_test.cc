@@ -195,7 +195,7 @@ KeyedPoolOptions Lanes(int threads, int running_per_key, size_t pending_per_key,
                        size_t pending_total) {
   KeyedPoolOptions o;
   o.name = "calls to target";
-  o.reason = "PREPARE_QUEUE_FULL";
+  o.reason = reasons::kPrepareQueueFull;
   o.threads = threads;
   o.running_per_key = running_per_key;
   o.pending_per_key = pending_per_key;

@@ -209,7 +209,7 @@ TEST_F(EngineTest, RefusalWithoutVerdictEndsWithTheTargetsAnswer) {
   fabric_.Refuse(writes[0], fabric::Refusal::kNoWindow);
   for (size_t i = 1; i < writes.size(); ++i) fabric_.Complete(writes[i]);
   peers_.AddReply(std::optional<absl::Status>(
-      WithReason(absl::FailedPreconditionError("lender exited"), "OWNER_EXITED")));
+      WithReason(absl::FailedPreconditionError("lender exited"), reasons::kOwnerExited)));
   engine_->Tick(now());
   EXPECT_EQ(peers_.queries(), 0);  // the notice may still come
   Advance(absl::Seconds(1));
@@ -386,8 +386,8 @@ TEST_F(EngineTest, AbortTensorStopsTheTransfersThatReadIt) {
   std::shared_ptr<Transfer> t = Start("r1", {0, 1});
   absl::StatusOr<memory::TensorLease> lease = registry_.Acquire("src");
   ASSERT_TRUE(lease.ok());
-  engine_->AbortTensor(
-      lease->id(), WithReason(absl::FailedPreconditionError("exited"), "OWNER_EXITED"));
+  engine_->AbortTensor(lease->id(), WithReason(absl::FailedPreconditionError("exited"),
+                                               reasons::kOwnerExited));
   fabric_.CompleteAll();
   EXPECT_EQ(End(*t), std::make_pair(absl::StatusCode::kFailedPrecondition,
                                     std::string("OWNER_EXITED")));
@@ -428,7 +428,8 @@ TEST_F(EngineTest, OtherFailuresKeepTheRequestId) {
 
 TEST_F(EngineTest, RequestTheTargetRefusedMayBeSentAgain) {
   Make();
-  peers_.set_prepared(WithReason(absl::NotFoundError("no tensor"), "UNKNOWN_TENSOR"));
+  peers_.set_prepared(
+      WithReason(absl::NotFoundError("no tensor"), reasons::kUnknownTensor));
   absl::StatusOr<std::shared_ptr<Transfer>> refused = Submit("r1");
   ASSERT_TRUE(refused.ok());
   ASSERT_TRUE(observer_.WaitFinished(1));

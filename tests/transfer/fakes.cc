@@ -188,7 +188,7 @@ absl::StatusOr<std::optional<absl::Status>> FakePeerLink::QueryVerdict(
   absl::MutexLock lock(&mu_);
   ++queries_;
   if (replies_.empty()) {
-    return WithReason(absl::NotFoundError("no such transfer"), "UNKNOWN_TRANSFER");
+    return WithReason(absl::NotFoundError("no such transfer"), reasons::kUnknownTransfer);
   }
   const Reply reply = replies_.front();
   replies_.pop_front();

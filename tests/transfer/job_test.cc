@@ -144,8 +144,9 @@ TEST_F(JobTest, RefusalWithoutVerdictAsksTheTarget) {
   now_ += absl::Seconds(1);
   Timer();
   EXPECT_EQ(queries_, 1);
-  Reply(std::optional<absl::Status>(WithReason(
-      absl::DataLossError("target node 'node-b': missing bytes"), "INCOMPLETE_COMMIT")));
+  Reply(std::optional<absl::Status>(
+      WithReason(absl::DataLossError("target node 'node-b': missing bytes"),
+                 reasons::kIncompleteCommit)));
   EXPECT_TRUE(finished_);
   EXPECT_EQ(End(), std::make_pair(absl::StatusCode::kDataLoss,
                                   std::string("INCOMPLETE_COMMIT")));
@@ -176,7 +177,7 @@ TEST_F(JobTest, RefusalWhoseQuestionsFailEndsWithTheRefusal) {
     Timer();
     ASSERT_EQ(queries_, i + 1);
     EXPECT_FALSE(finished_);
-    Reply(WithReason(absl::UnavailableError("unreachable"), "PEER_UNREACHABLE"));
+    Reply(WithReason(absl::UnavailableError("unreachable"), reasons::kPeerUnreachable));
   }
   EXPECT_TRUE(finished_);
   EXPECT_EQ(End(), std::make_pair(absl::StatusCode::kPermissionDenied,
@@ -240,7 +241,8 @@ TEST_F(JobTest, AfterTheCommitTheDeadlineIsTheTargetsToJudge) {
 
 TEST_F(JobTest, CancelBeforeTheCommitOnly) {
   Start();
-  absl::Status cancelled = WithReason(absl::CancelledError("cancelled"), "CANCELLED");
+  absl::Status cancelled =
+      WithReason(absl::CancelledError("cancelled"), reasons::kCancelled);
   Commit();
   absl::Status refused;
   Do([&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
@@ -256,7 +258,8 @@ TEST_F(JobTest, CancelMidTransfer) {
   Start({0, 1});
   absl::Status ok;
   Do([&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
-    ok = j.Stop(WithReason(absl::CancelledError("cancelled"), "CANCELLED"), false, fx);
+    ok = j.Stop(WithReason(absl::CancelledError("cancelled"), reasons::kCancelled), false,
+                fx);
   });
   EXPECT_TRUE(ok.ok());
   EXPECT_FALSE(finished_);
@@ -286,7 +289,8 @@ TEST_F(JobTest, StopWhileTheTargetPreparesEndsOnItsAnswerAndTellsIt) {
   Start();
   Do([&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
     EXPECT_TRUE(
-        j.Stop(WithReason(absl::CancelledError("c"), "CANCELLED"), false, fx).ok());
+        j.Stop(WithReason(absl::CancelledError("c"), reasons::kCancelled), false, fx)
+            .ok());
   });
   EXPECT_FALSE(finished_);  // the prepare call is out
   Accept(testing::MakePrepared(layout_));
@@ -302,7 +306,7 @@ TEST_F(JobTest, TargetRefusalBeforeAcceptanceFailsWithItsCode) {
   prepare_now_ = false;
   Start();
   Do([&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
-    j.OnPrepared(WithReason(absl::NotFoundError("no tensor"), "UNKNOWN_TENSOR"),
+    j.OnPrepared(WithReason(absl::NotFoundError("no tensor"), reasons::kUnknownTensor),
                  absl::UnknownError("not planned"), fx);
   });
   EXPECT_TRUE(finished_);
@@ -415,9 +419,9 @@ TEST_F(JobTest, NothingIsPostedAfterShutdown) {
   Start();
   ctx_.posting_stopped.store(true);
   Do([&](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
-    EXPECT_TRUE(
-        j.Stop(WithReason(absl::UnavailableError("stop"), "SHUTTING_DOWN"), true, fx)
-            .ok());
+    EXPECT_TRUE(j.Stop(WithReason(absl::UnavailableError("stop"), reasons::kShuttingDown),
+                       true, fx)
+                    .ok());
   });
   const size_t posts = fabric_.posts();
   EXPECT_EQ(fabric_.FlushAll(), kWindow);  // the fabric's flush

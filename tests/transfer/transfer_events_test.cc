@@ -106,7 +106,7 @@ TEST(TransferEvents, FailureBeforeAcceptanceFailsTheCallWithoutEvents) {
   {
     absl::MutexLock lock(&t.mu());
     t.SetState(State::kFailed,
-               WithReason(absl::NotFoundError("no tensor"), "UNKNOWN_TENSOR"));
+               WithReason(absl::NotFoundError("no tensor"), reasons::kUnknownTensor));
   }
   t.Notify(false, absl::ZeroDuration());
   EXPECT_TRUE(sink.events.empty());
@@ -123,7 +123,8 @@ TEST(TransferEvents, FailureAfterAcceptanceIsAnEventThenTheStatus) {
   sink.Drain(t);
   {
     absl::MutexLock lock(&t.mu());
-    t.SetState(State::kFailed, WithReason(absl::UnavailableError("gone"), "PEER_LOST"));
+    t.SetState(State::kFailed,
+               WithReason(absl::UnavailableError("gone"), reasons::kPeerLost));
   }
   t.Notify(false, absl::ZeroDuration());
   sink.Drain(t);

@@ -53,7 +53,7 @@ namespace {
 absl::Status CopyFailed(const absl::Status& why) {
   return WithReason(
       absl::InternalError(absl::StrCat("in-node copy: ", why.message().substr(0, 256))),
-      "LOCAL_COPY");
+      reasons::kLocalCopy);
 }
 
 }  // namespace
@@ -291,7 +291,7 @@ absl::Status InNodeFabric::Start(const Region& to, uint64_t to_offset, const Reg
   if (copier == nullptr) {
     return WithReason(absl::FailedPreconditionError(
                           "the in-node lane has no GPU copier for GPU memory"),
-                      "LOCAL_COPY");
+                      reasons::kLocalCopy);
   }
   if (absl::Status started = copier->Start(target, source, bytes); !started.ok()) {
     return CopyFailed(started);

@@ -41,6 +41,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/common/errors.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/region_table.h"
@@ -54,8 +55,8 @@ namespace fuselink::fabric {
 // connector to get its CHALLENGE.
 inline constexpr int kHelloTimeoutMs = 10'000;
 // The reasons a connection closed by a bound carries.
-inline constexpr absl::string_view kStallReason = "FABRIC_STALL";
-inline constexpr absl::string_view kAckTimeoutReason = "FABRIC_ACK_TIMEOUT";
+inline constexpr Reason kStallReason = reasons::kFabricStall;
+inline constexpr Reason kAckTimeoutReason = reasons::kFabricAckTimeout;
 // How many times per timeout a waiting rx thread wakes to judge it: the close comes
 // at most timeout / ticks late.
 inline constexpr int kStallTicks = 4;

@@ -254,7 +254,7 @@ absl::StatusOr<std::vector<ConnectionPtr>> TcpFabric::OpenConnections(
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
                           "no fabric key for '", BoundedForMessage(peer_name),
                           "': the peer bootstrap has not introduced it yet")),
-                      "FABRIC_NO_KEY");
+                      reasons::kFabricNoKey);
   }
   std::vector<ConnectionPtr> opened;
   for (size_t nic = 0; nic < remote.size(); ++nic) {

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "agent/common/errors.h"
 #include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/wire.h"
 
@@ -17,9 +18,9 @@ namespace fuselink::fabric {
 
 // The reason a handshake failure carries when the peer sent a frame that does not
 // decode (wire::DecodeHeader), as opposed to one that decodes but proves nothing.
-inline constexpr absl::string_view kMalformedReason = "FABRIC_MALFORMED";
+inline constexpr Reason kMalformedReason = reasons::kFabricMalformed;
 // An accepted connection refused past its peer's share (max_connections_per_peer).
-inline constexpr absl::string_view kPeerConnectionsReason = "FABRIC_PEER_CONNECTIONS";
+inline constexpr Reason kPeerConnectionsReason = reasons::kFabricPeerConnections;
 
 // Connector side, on a connected socket to `acceptor`'s NIC `nic`: says HELLO as
 // `self`, checks the CHALLENGE's mac_a against `key` (our connect key for `acceptor`)

@@ -147,7 +147,7 @@ absl::StatusOr<ibv_gid> AddressGid(absl::string_view address) {
             "' is an IPv6 link-local address (fe80::/10): it means something only "
             "with a scope id and is not routed between nodes; give the NIC a global "
             "or unique local (fc00::/7) address")),
-        "LINK_LOCAL_ADDRESS");
+        reasons::kLinkLocalAddress);
   }
   const char* unfit = IN6_IS_ADDR_MULTICAST(&v6)     ? "a multicast address"
                       : IN6_IS_ADDR_UNSPECIFIED(&v6) ? "the unspecified address"

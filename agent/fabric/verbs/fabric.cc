@@ -237,7 +237,7 @@ absl::StatusOr<PeerId> VerbsFabric::Connect(absl::string_view peer_name,
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
                           "no fabric key for '", BoundedForMessage(peer_name),
                           "': the peer bootstrap has not introduced it yet")),
-                      "FABRIC_NO_KEY");
+                      reasons::kFabricNoKey);
   }
   std::vector<LinkPtr> made;
   // Partial set-up across NICs rolls back: closing a link tears its QPs down (ERR,

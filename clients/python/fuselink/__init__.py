@@ -5,6 +5,7 @@ The generated protobuf and gRPC modules live beside this package, in fuselink.v1
 build/python (see clients/python/README.md).
 """
 
+from . import reasons
 from .client import DEFAULT_CALL_TIMEOUT_S, Agent, Part
 from .errors import FuselinkError
 from .memory import HostBuffer
@@ -12,4 +13,4 @@ from .tls import Tls
 from .watch import MAX_PENDING_EVENTS, Watch
 
 __all__ = ["Agent", "Part", "FuselinkError", "HostBuffer", "Tls", "Watch", "DEFAULT_CALL_TIMEOUT_S",
-           "MAX_PENDING_EVENTS"]
+           "MAX_PENDING_EVENTS", "reasons"]

@@ -4,6 +4,7 @@ The agent answers every failed call with a gRPC status code and, in the status
 details (trailing metadata `grpc-status-details-bin`), a google.rpc.Status holding a
 google.rpc.ErrorInfo whose `reason` names the cause in machine-readable form, e.g.
 NOT_FOUND / UNKNOWN_TENSOR. Callers branch on `code` and `reason`, never on the text.
+fuselink.reasons names every reason (docs/errors.md says what each means).
 """
 
 import grpc

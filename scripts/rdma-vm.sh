@@ -124,8 +124,8 @@ build_image() {
   chmod 755 "$root/sbin/fuselink-init"
   rm -rf "$root/var/cache/apt/archives"/*.deb
   mkdir -p "$work/out"
-  cp "$(ls "$root"/boot/vmlinuz-* | tail -1)" "$work/out/vmlinuz"
-  cp "$(ls "$root"/boot/initrd.img-* | tail -1)" "$work/out/initrd.img"
+  cp "$(printf '%s\n' "$root"/boot/vmlinuz-* | tail -1)" "$work/out/vmlinuz"
+  cp "$(printf '%s\n' "$root"/boot/initrd.img-* | tail -1)" "$work/out/initrd.img"
   mke2fs -q -t ext4 -d "$root" "$work/out/root.img" "$image_bytes"
   mkdir -p "$(dirname "$cache")"
   rm -rf "$cache.tmp" && mv "$work/out" "$cache.tmp" && mv "$cache.tmp" "$cache"
@@ -143,6 +143,7 @@ trap '[ -z "$host_pid" ] || kill "$host_pid" 2>/dev/null; rm -rf "$ctl"' EXIT
 # On this machine (no RDMA device on loopback): --transport=auto must pick tcp.
 host_check() {
   local dir=$ctl/host
+  # shellcheck disable=SC2174  # only $dir is meant private; $ctl exists (mktemp)
   mkdir -p -m 0700 "$dir"  # the handle socket's directory must be private
   echo '{"nics":[{"name":"lo","address":"127.0.0.1"}]}' >"$dir/topology.json"
   "$build_dir/$agent_rel" --node=host-check --topology="$dir/topology.json" \
@@ -293,6 +294,7 @@ echo "FUSELINK-RDMA-RESULT: \$verdict rc=\$rc"
 STEPS
 
 accel=${FUSELINK_VM_ACCEL:-tcg}
+# shellcheck disable=SC2054  # tcg,thread=multi: the comma is inside one qemu argument
 case $accel in
   tcg) accel_args=(-accel tcg,thread=multi) ;;
   kvm) accel_args=(-accel kvm -cpu host) ;;

@@ -14,8 +14,8 @@ cd "$(dirname "$0")/.."
 mode=${1:-}
 shift || true
 case "$mode" in
-  asan) build=build-asan; sanitize="address;undefined"; fuzz=ON ;;
-  tsan) build=build-tsan; sanitize=thread; fuzz=OFF ;;
+  asan) build="build-asan"; sanitize="address;undefined"; fuzz=ON ;;
+  tsan) build="build-tsan"; sanitize=thread; fuzz=OFF ;;
   *) echo "usage: $0 asan|tsan [ctest arguments]" >&2; exit 2 ;;
 esac
 

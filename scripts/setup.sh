@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(
-  cmake ninja-build g++ pkg-config clang-format
+  cmake ninja-build g++ pkg-config
+  clang-format shellcheck python3  # scripts/lint.sh
   ccache  # compiles cached outside the checkout (scripts/lib/ccache.sh)
   clang libclang-rt-14-dev  # the sanitizer and fuzz builds (scripts/sanitize.sh)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler

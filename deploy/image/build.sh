@@ -35,6 +35,7 @@ rootfs=$out/rootfs
 rm -rf "$rootfs" "$out/oci" "$out/bundle"
 echo "image: assembling the root file system from Debian bookworm"
 # Essential packages plus the runtime ones; no documentation, manuals or locales.
+# shellcheck disable=SC2016  # the hook's $1 (the root) is mmdebstrap's to expand
 mmdebstrap --quiet --variant=essential --include="$packages" \
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
@@ -42,6 +43,7 @@ mmdebstrap --quiet --variant=essential --include="$packages" \
   bookworm "$rootfs" "deb $mirror bookworm main"
 install -m 0755 "$agent" "$ctl" "$here/fuselink-health" "$rootfs/usr/bin/"
 strip --strip-debug "$rootfs/usr/bin/fuselink-agent" "$rootfs/usr/bin/fuselinkctl"
+# shellcheck disable=SC2174  # only run/fuselink is meant private; run/ is the image's own
 mkdir -p "$rootfs/etc/fuselink" && mkdir -p -m 0700 "$rootfs/run/fuselink"
 # Every library the binaries load is in the image.
 if chroot "$rootfs" ldd /usr/bin/fuselink-agent /usr/bin/fuselinkctl | grep 'not found'; then

@@ -108,6 +108,7 @@ start_agent() {
 # find_python MODULE...: sets `python` to the first interpreter that imports every
 # MODULE: $FUSELINK_PYTHON, the one on PATH, then Debian's (where the apt packages
 # install, whatever PATH puts first); empty when none does.
+# shellcheck disable=SC2034  # $python is the result, read by the caller
 find_python() {
   python=""
   local p

@@ -94,6 +94,7 @@ testbed_require() {
 # the script exits (testbed_down_on_exit).
 testbed_test_start() {
   testbed_require
+  # shellcheck disable=SC2034  # the result, read by the caller
   tb="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/testbed.sh"
   name="$1$$"
   testbed_down_on_exit "$name"

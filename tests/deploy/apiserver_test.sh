@@ -46,6 +46,7 @@ fail() {
   exit 1
 }
 "$here/scripts/setup-k8s-tools.sh" helm apiserver
+# shellcheck source=/dev/null  # written by setup-k8s-tools.sh at run time
 . "${FUSELINK_CACHE:-/var/cache/fuselink}/k8s-tools/env.sh"
 chart=$here/deploy/helm/fuselink
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -149,7 +150,7 @@ metadata: {name: ${kind#*:}.monitoring.coreos.com}
 spec:
   group: monitoring.coreos.com
   scope: Namespaced
-  names: {kind: ${kind%:*}, plural: ${kind#*:}, singular: $(echo "${kind%:*}" | tr A-Z a-z), listKind: ${kind%:*}List}
+  names: {kind: ${kind%:*}, plural: ${kind#*:}, singular: $(echo "${kind%:*}" | tr '[:upper:]' '[:lower:]'), listKind: ${kind%:*}List}
   versions:
     - name: v1
       served: true

@@ -12,6 +12,7 @@ run=$(mktemp -d /tmp/fuselink-dash.XXXXXX)
 trap 'rm -rf "$run"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 "$here/scripts/setup-k8s-tools.sh" helm typecheck
+# shellcheck source=/dev/null  # written by setup-k8s-tools.sh at run time
 . "${FUSELINK_CACHE:-/var/cache/fuselink}/k8s-tools/env.sh"
 t=$here/tests/deploy
 dashboards=("$here"/dashboards/*.json)

@@ -11,6 +11,7 @@ chart=$here/deploy/helm/fuselink
 run=$(mktemp -d /tmp/fuselink-helm.XXXXXX)
 trap 'rm -rf "$run"' EXIT
 "$here/scripts/setup-k8s-tools.sh" helm typecheck
+# shellcheck source=/dev/null  # written by setup-k8s-tools.sh at run time
 . "${FUSELINK_CACHE:-/var/cache/fuselink}/k8s-tools/env.sh"
 check=$here/tests/deploy/render_check.py
 failures=0
@@ -22,6 +23,7 @@ MON=(--api-versions monitoring.coreos.com/v1/ServiceMonitor
   --api-versions monitoring.coreos.com/v1/PodMonitor
   --api-versions monitoring.coreos.com/v1/PrometheusRule)
 WEB_TLS='metrics.webConfig={"tls_server_config":{"cert_file":"/etc/fuselink/tls/tls.crt","key_file":"/etc/fuselink/tls/tls.key","client_auth_type":"NoClientCert"}}'
+# shellcheck disable=SC2016  # a bcrypt hash: its $ are literal
 WEB_AUTH='metrics.webConfig={"basic_auth_users":{"prometheus":"$2y$10$5Wr8Jp6Y6DbEy4J1cZVv6uEw3k2l6kIqEo0gX8o5r3J0uEmRkq1aG"}}'
 
 # render HELM CASE [HELM ARGS...]: renders into $run/HELM-CASE.yaml
@@ -210,7 +212,7 @@ JSON
 ln -sfn "$TSC_DIR/node_modules" "$run/ts/node_modules"
 if (cd "$run/ts" && node "$TSC_DIR/node_modules/typescript/bin/tsc" -p . >"$run/tsc.out" 2>&1); then
   pass_case
-  echo "ok: $(ls "$run"/ts/*.ts | wc -l) renderings type-check"
+  echo "ok: $(find "$run/ts" -maxdepth 1 -name '*.ts' | wc -l) renderings type-check"
 else
   fail_case "tsc: $(head -40 "$run/tsc.out")"
 fi

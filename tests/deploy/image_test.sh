@@ -14,7 +14,7 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  [ -n "$root" ] && umount "$root/proc" 2>/dev/null || true
+  if [ -n "$root" ]; then umount "$root/proc" 2>/dev/null || true; fi
   rm -rf "$run"
 }
 trap cleanup EXIT

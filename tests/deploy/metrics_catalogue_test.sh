@@ -31,9 +31,13 @@ promtool check metrics <"$run/scrape.txt" || fail "promtool check metrics"
 "$cat_py" "$doc" "$run/scrape.txt" "$src" || fail "docs/metrics.md and the agent differ (see above)"
 
 # The checker catches each kind of drift.
+# shellcheck disable=SC2016  # markdown backticks, not command substitution
 grep -v '^| `fuselink_tensors_registered`' "$doc" >"$run/missing.md"
+# shellcheck disable=SC2016  # markdown backticks, not command substitution
 sed 's/^| `fuselink_transfers_total` | counter | outcome |/| `fuselink_transfers_total` | counter | result |/' "$doc" >"$run/relabel.md"
+# shellcheck disable=SC2016  # markdown backticks, not command substitution
 { cat "$doc"; echo '| `fuselink_imaginary_total` | counter | | things | all | Not exported. |'; } >"$run/extra.md"
+# shellcheck disable=SC2016  # markdown backticks, not command substitution
 sed 's/^| `fuselink_relay_paused` | gauge | gpu | 0 or 1 | GPU |/| `fuselink_relay_paused` | gauge | gpu | 0 or 1 | all |/' "$doc" >"$run/gpu.md"
 # A GPU agent's scrape missing its other GPU families (and with a wrong label).
 { cat "$run/scrape.txt"; printf '# TYPE fuselink_relay_paused gauge

@@ -65,8 +65,8 @@ if [ "${1:-}" = pack-loopback ]; then
     cp "$build/$b" "$carry/build/$b" && strip "$carry/build/$b"
   done
   copy_libs "$carry" "${bins[@]/#/$carry/build/}"
-  (cd "$carry" && apt-get download -q=2 jq libjq1 libonig5 openssl iperf3 libiperf0 \
-    libsctp1 2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
+  (cd "$carry" && { apt-get download -q=2 jq libjq1 libonig5 openssl iperf3 libiperf0 \
+    libsctp1 2>&1 | grep -v "^W: Download is performed unsandboxed" || true; })
   git -C "$top" rev-parse --short HEAD >"$carry/rev"
   bench_run_sh "$carry" build/tools/bench/fuselink-bench
   cat >>"$carry/run.sh" <<'RUN'
@@ -95,8 +95,8 @@ if [ "${1:-}" = pack-bench ]; then
     variants+=("$name=.bench-carry/$name:$mode")
   done
   copy_libs "$carry" "$carry"/*/services/fuselink-agent "$carry"/*/tools/bench/fuselink-bench
-  (cd "$carry" && apt-get download -q=2 jq libjq1 libonig5 openssl 2>&1 |
-    grep -v "^W: Download is performed unsandboxed" || true)
+  (cd "$carry" && { apt-get download -q=2 jq libjq1 libonig5 openssl 2>&1 |
+    grep -v "^W: Download is performed unsandboxed" || true; })
   bench_run_sh "$carry" "${variants[0]%%=*}/tools/bench/fuselink-bench"
   cat >>"$carry/run.sh" <<RUN
 VARIANTS="\${VARIANTS:-${variants[*]}}" bash scripts/bench-ab.sh 2>&1 | tee \$OUT/ab.txt
@@ -122,8 +122,8 @@ for b in services/fuselink-agent tools/bench/fuselink-relay-bench tools/fuselink
 done
 cp -r "$build/python" "$carry/python"
 # The GPU machine has no ip/tc: Debian's iproute2 (and what it links) goes along.
-(cd "$carry" && apt-get download -q=2 iproute2 libbpf1 libmnl0 libxtables12 libelf1 \
-  2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
+(cd "$carry" && { apt-get download -q=2 iproute2 libbpf1 libmnl0 libxtables12 libelf1 \
+  2>&1 | grep -v "^W: Download is performed unsandboxed" || true; })
 copy_libs "$carry" "$carry"/gpu_* "$carry"/fuselink-*
 cat >"$carry/run.sh" <<'RUN'
 #!/bin/bash

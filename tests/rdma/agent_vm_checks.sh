@@ -35,6 +35,7 @@ pki=${2:-$(dirname "$0")/pki}
 agent=$build/services/fuselink-agent
 ctl=$build/tools/fuselinkctl/fuselinkctl
 run=/tmp/fuselink-agents
+# shellcheck disable=SC2174  # only $run is meant private; /tmp exists
 mkdir -p -m 0700 "$run" # the handle sockets' directory must be private
 chmod 0700 "$run"
 failed=0

@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "agent/common/status_macros.h"
 #include "agent/topo/affinity.h"
 #include "agent/topo/discovery.h"
 #include "services/handle_socket/socket.h"
@@ -299,11 +300,8 @@ absl::StatusOr<topo::Topology> MakeTopology(bool gpus_on) {
   return topology;
 }
 
-}  // namespace
-
-absl::StatusOr<AgentConfig> ConfigFromFlags() {
-  AgentConfig config;
-  NodeOptions& options = config.node;
+// The node, its topology and its --peer list.
+absl::Status ReadNode(NodeOptions& options) {
   options.node = absl::GetFlag(FLAGS_node);
   if (absl::Status s = memory::ValidateName(options.node); !s.ok()) {
     return absl::InvalidArgumentError("--node: a name of [A-Za-z0-9._/-] is required");
@@ -322,6 +320,11 @@ absl::StatusOr<AgentConfig> ConfigFromFlags() {
     }
     options.peers[kv[0]] = kv[1];
   }
+  return absl::OkStatus();
+}
+
+// The scheduler's depths and the fabric: TCP connections, verbs QPs, GPU paths.
+absl::Status ReadFabric(NodeOptions& options) {
   options.policy = absl::GetFlag(FLAGS_policy);
   options.limits.direct_depth = absl::GetFlag(FLAGS_direct_depth);
   options.limits.borrow_depth = absl::GetFlag(FLAGS_borrow_depth);
@@ -368,6 +371,11 @@ absl::StatusOr<AgentConfig> ConfigFromFlags() {
         "--rdma_max_qps_per_nic must be --qps_per_nic to 4096");
   }
   options.transport = absl::GetFlag(FLAGS_transport);
+  return absl::OkStatus();
+}
+
+// The source engine: chunks, windows, transfers, shares, thread pools.
+absl::Status ReadEngine(NodeOptions& options) {
   options.engine.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.engine.window_chunks = absl::GetFlag(FLAGS_window_chunks);
   options.engine.max_active_transfers = absl::GetFlag(FLAGS_max_transfers);
@@ -408,6 +416,11 @@ absl::StatusOr<AgentConfig> ConfigFromFlags() {
     options.registrations.pending_per_key = per_caller;
     options.registrations.pending_total = registering_all;
   }
+  return absl::OkStatus();
+}
+
+// The drain bound, the target's landing, CUDA imports, the GPU relay.
+absl::Status ReadLandingAndRelay(NodeOptions& options) {
   const uint32_t drain_ms = absl::GetFlag(FLAGS_transfer_drain_timeout_ms);
   if (drain_ms < 1 || drain_ms > 3'600'000) {
     return absl::InvalidArgumentError("--transfer_drain_timeout_ms must be 1 to 3600000");
@@ -452,7 +465,11 @@ absl::StatusOr<AgentConfig> ConfigFromFlags() {
         "--chunk_bytes must be 4 KiB to 64 MiB, --window_chunks and --direct_depth 1 to "
         "1024, --borrow_depth 0 to 1024");
   }
+  return absl::OkStatus();
+}
 
+// Foreign traffic on the NICs.
+absl::Status ReadForeign(NodeOptions& options) {
   options.foreign.busy_bytes_per_s = absl::GetFlag(FLAGS_foreign_busy_bytes_per_s);
   const double header_pct = absl::GetFlag(FLAGS_foreign_overhead_pct);
   const double ack_pct = absl::GetFlag(FLAGS_foreign_ack_overhead_pct);
@@ -469,7 +486,12 @@ absl::StatusOr<AgentConfig> ConfigFromFlags() {
         "--foreign_busy_bytes_per_s must be -1 or more, --foreign_overhead_pct and "
         "--foreign_ack_overhead_pct 0 to 100, --foreign_check_ms 1 to 1000");
   }
+  return absl::OkStatus();
+}
 
+// Access: the policy, forwarding, TLS or --plaintext.
+absl::Status ReadSecurity(AgentConfig& config) {
+  NodeOptions& options = config.node;
   const bool plaintext = absl::GetFlag(FLAGS_plaintext);
   options.open_access = plaintext;
   options.accept_forwarded = absl::GetFlag(FLAGS_accept_forwarded);
@@ -493,7 +515,12 @@ absl::StatusOr<AgentConfig> ConfigFromFlags() {
         "them); --plaintext runs without any authentication");
   }
   if (!plaintext) config.tls = std::move(files);
+  return absl::OkStatus();
+}
 
+// The metrics endpoint, the handle socket, the gRPC server.
+absl::Status ReadEdges(AgentConfig& config) {
+  NodeOptions& options = config.node;
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   config.metrics.auth_queue_depth = absl::GetFlag(FLAGS_metrics_auth_queue_depth);
   if (config.metrics.auth_queue_depth < 1 ||
@@ -520,7 +547,12 @@ absl::StatusOr<AgentConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(
         "--grpc_max_streams_per_connection must be 1 to 1048576");
   }
+  return absl::OkStatus();
+}
 
+// Peer discovery: static, or Kubernetes.
+absl::Status ReadKubernetes(AgentConfig& config) {
+  NodeOptions& options = config.node;
   if (absl::GetFlag(FLAGS_peer_discovery) == "kubernetes") {
     K8sDiscoveryOptions k8s;
     k8s.api_server = absl::GetFlag(FLAGS_k8s_api_server);
@@ -548,6 +580,22 @@ absl::StatusOr<AgentConfig> ConfigFromFlags() {
   } else if (absl::GetFlag(FLAGS_peer_discovery) != "static") {
     return absl::InvalidArgumentError("--peer_discovery must be static or kubernetes");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AgentConfig> ConfigFromFlags() {
+  AgentConfig config;
+  NodeOptions& options = config.node;
+  FL_RETURN_IF_ERROR(ReadNode(options));
+  FL_RETURN_IF_ERROR(ReadFabric(options));
+  FL_RETURN_IF_ERROR(ReadEngine(options));
+  FL_RETURN_IF_ERROR(ReadLandingAndRelay(options));
+  FL_RETURN_IF_ERROR(ReadForeign(options));
+  FL_RETURN_IF_ERROR(ReadSecurity(config));
+  FL_RETURN_IF_ERROR(ReadEdges(config));
+  FL_RETURN_IF_ERROR(ReadKubernetes(config));
   config.ready_file = absl::GetFlag(FLAGS_ready_file);
   return config;
 }

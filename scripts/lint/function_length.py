@@ -124,6 +124,9 @@ SCOPE_RE = re.compile(r"^(template\s*<.*>\s*)?(inline\s+)?(namespace|class|struc
                       r'^extern\s*"', re.S)
 
 
+ACCESS_RE = re.compile(r"^(\s*(public|private|protected)\s*:(?!:))+")
+
+
 def top_level(header):
     """The header with each (...) group reduced to '()'; operators named plainly."""
     h = re.sub(r"\boperator\s*(\(\)|[^\s(]+)", "operator_", header)
@@ -171,20 +174,14 @@ def functions(code):
     """Yields (name, first line, length) for each function in blanked code."""
     i, n = 0, len(code)
     header_start = 0
-    stack = []  # 'scope' for namespace/class bodies
     while i < n:
         c = code[i]
-        if c in ";":
-            header_start = i + 1
-        elif c == "}":
-            if stack:
-                stack.pop()
+        if c in ";}":  # the end of a declaration or of a namespace's or class's body
             header_start = i + 1
         elif c == "{":
-            header = code[header_start:i].strip()
+            header = ACCESS_RE.sub("", code[header_start:i]).strip()
             flat = top_level(header)
-            if SCOPE_RE.match(flat):
-                stack.append("scope")
+            if SCOPE_RE.match(flat):  # its body is scanned for functions like the file
                 header_start = i + 1
             elif "(" in flat and "=" not in flat.split("(")[0] + flat[flat.rfind(")"):].split(
                     ":")[0]:

@@ -68,6 +68,7 @@ knows "$py" || fail "fuselink/reasons.py and the catalogue differ"
   "$here/clients" "$here/tools" || fail "literal reasons (above): use reasons::k..."
 
 # The checks catch drift.
+# shellcheck disable=SC2016  # markdown backticks, not command substitution
 grep -v '^| `UNKNOWN_TENSOR` |' "$doc" >"$run/missing.md"
 ! rows "$run/missing.md" 2>/dev/null || fail "a doc without UNKNOWN_TENSOR passed"
 sed 's/^REASONS = {$/REASONS = {\n    "IMAGINARY": ("INTERNAL", "x"),/' "$py" >"$run/extra.py"

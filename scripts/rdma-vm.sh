@@ -63,7 +63,7 @@ mirror=http://deb.debian.org/debian
 packages=(linux-image-amd64 initramfs-tools rdma-core ibverbs-providers ibverbs-utils
   rdmacm-utils perftest iproute2 kmod libabsl20220623 libibverbs1 libgrpc++1.51
   libgrpc29 libprotobuf32 libre2-9 libc-ares2 libssl3 libprometheus-cpp-core1.0
-  libprometheus-cpp-pull1.0 libcivetweb1 libcurl4)
+  libprometheus-cpp-pull1.0 libcivetweb1 libcurl4 libyaml-0-2)
 initramfs_modules=(virtio_pci virtio_blk ext4 9p 9pnet 9pnet_virtio)
 image_bytes=2G
 

@@ -167,7 +167,7 @@ void Job::OnVerdictReply(const absl::StatusOr<std::optional<absl::Status>>& repl
 
 void Job::OnTimer(JobEffects* fx) {
   const absl::Time t = now();
-  if (DrainOverdue(t)) {
+  if (DrainPending() && target_ && t >= drain_until_) {
     drain_forced_ = true;
     fx->disconnect = target_->peer;  // its writes fail; the job ends as they come back
   }
@@ -280,9 +280,8 @@ uint32_t Job::writes_in_flight() const {
   return (window_ ? window_->in_flight() : 0) + (commit_in_flight_ ? 1 : 0);
 }
 
-bool Job::DrainOverdue(absl::Time t) const {
-  return outcome_ && phase_ != Phase::kDone && !drain_forced_ && target_ &&
-         writes_in_flight() > 0 && t >= drain_until_;
+bool Job::DrainPending() const {
+  return outcome_ && phase_ != Phase::kDone && !drain_forced_ && writes_in_flight() > 0;
 }
 
 absl::Status Job::FromTarget(absl::Status verdict) const {
@@ -491,9 +490,7 @@ void Job::Settle(JobEffects* fx) {
     if (SourceMayStop()) t = std::min({t, transfer_->deadline(), lease_until_});
     if (wait_.active()) t = std::min(t, wait_.next());
   }
-  if (outcome_ && phase_ != Phase::kDone && !drain_forced_ && writes_in_flight() > 0) {
-    t = std::min(t, drain_until_);
-  }
+  if (DrainPending()) t = std::min(t, drain_until_);
   if (listed_ && may_post && in_flight() == 0) {
     // Nothing of its own will complete to wake it: try again on a timer too.
     t = std::min(t, now() + ctx_->options.wait_backstop);

@@ -182,8 +182,9 @@ class Job {
   uint32_t in_flight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   // Of those, the writes on the fabric (not the target's preparing call).
   uint32_t writes_in_flight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
-  // Decided, with writes on the fabric that have not come back by drain_until_.
-  bool DrainOverdue(absl::Time t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
+  // Decided, with writes on the fabric, and no connection closed for them yet: they
+  // have until drain_until_.
+  bool DrainPending() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   absl::Time now() const { return ctx_->clock(); }
 
   const uint32_t serial_;

@@ -9,8 +9,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "agent/common/limits.h"
 #include "agent/fabric/fabric.h"
+#include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
@@ -23,6 +25,27 @@ inline NicSet FirstNics(size_t count) {
   NicSet nics;
   for (size_t i = 0; i < count; ++i) nics.set(i);
   return nics;
+}
+
+// What every transport's options need: a handler, keys, a valid node name, and
+// 1..kMaxWireNics local NICs, nics[i] naming NIC i.
+inline absl::Status CheckFabricBasics(const Handler* handler, const FabricKeys* keys,
+                                      absl::string_view node_name,
+                                      const std::vector<Endpoint>& nics) {
+  if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
+  if (keys == nullptr) return absl::InvalidArgumentError("a fabric needs keys");
+  if (absl::Status name = wire::ValidateNodeName(node_name); !name.ok()) return name;
+  if (nics.empty() || nics.size() > kMaxWireNics) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a fabric needs 1..", kMaxWireNics, " NICs"));
+  }
+  for (size_t i = 0; i < nics.size(); ++i) {
+    if (nics[i].nic != static_cast<int>(i)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("nics[", i, "] names NIC ", nics[i].nic));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Connect's `remote`: one endpoint per local NIC, remote[i] naming NIC i.

@@ -35,19 +35,8 @@ static_assert(kMaxQueueDepthPerNic <= (1 << 20),
 using ConnectionPtr = std::shared_ptr<TcpConnection>;
 
 absl::Status ValidateOptions(const TcpFabricOptions& options, const Handler* handler) {
-  if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
-  if (options.keys == nullptr) return absl::InvalidArgumentError("a fabric needs keys");
-  FL_RETURN_IF_ERROR(wire::ValidateNodeName(options.node_name));
-  if (options.nics.empty() || options.nics.size() > kMaxWireNics) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a fabric needs 1..", kMaxWireNics, " NICs"));
-  }
-  for (size_t i = 0; i < options.nics.size(); ++i) {
-    if (options.nics[i].nic != static_cast<int>(i)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nics[", i, "] names NIC ", options.nics[i].nic));
-    }
-  }
+  FL_RETURN_IF_ERROR(
+      CheckFabricBasics(handler, options.keys, options.node_name, options.nics));
   if (options.connections_per_nic < 1 ||
       options.connections_per_nic > kMaxConnectionsPerNic) {
     return absl::InvalidArgumentError(

@@ -26,19 +26,7 @@ constexpr int kControlConnectTimeoutMs = 10'000;
 }  // namespace
 
 absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler) {
-  if (handler == nullptr) return absl::InvalidArgumentError("a fabric needs a handler");
-  if (o.keys == nullptr) return absl::InvalidArgumentError("a fabric needs keys");
-  FL_RETURN_IF_ERROR(wire::ValidateNodeName(o.node_name));
-  if (o.nics.empty() || o.nics.size() > kMaxWireNics) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a fabric needs 1..", kMaxWireNics, " NICs"));
-  }
-  for (size_t i = 0; i < o.nics.size(); ++i) {
-    if (o.nics[i].nic != static_cast<int>(i)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nics[", i, "] names NIC ", o.nics[i].nic));
-    }
-  }
+  FL_RETURN_IF_ERROR(CheckFabricBasics(handler, o.keys, o.node_name, o.nics));
   auto in = [](uint64_t v, uint64_t lo, uint64_t hi, absl::string_view name) {
     return v >= lo && v <= hi ? absl::OkStatus()
                               : absl::InvalidArgumentError(

@@ -18,9 +18,10 @@
 namespace fuselink::testing {
 namespace {
 
-// 128 MiB in 16 MiB writes, one in flight: a stop lands inside a write's payload
-// far more often than between two.
-const v1::Layout kLayout = MakeLayout(1, 128, 1 << 20);
+// Two layers of 64 MiB, sent layer by layer in 16 MiB writes, one in flight: each test
+// lets layer 0 land and then stops an agent, so the stop comes mid-transfer however
+// fast the machine is (a stop inside a write's payload is TcpFabricBoundsTest's).
+const v1::Layout kLayout = MakeLayout(2, 64, 1 << 20);
 constexpr int kBoundMs = 1000;
 constexpr int kIdleMs = 3000;
 const std::vector<std::string> kFlags = {
@@ -63,22 +64,47 @@ class StallTest : public TwoNodeTest {
     target_ = *std::move(target);
   }
   v1::TransferRequest Request(const std::string& id) {
-    return MakeRequest(id, "big", AllBlocks(), "big", AllBlocks());
+    v1::TransferRequest request = MakeRequest(id, "big", AllBlocks(), "big", AllBlocks());
+    request.set_layer_by_layer(true);
+    return request;
+  }
+  // Tells node-a that layers [0, ready_end) of transfer `id` exist.
+  grpc::Status LayersReady(const std::string& id, uint32_t ready_end) {
+    v1::LayersReadyRequest request;
+    request.set_request_id(id);
+    request.set_ready_end(ready_end);
+    v1::TransferStatus status;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kWaitTimeout));
+    return a_->stub().LayersReady(&context, request, &status);
+  }
+  // Lets layer 0 of `call` (transfer `id`) land and be told done: the transfer is then
+  // half-way, with nothing on the wire, until layer 1 is said to be ready.
+  void MoveFirstLayer(TransferCall& call, const std::string& id) {
+    ASSERT_TRUE(call.WaitForEvent([](const v1::TransferEvent& e) {
+      return e.has_accepted();
+    })) << "not accepted";
+    grpc::Status ready = LayersReady(id, 1);
+    ASSERT_TRUE(ready.ok()) << ready.error_message();
+    ASSERT_TRUE(call.WaitForEvent([](const v1::TransferEvent& e) {
+      return e.has_layer_done() && e.layer_done().layer() == 0;
+    })) << "layer 0 did not land";
   }
 
   HostTensor source_;
   HostTensor target_;
 };
 
-// The source stops: the target's incoming transfer ends with a failure and a reason,
-// and its tensor can be unregistered (the landing let go of it).
+// The source stops between two layers: the target's incoming transfer ends with a
+// failure and a reason once idle, and its tensor can be unregistered (the landing let
+// go of it).
 TEST_F(StallTest, SourceStoppedMidTransferLetsTheTargetGo) {
   ASSERT_NO_FATAL_FAILURE(StartNodes(kFlags, kFlags));
   ASSERT_NO_FATAL_FAILURE(RegisterPair());
   WatchCall watch(b_->stub(), "big");
   ASSERT_TRUE(watch.established());
   TransferCall call(a_->stub(), Request("stopped-source"));
-  ASSERT_TRUE(call.WaitUntilMoving());
+  ASSERT_NO_FATAL_FAILURE(MoveFirstLayer(call, "stopped-source"));
   a_->Pause();
   const absl::Time stopped = absl::Now();
 
@@ -99,14 +125,16 @@ TEST_F(StallTest, SourceStoppedMidTransferLetsTheTargetGo) {
   call.Finish();
 }
 
-// The target stops: the source's stream ends with a failure and a reason.
+// The target stops between two layers, and the source then sends the second: the
+// source's stream ends with a failure and a reason.
 TEST_F(StallTest, TargetStoppedMidTransferEndsTheSourcesStream) {
   ASSERT_NO_FATAL_FAILURE(StartNodes(kFlags, kFlags));
   ASSERT_NO_FATAL_FAILURE(RegisterPair());
   TransferCall call(a_->stub(), Request("stopped-target"), kGiveUp + absl::Seconds(30));
-  ASSERT_TRUE(call.WaitUntilMoving());
+  ASSERT_NO_FATAL_FAILURE(MoveFirstLayer(call, "stopped-target"));
   b_->Pause();
   const absl::Time stopped = absl::Now();
+  ASSERT_TRUE(LayersReady("stopped-target", 2).ok());
 
   TransferResult result = call.Finish();
   const double stop_to_end_ms = absl::ToDoubleMilliseconds(result.ended - stopped);
@@ -149,8 +177,9 @@ TEST_F(StallTest, TargetStoppedTransferEndsOneDrainBoundAfterItsDeadline) {
   *request.mutable_deadline() = google::protobuf::util::TimeUtil::NanosecondsToTimestamp(
       absl::ToUnixNanos(deadline));
   TransferCall call(a_->stub(), request, kGiveUp);
-  ASSERT_TRUE(call.WaitUntilMoving());
+  ASSERT_NO_FATAL_FAILURE(MoveFirstLayer(call, "drained"));
   b_->Pause();
+  ASSERT_TRUE(LayersReady("drained", 2).ok());
 
   TransferResult result = call.Finish();
   const double deadline_to_end_ms = absl::ToDoubleMilliseconds(result.ended - deadline);
@@ -172,7 +201,10 @@ TEST_F(StallTest, TargetStoppedTransferEndsOneDrainBoundAfterItsDeadline) {
   b_->Resume();
   absl::StatusOr<HostTensor> again = RegisterTensor(*a_, "big", kLayout, 13);
   ASSERT_TRUE(again.ok()) << again.status();
-  TransferResult next = TransferCall(a_->stub(), Request("after-drain")).Finish();
+  TransferResult next =
+      TransferCall(a_->stub(),
+                   MakeRequest("after-drain", "big", AllBlocks(), "big", AllBlocks()))
+          .Finish();
   EXPECT_TRUE(next.status.ok()) << next.status.error_message();
 }
 

@@ -32,6 +32,8 @@ enum class ThreadRole : uint8_t {
   kAny,     // may block
   kFabric,  // a fabric's poller or connection thread: never blocks on a peer or a lock
             // held across a call
+  kHousekeeping,  // a Housekeeper that never blocks (housekeeper.h): one slow task
+                  // delays every other
 };
 // The calling thread's role from now on.
 void SetThreadRole(ThreadRole role);
@@ -60,7 +62,7 @@ ThreadRole CurrentThreadRole();
 #endif
 
 // Code that may block (a peer call, a join, a wait on a condition another thread
-// satisfies) is never run on a fabric thread.
-#define FL_MAY_BLOCK()                                                          \
-  FL_DCHECK(::fuselink::CurrentThreadRole() != ::fuselink::ThreadRole::kFabric, \
-            "code that may block runs on a fabric thread")
+// satisfies) is never run on a fabric or a never-blocking housekeeping thread.
+#define FL_MAY_BLOCK()                                                       \
+  FL_DCHECK(::fuselink::CurrentThreadRole() == ::fuselink::ThreadRole::kAny, \
+            "code that may block runs on a thread that must not block")

@@ -116,36 +116,37 @@ absl::Status Node::Start() {
     watched.push_back({nic.name(), nic.address(), nic.rate_bytes_per_s()});
   }
   foreign_ = nicstat::ForeignWatch::Create(watched, foreign);
-  if (foreign_->any_watched()) {
-    foreign_watcher_ = std::thread([this] { WatchForeignTraffic(); });
-  }
-  expirer_ = std::thread([this] {
-    while (!stop_.load()) {
-      absl::SleepFor(absl::Milliseconds(200));
-      landing_->Expire(absl::Now());
-      ReapExitedOwners();
-      if (gpu_relay_ != nullptr) {
-        gpu_relay_->Maintain(absl::Now());
-        engine_->Kick();  // a relay that has memory again lends again
-      }
-    }
-  });
-  repairer_ = std::thread([this] {
-    // Re-open failed NICs this often: a rail back from an outage carries chunks again.
-    constexpr absl::Duration kRepairEvery = absl::Seconds(5);
-    for (absl::Time next = absl::Now() + kRepairEvery; !stop_.load();) {
-      absl::SleepFor(absl::Milliseconds(100));
-      if (absl::Now() < next) continue;
-      peers_->RepairSessions();
-      next = absl::Now() + kRepairEvery;
-    }
-  });
+  StartHousekeeping();
   return absl::OkStatus();
 }
 
+void Node::StartHousekeeping() {
+  // Expires slots, reaps exited lenders, maintains the GPU relay.
+  housekeeping_.Add("expire", kExpireEvery, [this] {
+    landing_->Expire(absl::Now());
+    ReapExitedOwners();
+    if (gpu_relay_ != nullptr) {
+      gpu_relay_->Maintain(absl::Now());
+      engine_->Kick();  // a relay that has memory again lends again
+    }
+    return kExpireEvery;
+  });
+  if (foreign_->any_watched()) {
+    housekeeping_.Add("foreign traffic", absl::ZeroDuration(),
+                      [this] { return WatchForeignTraffic(); });
+  }
+  // Re-opens failed NICs this often: a rail back from an outage carries chunks again.
+  repairs_.Add("repair sessions", kRepairEvery, [this] {
+    peers_->RepairSessions();
+    return kRepairEvery;
+  });
+  housekeeping_.Start();
+  repairs_.Start();
+}
+
 void Node::StopTransfers() {
-  // First: the watch calls into the landing, the notifier and the engine.
-  StopForeignWatch();
+  // First: the housekeeping calls into the landing, the notifier and the engine.
+  housekeeping_.Stop();
   if (fabric_) fabric_->CancelConnects();  // ends the connects the threads below wait on
   if (peers_) peers_->Shutdown();    // cancels peer calls the engine's threads wait on
   if (engine_) engine_->Shutdown();  // joins its threads: nothing posts after this
@@ -158,8 +159,7 @@ Node::~Node() {
   incoming_prepares_.Stop(/*run_queued=*/true);
   registrations_.Stop(/*run_queued=*/true);
   stop_.store(true);
-  if (expirer_.joinable()) expirer_.join();
-  if (repairer_.joinable()) repairer_.join();
+  repairs_.Stop();
   // Null when Start failed before making it (a bad flag, a NIC that will not open).
   if (notifier_) notifier_->Stop();  // posts nothing more; late verdicts are dropped
   fabric_.reset();                   // flushes every write in flight into the engine
@@ -283,7 +283,7 @@ void Node::TellIdleNics(uint32_t idle_mask) {
   }
 }
 
-void Node::WatchForeignTraffic() {
+absl::Duration Node::WatchForeignTraffic() {
   // Our bytes on each NIC: what the fabric put on and took off the wire, refused
   // writes included (the kernel counted those too). And bounds on our bytes the
   // kernel may have counted and the fabric not yet. Sending: the chunks in flight
@@ -304,32 +304,19 @@ void Node::WatchForeignTraffic() {
                                  .rx_slack = rx_slack_bytes};
     }
   };
-  uint32_t told_tx = 0;
   // A node moving nothing lends nothing: its NICs' states matter again only when a
   // transfer starts, so it looks this many times less often meanwhile (the rate
   // window and the hold still see every look).
   constexpr int kIdleSlowdown = 10;
-  while (true) {
-    const bool moving = landing_->active() > 0 || engine_->active() > 0;
-    foreign_->Sample(nicstat::SteadyNow(), read_own);
-    const uint32_t tx = foreign_->busy_mask(nicstat::kTx);
-    scheduler_->SetForeignBusy(tx);
-    landing_->SetForeignBusy(foreign_->busy_mask(nicstat::kRx));
-    // A NIC free again: chunks waiting for a completion may take it now.
-    if ((told_tx & ~tx) != 0) engine_->Kick();
-    told_tx = tx;
-    // Woken at once by StopForeignWatch, however long the pause.
-    if (foreign_stop_.WaitForNotificationWithTimeout(
-            moving ? options_.foreign_check : options_.foreign_check * kIdleSlowdown)) {
-      return;
-    }
-  }
-}
-
-void Node::StopForeignWatch() {
-  if (!foreign_watcher_.joinable()) return;
-  foreign_stop_.Notify();
-  foreign_watcher_.join();
+  const bool moving = landing_->active() > 0 || engine_->active() > 0;
+  foreign_->Sample(nicstat::SteadyNow(), read_own);
+  const uint32_t tx = foreign_->busy_mask(nicstat::kTx);
+  scheduler_->SetForeignBusy(tx);
+  landing_->SetForeignBusy(foreign_->busy_mask(nicstat::kRx));
+  // A NIC free again: chunks waiting for a completion may take it now.
+  if ((foreign_busy_told_ & ~tx) != 0) engine_->Kick();
+  foreign_busy_told_ = tx;
+  return moving ? options_.foreign_check : options_.foreign_check * kIdleSlowdown;
 }
 
 void Node::OnPeerLost(fabric::PeerId peer, absl::string_view name,

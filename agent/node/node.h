@@ -6,9 +6,8 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 
-#include "absl/synchronization/notification.h"
+#include "agent/common/housekeeper.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/in_node/fabric.h"
@@ -177,13 +176,13 @@ class Node final : public fabric::Handler {
   void ReapExitedOwners();
   // Tells the sources of incoming transfers which NICs are idle here.
   void TellIdleNics(uint32_t idle_mask);
-  // Every foreign_check until stop_: the kernel's counters against ours; NICs with
-  // foreign traffic going out lend nothing here (the scheduler), those with foreign
-  // traffic coming in are not advertised idle to sources (the landing).
-  void WatchForeignTraffic();
-  // Ends WatchForeignTraffic and joins its thread; a second call does nothing. From
-  // the thread that stops the node.
-  void StopForeignWatch();
+  // Adds the periodic tasks below to housekeeping_ and repairs_ and starts both.
+  void StartHousekeeping();
+  // A housekeeping task, every foreign_check while something moves: the kernel's
+  // counters against ours; NICs with foreign traffic going out lend nothing here (the
+  // scheduler), those with foreign traffic coming in are not advertised idle to
+  // sources (the landing). Returns when to look again.
+  absl::Duration WatchForeignTraffic();
 
   const NodeOptions options_;
   transfer::EngineObserver* const observer_;
@@ -212,13 +211,16 @@ class Node final : public fabric::Handler {
   fabric::InNodeFabric* in_node_ = nullptr;  // fabric_
   std::unique_ptr<nicstat::ForeignWatch> foreign_;
   std::atomic<bool> stop_{false};
-  // Expires slots, reaps exited lenders, maintains the GPU relay: never blocks.
-  std::thread expirer_;
-  // Re-opens failed NICs of peer sessions: its connects may take seconds.
-  std::thread repairer_;
-  // WatchForeignTraffic; only where some NIC is watched. foreign_stop_ ends it.
-  std::thread foreign_watcher_;
-  absl::Notification foreign_stop_;
+  static constexpr absl::Duration kExpireEvery = absl::Milliseconds(200);
+  static constexpr absl::Duration kRepairEvery = absl::Seconds(5);
+  // The node's periodic work that never blocks: expiring slots, reaping exited
+  // lenders, maintaining the GPU relay, and (where some NIC is watched)
+  // WatchForeignTraffic. Stopped first by StopTransfers: its tasks call into the
+  // landing, the notifier and the engine.
+  Housekeeper housekeeping_{"node", /*never_blocks=*/true};
+  uint32_t foreign_busy_told_ = 0;  // WatchForeignTraffic's; housekeeping_ only
+  // Re-opens failed NICs of peer sessions, apart: its connects may take seconds.
+  Housekeeper repairs_{"peer repairs", /*never_blocks=*/false};
   // Stopped (running what they queued) by ~Node once the transfers stopped, while the
   // landing and the registry they call into are still there.
   transfer::KeyedPool incoming_prepares_;

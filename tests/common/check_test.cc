@@ -59,7 +59,7 @@ TEST_F(CheckTest, CodeThatMayBlockIsCaughtOnAFabricThread) {
         SetThreadRole(ThreadRole::kFabric);
         FL_MAY_BLOCK();
       },
-      "code that may block runs on a fabric thread");
+      "code that may block runs on a thread that must not block");
 #endif
 }
 

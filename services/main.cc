@@ -60,6 +60,34 @@ std::function<void(const fuselink::services::PeerSet&)> FollowDiscovery(
   };
 }
 
+// What each service calls into, from the node that owns it.
+fuselink::services::AgentServiceParts AgentParts(fuselink::services::Node& node) {
+  return {.node = node.name(),
+          .topology = &node.topology(),
+          .guard = &node.guard(),
+          .registry = &node.registry(),
+          .fd_tokens = &node.fd_tokens(),
+          .ipc_imports = &node.ipc_imports(),
+          .gpu = node.gpu(),
+          .gpu_status = node.gpu_status(),
+          .engine = &node.engine(),
+          .peers = &node.peers(),
+          .watch_hub = &node.watch_hub(),
+          .registrations = &node.registrations()};
+}
+
+fuselink::services::PeerServiceParts PeerParts(fuselink::services::Node& node) {
+  return {.node = node.name(),
+          .topology = &node.topology(),
+          .guard = &node.guard(),
+          .fabric_keys = &node.fabric_keys(),
+          .peers = &node.peers(),
+          .landing = &node.landing(),
+          .engine = &node.engine(),
+          .incoming_prepares = &node.incoming_prepares(),
+          .accepts_forwarded = node.accepts_forwarded()};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -112,8 +140,8 @@ int main(int argc, char** argv) {
                                      &(*node)->handle_socket_counters());
   if (!handles.ok()) return Fail(handles.status());
 
-  services::AgentService agent_service(node->get());
-  services::PeerService peer_service(node->get());
+  services::AgentService agent_service(AgentParts(**node));
+  services::PeerService peer_service(PeerParts(**node));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

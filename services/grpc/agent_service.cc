@@ -106,7 +106,7 @@ absl::Status HandleRefused(const absl::Status& status) {
 
 }  // namespace
 
-AgentService::AgentService(Node* node) : node_(node) {
+AgentService::AgentService(AgentServiceParts parts) : parts_(std::move(parts)) {
   Check("RegisterTensor", &AgentService::RegisterTensor);
   Check("UnregisterTensor", &AgentService::UnregisterTensor);
   Check("GetTensor", &AgentService::GetTensor);
@@ -123,7 +123,7 @@ AgentService::AgentService(Node* node) : node_(node) {
 absl::StatusOr<security::Caller> AgentService::Authorize(
     grpc::CallbackServerContext* context, security::Roles any_of,
     absl::string_view action) {
-  security::Guard& guard = node_->guard();
+  security::Guard& guard = *parts_.guard;
   FL_ASSIGN_OR_RETURN(security::Caller caller,
                       guard.Identify(context->auth_context().get()));
   FL_RETURN_IF_ERROR(guard.Require(caller, any_of, action));
@@ -150,11 +150,11 @@ grpc::ServerUnaryReactor* AgentService::RegisterTensor(
   // Mapping, populating and registering memory blocks: on the caller's own lane of
   // the node's pool.
   return AnswerOffThread(
-      context, node_->registrations(), RegistrationLane(*context, *caller),
+      context, *parts_.registrations, RegistrationLane(*context, *caller),
       [this, request, response, caller = *std::move(caller)]() -> absl::Status {
         absl::StatusOr<memory::TensorInfo> info = Register(*request, caller);
         if (!info.ok()) return info.status();
-        ToProto(*info, node_->name(), response);
+        ToProto(*info, parts_.node, response);
         return absl::OkStatus();
       });
 }
@@ -255,7 +255,7 @@ absl::StatusOr<memory::RegionMemory> AgentService::Import(const v1::TensorMemory
   switch (memory.kind_case()) {
     case v1::TensorMemory::kHost: {
       const v1::HostMemory& host = memory.host();
-      FL_ASSIGN_OR_RETURN(memory::LentFd lent, node_->fd_tokens().Take(host.fd_token()));
+      FL_ASSIGN_OR_RETURN(memory::LentFd lent, parts_.fd_tokens->Take(host.fd_token()));
       if (!lender->known) *lender = lent.lender;
       // Two mappings of one file are the same memory: known by its device and inode.
       struct stat file;
@@ -277,7 +277,7 @@ absl::StatusOr<memory::RegionMemory> AgentService::Import(const v1::TensorMemory
       std::memcpy(handle.data(), ipc.handle().data(), handle.size());
       const int gpu = static_cast<int>(ipc.gpu());
       absl::StatusOr<std::shared_ptr<const gpu::IpcImport>> import =
-          node_->ipc_imports().Open(gpu, node_->gpu()->context(gpu), handle, owner);
+          parts_.ipc_imports->Open(gpu, parts_.gpu->context(gpu), handle, owner);
       if (!import.ok()) return HandleRefused(import.status());
       const std::shared_ptr<const gpu::IpcImport>& held = *import;
       FL_RETURN_IF_ERROR(gpu::CheckSubrange(held->allocation_bytes(), ipc.offset_bytes(),
@@ -290,10 +290,10 @@ absl::StatusOr<memory::RegionMemory> AgentService::Import(const v1::TensorMemory
     }
     case v1::TensorMemory::kVmm: {
       const v1::VmmMemory& vmm = memory.vmm();
-      FL_ASSIGN_OR_RETURN(memory::LentFd lent, node_->fd_tokens().Take(vmm.fd_token()));
+      FL_ASSIGN_OR_RETURN(memory::LentFd lent, parts_.fd_tokens->Take(vmm.fd_token()));
       if (!lender->known) *lender = lent.lender;
       const UniqueFd fd = std::move(lent.fd);
-      const gpu::PrimaryContext& ctx = node_->gpu()->context(static_cast<int>(vmm.gpu()));
+      const gpu::PrimaryContext& ctx = parts_.gpu->context(static_cast<int>(vmm.gpu()));
       uint64_t allocation = vmm.allocation_bytes();
       if (allocation == 0) {
         FL_ASSIGN_OR_RETURN(size_t granule, gpu::VmmGranule(ctx));
@@ -323,12 +323,12 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
   FL_ASSIGN_OR_RETURN(std::vector<const v1::TensorMemory*> regions, RegionsOf(request));
   const v1::TensorMemory& first = *regions.front();
   if (absl::Status lender = CheckIpcLender(request, first); !lender.ok()) {
-    node_->ipc_imports().CountNoOwnerToken();
+    parts_.ipc_imports->CountNoOwnerToken();
     return lender;
   }
   const bool on_gpu = first.kind_case() != v1::TensorMemory::kHost;
   const uint32_t gpu = GpuOf(first, request.home_gpu());
-  if (gpu >= static_cast<uint32_t>(node_->topology().gpus_size())) {
+  if (gpu >= static_cast<uint32_t>(parts_.topology->gpus_size())) {
     return WithReason(
         absl::InvalidArgumentError(absl::StrCat(on_gpu ? "gpu " : "home_gpu ", gpu,
                                                 " does not exist on this node")),
@@ -348,11 +348,11 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
   std::vector<uint64_t> sizes;
   for (const v1::TensorMemory* m : regions) sizes.push_back(SizeOf(*m));
   FL_ASSIGN_OR_RETURN(layout, memory::NormalizeLayout(std::move(layout), sizes));
-  const gpu::Runtime* runtime = node_->gpu();
+  const gpu::Runtime* runtime = parts_.gpu;
   if (on_gpu && (runtime == nullptr || !runtime->has(static_cast<int>(gpu)))) {
     return WithReason(absl::FailedPreconditionError(absl::StrCat(
                           "GPU ", gpu, " is not a CUDA device of this agent (",
-                          node_->gpu_status(), ")")),
+                          parts_.gpu_status, ")")),
                       reasons::kNoGpu);
   }
   // The lender is who passed the memory's descriptor, else who passed the owner's
@@ -361,7 +361,7 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
   memory::Lender owner_lender;
   if (request.owner_fd_token() != 0) {
     FL_ASSIGN_OR_RETURN(memory::LentFd lent,
-                        node_->fd_tokens().Take(request.owner_fd_token()));
+                        parts_.fd_tokens->Take(request.owner_fd_token()));
     owner = std::move(lent.fd);
     owner_lender = lent.lender;
   }
@@ -384,9 +384,8 @@ absl::StatusOr<memory::TensorInfo> AgentService::Register(
   want.memory_kind = first.kind_case() == v1::TensorMemory::kHost      ? "host"
                      : first.kind_case() == v1::TensorMemory::kCudaIpc ? "cuda_ipc"
                                                                        : "vmm";
-  return node_->registry().Register(std::move(want), std::move(imported),
-                                    on_gpu ? static_cast<int>(gpu) : -1,
-                                    std::move(owner));
+  return parts_.registry->Register(std::move(want), std::move(imported),
+                                   on_gpu ? static_cast<int>(gpu) : -1, std::move(owner));
 }
 
 grpc::ServerUnaryReactor* AgentService::UnregisterTensor(
@@ -398,11 +397,11 @@ grpc::ServerUnaryReactor* AgentService::UnregisterTensor(
   // Letting go of the last hold of a tensor unmaps and deregisters its memory (an MR
   // per NIC, a CUDA import): on the same lanes as registering, off gRPC's threads.
   return AnswerOffThread(
-      context, node_->registrations(), RegistrationLane(*context, *caller),
+      context, *parts_.registrations, RegistrationLane(*context, *caller),
       [this, request, caller = *std::move(caller)]() -> absl::Status {
-        return node_->registry().Unregister(
+        return parts_.registry->Unregister(
             request->name(), [&](const memory::TensorInfo& info) {
-              return node_->guard().RequireOwner(caller, info.owner, info.name);
+              return parts_.guard->RequireOwner(caller, info.owner, info.name);
             });
       });
 }
@@ -413,15 +412,15 @@ grpc::ServerUnaryReactor* AgentService::GetTensor(grpc::CallbackServerContext* c
   absl::StatusOr<security::Caller> caller =
       Authorize(context, kSeeAll | Bit(Role::kEngine), "read tensors");
   if (!caller.ok()) return Answer(context, caller.status());
-  absl::StatusOr<memory::TensorInfo> info = node_->registry().Get(request->name());
+  absl::StatusOr<memory::TensorInfo> info = parts_.registry->Get(request->name());
   // An engine sees its own tensors only.
   if (info.ok() && !caller->Has(kSeeAll)) {
-    if (absl::Status s = node_->guard().RequireOwner(*caller, info->owner, info->name);
+    if (absl::Status s = parts_.guard->RequireOwner(*caller, info->owner, info->name);
         !s.ok()) {
       return Answer(context, s);
     }
   }
-  if (info.ok()) ToProto(*info, node_->name(), response);
+  if (info.ok()) ToProto(*info, parts_.node, response);
   return Answer(context, info.status());
 }
 
@@ -441,9 +440,9 @@ grpc::ServerUnaryReactor* AgentService::ListTensors(grpc::CallbackServerContext*
   if (!caller->Has(kSeeAll)) owner = caller->identity;
   bool more = false;
   const std::vector<std::shared_ptr<const memory::TensorInfo>> tensors =
-      node_->registry().List(request->page_token(), page, &more, owner);
+      parts_.registry->List(request->page_token(), page, &more, owner);
   for (const auto& info : tensors) {
-    ToProto(*info, node_->name(), response->add_tensors());
+    ToProto(*info, parts_.node, response->add_tensors());
   }
   if (more && !tensors.empty()) response->set_next_page_token(tensors.back()->name);
   return Answer(context, absl::OkStatus());
@@ -454,17 +453,17 @@ grpc::ServerWriteReactor<v1::TransferEvent>* AgentService::TransferKVCache(
   absl::StatusOr<security::Caller> caller =
       Authorize(context, Bit(Role::kRouter), "move tensors");
   const std::string& source = request->source().node();
-  if (source != node_->name() && node_->peers().Knows(source)) {
+  if (source != parts_.node && parts_.peers->Knows(source)) {
     // The source is another node's (the target's agent asked, say): that agent moves
     // it, asked as this caller, and its events come back through here.
     absl::StatusOr<std::string> requester =
         caller.ok() ? absl::StatusOr<std::string>(caller->identity) : caller.status();
-    return new ForwardStream(node_->peers(), context, *request, node_->name(),
+    return new ForwardStream(*parts_.peers, context, *request, parts_.node,
                              std::move(requester));
   }
   absl::StatusOr<transfer::Requester> requester =
-      caller.ok() ? RequesterOf(&node_->guard(), *caller) : caller.status();
-  return new TransferStream(node_->engine(), context, *request, std::move(requester));
+      caller.ok() ? RequesterOf(parts_.guard, *caller) : caller.status();
+  return new TransferStream(*parts_.engine, context, *request, std::move(requester));
 }
 
 grpc::ServerUnaryReactor* AgentService::Control(grpc::CallbackServerContext* context,
@@ -473,15 +472,15 @@ grpc::ServerUnaryReactor* AgentService::Control(grpc::CallbackServerContext* con
   absl::StatusOr<security::Caller> caller =
       Authorize(context, Bit(Role::kRouter), ActionOf(call));
   if (!caller.ok()) return Answer(context, caller.status());
-  const std::string& source = SourceOf(call, node_->name());
-  if (source == node_->name()) {
-    return Answer(context, RunControl(node_->engine(), call, *caller, response));
+  const std::string& source = SourceOf(call, parts_.node);
+  if (source == parts_.node) {
+    return Answer(context, RunControl(*parts_.engine, call, *caller, response));
   }
   // Another node's transfer: its agent answers, asked as this caller.
-  call.set_from_node(node_->name());
+  call.set_from_node(parts_.node);
   call.set_requester(caller->identity);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  node_->peers().ForwardControl(
+  parts_.peers->ForwardControl(
       source, call, CallDeadline(context), response,
       [reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); });
   return reactor;
@@ -520,15 +519,15 @@ grpc::ServerWriteReactor<v1::WatchEvent>* AgentService::WatchTransfers(
   // An engine watches its own tensors only, one at a time.
   if (caller.ok() && !caller->Has(Bit(Role::kRouter) | Bit(Role::kViewer))) {
     if (request->tensor().empty()) {
-      allowed = node_->guard().Require(*caller, Bit(Role::kRouter) | Bit(Role::kViewer),
-                                       "watch every tensor");
+      allowed = parts_.guard->Require(*caller, Bit(Role::kRouter) | Bit(Role::kViewer),
+                                      "watch every tensor");
     } else {
-      absl::StatusOr<memory::TensorInfo> info = node_->registry().Get(request->tensor());
-      allowed = info.ok() ? node_->guard().RequireOwner(*caller, info->owner, info->name)
+      absl::StatusOr<memory::TensorInfo> info = parts_.registry->Get(request->tensor());
+      allowed = info.ok() ? parts_.guard->RequireOwner(*caller, info->owner, info->name)
                           : info.status();
     }
   }
-  return new WatchStream(context, node_->watch_hub(),
+  return new WatchStream(context, *parts_.watch_hub,
                          caller.ok() ? caller->identity : std::string(),
                          request->tensor(), request->outgoing(), allowed);
 }
@@ -539,7 +538,7 @@ grpc::ServerUnaryReactor* AgentService::GetTopology(grpc::CallbackServerContext*
   absl::StatusOr<security::Caller> caller =
       Authorize(context, kSeeAll | Bit(Role::kEngine), "read the topology");
   if (!caller.ok()) return Answer(context, caller.status());
-  *response = node_->topology();
+  *response = *parts_.topology;
   return Answer(context, absl::OkStatus());
 }
 

@@ -8,7 +8,17 @@
 // UTF-8 is INVALID_ARGUMENT (BAD_UTF8), bytes that are no message MALFORMED_REQUEST.
 #pragma once
 
-#include "agent/node/node.h"
+#include <string>
+
+#include "agent/gpu/runtime.h"
+#include "agent/memory/fd_tokens.h"
+#include "agent/memory/registry.h"
+#include "agent/node/ipc_imports.h"
+#include "agent/node/watch_hub.h"
+#include "agent/peer/peer_directory.h"
+#include "agent/security/guard.h"
+#include "agent/transfer/engine.h"
+#include "agent/transfer/worker_pool.h"
 #include "fuselink/v1/agent.grpc.pb.h"
 #include "fuselink/v1/peer.pb.h"
 #include "services/grpc/checked_request.h"
@@ -19,9 +29,26 @@ namespace fuselink::services {
 // is in place (a refused watch sends none).
 inline constexpr absl::string_view kWatchReadyKey = "fuselink-watch-ready";
 
+// The parts of the node the Agent service calls into, and no others; each outlives
+// the service (the composition root, services/main.cc, fills this from its Node).
+struct AgentServiceParts {
+  std::string node;                        // this node's name
+  const v1::Topology* topology = nullptr;  // GetTopology's answer
+  security::Guard* guard = nullptr;        // who may do what
+  memory::Registry* registry = nullptr;    // the tensors
+  memory::FdTokens* fd_tokens = nullptr;   // descriptors lent over the handle socket
+  IpcImports* ipc_imports = nullptr;       // CUDA IPC handles opened here
+  const gpu::Runtime* gpu = nullptr;       // null without GPUs; then gpu_status says why
+  std::string gpu_status;
+  transfer::Engine* engine = nullptr;            // this node's transfers as a source
+  peer::PeerDirectory* peers = nullptr;          // other nodes' agents (forwarded calls)
+  WatchHub* watch_hub = nullptr;                 // WatchTransfers
+  transfer::KeyedPool* registrations = nullptr;  // RegisterTensor's blocking work
+};
+
 class AgentService final : public CheckedService<v1::Agent> {
  public:
-  explicit AgentService(Node* node);
+  explicit AgentService(AgentServiceParts parts);
 
   grpc::ServerUnaryReactor* RegisterTensor(grpc::CallbackServerContext* context,
                                            const v1::RegisterTensorRequest* request,
@@ -75,7 +102,7 @@ class AgentService final : public CheckedService<v1::Agent> {
   absl::StatusOr<memory::TensorInfo> Register(const v1::RegisterTensorRequest& request,
                                               const security::Caller& caller);
 
-  Node* const node_;
+  const AgentServiceParts parts_;
 };
 
 }  // namespace fuselink::services

@@ -30,7 +30,7 @@ absl::Status ForwardingOff(absl::string_view node) {
 
 absl::StatusOr<security::Caller> PeerService::Authorize(
     grpc::CallbackServerContext* context, absl::string_view claimed_node) {
-  security::Guard& guard = node_->guard();
+  security::Guard& guard = *parts_.guard;
   FL_ASSIGN_OR_RETURN(security::Caller caller,
                       guard.Identify(context->auth_context().get()));
   FL_RETURN_IF_ERROR(guard.Require(caller, security::Bit(security::Role::kPeer),
@@ -56,11 +56,11 @@ grpc::ServerUnaryReactor* PeerService::Hello(grpc::CallbackServerContext* contex
   absl::StatusOr<fabric::SessionKey> theirs = peer::ParseFabricKey(request->fabric_key());
   if (!theirs.ok()) return Answer(context, theirs.status());
   const std::string& caller_node = request->topology().node();
-  node_->fabric_keys().SetConnectKey(caller_node, *theirs);
-  node_->peers().Remember(request->topology());
+  parts_.fabric_keys->SetConnectKey(caller_node, *theirs);
+  parts_.peers->Remember(request->topology());
   response->set_version(peer::kPeerProtocolVersion);
-  *response->mutable_topology() = node_->topology();
-  const fabric::SessionKey ours = node_->fabric_keys().AcceptKey(caller_node);
+  *response->mutable_topology() = *parts_.topology;
+  const fabric::SessionKey ours = parts_.fabric_keys->AcceptKey(caller_node);
   response->set_fabric_key(ours.data(), ours.size());
   return Answer(context, absl::OkStatus());
 }
@@ -76,13 +76,13 @@ grpc::ServerUnaryReactor* PeerService::PrepareIncoming(
   // The landing's Prepare blocks (registrations, shadow memory, the fabric's
   // handshake with the caller): on the source's own lane of the node's pool.
   return AnswerOffThread(
-      context, node_->incoming_prepares(), request->source_node(),
-      [node = node_, request, response]() -> absl::Status {
+      context, *parts_.incoming_prepares, request->source_node(),
+      [this, request, response]() -> absl::Status {
         // The source relays who asked it; the target tensor's grants decide.
-        security::Guard& guard = node->guard();
+        security::Guard& guard = *parts_.guard;
         const security::Caller requester = guard.CallerOf(request->requester());
         absl::StatusOr<v1::PrepareIncomingResponse> prepared =
-            node->landing().Prepare(*request, [&](const memory::TensorInfo& tensor) {
+            parts_.landing->Prepare(*request, [&](const memory::TensorInfo& tensor) {
               return guard.RequireGrant(requester, tensor.owner, tensor.writers, "into",
                                         tensor.name);
             });
@@ -98,15 +98,15 @@ grpc::ServerWriteReactor<v1::TransferEvent>* PeerService::ForwardTransfer(
   if (absl::StatusOr<security::Caller> peer = Authorize(context, request->from_node());
       !peer.ok()) {
     requester = peer.status();
-  } else if (!node_->accepts_forwarded()) {
-    requester = ForwardingOff(node_->name());
+  } else if (!parts_.accepts_forwarded) {
+    requester = ForwardingOff(parts_.node);
   } else {
     // The forwarding agent authenticated its caller; the caller's rights are checked
     // here, by the same rules as a TransferKVCache sent to this agent.
-    security::Guard& guard = node_->guard();
+    security::Guard& guard = *parts_.guard;
     requester = RequesterOf(&guard, guard.CallerOf(request->requester()));
   }
-  return new TransferStream(node_->engine(), context, request->request(),
+  return new TransferStream(*parts_.engine, context, request->request(),
                             std::move(requester));
 }
 
@@ -117,15 +117,15 @@ grpc::ServerUnaryReactor* PeerService::ForwardControl(
       !peer.ok()) {
     return Answer(context, peer.status());
   }
-  if (!node_->accepts_forwarded()) return Answer(context, ForwardingOff(node_->name()));
-  security::Guard& guard = node_->guard();
+  if (!parts_.accepts_forwarded) return Answer(context, ForwardingOff(parts_.node));
+  security::Guard& guard = *parts_.guard;
   const security::Caller requester = guard.CallerOf(request->requester());
   if (absl::Status s = guard.Require(requester, security::Bit(security::Role::kRouter),
                                      ActionOf(*request));
       !s.ok()) {
     return Answer(context, s);
   }
-  return Answer(context, RunControl(node_->engine(), *request, requester, response));
+  return Answer(context, RunControl(*parts_.engine, *request, requester, response));
 }
 
 grpc::ServerUnaryReactor* PeerService::GetIncoming(grpc::CallbackServerContext* context,
@@ -137,7 +137,7 @@ grpc::ServerUnaryReactor* PeerService::GetIncoming(grpc::CallbackServerContext* 
     return Answer(context, caller.status());
   }
   absl::StatusOr<v1::IncomingState> state =
-      node_->landing().Query(request->source_node(), request->transfer_id());
+      parts_.landing->Query(request->source_node(), request->transfer_id());
   if (state.ok()) *response = std::move(*state);
   return Answer(context, state.status());
 }

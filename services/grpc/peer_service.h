@@ -6,14 +6,35 @@
 // agents may call it, each only for its own node (its certificate's identity).
 #pragma once
 
-#include "agent/node/node.h"
+#include <string>
+
+#include "agent/fabric/fabric_keys.h"
+#include "agent/peer/peer_directory.h"
+#include "agent/security/guard.h"
+#include "agent/transfer/engine.h"
+#include "agent/transfer/landing.h"
+#include "agent/transfer/worker_pool.h"
 #include "fuselink/v1/peer.grpc.pb.h"
 
 namespace fuselink::services {
 
+// The parts of the node the Peer service calls into, and no others; each outlives
+// the service (services/main.cc fills this from its Node).
+struct PeerServiceParts {
+  std::string node;                                  // this node's name
+  const v1::Topology* topology = nullptr;            // Hello's answer
+  security::Guard* guard = nullptr;                  // only peers, each for its own node
+  fabric::FabricKeys* fabric_keys = nullptr;         // Hello sets a session's keys
+  peer::PeerDirectory* peers = nullptr;              // Hello remembers its caller
+  transfer::Landing* landing = nullptr;              // this node's transfers as a target
+  transfer::Engine* engine = nullptr;                // forwarded transfers and calls
+  transfer::KeyedPool* incoming_prepares = nullptr;  // PrepareIncoming's blocking work
+  bool accepts_forwarded = false;                    // --accept_forwarded
+};
+
 class PeerService final : public v1::Peer::CallbackService {
  public:
-  explicit PeerService(Node* node) : node_(node) {}
+  explicit PeerService(PeerServiceParts parts) : parts_(std::move(parts)) {}
 
   grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* context,
                                   const v1::HelloRequest* request,
@@ -40,7 +61,7 @@ class PeerService final : public v1::Peer::CallbackService {
   absl::StatusOr<security::Caller> Authorize(grpc::CallbackServerContext* context,
                                              absl::string_view claimed_node);
 
-  Node* const node_;
+  const PeerServiceParts parts_;
 };
 
 }  // namespace fuselink::services

@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<services::Node>> node =
       services::Node::Create(options, metrics->get());
   if (!node.ok()) return Fail(node.status());
-  (*metrics)->Attach(node->get());
+  (*metrics)->Attach(node->get(), (*node)->nic_labels());
 
   absl::StatusOr<std::unique_ptr<services::HandleSocket>> handles =
       services::HandleSocket::Listen(config->handle_socket, &(*node)->fd_tokens(),

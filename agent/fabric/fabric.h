@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "agent/common/stats.h"
 #include "agent/common/unique_fd.h"
 
 namespace fuselink::fabric {
@@ -242,6 +243,10 @@ class Fabric {
   // How this transport moves GPU `gpu`'s memory over NIC `nic`: "dma-buf",
   // "peer-memory", "staged" or "none".
   virtual std::string GpuPath(int gpu, int nic) const { return "none"; }
+  // Per NIC: malformed frames, failed proofs, refused writes, stalls, ACK timeouts,
+  // refused connections; and for each of `gpus` GPUs its path over each NIC
+  // (fabric_stats.cc).
+  void ReportStats(stats::Sink& sink, int gpus) const;
   // Writes that arrive for the key afterwards are refused as malformed.
   virtual absl::Status DeregisterRegion(RegionKey key) = 0;
 

@@ -336,4 +336,16 @@ size_t Registry::size() const {
   return tensors_.size();
 }
 
+void Registry::ReportStats(stats::Sink& sink) const {
+  static constexpr stats::Family kRegistered{"fuselink_tensors_registered",
+                                             "Tensors registered on this node.",
+                                             stats::Kind::kGauge};
+  sink.Add(kRegistered, static_cast<double>(size()));
+  const ShareRefusals refused = share_refusals();
+  sink.Add(stats::kShareRefusals, {{"reason", "TENSOR_SHARE"}},
+           static_cast<double>(refused.tensors));
+  sink.Add(stats::kShareRefusals, {{"reason", "LAYOUT_PART_SHARE"}},
+           static_cast<double>(refused.layout_parts));
+}
+
 }  // namespace fuselink::memory

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/common/stats.h"
 #include "agent/common/unique_fd.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/layout.h"
@@ -170,6 +171,9 @@ class Registry {
   ShareRefusals share_refusals() const {
     return {tensor_share_refusals_.load(), layout_part_share_refusals_.load()};
   }
+
+  // Tensors registered, and the registrations refused past an engine's share.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   using Records =

@@ -210,4 +210,42 @@ void ForeignWatch::Sample(absl::Duration now, OwnFn read_own) {
   busy_mask_[kRx].store(mask[kRx], std::memory_order_release);
 }
 
+void ForeignWatch::ReportStats(stats::Sink& sink) const {
+  using stats::Kind;
+  static constexpr stats::Family kWatched{
+      "fuselink_nic_foreign_watched",
+      "1 while the kernel's counters of the NIC are read for traffic that is not "
+      "fuselink's; 0 where they cannot be told apart (the agent logs why at start-up).",
+      Kind::kGauge};
+  static constexpr stats::Family kReadErrors{
+      "fuselink_nic_foreign_read_errors_total",
+      "Looks at the NIC whose kernel counters could not be read; after "
+      "--foreign_hold_ms of them in a row the NIC is no longer foreign-busy.",
+      Kind::kCounter};
+  static constexpr stats::Family kBytes{
+      "fuselink_nic_foreign_bytes_total",
+      "Bytes the kernel counted on the NIC that fuselink did not move (NCCL, storage, "
+      "anyone's), its own frames' overhead allowed for.",
+      Kind::kCounter};
+  static constexpr stats::Family kBusy{
+      "fuselink_nic_foreign_busy",
+      "1 while foreign traffic on the NIC is above --foreign_busy_bytes_per_s that way. "
+      "Under --policy=fuselink: tx, the NIC lends nothing to this node's GPUs; rx, "
+      "sources are told it is not idle here. The static and stripe policies ignore it.",
+      Kind::kGauge};
+  const int nics = std::min(sink.nic_count(), nic_count());
+  for (int k = 0; k < nics; ++k) sink.AddPerNic(kWatched, k, watched(k) ? 1 : 0);
+  // NICs not watched (loopback, a shared netdev, no counters) export no series below:
+  // a zero would claim an idle link that nobody looked at.
+  for (int k = 0; k < nics; ++k) {
+    if (!watched(k)) continue;
+    sink.AddPerNic(kReadErrors, k, static_cast<double>(read_errors(k)));
+    for (Direction d : {kTx, kRx}) {
+      const stats::Labels way = {{"direction", d == kTx ? "tx" : "rx"}};
+      sink.AddPerNic(kBytes, k, static_cast<double>(foreign_bytes(k, d)), way);
+      sink.AddPerNic(kBusy, k, busy_mask(d) >> k & 1, way);
+    }
+  }
+}
+
 }  // namespace fuselink::nicstat

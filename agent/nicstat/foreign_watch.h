@@ -34,6 +34,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/common/stats.h"
 #include "agent/nicstat/foreign_meter.h"
 #include "agent/nicstat/netdev.h"
 #include "agent/nicstat/sysfs_counters.h"
@@ -135,6 +136,10 @@ class ForeignWatch {
   uint64_t read_errors(int nic) const {
     return nics_[nic].read_errors.load(std::memory_order_relaxed);
   }
+
+  // Which NICs are watched; for those, per direction, foreign bytes and whether
+  // they are busy, and the looks that failed.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   struct Dir {

@@ -18,4 +18,19 @@ absl::StatusOr<std::shared_ptr<const gpu::IpcImport>> IpcImports::Open(
                        });
 }
 
+void IpcImports::ReportStats(stats::Sink& sink) const {
+  static constexpr stats::Family kRefusals{
+      "fuselink_gpu_handle_refusals_total",
+      "CUDA IPC handles refused, by reason: OWNER_TOKEN_REQUIRED (no token from the "
+      "handle socket), GPU_HANDLE_OWNED (another owner lent it), GPU_HANDLE_CLOSING (its "
+      "import still closing past the bound).",
+      stats::Kind::kCounter};
+  const ImportRefusals r = refusals();
+  for (const auto& [reason, n] : {std::pair{"OWNER_TOKEN_REQUIRED", r.no_owner_token},
+                                  std::pair{"GPU_HANDLE_OWNED", r.owned},
+                                  std::pair{"GPU_HANDLE_CLOSING", r.closing}}) {
+    sink.Add(kRefusals, {{"reason", reason}}, static_cast<double>(n));
+  }
+}
+
 }  // namespace fuselink::services

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "agent/common/stats.h"
 #include "agent/common/status_macros.h"
 #include "agent/gpu/ipc.h"
 
@@ -161,6 +162,9 @@ class IpcImports {
     r.no_owner_token = no_owner_token_.load(std::memory_order_relaxed);
     return r;
   }
+
+  // CUDA IPC handles refused, by reason.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   SharedImports<gpu::IpcImport> imports_;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/tcp/fabric.h"
 #include "agent/fabric/verbs/device.h"
@@ -324,6 +325,59 @@ void Node::OnPeerLost(fabric::PeerId peer, absl::string_view name,
   if (stop_.load()) return;  // shutting down: nothing left to tell
   if (peers_) peers_->OnPeerLost(peer);
   if (landing_) landing_->OnPeerLost(name);
+}
+
+std::vector<stats::NicLabel> Node::nic_labels() const {
+  std::vector<stats::NicLabel> out;
+  for (const v1::Nic& nic : topology_.nics()) {
+    out.push_back({nic.name(), static_cast<int>(nic.owner_gpu())});
+  }
+  return out;
+}
+
+void Node::ReportStats(stats::Sink& sink) const {
+  using stats::Kind;
+  static constexpr stats::Family kInvariantFailures{
+      "fuselink_invariant_failures_total",
+      "Invariants of the agent's own code (FL_EXPECT, agent/common/check.h) found "
+      "broken and gone on from; any is a bug to report.",
+      Kind::kCounter};
+  static constexpr stats::Family kNoticesDropped{
+      "fuselink_notices_dropped_total",
+      "Verdict and idle-NIC notices to other agents that were dropped (queue full, or "
+      "the node unreachable); a source then asks for its verdict over gRPC.",
+      Kind::kCounter};
+  static constexpr stats::Family kIncomingPreparesBusy{
+      "fuselink_incoming_prepares_busy_total",
+      "Peers' PrepareIncoming calls refused past --incoming_prepares_per_source or "
+      "--incoming_prepares_pending (RESOURCE_EXHAUSTED, INCOMING_PREPARES_BUSY).",
+      Kind::kCounter};
+  static constexpr stats::Family kRegistrationsBusy{
+      "fuselink_registrations_busy_total",
+      "RegisterTensor and UnregisterTensor calls refused past "
+      "--registrations_per_caller or --registrations_pending (RESOURCE_EXHAUSTED, "
+      "REGISTRATIONS_BUSY).",
+      Kind::kCounter};
+  const int gpus = gpu_ != nullptr ? gpu_->count() : 0;
+  scheduler_->ReportStats(sink);
+  landing_->ReportStats(sink);
+  fabric_->ReportStats(sink, gpus);
+  in_node_->ReportStats(sink);
+  foreign_->ReportStats(sink);
+  if (gpu_relay_ != nullptr) {
+    gpu_relay_->ReportStats(sink, gpus);
+    stager_->ReportStats(sink);
+  }
+  engine_->ReportStats(sink);
+  registry_->ReportStats(sink);
+  watch_hub_.ReportStats(sink);
+  guard_.ReportStats(sink);
+  ipc_imports_.ReportStats(sink);
+  handle_socket_counters_.ReportStats(sink);
+  sink.Add(kInvariantFailures, static_cast<double>(InvariantFailures()));
+  sink.Add(kNoticesDropped, static_cast<double>(notifier_->dropped()));
+  sink.Add(kIncomingPreparesBusy, static_cast<double>(incoming_prepares_.refused()));
+  sink.Add(kRegistrationsBusy, static_cast<double>(registrations_.refused()));
 }
 
 }  // namespace fuselink::services

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "agent/common/housekeeper.h"
+#include "agent/common/stats.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/in_node/fabric.h"
@@ -110,7 +111,7 @@ struct NodeOptions {
   };
 };
 
-class Node final : public fabric::Handler {
+class Node final : public fabric::Handler, public stats::Source {
  public:
   static absl::StatusOr<std::unique_ptr<Node>> Create(NodeOptions options,
                                                       transfer::EngineObserver* observer);
@@ -158,6 +159,11 @@ class Node final : public fabric::Handler {
   const relay::GpuRelayPool* gpu_relay() const { return gpu_relay_.get(); }
   // Null without GPUs.
   const relay::CudaDeviceStager* stager() const { return stager_.get(); }
+
+  // What the node's parts count, each in its own words; and the NICs' labels for the
+  // per-NIC series.
+  void ReportStats(stats::Sink& sink) const override;
+  std::vector<stats::NicLabel> nic_labels() const;
 
   // fabric::Handler
   void OnCompletion(const fabric::Completion& completion) override;

@@ -160,4 +160,9 @@ void WatchHub::Run(const Actions& actions) {
   }
 }
 
+void WatchHub::ReportStats(stats::Sink& sink) const {
+  sink.Add(stats::kShareRefusals, {{"reason", "WATCH_SHARE"}},
+           static_cast<double>(share_refusals()));
+}
+
 }  // namespace fuselink::services

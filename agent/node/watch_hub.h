@@ -16,6 +16,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/common/stats.h"
 #include "fuselink/v1/agent.pb.h"
 
 namespace fuselink::services {
@@ -55,6 +56,9 @@ class WatchHub {
   size_t size() const;
   // Adds refused WATCH_SHARE.
   uint64_t share_refusals() const;
+
+  // Watches refused past an identity's share.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   struct Action {

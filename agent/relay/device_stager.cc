@@ -175,4 +175,17 @@ absl::StatusOr<std::shared_ptr<const void>> CudaDeviceStager::AllocateProbe(
       std::make_shared<gpu::DeviceBuffer>(std::move(buffer)));
 }
 
+void CudaDeviceStager::ReportStats(stats::Sink& sink) const {
+  static constexpr stats::Family kDeviceBytes{
+      "fuselink_stage_device_bytes",
+      "Device memory of the fabric's GPU staging: landing buffers for bytes that arrive "
+      "on one GPU's NIC for another GPU.",
+      stats::Kind::kGauge};
+  static constexpr stats::Family kPinnedBytes{
+      "fuselink_stage_pinned_host_bytes",
+      "Pinned host buffers the fabric moves GPU bytes through.", stats::Kind::kGauge};
+  sink.Add(kDeviceBytes, static_cast<double>(device_bytes()));
+  sink.Add(kPinnedBytes, static_cast<double>(pinned_host_bytes()));
+}
+
 }  // namespace fuselink::relay

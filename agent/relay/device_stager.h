@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "agent/common/stats.h"
 #include "agent/fabric/fabric.h"
 #include "agent/gpu/runtime.h"
 
@@ -43,6 +44,9 @@ class CudaDeviceStager final : public fabric::DeviceStager {
     std::atomic<uint64_t> host{0};
     std::atomic<uint64_t> device{0};
   };
+
+  // Device and pinned host memory held for staging.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   const gpu::Runtime* const runtime_;

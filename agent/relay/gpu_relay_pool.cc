@@ -245,4 +245,40 @@ GpuRelayStats GpuRelayPool::stats(int gpu) const {
   return GpuRelayStats{g.held_bytes, g.in_use, g.paused};
 }
 
+void GpuRelayPool::ReportStats(stats::Sink& sink, int gpus) const {
+  using stats::Kind;
+  static constexpr stats::Family kDeviceBytes{
+      "fuselink_relay_device_bytes",
+      "Device memory held for relay slots on the GPU (at most the relay cap).",
+      Kind::kGauge};
+  static constexpr stats::Family kSlotsInUse{"fuselink_relay_slots_in_use",
+                                             "Relay slots on the GPU holding a chunk.",
+                                             Kind::kGauge};
+  static constexpr stats::Family kPaused{
+      "fuselink_relay_paused",
+      "1 while the GPU is short of free memory: its relay slots are given back and its "
+      "NICs lend nothing.",
+      Kind::kGauge};
+  static constexpr stats::Family kCap{"fuselink_relay_device_cap_bytes",
+                                      "The relay cap per GPU.", Kind::kGauge};
+  static constexpr stats::Family kRemaps{
+      "fuselink_relay_remaps_total",
+      "Relay slot mappings made and unmapped (the pool growing and shrinking).",
+      Kind::kCounter};
+  static constexpr stats::Family kStaged{"fuselink_relay_staged_bytes_total",
+                                         "Bytes staged into GPU relay slots, by way in.",
+                                         Kind::kCounter};
+  for (int g = 0; g < gpus; ++g) {
+    const GpuRelayStats s = stats(g);
+    const stats::Labels gpu = {{"gpu", absl::StrCat(g)}};
+    sink.Add(kDeviceBytes, gpu, static_cast<double>(s.held_bytes));
+    sink.Add(kSlotsInUse, gpu, static_cast<double>(s.slots_in_use));
+    sink.Add(kPaused, gpu, s.paused ? 1 : 0);
+  }
+  sink.Add(kCap, static_cast<double>(options().cap_bytes_per_gpu));
+  sink.Add(kRemaps, static_cast<double>(remaps()));
+  sink.Add(kStaged, {{"stage", "d1"}}, static_cast<double>(kernel_bytes()));
+  sink.Add(kStaged, {{"stage", "d2"}}, static_cast<double>(copy_engine_bytes()));
+}
+
 }  // namespace fuselink::relay

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/common/stats.h"
 #include "agent/fabric/fabric.h"
 #include "agent/gpu/copy_kernel.h"
 #include "agent/gpu/runtime.h"
@@ -93,6 +94,10 @@ class GpuRelayPool final : public Pool {
   uint64_t copy_engine_bytes() const {
     return copy_engine_bytes_.load(std::memory_order_relaxed);
   }
+
+  // Per GPU of the first `gpus`: relay memory held, slots in use, paused; the cap,
+  // remaps and bytes staged.
+  void ReportStats(stats::Sink& sink, int gpus) const;
 
  private:
   struct SlotMemory;

@@ -241,4 +241,50 @@ NicStats Scheduler::Stats(int nic) const {
   return s;
 }
 
+void Scheduler::ReportStats(stats::Sink& sink) const {
+  using stats::Kind;
+  // Own traffic: chunks of the NIC's owner GPU; borrowed: chunks other GPUs sent
+  // through it.
+  static constexpr stats::Family kTransmitted{
+      "fuselink_nic_transmitted_bytes_total",
+      "Payload bytes sent through the NIC and acknowledged by the target.",
+      Kind::kCounter};
+  static constexpr stats::Family kOwnerBusy{
+      "fuselink_nic_owner_busy",
+      "1 while the NIC's owner GPU has traffic of its own on this node.", Kind::kGauge};
+  static constexpr stats::Family kBorrowedInFlight{
+      "fuselink_nic_borrowed_chunks_in_flight",
+      "Chunks of other GPUs in flight on the NIC.", Kind::kGauge};
+  static constexpr stats::Family kBorrowEvents{
+      "fuselink_nic_borrow_events_total",
+      "Times other GPUs began borrowing the idle NIC.", Kind::kCounter};
+  static constexpr stats::Family kGiveBackEvents{
+      "fuselink_nic_give_back_events_total",
+      "Times the owner returned while its NIC was lent.", Kind::kCounter};
+  static constexpr stats::Family kIdleWhileDemand{
+      "fuselink_nic_idle_while_demand_seconds_total",
+      "Time the NIC had nothing in flight while a transfer of this node waited to place "
+      "a chunk (sampled every 5 ms).",
+      Kind::kCounter};
+  static constexpr stats::Family kFailedWrites{
+      "fuselink_nic_failed_writes_total",
+      "Writes that failed on the NIC; their chunks went again on others.",
+      Kind::kCounter};
+  const int nics = std::min(sink.nic_count(), nics_);
+  for (int k = 0; k < nics; ++k) {
+    const NicStats s = Stats(k);  // one snapshot per NIC and scrape
+    sink.AddPerNic(kTransmitted, k, static_cast<double>(s.own_bytes),
+                   {{"traffic", "own"}});
+    sink.AddPerNic(kTransmitted, k, static_cast<double>(s.borrowed_bytes),
+                   {{"traffic", "borrowed"}});
+    sink.AddPerNic(kOwnerBusy, k, s.owner_busy ? 1 : 0);
+    sink.AddPerNic(kBorrowedInFlight, k, static_cast<double>(s.borrowed_in_flight));
+    sink.AddPerNic(kBorrowEvents, k, static_cast<double>(s.borrow_events));
+    sink.AddPerNic(kGiveBackEvents, k, static_cast<double>(s.give_back_events));
+    sink.AddPerNic(kIdleWhileDemand, k,
+                   static_cast<double>(s.idle_while_demand_ns) / 1e9);
+    sink.AddPerNic(kFailedWrites, k, static_cast<double>(s.failed_chunks));
+  }
+}
+
 }  // namespace fuselink::sched

@@ -47,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "agent/common/limits.h"
+#include "agent/common/stats.h"
 
 namespace fuselink::sched {
 
@@ -132,6 +133,9 @@ class Scheduler {
   // Bit k set when this node's NIC k has an idle owner and no foreign traffic.
   uint32_t IdleMask() const;
   NicStats Stats(int nic) const;
+
+  // Per NIC: bytes sent (own and borrowed), lending and give-backs, failed writes.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   struct alignas(64) Nic {

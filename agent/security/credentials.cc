@@ -106,4 +106,21 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ClientChannel(
   return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
 }
 
+void TlsCredentials::ReportStats(stats::Sink& sink) const {
+  static constexpr stats::Family kReloads{
+      "fuselink_tls_reloads_total",
+      "Rotations of the gRPC TLS files (--tls_cert, --tls_key, --tls_ca) that checked "
+      "out and serve new connections.",
+      stats::Kind::kCounter};
+  static constexpr stats::Family kFailures{
+      "fuselink_tls_reload_failures_total",
+      "Rotations of the gRPC TLS files refused: a file that does not parse, or a key "
+      "that is not the certificate's. The last good set keeps serving; the agent's log "
+      "says why.",
+      stats::Kind::kCounter};
+  const TlsStage::Counts counts = reload_counts();
+  sink.Add(kReloads, static_cast<double>(counts.reloads));
+  sink.Add(kFailures, static_cast<double>(counts.failed_reloads));
+}
+
 }  // namespace fuselink::security

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "agent/common/stats.h"
 #include "agent/security/tls_stage.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -38,6 +39,9 @@ class TlsCredentials {
   std::shared_ptr<grpc::ChannelCredentials> ToPeer(const std::string& identity) const;
   // Rotations of the files staged, and refused (the last good set kept).
   TlsStage::Counts reload_counts() const { return stage_->counts(); }
+
+  // The TLS files' rotations that served, and those refused.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   TlsCredentials(

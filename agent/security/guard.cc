@@ -118,4 +118,22 @@ std::vector<std::pair<absl::string_view, uint64_t>> Guard::refusals() const {
   return out;
 }
 
+void Guard::ReportStats(stats::Sink& sink) const {
+  static constexpr stats::Family kPlaintext{
+      "fuselink_plaintext",
+      "1 when the agent runs with --plaintext: no TLS and no authentication; anyone may "
+      "do anything.",
+      stats::Kind::kGauge};
+  static constexpr stats::Family kRefusals{
+      "fuselink_access_refusals_total",
+      "gRPC calls refused by access control, by reason (UNAUTHENTICATED: "
+      "NO_CLIENT_CERTIFICATE, NO_IDENTITY; PERMISSION_DENIED: the others).",
+      stats::Kind::kCounter};
+  sink.Add(kPlaintext, open() ? 1 : 0);
+  sink.Declare(kRefusals);
+  for (const auto& [reason, n] : refusals()) {
+    sink.Add(kRefusals, {{"reason", std::string(reason)}}, static_cast<double>(n));
+  }
+}
+
 }  // namespace fuselink::security

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/common/errors.h"
+#include "agent/common/stats.h"
 #include "agent/security/policy.h"
 #include "grpcpp/security/auth_context.h"
 
@@ -60,6 +61,9 @@ class Guard {
 
   // Refusals so far, by reason, in Refusal order.
   std::vector<std::pair<absl::string_view, uint64_t>> refusals() const;
+
+  // Whether access control is off, and the calls it refused, by reason.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   absl::Status Refuse(Refusal refusal, absl::Status status);

@@ -449,4 +449,46 @@ void Engine::HousekeepingLoop() {
   }
 }
 
+void Engine::ReportStats(stats::Sink& sink) const {
+  using stats::Kind;
+  static constexpr stats::Family kActive{"fuselink_transfers_active",
+                                         "Outgoing transfers preparing or running.",
+                                         Kind::kGauge};
+  static constexpr stats::Family kStrayCompletions{
+      "fuselink_stray_completions_total",
+      "Write completions that named no write in flight (repeated or forged by a "
+      "transport); they changed nothing.",
+      Kind::kCounter};
+  static constexpr stats::Family kStrayVerdicts{
+      "fuselink_stray_verdicts_total",
+      "Verdict notices that named no live outgoing transfer (repeated, late or forged); "
+      "they changed nothing.",
+      Kind::kCounter};
+  static constexpr stats::Family kFenceErrors{
+      "fuselink_relay_fence_errors_total",
+      "GPU relay copies whose fence failed while their slot waited to be released; the "
+      "slot was released all the same.",
+      Kind::kCounter};
+  static constexpr stats::Family kForcedDrains{
+      "fuselink_transfer_forced_drains_total",
+      "Ended transfers whose writes were still in flight after "
+      "--transfer_drain_timeout_ms, so that the connections to their target were "
+      "closed to fail them.",
+      Kind::kCounter};
+  static constexpr stats::Family kPrepareQueueFull{
+      "fuselink_prepare_queue_full_total",
+      "Calls to a target refused because its lane was full (--prepare_queue_per_target): "
+      "the transfer failed RESOURCE_EXHAUSTED (PREPARE_QUEUE_FULL), or a question about "
+      "its verdict went unasked.",
+      Kind::kCounter};
+  sink.Add(kActive, static_cast<double>(active()));
+  sink.Add(kStrayCompletions, static_cast<double>(stray_completions()));
+  sink.Add(kStrayVerdicts, static_cast<double>(stray_verdicts()));
+  sink.Add(kFenceErrors, static_cast<double>(fence_errors()));
+  sink.Add(kForcedDrains, static_cast<double>(forced_drains()));
+  sink.Add(kPrepareQueueFull, static_cast<double>(prepares_refused()));
+  sink.Add(stats::kShareRefusals, {{"reason", "TRANSFER_SHARE"}},
+           static_cast<double>(share_refusals()));
+}
+
 }  // namespace fuselink::transfer

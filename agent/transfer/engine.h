@@ -30,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/common/stats.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/registry.h"
 #include "agent/relay/pool.h"
@@ -196,6 +197,9 @@ class Engine {
   uint64_t prepares_refused() const {
     return preparers_.refused() + in_node_preparers_.refused();
   }
+
+  // Transfers running, strays, fence errors, forced drains, refusals.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   using JobPtr = std::shared_ptr<Job>;

@@ -558,4 +558,50 @@ absl::StatusOr<v1::IncomingState> Landing::Query(absl::string_view source_node,
                     reasons::kUnknownTransfer);
 }
 
+void Landing::ReportStats(stats::Sink& sink) const {
+  using stats::Kind;
+  static constexpr stats::Family kReceived{"fuselink_nic_received_bytes_total",
+                                           "Payload bytes that landed through the NIC.",
+                                           Kind::kCounter};
+  static constexpr stats::Family kReceiveOwnerBusy{
+      "fuselink_nic_receive_owner_busy",
+      "1 while an incoming transfer targets the NIC's owner GPU.", Kind::kGauge};
+  static constexpr stats::Family kActive{
+      "fuselink_incoming_transfers_active",
+      "Incoming transfers with a slot reserved on this node.", Kind::kGauge};
+  static constexpr stats::Family kStrayWrites{
+      "fuselink_stray_writes_total",
+      "Writes and notices that named no open incoming transfer of their source (late, "
+      "stale or misdirected); none of their bytes counted.",
+      Kind::kCounter};
+  static constexpr stats::Family kShareRefusals{
+      "fuselink_incoming_share_refusals_total",
+      "PrepareIncoming calls refused because their source held its share of the "
+      "incoming slots (RESOURCE_EXHAUSTED, SOURCE_SHARE).",
+      Kind::kCounter};
+  static constexpr stats::Family kScattered{
+      "fuselink_incoming_scattered_writes_total",
+      "Incoming transfers ended PROTOCOL because their source's writes left more "
+      "disjoint landed ranges than a transfer of their blocks can.",
+      Kind::kCounter};
+  static constexpr stats::Family kUnstartedExpired{
+      "fuselink_incoming_unstarted_expired_total",
+      "Incoming transfers ended because their source sent nothing after it prepared "
+      "them (the tensor's pin let go).",
+      Kind::kCounter};
+  const int nics = std::min(sink.nic_count(), nic_count_);
+  for (int k = 0; k < nics; ++k) {
+    const LandingNicStats s = Stats(k);
+    sink.AddPerNic(kReceived, k, static_cast<double>(s.own_bytes), {{"traffic", "own"}});
+    sink.AddPerNic(kReceived, k, static_cast<double>(s.borrowed_bytes),
+                   {{"traffic", "borrowed"}});
+    sink.AddPerNic(kReceiveOwnerBusy, k, s.owner_busy ? 1 : 0);
+  }
+  sink.Add(kActive, static_cast<double>(active()));
+  sink.Add(kStrayWrites, static_cast<double>(stray_writes()));
+  sink.Add(kShareRefusals, static_cast<double>(share_refusals()));
+  sink.Add(kScattered, static_cast<double>(scattered_writes()));
+  sink.Add(kUnstartedExpired, static_cast<double>(unstarted_expired()));
+}
+
 }  // namespace fuselink::transfer

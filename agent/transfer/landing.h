@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/common/stats.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/registry.h"
 #include "agent/topo/topology.h"
@@ -145,6 +146,10 @@ class Landing {
   LandingNicStats Stats(int nic) const;
   // Bytes that in-node moves placed here.
   uint64_t local_bytes() const { return local_bytes_.load(std::memory_order_relaxed); }
+
+  // Per NIC: bytes landed (own and borrowed), the owner's incoming traffic; slots,
+  // strays, refusals and ends.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   enum class SlotState { kFree, kOpen, kClosing, kClosed };

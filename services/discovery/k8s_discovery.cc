@@ -448,4 +448,24 @@ void K8sDiscovery::Publish() {
   on_change_(all);
 }
 
+void K8sDiscovery::ReportStats(stats::Sink& sink) const {
+  static constexpr stats::Family kWatchEnds{
+      "fuselink_k8s_watch_ends_total",
+      "Watches of the agents' EndpointSlices that ended, by reason: renewed (the "
+      "server's timeout; watched again), gone (410 or an ERROR event; listed again), "
+      "error (transport or HTTP; listed again). Each is followed by a backoff.",
+      stats::Kind::kCounter};
+  static constexpr stats::Family kListFailures{
+      "fuselink_k8s_list_failures_total",
+      "Lists of the agents' EndpointSlices after the first that failed; each is retried "
+      "after a backoff, the last peer set in force meanwhile.",
+      stats::Kind::kCounter};
+  for (int k = 0; k < kWatchEndKinds; ++k) {
+    const auto end = static_cast<WatchEnd>(k);
+    sink.Add(kWatchEnds, {{"reason", std::string(WatchEndName(end))}},
+             static_cast<double>(watch_ends(end)));
+  }
+  sink.Add(kListFailures, static_cast<double>(failed_lists()));
+}
+
 }  // namespace fuselink::services

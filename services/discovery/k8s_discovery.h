@@ -34,6 +34,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "agent/common/stats.h"
 
 namespace fuselink::services {
 
@@ -123,6 +124,9 @@ class K8sDiscovery {
 
   K8sDiscovery(const K8sDiscovery&) = delete;
   K8sDiscovery& operator=(const K8sDiscovery&) = delete;
+
+  // Watches ended, by reason, and lists failed.
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   struct Slices;

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "agent/common/stats.h"
+
 namespace fuselink::services {
 
 // One reading of HandleSocketCounters.
@@ -31,6 +33,26 @@ class HandleSocketCounters {
     s.timed_out = timed_out.load(std::memory_order_relaxed);
     s.bad_messages = bad_messages.load(std::memory_order_relaxed);
     return s;
+  }
+  // What the socket refused: silent or untaken connections, too many clients, bad
+  // messages.
+  void ReportStats(stats::Sink& sink) const {
+    static constexpr stats::Family kTimeouts{
+        "fuselink_handle_socket_timeouts_total",
+        "Handle socket connections closed for silence or an untaken reply.",
+        stats::Kind::kCounter};
+    static constexpr stats::Family kRefusedClients{
+        "fuselink_handle_socket_refused_clients_total",
+        "Handle socket connections refused: too many served at once.",
+        stats::Kind::kCounter};
+    static constexpr stats::Family kBadMessages{
+        "fuselink_handle_socket_bad_messages_total",
+        "Handle socket messages refused: not one 'F' with one descriptor.",
+        stats::Kind::kCounter};
+    const HandleSocketStats s = Read();
+    sink.Add(kTimeouts, static_cast<double>(s.timed_out));
+    sink.Add(kRefusedClients, static_cast<double>(s.refused_too_many_clients));
+    sink.Add(kBadMessages, static_cast<double>(s.bad_messages));
   }
   static void Add(std::atomic<uint64_t>& counter) {
     counter.fetch_add(1, std::memory_order_relaxed);

@@ -1,7 +1,9 @@
 // Prometheus metrics of one agent, served at http(s)://<listen>/metrics by the
-// project's own HTTP server (services/metrics/http/metrics_server.h). Counters the
-// data plane keeps (per-NIC bytes, malformed frames) are read at scrape time;
-// transfer outcomes and durations are recorded as transfers finish.
+// project's own HTTP server (services/metrics/http/metrics_server.h). What the parts
+// count is read at scrape time from the stats sources attached (agent/common/stats.h:
+// the node, the TLS files, Kubernetes discovery), each of which names and describes
+// its own series; transfer outcomes and durations are recorded here as transfers
+// finish.
 #pragma once
 
 #include <array>
@@ -9,8 +11,9 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
-#include "agent/node/node.h"
+#include "agent/common/stats.h"
 #include "agent/security/credentials.h"
+#include "agent/transfer/engine.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
@@ -38,8 +41,9 @@ class Metrics final : public transfer::EngineObserver {
       const std::string& listen, const MetricsEndpoint& endpoint = {});
   ~Metrics() override;
 
-  // Exposes the node's own counters. Call once, before scrapes matter.
-  void Attach(Node* node);
+  // Exposes what the node's parts count (`node` outlives the attachment: Detach),
+  // per-NIC series labelled from `nics`. Call once, before scrapes matter.
+  void Attach(const stats::Source* node, std::vector<stats::NicLabel> nics);
   // Exposes the gRPC TLS files' reloads (security/tls_stage.h), read at scrape time
   // from `tls`, which must outlive this. Call once, or never (plaintext).
   void AttachTls(const security::TlsCredentials* tls);
@@ -57,17 +61,17 @@ class Metrics final : public transfer::EngineObserver {
   void OnGiveBack(int nic, absl::Duration waited) override;
 
  private:
-  class NodeCollector;
   Metrics();
-  // The text exposition of every family: the registry's, then the node's. Called
+  // The text exposition of every family: the registry's, then the sources'. Called
   // on the server's thread.
   std::string Render() const;
 
   std::shared_ptr<prometheus::Registry> registry_;
-  mutable absl::Mutex collector_mu_;
-  std::shared_ptr<NodeCollector> collector_ ABSL_GUARDED_BY(collector_mu_);
-  const security::TlsCredentials* tls_ ABSL_GUARDED_BY(collector_mu_) = nullptr;
-  const K8sDiscovery* discovery_ ABSL_GUARDED_BY(collector_mu_) = nullptr;
+  mutable absl::Mutex sources_mu_;
+  const stats::Source* node_ ABSL_GUARDED_BY(sources_mu_) = nullptr;
+  std::vector<stats::NicLabel> nics_ ABSL_GUARDED_BY(sources_mu_);
+  const security::TlsCredentials* tls_ ABSL_GUARDED_BY(sources_mu_) = nullptr;
+  const K8sDiscovery* discovery_ ABSL_GUARDED_BY(sources_mu_) = nullptr;
   prometheus::Counter* completed_;
   prometheus::Counter* failed_;
   prometheus::Counter* cancelled_;

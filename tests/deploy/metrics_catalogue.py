@@ -1,15 +1,17 @@
 #!/usr/bin/python3
 """Compares docs/metrics.md with what a live (CPU-only) agent exports, both ways.
 
-Usage: metrics_catalogue.py CATALOGUE.md SCRAPE.txt METRICS_SOURCE.cc
+Usage: metrics_catalogue.py CATALOGUE.md SCRAPE.txt SOURCE_DIR...
 For every family in the scrape: listed, same type, same label names (le aside).
 For every family listed for all nodes: in the scrape. Families of a class of agents
 (GPU: agents with GPUs; watched: agents that read some NIC's kernel counters for
 foreign traffic; kubernetes: agents with Kubernetes peer discovery): when the scrape
 has any family of the class, every one of it must be there like the others; when it
-has none, each must be named in the source. Prints each difference; exits 1 if there
+has none, each must be named in the sources (the .cc and .h files under the
+SOURCE_DIRs: each part of the agent declares its own families). Prints each difference; exits 1 if there
 is any.
 """
+import os
 import re
 import sys
 
@@ -60,8 +62,13 @@ def scrape(path):
 def main() -> int:
     rows = catalogue(sys.argv[1])
     families, labels = scrape(sys.argv[2])
-    with open(sys.argv[3]) as f:
-        source = f.read()
+    source = ""
+    for top in sys.argv[3:]:
+        for folder, _, files in os.walk(top):
+            for name in files:
+                if name.endswith((".cc", ".h")):
+                    with open(os.path.join(folder, name)) as f:
+                        source += f.read()
     problems = []
     present = {rows[name][2] for name in families if name in rows}
     gpu_agent = "GPU" in present
@@ -83,7 +90,7 @@ def main() -> int:
         if (nodes == "all" or nodes in present) and name not in families:
             problems.append("catalogued but not exported: %s" % name)
         if nodes != "all" and nodes not in present and '"%s"' % name not in source:
-            problems.append("catalogued %s-only, but %s is not named in %s" % (nodes, name, sys.argv[3]))
+            problems.append("catalogued %s-only, but %s is not named under %s" % (nodes, name, " ".join(sys.argv[3:])))
     for p in problems:
         print("  " + p)
     gpu = sum(1 for r in rows.values() if r[2] == "GPU")

@@ -17,7 +17,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 pki_init "$run/pki"  # mutual TLS, as deployed: scripts/lib/agents.sh
 cat_py=$here/tests/deploy/metrics_catalogue.py
 doc=$here/docs/metrics.md
-src=$here/services/metrics/metrics.cc
+src=("$here/agent" "$here/services")  # where the families are declared
 
 start_agent cat-b 74 "" --nics=2 --gpu=off
 start_agent cat-a 73 "cat-b=$(field "$run/cat-b.json" grpc)" --nics=2 --gpu=off
@@ -28,7 +28,7 @@ start_agent cat-a 73 "cat-b=$(field "$run/cat-b.json" grpc)" --nics=2 --gpu=off
   { cat "$run/demo.out"; fail "demo transfer"; }
 curl -sf "$(field "$run/cat-a.json" metrics)" >"$run/scrape.txt" || fail "scrape"
 promtool check metrics <"$run/scrape.txt" || fail "promtool check metrics"
-"$cat_py" "$doc" "$run/scrape.txt" "$src" || fail "docs/metrics.md and the agent differ (see above)"
+"$cat_py" "$doc" "$run/scrape.txt" "${src[@]}" || fail "docs/metrics.md and the agent differ (see above)"
 
 # The checker catches each kind of drift.
 # shellcheck disable=SC2016  # markdown backticks, not command substitution
@@ -53,7 +53,7 @@ for drift in missing relabel extra gpu gpu-scrape watched-scrape; do
   scrape=$run/scrape.txt
   [ "$drift" = gpu-scrape ] && scrape=$run/gpu-scrape.txt
   [ "$drift" = watched-scrape ] && scrape=$run/watched-scrape.txt
-  if "$cat_py" "$run/$drift.md" "$scrape" "$src" >"$run/$drift.out"; then
+  if "$cat_py" "$run/$drift.md" "$scrape" "${src[@]}" >"$run/$drift.out"; then
     fail "the checker passed a catalogue with drift '$drift'"
   fi
   grep -q "difference" "$run/$drift.out" || fail "no report for drift '$drift'"

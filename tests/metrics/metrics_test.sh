@@ -170,7 +170,7 @@ for reason in renewed gone; do
 done
 promtool check metrics <"$run/node-k.metrics" || fail "promtool check metrics with discovery"
 "$here/tests/deploy/metrics_catalogue.py" "$here/docs/metrics.md" "$run/node-k.metrics" \
-  "$here/services/metrics/metrics.cc" || fail "docs/metrics.md and the discovering agent differ"
+  "$here/agent" "$here/services" || fail "docs/metrics.md and the discovering agent differ"
 grep -q '^fuselink_k8s' "$run/node-a.metrics" && fail "an agent with static peers exports discovery series"
 
 # A mistake in the web config: the agent refuses to start and names the line.

@@ -300,4 +300,31 @@ absl::Status InNodeFabric::Start(const Region& to, uint64_t to_offset, const Reg
   return absl::OkStatus();
 }
 
+void InNodeFabric::ReportStats(stats::Sink& sink) const {
+  using stats::Kind;
+  // Copies by this node's own engines, which no NIC carries, so they are in none of
+  // the per-NIC series.
+  static constexpr stats::Family kBytes{
+      "fuselink_in_node_bytes_total",
+      "Payload bytes of in-node moves (source and target on this agent), by what copied "
+      "them: memcpy between host memory, or a GPU's copy engine (GPU to GPU over "
+      "NVLink, host to GPU and back over PCIe). No NIC carries them.",
+      Kind::kCounter};
+  static constexpr stats::Family kFailedCopies{
+      "fuselink_in_node_failed_copies_total",
+      "In-node writes whose copy (or the device work it waited for) failed; their "
+      "transfers failed.",
+      Kind::kCounter};
+  static constexpr stats::Family kRefusedWrites{
+      "fuselink_in_node_refused_writes_total",
+      "In-node writes refused before a byte landed: no open window of this node's own "
+      "under their key (late, or closed), or outside it.",
+      Kind::kCounter};
+  const InNodeCounters c = in_node_counters();
+  sink.Add(kBytes, {{"copy", "host"}}, static_cast<double>(c.host_bytes));
+  sink.Add(kBytes, {{"copy", "gpu"}}, static_cast<double>(c.device_bytes));
+  sink.Add(kFailedCopies, static_cast<double>(c.failed_copies));
+  sink.Add(kRefusedWrites, static_cast<double>(c.refused_writes));
+}
+
 }  // namespace fuselink::fabric

@@ -29,6 +29,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/common/stats.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/region_table.h"
 #include "agent/fabric/window_table.h"
@@ -109,6 +110,10 @@ class InNodeFabric final : public Fabric {
   NicCounters counters(int nic) const override { return wrapped_->counters(nic); }
 
   InNodeCounters in_node_counters() const;
+
+  // In-node bytes by copy, failed copies, refused writes (the wrapped fabric's
+  // per-NIC counters are ReportFabricStats').
+  void ReportStats(stats::Sink& sink) const;
 
  private:
   struct Queued {

@@ -208,7 +208,8 @@ class ClientTest(unittest.TestCase):
                 return 0
 
         export = (b"\x5a" * 64, 0, SIZE_BYTES, 0)
-        with mock.patch.object(fuselink.client, "cuda_ipc_export", return_value=export):
+        # Patched where both clients' requests are made (fuselink/_requests.py).
+        with mock.patch.object(fuselink._requests, "cuda_ipc_export", return_value=export):
             # The client passes this process's pidfd over the handle socket: the agent
             # takes the handle that far, then finds it cannot open it here (no GPU, or
             # the handle is no real one), never OWNER_TOKEN_REQUIRED.

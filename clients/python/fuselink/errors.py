@@ -10,7 +10,7 @@ fuselink.reasons names every reason (docs/errors.md says what each means).
 import grpc
 from google.protobuf.message import DecodeError
 
-from google.rpc import error_details_pb2, status_pb2
+from ._rpc import error_details_pb2, status_pb2  # generated (protogen.py)
 
 # grpc.StatusCode by its integer value (absl and google.rpc number codes the same).
 _CODES = {code.value[0]: code for code in grpc.StatusCode}

@@ -16,6 +16,7 @@ packages=(
   prometheus iperf3 iproute2 gnuplot-nox curl jq procps
   nftables  # integration_soak_test takes a rail down with a drop rule
   python3-grpcio python3-protobuf
+  python3-setuptools python3-wheel python3-pip python3-venv  # the Python client's wheel (python_wheel_test)
   python3-torch  # examples/disagg: the model its engines serve (CPU)
   qemu-system-x86 debootstrap
 )

@@ -14,6 +14,13 @@ blocks with a BlockAllocator.
                 prefills into blocks of its own, has its agent move them into the
                 first target_blocks, frees them            -> {first_token, prefill_ms,
                                                                transfer_ms}
+           POST /allocate {n_tokens}                       -> {block_ids, node, tensor}
+           POST /prefill {request_id, tokens, block_ids[, transfer_id]}
+                prefills into blocks from /allocate and keeps them for whoever moves
+                them (the router, router.py --agent); with transfer_id, tells the
+                agent each layer computed (that layer-by-layer transfer's LayersReady)
+                                                           -> {first_token, prefill_ms}
+           POST /free {block_ids}                         (once they were moved)
   both     GET /info                                       -> {role, config, ...}
 
 Errors answer {"error": text}: 400 a bad request, 503 no free blocks, 502 the KV
@@ -119,9 +126,11 @@ def _str(body, name):
 class PrefillEngine:
     """Runs prompts into its own blocks and sends their K/V to the decode side."""
 
-    def __init__(self, model, allocator, send, layer_by_layer=False):
+    def __init__(self, model, allocator, send, layer_by_layer=False, node="", tensor=""):
         self.model = model
         self.allocator = allocator
+        self.node = node  # where its cache is lent, and under which name (/allocate)
+        self.tensor = tensor
         self.send = send  # kv_link's send(); returns once the blocks have landed
         # Send each layer as soon as it is computed (send.start), not all at the end.
         self.layer_by_layer = layer_by_layer
@@ -129,7 +138,17 @@ class PrefillEngine:
         # of earlier prompts go on meanwhile.
         self._compute = threading.Lock()
 
+    def allocate(self, body):
+        ids = self.allocator.allocate(self.model.config.blocks_for(_int(body, "n_tokens", 1)))
+        return {"block_ids": ids, "node": self.node, "tensor": self.tensor}
+
+    def free(self, body):
+        self.allocator.free(_ints(body, "block_ids", 0, self.allocator.num_blocks - 1))
+        return {}
+
     def prefill(self, body):
+        if "block_ids" in body:
+            return self.prefill_held(body)
         config = self.model.config
         request_id = _str(body, "request_id")
         tokens = _ints(body, "tokens", 0, config.vocab - 1)
@@ -177,8 +196,38 @@ class PrefillEngine:
         return {"first_token": first_token, "queue_ms": _ms(started - arrived),
                 "prefill_ms": _ms(computed - started), "transfer_ms": _ms(sent - computed)}
 
+    def prefill_held(self, body):
+        """/prefill into blocks the caller allocated, which it moves and frees."""
+        config = self.model.config
+        _str(body, "request_id")
+        tokens = _ints(body, "tokens", 0, config.vocab - 1)
+        blocks = _ints(body, "block_ids", 0, self.allocator.num_blocks - 1)
+        self.allocator.check_held(blocks)
+        if len(blocks) != config.blocks_for(len(tokens)):
+            raise BadRequest(f"{len(tokens)} tokens take {config.blocks_for(len(tokens))} "
+                             f"blocks, not {len(blocks)}")
+        on_layer = None
+        if "transfer_id" in body:
+            transfer_id = _str(body, "transfer_id")
+            cuda = self.model.device.type == "cuda"
+
+            def on_layer(layer):
+                if cuda:  # the agent reads the layer straight from the GPU
+                    torch.cuda.synchronize(self.model.device)
+                self.send.layers_ready(transfer_id, layer + 1)
+
+        arrived = time.monotonic()
+        with self._compute:
+            started = time.monotonic()
+            first_token = int(self.model.prefill(tokens, blocks, on_layer=on_layer).argmax())
+            if self.model.device.type == "cuda":
+                torch.cuda.synchronize(self.model.device)  # complete before it moves
+            computed = time.monotonic()
+        return {"first_token": first_token, "queue_ms": _ms(started - arrived),
+                "prefill_ms": _ms(computed - started)}
+
     def routes(self):
-        return {"/prefill": self.prefill}
+        return {"/prefill": self.prefill, "/allocate": self.allocate, "/free": self.free}
 
 
 class DecodeEngine:
@@ -371,7 +420,8 @@ def _serve(args):
     if args.role == "prefill":
         engine = PrefillEngine(model, allocator,
                                AgentSender(router_agent, args.tensor, args.wait_s),
-                               layer_by_layer=args.layer_by_layer)
+                               layer_by_layer=args.layer_by_layer, node=node,
+                               tensor=args.tensor)
     else:
         arrivals = Arrivals()
         threading.Thread(target=follow_watch, args=(watch, arrivals), name="watch",

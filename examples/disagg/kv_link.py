@@ -124,6 +124,22 @@ class AgentSender:
             raise TransferFailed(f"request {request_id}: {e}", e) from None
 
 
+    def layers_ready(self, request_id, layers):
+        """Tells the agent that layers below `layers` of the layer-by-layer transfer
+        `request_id` (this identity's, started by this engine or by the router) are
+        computed. The transfer may not have reached the agent yet: retried briefly."""
+        import fuselink
+
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self._agent.layers_ready(request_id, layers)
+                return
+            except fuselink.FuselinkError as e:
+                if e.reason != "UNKNOWN_TRANSFER" or time.monotonic() > deadline:
+                    raise TransferFailed(f"layers ready: {e}", e) from None
+                time.sleep(0.001)
+
     def start(self, source_blocks, target_node, target_tensor, target_blocks):
         """The same transfer, layer by layer: started now, sent as ready() tells each
         layer computed; wait() returns once it completed."""
@@ -138,6 +154,7 @@ class LayeredTransfer:
     def __init__(self, sender, source_blocks, target_node, target_tensor, target_blocks):
         import uuid
 
+        self._sender = sender
         self._agent = sender._agent
         self._request_id = uuid.uuid4().hex
         self._error = None
@@ -158,18 +175,7 @@ class LayeredTransfer:
 
     def ready(self, layers):
         """Layers below `layers` are computed (and, on a GPU, synchronized)."""
-        import fuselink
-
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                self._agent.layers_ready(self._request_id, layers)
-                return
-            except fuselink.FuselinkError as e:
-                # The transfer's own thread may not have reached the agent yet.
-                if e.reason != "UNKNOWN_TRANSFER" or time.monotonic() > deadline:
-                    raise TransferFailed(f"layers ready: {e}", e) from None
-                time.sleep(0.001)
+        self._sender.layers_ready(self._request_id, layers)
 
     def wait(self, request_id):
         self._thread.join()

@@ -1,11 +1,21 @@
-"""The router of a disaggregated pair: for each prompt it asks the decode engine for
-blocks, the prefill engine to prefill into its own and move them there, and the
-decode engine to generate. Prints one JSON summary: tokens and time to first token
-per request. With --check it also runs every prompt through a single in-process
-engine (engine.reference_generate) and exits 1 unless all tokens match exactly.
+"""The router of a disaggregated pair, an asyncio program as serving routers are: for
+each prompt it asks the decode engine for blocks, the prefill engine to prefill, the
+prompt's K/V moved from one into the other, and the decode engine to generate.
+Prints one JSON summary: tokens and time to first token per request. With --check it
+also runs every prompt through a single in-process engine
+(engine.reference_generate) and exits 1 unless all tokens match exactly.
 
   router.py --prefill URL --decode URL [--prompts 8 --seed 1 --max_new 16] [--check]
             [--poisson RPS [--on_s S --off_s S]]
+            [--agent ADDR --tls_dir PKI [--router_name prefill] [--layer_by_layer]]
+
+With --agent the router moves the K/V itself through the prefill node's agent, with
+fuselink.aio: it allocates blocks on both engines, has the prefill engine compute
+into its own, runs the transfer (`async for event in agent.transfer(...)`), then frees
+them; with --layer_by_layer the transfer starts first and the prefill engine tells
+the agent each layer it computed. Without --agent the prefill engine moves them (its
+own agent client, or the stand-in's copy). Its engine calls are blocking HTTP
+(urllib) run on threads; the transfers share the one event loop.
 
 Without --poisson, --concurrency requests are in flight at a time. With it, requests
 arrive open-loop, in a Poisson process of RPS per second while the load is on, on for
@@ -16,6 +26,7 @@ Exit status: 0 all requests served (and matched, with --check), 1 otherwise.
 """
 
 import argparse
+import asyncio
 import concurrent.futures
 import json
 import random
@@ -77,51 +88,119 @@ def percentile(values, p):
     return ordered[max(0, -(-len(ordered) * p // 100) - 1)]
 
 
-def serve(prefill, decode, request_id, prompt, max_new):
-    """One request through both engines; its tokens and timings."""
+async def acall(base, path, body=None):
+    """call() on a thread of the loop's executor: the loop goes on meanwhile."""
+    return await asyncio.get_running_loop().run_in_executor(None, call, base, path, body)
+
+
+class AgentMover:
+    """Moves a prompt's K/V through the prefill node's agent (a fuselink.aio.Agent
+    speaking as the identity both caches grant): blocks from the prefill engine's
+    /allocate, one transfer into the decode engine's, the blocks freed after."""
+
+    def __init__(self, agent, layer_by_layer, timeout_s):
+        self.agent = agent
+        self.layer_by_layer = layer_by_layer
+        self.timeout_s = timeout_s
+
+    async def prefill_and_move(self, prefill, request_id, prompt, target):
+        """/prefill's reply for `prompt` and the transfer's ms that did not overlap
+        the computation, once its blocks landed in `target` (decode's /allocate)."""
+        own = await acall(prefill, "/allocate", {"n_tokens": len(prompt)})
+        blocks = own["block_ids"]
+        transfer = self.agent.transfer(own["tensor"], target["node"], target["tensor"],
+                                       blocks=blocks, target_blocks=target["block_ids"][:len(blocks)],
+                                       layer_by_layer=self.layer_by_layer, timeout=self.timeout_s)
+        body = {"request_id": request_id, "tokens": prompt, "block_ids": blocks}
+        moving = None
+        try:
+            if self.layer_by_layer:  # running while the layers are computed
+                moving = asyncio.ensure_future(transfer)
+                body["transfer_id"] = transfer.request_id
+            pre = await acall(prefill, "/prefill", body)
+            computed = time.monotonic()
+            final = await (moving or transfer)
+            pre["per_nic"] = {n.nic: n.bytes for n in final.completed.per_nic}
+            return pre, round((time.monotonic() - computed) * 1e3, 3)
+        except BaseException:
+            if moving is not None and not moving.done():
+                await self.agent.cancel(transfer.request_id)
+                await asyncio.gather(moving, return_exceptions=True)
+            raise
+        finally:
+            await acall(prefill, "/free", {"block_ids": blocks})
+
+
+async def serve(prefill, decode, request_id, prompt, max_new, mover=None):
+    """One request through both engines; its tokens and timings. The K/V moves by
+    `mover` (an AgentMover), or by the prefill engine itself when None."""
     started = time.monotonic()
-    alloc = call(decode, "/allocate", {"n_tokens": len(prompt), "max_new": max_new})
+    alloc = await acall(decode, "/allocate", {"n_tokens": len(prompt), "max_new": max_new})
     try:
-        pre = call(prefill, "/prefill", {
-            "request_id": request_id, "tokens": prompt, "target_node": alloc["node"],
-            "target_tensor": alloc["tensor"], "target_blocks": alloc["block_ids"]})
+        if mover is None:
+            pre = await acall(prefill, "/prefill", {
+                "request_id": request_id, "tokens": prompt, "target_node": alloc["node"],
+                "target_tensor": alloc["tensor"], "target_blocks": alloc["block_ids"]})
+        else:
+            pre, transfer_ms = await mover.prefill_and_move(prefill, request_id, prompt,
+                                                            alloc)
+            pre["transfer_ms"] = transfer_ms
     except Exception:
-        call(decode, "/free", {"block_ids": alloc["block_ids"]})
+        await acall(decode, "/free", {"block_ids": alloc["block_ids"]})
         raise
     first_token_at = time.monotonic()
-    gen = call(decode, "/generate", {
+    gen = await acall(decode, "/generate", {
         "request_id": request_id, "prompt_len": len(prompt),
         "first_token": pre["first_token"], "block_ids": alloc["block_ids"],
         "max_new": max_new})
     done = time.monotonic()
     return {"id": request_id, "prompt_len": len(prompt), "tokens": gen["tokens"],
-            # TTFT: until the first token is in the router's hands. The prefill engine
-            # answers once its transfer has completed, so the transfer is counted.
+            # TTFT: until the first token is in the router's hands, the transfer
+            # counted (the prefill engine answers, or the router's transfer ends, once
+            # the blocks have landed).
             "ttft_ms": round((first_token_at - started) * 1e3, 3),
             "queue_ms": pre["queue_ms"], "prefill_ms": pre["prefill_ms"],
             "transfer_ms": pre["transfer_ms"],
             "kv_wait_ms": gen["wait_ms"], "decode_ms": gen["decode_ms"],
-            "total_ms": round((done - started) * 1e3, 3)}
+            "total_ms": round((done - started) * 1e3, 3),
+            # Bytes by NIC, where the router moved the K/V (the transfer's final event).
+            **({"per_nic": pre["per_nic"]} if "per_nic" in pre else {})}
+
+
+async def serve_all_async(prefill, decode, prompts, max_new, concurrency, times=None,
+                          mover=None):
+    """serve_all() on the running loop."""
+    start = time.monotonic()
+    workers = concurrency if times is None else len(prompts)
+    # Each request blocks a thread only in its HTTP calls; enough for all at once.
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max(1, 2 * workers)))
+    gate = asyncio.Semaphore(max(1, workers))
+    failures = (EngineError, OSError)
+    if mover is not None:
+        import fuselink
+
+        failures += (fuselink.FuselinkError,)
+
+    async def one(i):
+        request_id = f"r{i}"
+        if times is not None:
+            await asyncio.sleep(max(0.0, start + times[i] - time.monotonic()))
+        async with gate:
+            try:
+                return await serve(prefill, decode, request_id, prompts[i], max_new, mover)
+            except failures as e:
+                return {"id": request_id, "prompt_len": len(prompts[i]), "error": str(e)}
+
+    return await asyncio.gather(*(one(i) for i in range(len(prompts))))
 
 
 def serve_all(prefill, decode, prompts, max_new, concurrency, times=None):
     """Every prompt, `concurrency` at a time, or each at its arrival time in `times`
     (seconds from now; open-loop: nothing waits for earlier requests); results in
-    prompt order, each a dict from serve() or {"id", "error"}."""
-    start = time.monotonic()
-
-    def one(i):
-        request_id = f"r{i}"
-        if times is not None:
-            time.sleep(max(0.0, start + times[i] - time.monotonic()))
-        try:
-            return serve(prefill, decode, request_id, prompts[i], max_new)
-        except (EngineError, OSError) as e:
-            return {"id": request_id, "prompt_len": len(prompts[i]), "error": str(e)}
-
-    workers = concurrency if times is None else len(prompts)
-    with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-        return list(pool.map(one, range(len(prompts))))
+    prompt order, each a dict from serve() or {"id", "error"}. The prefill engine
+    moves the K/V (main() passes an AgentMover to serve_all_async instead)."""
+    return asyncio.run(serve_all_async(prefill, decode, prompts, max_new, concurrency, times))
 
 
 def latency_summary(results):
@@ -151,6 +230,21 @@ def check(results, prompts, max_new, config, device="cpu"):
     return all(r["match"] for r in results)
 
 
+async def route(args, prompts, times):
+    """Every prompt served, on this loop; with --agent through an AgentMover."""
+    if not args.agent:
+        return await serve_all_async(args.prefill, args.decode, prompts, args.max_new,
+                                     args.concurrency, times)
+    import fuselink
+    import fuselink.aio
+
+    tls = fuselink.Tls.from_dir(args.tls_dir, "router", args.router_name)
+    async with fuselink.aio.Agent(args.agent, tls=tls) as agent:
+        mover = AgentMover(agent, args.layer_by_layer, args.wait_s)
+        return await serve_all_async(args.prefill, args.decode, prompts, args.max_new,
+                                     args.concurrency, times, mover)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prefill", required=True, help="the prefill engine's URL")
@@ -169,7 +263,16 @@ def main():
                    help="compare with a single engine's tokens; exit 1 on a difference")
     p.add_argument("--device", default="cpu",
                    help="--check: where the single engine runs; the engines' device")
+    p.add_argument("--agent", help="the prefill node's agent: the router moves the K/V")
+    p.add_argument("--tls_dir", help="--agent: scripts/certs.sh's folder")
+    p.add_argument("--router_name", default="prefill",
+                   help="--agent: moves as router/NAME, whom both caches grant")
+    p.add_argument("--layer_by_layer", action="store_true",
+                   help="--agent: each layer sent as soon as the prefill engine computed it")
+    p.add_argument("--wait_s", type=float, default=30, help="--agent: bound on a transfer")
     args = p.parse_args()
+    if args.agent and not args.tls_dir:
+        p.error("--agent needs --tls_dir")
 
     infos = [call(url, "/info") for url in (args.prefill, args.decode)]
     configs = [info["config"] for info in infos]
@@ -182,8 +285,7 @@ def main():
         if args.poisson <= 0 or args.on_s <= 0 or args.off_s < 0:
             sys.exit("--poisson and --on_s must be > 0, --off_s >= 0")
         times = arrival_times(args.seed, len(prompts), args.poisson, args.on_s, args.off_s)
-    results = serve_all(args.prefill, args.decode, prompts, args.max_new, args.concurrency,
-                        times)
+    results = asyncio.run(route(args, prompts, times))
     ok = all("error" not in r for r in results)
     summary = {"requests": results, "served": sum("error" not in r for r in results),
                **latency_summary(results)}

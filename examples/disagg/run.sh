@@ -12,7 +12,9 @@
 # AGENT_BINARY and PYTHON_DIR default to build/services/fuselink-agent and
 # build/python (the client the build made). PROMPTS (8), SEED (1), MAX_LEN (80) and
 # MAX_NEW (16) shape the run: random prompt lengths in 1..MAX_LEN from SEED.
-# LAYER_BY_LAYER=1: the prefill engine sends each layer as soon as it is computed.
+# The router moves each prompt's K/V through node-a's agent with fuselink.aio
+# (router.py --agent); ENGINE_SENDS=1 has the prefill engine move it instead.
+# LAYER_BY_LAYER=1: each layer is sent as soon as the prefill engine computed it.
 # IN_NODE=1: the decode engine lends its cache to node-a's agent too, and each move is
 # an in-node one (the agent's own copy engines, no NIC).
 # DEVICE (cpu) is where the engines keep the model, compute and their KV caches:
@@ -170,6 +172,9 @@ else
   start_engine decode "$b" node-b --writers "$mover"
 fi
 start_engine prefill "$a" node-a --router_name prefill ${LAYER_BY_LAYER:+--layer_by_layer}
+# The router moves the K/V as router/prefill, the identity both caches grant.
+mover=(--agent "$a" --tls_dir "$run/pki" --router_name prefill ${LAYER_BY_LAYER:+--layer_by_layer})
+[ "${ENGINE_SENDS:-0}" != 1 ] || mover=()
 
 status=0
 check=--check
@@ -178,7 +183,7 @@ check=--check
 "$python" "$example/router.py" --prefill "$(field "$run/prefill.json" url)" \
   --decode "$(field "$run/decode.json" url)" --prompts "${PROMPTS:-8}" \
   --seed "${SEED:-1}" --max_len "${MAX_LEN:-80}" --max_new "${MAX_NEW:-16}" \
-  --device "$device" ${ROUTER_ARGS:-} $check >"$run/summary.json" || status=$?
+  --device "$device" "${mover[@]}" ${ROUTER_ARGS:-} $check >"$run/summary.json" || status=$?
 if [ -n "${SUMMARY:-}" ]; then cp "$run/summary.json" "$SUMMARY"; else cat "$run/summary.json"; fi
 if [ "$status" -ne 0 ]; then
   echo "FAIL: a request failed or its tokens differ from the single engine's" >&2

@@ -10,7 +10,8 @@ Mutual TLS under the default policy, as a deployment runs it: an engine's certif
 moves them; what each may not do is refused with its reason.
 
 Environment: FL_SOURCE_AGENT, FL_SOURCE_SOCKET (node-a), FL_TARGET_AGENT,
-FL_TARGET_SOCKET, FL_TARGET_NODE (node-b), FL_PKI (scripts/certs.sh's folder).
+FL_TARGET_SOCKET, FL_TARGET_NODE (node-b), FL_PKI (scripts/certs.sh's folder), and
+FL_INSTALLED_IN where the package must come from an installed wheel (its venv).
 """
 
 import ctypes
@@ -91,6 +92,14 @@ class ClientTest(unittest.TestCase):
             fn(*args, **kwargs)
         self.assertEqual((caught.exception.code, caught.exception.reason), (code, reason),
                          str(caught.exception))
+
+    def test_the_package_is_the_installed_one(self):
+        venv = os.environ.get("FL_INSTALLED_IN")  # client_test.sh sets it for a venv
+        if not venv:
+            self.skipTest("run from the build tree (FL_INSTALLED_IN unset)")
+        for module in (fuselink, agent_pb2):
+            where = os.path.realpath(module.__file__)
+            self.assertTrue(where.startswith(os.path.realpath(venv) + os.sep), where)
 
     def test_transfer_lands_and_is_seen(self):
         src = self.lend(self.source, "py-lands-src", fill=True)
@@ -208,7 +217,8 @@ class ClientTest(unittest.TestCase):
                 return 0
 
         export = (b"\x5a" * 64, 0, SIZE_BYTES, 0)
-        with mock.patch.object(fuselink.client, "cuda_ipc_export", return_value=export):
+        # Patched where both clients' requests are made (fuselink/_requests.py).
+        with mock.patch.object(fuselink._requests, "cuda_ipc_export", return_value=export):
             # The client passes this process's pidfd over the handle socket: the agent
             # takes the handle that far, then finds it cannot open it here (no GPU, or
             # the handle is no real one), never OWNER_TOKEN_REQUIRED.

@@ -1,8 +1,9 @@
 """Python client of the fuselink agent: lend KV caches, move them, wait for them.
 
-The generated protobuf and gRPC modules live beside this package, in fuselink.v1
-(agent_pb2, tensor_pb2, ...) and google.rpc; the build writes all of them to
-build/python (see clients/python/README.md).
+fuselink.Agent is the synchronous client; fuselink.aio.Agent the same calls for
+asyncio programs. The generated protobuf and gRPC modules are fuselink.v1 (agent_pb2,
+tensor_pb2, ...); a wheel's build writes them (protogen.py), as the CMake build does
+into build/python (see clients/python/README.md).
 """
 
 from . import reasons

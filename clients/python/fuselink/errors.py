@@ -7,10 +7,14 @@ NOT_FOUND / UNKNOWN_TENSOR. Callers branch on `code` and `reason`, never on the 
 fuselink.reasons names every reason (docs/errors.md says what each means).
 """
 
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
 import grpc
 from google.protobuf.message import DecodeError
 
-from google.rpc import error_details_pb2, status_pb2
+from ._rpc import error_details_pb2, status_pb2  # generated (protogen.py)
 
 # grpc.StatusCode by its integer value (absl and google.rpc number codes the same).
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -31,7 +35,8 @@ class FuselinkError(Exception):
       event: for a failed transfer, the last TransferEvent or WatchEvent seen; else None.
     """
 
-    def __init__(self, code, message, reason="", metadata=None, event=None):
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str = "",
+                 metadata: Optional[Mapping[str, str]] = None, event: Any = None) -> None:
         self.code = code
         self.message = message
         self.reason = reason
@@ -41,12 +46,13 @@ class FuselinkError(Exception):
         super().__init__(f"{label}: {message}")
 
 
-def code_from_int(value):
+def code_from_int(value: int) -> grpc.StatusCode:
     """The grpc.StatusCode numbered `value`; UNKNOWN for a number gRPC does not know."""
     return _CODES.get(value, grpc.StatusCode.UNKNOWN)
 
 
-def from_rpc_error(error, event=None, default_reason=""):
+def from_rpc_error(error: grpc.RpcError, event: Any = None,
+                   default_reason: str = "") -> FuselinkError:
     """Turns a grpc.RpcError into a FuselinkError, reading the ErrorInfo if present
     (`default_reason` when there is none)."""
     code = error.code() or grpc.StatusCode.UNKNOWN

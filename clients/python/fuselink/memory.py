@@ -7,6 +7,8 @@ carry descriptors, so the socket answers each one with a token that RegisterTens
 then names.
 """
 
+from __future__ import annotations
+
 import ctypes
 import mmap
 import os
@@ -21,7 +23,7 @@ _SOCKET_TIMEOUT_S = 10
 _IPC_HANDLE_BYTES = 64  # sizeof(CUipcMemHandle)
 
 
-def send_fd(socket_path, fd):
+def send_fd(socket_path: str, fd: int) -> int:
     """Passes `fd` to the agent listening at `socket_path`; returns its token.
 
     The token is valid once, for 60 s: register the tensor right away. The agent holds
@@ -45,7 +47,7 @@ def send_fd(socket_path, fd):
     return token
 
 
-def send_owner_pidfd(socket_path):
+def send_owner_pidfd(socket_path: str) -> int:
     """Sends a pidfd of this process; the agent drops our tensors when we exit."""
     fd = os.pidfd_open(os.getpid())
     try:
@@ -63,7 +65,7 @@ class HostBuffer:
     here only; the agent keeps its mapping until the tensor is unregistered.
     """
 
-    def __init__(self, size_bytes, name="fuselink"):
+    def __init__(self, size_bytes: int, name: str = "fuselink") -> None:
         if size_bytes <= 0:
             raise ValueError(f"size_bytes must be positive, not {size_bytes}")
         self.size_bytes = size_bytes
@@ -82,10 +84,10 @@ class HostBuffer:
             os.close(self.fd)
             raise
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.size_bytes
 
-    def close(self):
+    def close(self) -> None:
         """Unmaps and closes. Fails (BufferError) while a memoryview of `data` lives."""
         if self.fd < 0:
             return
@@ -93,10 +95,10 @@ class HostBuffer:
         os.close(self.fd)
         self.fd = -1
 
-    def __enter__(self):
+    def __enter__(self) -> "HostBuffer":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()
 
 
@@ -138,7 +140,7 @@ class _Driver:
 _driver = None  # loaded on first use: hosts without a GPU never touch libcuda
 
 
-def is_cuda_tensor(obj):
+def is_cuda_tensor(obj: object) -> bool:
     """True for a PyTorch CUDA tensor; needs no torch import to decide."""
     return bool(getattr(obj, "is_cuda", False)) and hasattr(obj, "data_ptr")
 

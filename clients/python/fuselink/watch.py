@@ -6,23 +6,21 @@ in place by sending the call's initial metadata; a Watch returns from its constr
 only then. So: start the watch, then trigger the transfer, then wait.
 """
 
-import collections
+from __future__ import annotations
+
 import threading
 import time
+from typing import Optional
 
 import grpc
 
 from fuselink.v1 import agent_pb2
 
-from .errors import FuselinkError, code_from_int, from_rpc_error
+from . import _requests as rq
+from ._requests import MAX_PENDING_EVENTS, REFUSAL_WAIT_S, WATCH_READY_KEY
+from .errors import FuselinkError, from_rpc_error
 
-# Finished transfers kept for wait() before the oldest is dropped; an engine that never
-# waits must not grow without bound.
-MAX_PENDING_EVENTS = 1024
-# The initial-metadata entry the agent sends once a watch is in place.
-WATCH_READY_KEY = "fuselink-watch-ready"
-# How long a watch without that mark waits for the refusal's status to arrive.
-_REFUSAL_WAIT_S = 2.0
+__all__ = ["Watch", "MAX_PENDING_EVENTS", "WATCH_READY_KEY"]
 
 
 class Watch:
@@ -33,12 +31,10 @@ class Watch:
     the stream.
     """
 
-    def __init__(self, stub, tensor="", outgoing=False):
+    def __init__(self, stub, tensor: str = "", outgoing: bool = False) -> None:
         self.tensor = tensor
-        self.dropped_events = 0  # events lost to MAX_PENDING_EVENTS
-        self._events = collections.deque()
+        self._queue = rq.EventQueue()
         self._cond = threading.Condition()
-        self._error = None  # why the stream ended, once it has
         self._call = stub.WatchTransfers(
             agent_pb2.WatchTransfersRequest(tensor=tensor, outgoing=outgoing))
         # Returns once the agent has the watch in place (its metadata says so), or the
@@ -46,14 +42,13 @@ class Watch:
         # mark returns, so wait for its status then.
         metadata = dict(self._call.initial_metadata() or ())
         if metadata.get(WATCH_READY_KEY) != "1":
-            deadline = time.monotonic() + _REFUSAL_WAIT_S
+            deadline = time.monotonic() + REFUSAL_WAIT_S
             while not self._call.done() and time.monotonic() < deadline:
                 time.sleep(0.005)
             if self._call.done():
                 raise from_rpc_error(self._call)
             self._call.cancel()  # an agent that does not mark its watches: no promise
-            raise FuselinkError(grpc.StatusCode.FAILED_PRECONDITION,
-                                "the agent did not confirm the watch is in place")
+            raise rq.watch_not_confirmed()
         self._reader = threading.Thread(target=self._read, name=f"fuselink-watch-{tensor}",
                                         daemon=True)
         self._reader.start()
@@ -63,19 +58,20 @@ class Watch:
         try:
             for event in self._call:
                 with self._cond:
-                    if len(self._events) == MAX_PENDING_EVENTS:
-                        self._events.popleft()
-                        self.dropped_events += 1
-                    self._events.append(event)
+                    self._queue.push(event)
                     self._cond.notify_all()
         except grpc.RpcError as e:
             error = from_rpc_error(e)
         with self._cond:
-            if self._error is None:
-                self._error = error
+            self._queue.end(error)
             self._cond.notify_all()
 
-    def wait(self, timeout=None):
+    @property
+    def dropped_events(self) -> int:
+        """Events lost to MAX_PENDING_EVENTS."""
+        return self._queue.dropped
+
+    def wait(self, timeout: Optional[float] = None) -> agent_pb2.WatchEvent:
         """The next finished transfer; waits up to `timeout` seconds (None: forever).
 
         Returns the WatchEvent of a transfer whose bytes all landed. Raises
@@ -84,29 +80,25 @@ class Watch:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while not self._events:
-                if self._error is not None:
-                    raise self._error
+            while not self._queue.events:
+                if self._queue.error is not None:
+                    raise self._queue.error
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    what = self.tensor or "any tensor"
-                    raise TimeoutError(f"no transfer into {what} finished in {timeout} s")
+                    raise rq.watch_timeout(self.tensor, timeout)
                 self._cond.wait(remaining)
-            event = self._events.popleft()
-        if event.code != 0:
-            raise FuselinkError(code_from_int(event.code), event.message, event=event)
-        return event
+            event = self._queue.events.popleft()
+        return rq.watch_result(event)
 
-    def close(self):
+    def close(self) -> None:
         """Ends the stream; a wait() in progress raises FuselinkError (CANCELLED)."""
         with self._cond:
-            if self._error is None:
-                self._error = FuselinkError(grpc.StatusCode.CANCELLED, "watch closed")
+            self._queue.end(FuselinkError(grpc.StatusCode.CANCELLED, "watch closed"))
             self._cond.notify_all()
         self._call.cancel()
 
-    def __enter__(self):
+    def __enter__(self) -> "Watch":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()

@@ -18,6 +18,7 @@ packages=(
   python3-grpcio python3-protobuf
   python3-torch  # examples/disagg: the model its engines serve (CPU)
   qemu-system-x86 debootstrap
+  dpkg-dev file systemd  # tests/packaging: dpkg-shlibdeps and file (CPack's Depends), systemd-analyze
 )
 
 missing=()

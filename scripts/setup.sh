@@ -19,6 +19,7 @@ packages=(
   python3-setuptools python3-wheel python3-pip python3-venv  # the Python client's wheel (python_wheel_test)
   python3-torch  # examples/disagg: the model its engines serve (CPU)
   qemu-system-x86 debootstrap
+  dpkg-dev file systemd  # tests/packaging: dpkg-shlibdeps and file (CPack's Depends), systemd-analyze
 )
 
 missing=()

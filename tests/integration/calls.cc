@@ -65,6 +65,17 @@ TransferResult RunTransfer(v1::Agent::Stub& stub, const v1::TransferRequest& req
   return call.Finish();
 }
 
+grpc::Status LayersReady(v1::Agent::Stub& stub, const std::string& request_id,
+                         uint32_t ready_end) {
+  v1::LayersReadyRequest request;
+  request.set_request_id(request_id);
+  request.set_ready_end(ready_end);
+  v1::TransferStatus ignored;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  return stub.LayersReady(&context, request, &ignored);
+}
+
 WatchCall::WatchCall(v1::Agent::Stub& stub, const std::string& tensor, bool outgoing,
                      absl::Duration timeout) {
   context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

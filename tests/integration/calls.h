@@ -59,6 +59,11 @@ class TransferCall {
 TransferResult RunTransfer(v1::Agent::Stub& stub, const v1::TransferRequest& request,
                            absl::Duration timeout = kCallTimeout);
 
+// Tells the agent that layers [0, ready_end) of its layer-by-layer transfer
+// `request_id` exist (Agent.LayersReady).
+grpc::Status LayersReady(v1::Agent::Stub& stub, const std::string& request_id,
+                         uint32_t ready_end);
+
 // One WatchTransfers call. The constructor returns once the agent has the watch in
 // place (its initial metadata arrived), so every transfer that finishes afterwards
 // reaches it. Thread-safe.

@@ -43,16 +43,6 @@ class InNodeTest : public TwoNodeTest {
     return request;
   }
 
-  grpc::Status LayersReady(const std::string& request_id, uint32_t ready_end) {
-    v1::LayersReadyRequest r;
-    r.set_request_id(request_id);
-    r.set_ready_end(ready_end);
-    v1::TransferStatus ignored;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
-    return a_->stub().LayersReady(&context, r, &ignored);
-  }
-
   std::vector<HostTensor> tensors_;
 };
 
@@ -128,7 +118,7 @@ TEST_F(InNodeTest, LayerByLayerSendsEachLayerAsItIsReady) {
   ASSERT_TRUE(
       call.WaitForEvent([](const v1::TransferEvent& e) { return e.has_accepted(); }));
   for (uint32_t end = 1; end <= kLayers; ++end) {
-    ASSERT_TRUE(LayersReady("layered", end).ok());
+    ASSERT_TRUE(LayersReady(a_->stub(), "layered", end).ok());
     ASSERT_TRUE(call.WaitForEvent([end](const v1::TransferEvent& e) {
       return e.has_layer_done() && e.layer_done().layer() == end - 1;
     })) << "layer "

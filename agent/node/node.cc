@@ -120,13 +120,7 @@ absl::Status Node::Start() {
       [this](uint32_t mask) { TellIdleNics(mask); }, options_.landing);
   route_ =
       std::make_unique<LocalRoute>(options_.node, peers_.get(), landing_.get(), &guard_);
-  transfer::EngineOptions engine_options = options_.engine;
-  engine_options.node = options_.node;
-  engine_options.in_node_moves = true;
-  engine_options.on_outgoing = [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); };
-  engine_ = std::make_unique<transfer::Engine>(
-      engine_options, topology_, registry_.get(), fabric_.get(), route_.get(),
-      scheduler_.get(), gpu_relay_.get(), observer_);
+  MakeEngine();
   nicstat::ForeignOptions foreign = options_.foreign;
   foreign.rdma = fabric_->transport() == "verbs";
   std::vector<nicstat::WatchedNic> watched;
@@ -136,6 +130,24 @@ absl::Status Node::Start() {
   foreign_ = nicstat::ForeignWatch::Create(watched, foreign);
   StartHousekeeping();
   return absl::OkStatus();
+}
+
+void Node::MakeEngine() {
+  transfer::EngineOptions engine_options = options_.engine;
+  engine_options.node = options_.node;
+  engine_options.in_node_moves = true;
+  engine_options.on_outgoing = [this](const v1::WatchEvent& e) { watch_hub_.Publish(e); };
+  // Re-opens failed NICs every kRepairEvery: a rail back from an outage carries chunks
+  // again. And as soon as a transfer finds a NIC failed, not at the next period: a
+  // peer back from a stall carries transfers again within a connect.
+  repair_task_ = repairs_.Add("repair sessions", kRepairEvery, [this] {
+    peers_->RepairSessions();
+    return kRepairEvery;
+  });
+  engine_options.on_nic_lost = [this] { repairs_.RunSoon(repair_task_); };
+  engine_ = std::make_unique<transfer::Engine>(
+      engine_options, topology_, registry_.get(), fabric_.get(), route_.get(),
+      scheduler_.get(), gpu_relay_.get(), observer_);
 }
 
 void Node::StartHousekeeping() {
@@ -153,11 +165,6 @@ void Node::StartHousekeeping() {
     housekeeping_.Add("foreign traffic", absl::ZeroDuration(),
                       [this] { return WatchForeignTraffic(); });
   }
-  // Re-opens failed NICs this often: a rail back from an outage carries chunks again.
-  repairs_.Add("repair sessions", kRepairEvery, [this] {
-    peers_->RepairSessions();
-    return kRepairEvery;
-  });
   housekeeping_.Start();
   repairs_.Start();
 }

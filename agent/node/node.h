@@ -182,7 +182,11 @@ class Node final : public fabric::Handler, public stats::Source {
   void ReapExitedOwners();
   // Tells the sources of incoming transfers which NICs are idle here.
   void TellIdleNics(uint32_t idle_mask);
-  // Adds the periodic tasks below to housekeeping_ and repairs_ and starts both.
+  // Makes the engine, with its hooks into the node (watches, repairs), and the
+  // repair task it asks for.
+  void MakeEngine();
+  // Adds the never-blocking tasks to housekeeping_ and starts it and repairs_ (whose
+  // task Start added before the engine, which asks for it).
   void StartHousekeeping();
   // A housekeeping task, every foreign_check while something moves: the kernel's
   // counters against ours; NICs with foreign traffic going out lend nothing here (the
@@ -225,8 +229,11 @@ class Node final : public fabric::Handler, public stats::Source {
   // landing, the notifier and the engine.
   Housekeeper housekeeping_{"node", /*never_blocks=*/true};
   uint32_t foreign_busy_told_ = 0;  // WatchForeignTraffic's; housekeeping_ only
-  // Re-opens failed NICs of peer sessions, apart: its connects may take seconds.
+  // Re-opens failed NICs of peer sessions, apart: its connects may take seconds. Run
+  // every kRepairEvery, and at once when a transfer finds a NIC failed (the engine's
+  // on_nic_lost).
   Housekeeper repairs_{"peer repairs", /*never_blocks=*/false};
+  Housekeeper::TaskId repair_task_ = -1;
   // Stopped (running what they queued) by ~Node once the transfers stopped, while the
   // landing and the registry they call into are still there.
   transfer::KeyedPool incoming_prepares_;

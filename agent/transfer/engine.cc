@@ -248,6 +248,7 @@ void Engine::Apply(const JobPtr& job, JobEffects& fx) {
     }
   }
   if (fx.outgoing && options_.on_outgoing) options_.on_outgoing(*fx.outgoing);
+  if (fx.nic_lost && options_.on_nic_lost) options_.on_nic_lost();
   if (fx.notify) job->transfer()->Notify(fx.progress_only, options_.progress_interval);
   if (fx.query) AskVerdict(job, fx.query_deadline);
   if (fx.disconnect) {

@@ -101,6 +101,9 @@ struct EngineOptions {
   // Told the end of every transfer this node sent (its outgoing watch event), off the
   // engine's locks. May be empty.
   std::function<void(const v1::WatchEvent&)> on_outgoing;
+  // Called when a transfer finds a NIC's connection to its target failed; never
+  // blocks (the node asks for its sessions' repair now). Null: nothing.
+  std::function<void()> on_nic_lost;
 };
 
 // What the engine reports as it happens (to metrics). Called off the engine's locks.

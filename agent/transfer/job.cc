@@ -128,6 +128,8 @@ bool Job::OnCompletion(uint16_t entry, uint16_t seq, const fabric::Completion& c
       }
       break;
     case WriteOutcome::kNicFault:
+      fx->nic_lost = true;
+      [[fallthrough]];
     case WriteOutcome::kFailed:
       // It may have landed or not; a commit sent twice is harmless (the target answers
       // a repeated commit with its verdict). Settle sends it again on another NIC.
@@ -344,6 +346,7 @@ void Job::PostCommit(JobEffects* fx) {
       fx->wait = true;  // a full queue delays the commit; it never fails the transfer
       break;
     case PostOutcome::kNicFault: {
+      fx->nic_lost = true;
       const absl::Status lost = PeerLostStatus(
           target_node(), absl::UnavailableError("no NIC took the commit notice"));
       if (commit_posted_) {

@@ -49,6 +49,9 @@ struct JobEffects {
   memory::TensorLease released;
   // With `finished`: the event for the source's outgoing watches.
   std::optional<v1::WatchEvent> outgoing;
+  // A NIC's connection to the target was found failed (a write or notice failed
+  // over): the node may re-open it now rather than at its next periodic repair.
+  bool nic_lost = false;
   // A decided job's writes outlived JobOptions::drain_bound: close the connections to
   // this peer, which fails them (and every other write to it).
   std::optional<fabric::PeerId> disconnect;

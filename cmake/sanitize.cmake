@@ -52,9 +52,10 @@ endif()
 # Tests with these labels run in the plain build only: they need hardware or a
 # testbed, or are shell and Python tests of tools the checking builds do not build,
 # or (soak) two minutes of load whose bounds are for real speed, or (docs) read the
-# source tree and nothing a sanitizer sees; the stress test is the checking builds'
-# concurrency load.
-set(FUSELINK_PLAIN_ONLY_LABELS gpu rdma testbed python metrics deploy tools soak docs)
+# source tree and nothing a sanitizer sees, or (packaging) install and package the
+# release build; the stress test is the checking builds' concurrency load.
+set(FUSELINK_PLAIN_ONLY_LABELS gpu rdma testbed python metrics deploy tools soak docs
+  packaging)
 
 # Records `target` as a test binary that the checking builds build and run, unless
 # one of `labels` is plain-only.

@@ -51,6 +51,14 @@ absl::Status WithForeignReason(absl::Status status, absl::string_view reason) {
   return status;
 }
 
+absl::Status WithPayloadsOf(absl::Status status, const absl::Status& from) {
+  if (status.ok()) return status;
+  from.ForEachPayload([&status](absl::string_view url, const absl::Cord& payload) {
+    status.SetPayload(url, payload);
+  });
+  return status;
+}
+
 std::string ReasonOf(const absl::Status& status) {
   auto payload = status.GetPayload(kReasonPayloadUrl);
   return payload ? std::string(*payload) : std::string();

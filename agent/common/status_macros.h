@@ -52,6 +52,11 @@ absl::Status WithForeignReason(absl::Status status, absl::string_view reason);
 // The reason attached by WithReason or WithForeignReason, or empty.
 std::string ReasonOf(const absl::Status& status);
 
+// `status` with every payload of `from`, its reason among them: an error made of
+// another, with a code and message of its own (a write failed UNAVAILABLE because its
+// connection closed FABRIC_ACK_TIMEOUT).
+absl::Status WithPayloadsOf(absl::Status status, const absl::Status& from);
+
 // `status` with `context` (where it came from: "node 'b'", "NIC 2") before its
 // message; the same code and payloads, the reason among them. OK stays OK. For an
 // error crossing a boundary (a peer's answer, one part's error answered by another)

@@ -251,6 +251,7 @@ void Engine::Apply(const JobPtr& job, JobEffects& fx) {
   if (fx.nic_lost && options_.on_nic_lost) options_.on_nic_lost();
   if (fx.notify) job->transfer()->Notify(fx.progress_only, options_.progress_interval);
   if (fx.query) AskVerdict(job, fx.query_deadline);
+  if (fx.probe) ProbeTarget(job, fx.probe_deadline);
   if (fx.disconnect) {
     forced_drains_.fetch_add(1);
     ctx_.fabric->Disconnect(*fx.disconnect);
@@ -267,6 +268,22 @@ void Engine::AskVerdict(const JobPtr& job, absl::Time deadline) {
   if (!posted.ok()) {  // a question unasked: an error like any other, or shutting down
     Run(job, [&](Job& j, JobEffects* fx)
                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { j.OnVerdictReply(posted, fx); });
+  }
+}
+
+void Engine::ProbeTarget(const JobPtr& job, absl::Time deadline) {
+  absl::Status posted = PostPeerCall(job->target_node(), [this, job, deadline] {
+    // Any answer at all says the agent is there; only its silence matters.
+    const absl::Status reply =
+        peers_->QueryVerdict(job->target_node(), job->transfer()->id(), deadline)
+            .status();
+    Run(job, [&](Job& j, JobEffects* fx)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) { j.OnProbeReply(reply, fx); });
+  });
+  if (!posted.ok()) {  // not asked (its lane is full): go on as if it answered
+    Run(job, [](Job& j, JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu()) {
+      j.OnProbeReply(absl::OkStatus(), fx);
+    });
   }
 }
 

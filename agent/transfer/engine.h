@@ -223,6 +223,9 @@ class Engine {
   // target's. KeyedPool::Post's codes.
   absl::Status PostPeerCall(const std::string& target_node, KeyedPool::Task call);
   void AskVerdict(const JobPtr& job, absl::Time deadline);
+  // Asks the job's target, by `deadline`, whether its agent still answers; the job
+  // hears the answer (Job::OnProbeReply).
+  void ProbeTarget(const JobPtr& job, absl::Time deadline);
   void ReleaseAfterFence(const relay::Slot& slot);
   void GrowRelay(int nic);
   void KickWaiting();

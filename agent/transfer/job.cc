@@ -129,6 +129,8 @@ bool Job::OnCompletion(uint16_t entry, uint16_t seq, const fabric::Completion& c
       break;
     case WriteOutcome::kNicFault:
       fx->nic_lost = true;
+      if (ReasonOf(completion.status) == reasons::kFabricAckTimeout)
+        fx->target_silent = true;
       [[fallthrough]];
     case WriteOutcome::kFailed:
       // It may have landed or not; a commit sent twice is harmless (the target answers
@@ -163,6 +165,23 @@ void Job::OnVerdictReply(const absl::StatusOr<std::optional<absl::Status>>& repl
     } else {  // the target has not decided, or cannot be asked: tell it we stop
       Decide(answer.status, /*abort=*/true, fx);
     }
+  }
+  Settle(fx);
+}
+
+void Job::OnProbeReply(const absl::Status& reply, JobEffects* fx) {
+  probing_ = false;
+  const bool silent = absl::IsDeadlineExceeded(reply) || absl::IsUnavailable(reply);
+  if (silent && phase_ != Phase::kDone && !outcome_) {
+    // Neither its NICs nor its agent answer: no other NIC would. No abort notice
+    // either: it would wait out another ACK bound on a NIC the target does not read.
+    Decide(WithReason(absl::UnavailableError(absl::StrCat(
+                          "node '", BoundedForMessage(target_node()),
+                          "' stopped answering: a write saw no ACK within the fabric's "
+                          "bound, and its agent did not answer a question either (",
+                          absl::StatusCodeToString(reply.code()), ")")),
+                      reasons::kPeerLost),
+           /*abort=*/false, fx);
   }
   Settle(fx);
 }
@@ -448,6 +467,11 @@ v1::WatchEvent Job::OutgoingEvent(const absl::Status& outcome) const {
 }
 
 void Job::Settle(JobEffects* fx) {
+  if (fx->target_silent && !probing_ && target_ && phase_ != Phase::kDone && !outcome_) {
+    probing_ = true;
+    fx->probe = true;
+    fx->probe_deadline = wait_.QueryDeadline(now());
+  }
   // Each pass moves the phase on or stops; the phases only go forward.
   for (;;) {
     TakeTrouble(fx);
@@ -461,7 +485,7 @@ void Job::Settle(JobEffects* fx) {
       continue;
     }
     if (phase_ == Phase::kSending) {
-      if (!ctx_->posting_stopped.load()) window_->Pump(fx);
+      if (!ctx_->posting_stopped.load() && !probing_) window_->Pump(fx);
       TakeTrouble(fx);
       if (outcome_ || phase_ != Phase::kSending) continue;
       if (!window_->all_landed(*transfer_)) break;
@@ -469,7 +493,7 @@ void Job::Settle(JobEffects* fx) {
       continue;
     }
     if (phase_ == Phase::kCommitting && !commit_in_flight_ && !commit_landed_ &&
-        !ctx_->posting_stopped.load()) {
+        !ctx_->posting_stopped.load() && !probing_) {
       PostCommit(fx);
       if (outcome_ || phase_ != Phase::kCommitting) continue;
     }

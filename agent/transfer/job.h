@@ -115,6 +115,11 @@ class Job {
   // The answer to the question JobEffects::query asked for.
   void OnVerdictReply(const absl::StatusOr<std::optional<absl::Status>>& reply,
                       JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
+  // The answer to the question JobEffects::probe asked: whether the target's agent
+  // still answers (OK, or an error from the target) or not (DEADLINE_EXCEEDED,
+  // UNAVAILABLE: the target is stopped or gone, and the transfer ends PEER_LOST).
+  void OnProbeReply(const absl::Status& reply, JobEffects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   // The job's timer (timer()) is due.
   void OnTimer(JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   // Woken from the wait list: something it waited for may be free.
@@ -202,6 +207,10 @@ class Job {
   NicReach reach_ ABSL_GUARDED_BY(mu());
   std::optional<Window> window_ ABSL_GUARDED_BY(mu());
   bool listed_ ABSL_GUARDED_BY(mu()) = false;  // on the engine's wait list
+  // A write saw no ACK for the fabric's bound, and the target is being asked whether
+  // it still answers: nothing is posted until it replies. A target stopped dead then
+  // costs one ACK bound and one question, not one ACK bound per NIC in turn.
+  bool probing_ ABSL_GUARDED_BY(mu()) = false;
   // Layers below this are ready to send: the request's end, unless layer by layer.
   uint32_t ready_end_ ABSL_GUARDED_BY(mu());
   // When the lease runs out; InfiniteFuture without one.

@@ -52,6 +52,13 @@ struct JobEffects {
   // A NIC's connection to the target was found failed (a write or notice failed
   // over): the node may re-open it now rather than at its next periodic repair.
   bool nic_lost = false;
+  // A write to the target went unacknowledged for the fabric's whole ACK bound: set by
+  // the window; the job then asks the target whether it still answers (`probe`).
+  bool target_silent = false;
+  // Ask the target, by `probe_deadline`, whether its agent still answers (blocks: on
+  // a worker thread); the job posts nothing until the answer (Job::OnProbeReply).
+  bool probe = false;
+  absl::Time probe_deadline;
   // A decided job's writes outlived JobOptions::drain_bound: close the connections to
   // this peer, which fails them (and every other write to it).
   std::optional<fabric::PeerId> disconnect;

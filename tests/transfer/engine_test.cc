@@ -247,6 +247,58 @@ TEST_F(EngineTest, TransportFaultMovesTheChunkToAnotherNic) {
   EXPECT_EQ(t->Status().progress().bytes_done(), 2 * 8192u);
 }
 
+// How a write fails when its connection saw no ACK for the fabric's whole bound.
+absl::Status NoAck() {
+  return WithReason(absl::UnavailableError("connection lost: no ACK for 1000 ms"),
+                    reasons::kFabricAckTimeout);
+}
+
+bool WaitForState(const Transfer& t, State want) {
+  const absl::Time give_up = absl::Now() + kWaitTimeout;
+  while (t.state() != want) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// A write no ACK came back for: the target is asked whether it still answers, and
+// when its agent is silent too the transfer ends PEER_LOST without trying the write
+// on the next NIC (where a stopped target would cost another whole bound).
+TEST_F(EngineTest, ATargetSilentOnItsNicsAndItsAgentEndsTheTransferAfterOneBound) {
+  Make();
+  std::shared_ptr<Transfer> t = Start("r1");
+  peers_.AddReply(absl::DeadlineExceededError("Deadline Exceeded"));
+  std::vector<Posted> writes = fabric_.Take();
+  fabric_.Complete(writes[0], NoAck());
+  ASSERT_TRUE(peers_.WaitForQueries(1));
+  ASSERT_TRUE(WaitForState(*t, State::kStopping));  // decided; three writes still out
+  for (size_t i : {1, 2, 3}) fabric_.Complete(writes[i], NoAck());
+  EXPECT_EQ(End(*t),
+            std::make_pair(absl::StatusCode::kUnavailable, std::string("PEER_LOST")));
+  EXPECT_EQ(Posts(ImmOp::kData), 4) << "the unacknowledged write went out again";
+  EXPECT_TRUE(fabric_.disconnects().empty());
+}
+
+// The same write, and the target's agent answers: a NIC's fault, not the target's.
+// The write goes again on the other NIC and the transfer completes.
+TEST_F(EngineTest, ATargetWhoseAgentAnswersGetsTheWriteOnAnotherNic) {
+  Make();
+  std::shared_ptr<Transfer> t = Start("r1");
+  peers_.AddReply(std::optional<absl::Status>{});  // open: it is there
+  std::vector<Posted> writes = fabric_.Take();
+  const int silent_nic = writes[2].nic;
+  fabric_.Complete(writes[2], NoAck());
+  ASSERT_TRUE(peers_.WaitForQueries(1));
+  for (size_t i : {0, 1, 3}) fabric_.Complete(writes[i]);
+  ASSERT_TRUE(fabric_.WaitForPending(1)) << "the write did not go again";
+  fabric_.CompleteAll();
+  Verdict(5, Verdict::kCompleted);
+  EXPECT_EQ(t->state(), State::kCompleted);
+  EXPECT_EQ(Posts(ImmOp::kData), 5);  // the four, and the one again
+  EXPECT_EQ(Posts(ImmOp::kData, 1 - silent_nic), 1);
+}
+
 TEST_F(EngineTest, AJobWaitingForRoomIsWokenByKick) {
   Make();
   fabric_.FailPosts(-1, absl::ResourceExhaustedError("queue full"), 1);

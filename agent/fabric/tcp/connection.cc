@@ -101,11 +101,8 @@ void TcpConnection::JoinAndFailPending() {
   }
   // UNAVAILABLE whatever closed it (the write may go again on another connection),
   // with the close's reason (FABRIC_ACK_TIMEOUT, ...) kept for the caller to see.
-  absl::Status lost =
-      absl::UnavailableError(absl::StrCat("connection lost: ", why.message()));
-  why.ForEachPayload([&lost](absl::string_view url, const absl::Cord& payload) {
-    lost.SetPayload(url, payload);
-  });
+  const absl::Status lost = WithPayloadsOf(
+      absl::UnavailableError(absl::StrCat("connection lost: ", why.message())), why);
   for (const PendingWrite& write : failed) Complete(write, lost);
 }
 

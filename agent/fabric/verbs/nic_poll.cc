@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/check.h"
+#include "agent/common/status_macros.h"
 #include "agent/fabric/verbs/host_shadow.h"
 #include "agent/fabric/verbs/nic.h"
 
@@ -24,9 +25,11 @@ absl::Status WcStatus(const ibv_wc& wc, const absl::Status& close_reason) {
   switch (wc.status) {
     case IBV_WC_SUCCESS:
       return absl::OkStatus();
-    case IBV_WC_WR_FLUSH_ERR:
-      return absl::UnavailableError(absl::StrCat(
-          "flushed, QP closed: ", close_reason.ok() ? what : close_reason.message()));
+    case IBV_WC_WR_FLUSH_ERR:  // the close's reason kept (FABRIC_ACK_TIMEOUT, ...)
+      return WithPayloadsOf(
+          absl::UnavailableError(absl::StrCat(
+              "flushed, QP closed: ", close_reason.ok() ? what : close_reason.message())),
+          close_reason);
     case IBV_WC_REM_ACCESS_ERR:
       // The target's NIC refused the rkey: the window's registration is gone (the
       // source posts only writes that one registered extent holds).
@@ -299,11 +302,13 @@ void Nic::FinalizeDrained() {
         send_quota_used_.fetch_sub(1, std::memory_order_acq_rel);
         released.push_back(std::move(slot.hold));
         if (slot.reported) continue;
-        forced.push_back({.wr_id = slot.user_wr_id,
-                          .nic = index_,
-                          .bytes = slot.bytes,
-                          .status = absl::UnavailableError(
-                              absl::StrCat("QP closed: ", qp->close_reason.message()))});
+        forced.push_back(
+            {.wr_id = slot.user_wr_id,
+             .nic = index_,
+             .bytes = slot.bytes,
+             .status = WithPayloadsOf(absl::UnavailableError(absl::StrCat(
+                                          "QP closed: ", qp->close_reason.message())),
+                                      qp->close_reason)});
       }
       qp->held = 0;
       qp->finalized = true;

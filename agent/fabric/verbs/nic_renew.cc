@@ -151,11 +151,14 @@ void Nic::ExpireStalledWrites() {
     }
     if (stalled) {
       ack_timeouts_.fetch_add(1, std::memory_order_relaxed);
-      CloseQp(qp,
-              absl::UnavailableError(absl::StrCat(
-                  "QP ", qp->qp.qpn(), " on NIC ", index_, ": no write acknowledged in ",
-                  absl::FormatDuration(sizing_.ack_timeout),
-                  " (the target stopped answering)")));
+      // UNAVAILABLE: the writes may go again on another QP; the reason tells the
+      // engine the target may have stopped (it then asks the target's agent).
+      CloseQp(qp, WithReason(absl::UnavailableError(
+                                 absl::StrCat("QP ", qp->qp.qpn(), " on NIC ", index_,
+                                              ": no write acknowledged in ",
+                                              absl::FormatDuration(sizing_.ack_timeout),
+                                              " (the target stopped answering)")),
+                             reasons::kFabricAckTimeout));
     }
   }
 }

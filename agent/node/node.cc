@@ -161,16 +161,18 @@ void Node::StartHousekeeping() {
     }
     return kExpireEvery;
   });
-  if (foreign_->any_watched()) {
-    housekeeping_.Add("foreign traffic", absl::ZeroDuration(),
-                      [this] { return WatchForeignTraffic(); });
-  }
   housekeeping_.Start();
+  if (foreign_->any_watched()) {
+    foreign_watch_.Add("look", absl::ZeroDuration(),
+                       [this] { return WatchForeignTraffic(); });
+    foreign_watch_.Start();
+  }
   repairs_.Start();
 }
 
 void Node::StopTransfers() {
   // First: the housekeeping calls into the landing, the notifier and the engine.
+  foreign_watch_.Stop();
   housekeeping_.Stop();
   if (fabric_) fabric_->CancelConnects();  // ends the connects the threads below wait on
   if (peers_) peers_->Shutdown();    // cancels peer calls the engine's threads wait on

@@ -185,8 +185,8 @@ class Node final : public fabric::Handler, public stats::Source {
   // Makes the engine, with its hooks into the node (watches, repairs), and the
   // repair task it asks for.
   void MakeEngine();
-  // Adds the never-blocking tasks to housekeeping_ and starts it and repairs_ (whose
-  // task Start added before the engine, which asks for it).
+  // Adds the never-blocking tasks to housekeeping_ and foreign_watch_ and starts
+  // them and repairs_ (whose task Start added before the engine, which asks for it).
   void StartHousekeeping();
   // A housekeeping task, every foreign_check while something moves: the kernel's
   // counters against ours; NICs with foreign traffic going out lend nothing here (the
@@ -224,11 +224,14 @@ class Node final : public fabric::Handler, public stats::Source {
   static constexpr absl::Duration kExpireEvery = absl::Milliseconds(200);
   static constexpr absl::Duration kRepairEvery = absl::Seconds(5);
   // The node's periodic work that never blocks: expiring slots, reaping exited
-  // lenders, maintaining the GPU relay, and (where some NIC is watched)
-  // WatchForeignTraffic. Stopped first by StopTransfers: its tasks call into the
-  // landing, the notifier and the engine.
+  // lenders, maintaining the GPU relay. Stopped first by StopTransfers (with
+  // foreign_watch_): its tasks call into the landing, the notifier and the engine.
   Housekeeper housekeeping_{"node", /*never_blocks=*/true};
-  uint32_t foreign_busy_told_ = 0;  // WatchForeignTraffic's; housekeeping_ only
+  // WatchForeignTraffic, where some NIC is watched: a thread of its own, since its
+  // 10 ms cadence is what bounds a give-back to foreign traffic, which a slow expiry
+  // (a landing busy with many slots) must not delay.
+  Housekeeper foreign_watch_{"foreign traffic", /*never_blocks=*/true};
+  uint32_t foreign_busy_told_ = 0;  // WatchForeignTraffic's; foreign_watch_ only
   // Re-opens failed NICs of peer sessions, apart: its connects may take seconds. Run
   // every kRepairEvery, and at once when a transfer finds a NIC failed (the engine's
   // on_nic_lost).

@@ -466,12 +466,16 @@ v1::WatchEvent Job::OutgoingEvent(const absl::Status& outcome) const {
   return e;
 }
 
-void Job::Settle(JobEffects* fx) {
+void Job::AskIfSilent(JobEffects* fx) {
   if (fx->target_silent && !probing_ && target_ && phase_ != Phase::kDone && !outcome_) {
     probing_ = true;
     fx->probe = true;
     fx->probe_deadline = wait_.QueryDeadline(now());
   }
+}
+
+void Job::Settle(JobEffects* fx) {
+  AskIfSilent(fx);
   // Each pass moves the phase on or stops; the phases only go forward.
   for (;;) {
     TakeTrouble(fx);

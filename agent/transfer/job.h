@@ -211,6 +211,9 @@ class Job {
   // it still answers: nothing is posted until it replies. A target stopped dead then
   // costs one ACK bound and one question, not one ACK bound per NIC in turn.
   bool probing_ ABSL_GUARDED_BY(mu()) = false;
+  // Starts the question to the target when a write came back with no ACK
+  // (JobEffects::target_silent) and none is out.
+  void AskIfSilent(JobEffects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   // Layers below this are ready to send: the request's end, unless layer by layer.
   uint32_t ready_end_ ABSL_GUARDED_BY(mu());
   // When the lease runs out; InfiniteFuture without one.

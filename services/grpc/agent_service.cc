@@ -150,7 +150,7 @@ grpc::ServerUnaryReactor* AgentService::RegisterTensor(
   // Mapping, populating and registering memory blocks: on the caller's own lane of
   // the node's pool.
   return AnswerOffThread(
-      context, *parts_.registrations, RegistrationLane(*context, *caller),
+      *parts_.registrations, RegistrationLane(*context, *caller),
       [this, request, response, caller = *std::move(caller)]() -> absl::Status {
         absl::StatusOr<memory::TensorInfo> info = Register(*request, caller);
         if (!info.ok()) return info.status();
@@ -396,14 +396,14 @@ grpc::ServerUnaryReactor* AgentService::UnregisterTensor(
   if (!caller.ok()) return Answer(context, caller.status());
   // Letting go of the last hold of a tensor unmaps and deregisters its memory (an MR
   // per NIC, a CUDA import): on the same lanes as registering, off gRPC's threads.
-  return AnswerOffThread(
-      context, *parts_.registrations, RegistrationLane(*context, *caller),
-      [this, request, caller = *std::move(caller)]() -> absl::Status {
-        return parts_.registry->Unregister(
-            request->name(), [&](const memory::TensorInfo& info) {
-              return parts_.guard->RequireOwner(caller, info.owner, info.name);
-            });
-      });
+  return AnswerOffThread(*parts_.registrations, RegistrationLane(*context, *caller),
+                         [this, request, caller = *std::move(caller)]() -> absl::Status {
+                           return parts_.registry->Unregister(
+                               request->name(), [&](const memory::TensorInfo& info) {
+                                 return parts_.guard->RequireOwner(caller, info.owner,
+                                                                   info.name);
+                               });
+                         });
 }
 
 grpc::ServerUnaryReactor* AgentService::GetTensor(grpc::CallbackServerContext* context,

@@ -3,7 +3,7 @@
 // threads are few and shared by every call, health checks included, so one caller's
 // slow work would hold up every other caller.
 //
-//   return AnswerOffThread(context, node_->registrations(), caller.identity,
+//   return AnswerOffThread(*parts_.registrations, caller.identity,
 //                          [=] { return DoTheWork(*request, response); });
 //
 // The call is answered from the pool once `work` returns its status (having filled the
@@ -13,11 +13,19 @@
 // answer (gRPC's contract), so `work` may hold their pointers; whatever else it holds
 // it must own.
 //
+// gRPC frees the request and response on its own thread once the call is done,
+// ordered after the answer by its completion queue, which ThreadSanitizer cannot see
+// (Debian's gRPC is not built with it): `work`'s reads of the request on the pool's
+// thread then look unordered against the free. OffThreadReactor makes the order
+// visible: the answering thread releases a mutex after `work`, and OnDone, which gRPC
+// runs before it frees the messages, acquires it.
+//
 // Limit of use: the pool must run what it queued before it goes (Stop with
 // run_queued), or a queued call is never answered and the server's shutdown waits for
 // it.
 #pragma once
 
+#include <mutex>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -28,16 +36,32 @@
 
 namespace fuselink::services {
 
+// A unary call's reactor answered from another thread (above). Deletes itself when
+// the call is done.
+class OffThreadReactor final : public grpc::ServerUnaryReactor {
+ public:
+  // Once: the answer. Nothing of this may be touched after.
+  void Answer(const absl::Status& status) {
+    { std::lock_guard<std::mutex> released(order_); }
+    Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override {
+    { std::lock_guard<std::mutex> acquired(order_); }
+    delete this;
+  }
+
+ private:
+  std::mutex order_;  // orders the answering thread's work before gRPC's free
+};
+
 template <typename Work>
-grpc::ServerUnaryReactor* AnswerOffThread(grpc::CallbackServerContext* context,
-                                          transfer::KeyedPool& pool,
+grpc::ServerUnaryReactor* AnswerOffThread(transfer::KeyedPool& pool,
                                           absl::string_view key, Work work) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new OffThreadReactor();
   const absl::Status posted = pool.Post(key, [reactor, work = std::move(work)]() mutable {
-    const absl::Status status = std::move(work)();
-    reactor->Finish(ToGrpcStatus(status));
+    reactor->Answer(std::move(work)());
   });
-  if (!posted.ok()) reactor->Finish(ToGrpcStatus(posted));
+  if (!posted.ok()) reactor->Answer(posted);
   return reactor;
 }
 

@@ -76,7 +76,7 @@ grpc::ServerUnaryReactor* PeerService::PrepareIncoming(
   // The landing's Prepare blocks (registrations, shadow memory, the fabric's
   // handshake with the caller): on the source's own lane of the node's pool.
   return AnswerOffThread(
-      context, *parts_.incoming_prepares, request->source_node(),
+      *parts_.incoming_prepares, request->source_node(),
       [this, request, response]() -> absl::Status {
         // The source relays who asked it; the target tensor's grants decide.
         security::Guard& guard = *parts_.guard;

@@ -48,7 +48,7 @@ class HeldPeer final : public v1::Peer::CallbackService {
   grpc::ServerUnaryReactor* PrepareIncoming(
       grpc::CallbackServerContext* context, const v1::PrepareIncomingRequest* request,
       v1::PrepareIncomingResponse* response) override {
-    return AnswerOffThread(context, *pool_, request->source_node(), [this, response] {
+    return AnswerOffThread(*pool_, request->source_node(), [this, response] {
       absl::MutexLock lock(&mu_);
       ++started_;
       auto released = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return released_; };

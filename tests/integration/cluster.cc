@@ -159,13 +159,9 @@ void TwoNodeTest::StartNodes(const std::vector<std::string>& a_flags,
 
 void TwoNodeTest::StartMutualNodes(const std::vector<std::string>& a_flags,
                                    const std::vector<std::string>& b_flags) {
-  uint16_t port = 0;
-  {
-    // Bound, then let go just before node-a binds it.
-    absl::StatusOr<UniqueFd> reserved = ReserveClosedPort(&port);
-    ASSERT_TRUE(reserved.ok()) << reserved.status();
-  }
-  const std::string a_address = absl::StrCat("127.0.0.1:", port);
+  absl::StatusOr<std::string> free = FreeListenAddress();
+  ASSERT_TRUE(free.ok()) << free.status();
+  const std::string a_address = *free;
   std::vector<std::string> a = a_flags, b = b_flags;
   a.push_back(absl::StrCat("--listen=", a_address));
   b.push_back(absl::StrCat("--peer=", kNodeA, "=", a_address));

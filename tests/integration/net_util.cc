@@ -7,6 +7,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -95,6 +96,32 @@ bool WaitUntilClosed(int fd, absl::Duration timeout) {
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
   }
   return false;
+}
+
+absl::StatusOr<std::string> FreeListenAddress() {
+  static std::atomic<uint32_t> next{static_cast<uint32_t>(getpid()) * 97};
+  const uint32_t n = next.fetch_add(1);
+  const std::string host = "127.0.0.1";
+  int ephemeral_low = 32768;  // Linux's default
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &ephemeral_low) != 1) ephemeral_low = 32768;
+    std::fclose(f);
+  }
+  const int first = std::max(1024, ephemeral_low - 8000);
+  const int span = ephemeral_low - first;
+  if (span <= 0)
+    return absl::FailedPreconditionError("no ports below the ephemeral range");
+  for (int i = 0; i < span; ++i) {
+    const uint16_t port = static_cast<uint16_t>(first + (n * 131 + i) % span);
+    FL_ASSIGN_OR_RETURN(sockaddr_in addr, Address(host, port));
+    UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return ErrnoStatus("socket", errno);
+    if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+      return absl::StrCat(host, ":", port);
+    }
+    if (errno != EADDRINUSE) return ErrnoStatus(absl::StrCat("bind(", host, ")"), errno);
+  }
+  return absl::ResourceExhaustedError(absl::StrCat("no free port on ", host));
 }
 
 absl::StatusOr<UniqueFd> ReserveClosedPort(uint16_t* port) {

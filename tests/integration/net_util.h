@@ -25,6 +25,15 @@ bool WaitUntilClosed(int fd, absl::Duration timeout);
 // it is bound, never listened on, so connecting is refused.
 absl::StatusOr<UniqueFd> ReserveClosedPort(uint16_t* port);
 
+// An address ("127.0.0.1:<port>", the address the test certificates name) for an
+// agent to listen on that must be known before the agent starts (another agent names
+// it in --peer), with nothing bound there. Not a port the kernel picked and let go
+// of, which any socket of any process may be handed next: a port below the kernel's
+// ephemeral range (ip_local_port_range), where no socket bound to port 0 ever lands,
+// found free by binding it; which ports are tried first depends on the pid and a
+// counter, so that test binaries side by side try different ones.
+absl::StatusOr<std::string> FreeListenAddress();
+
 // IPv4 packets from and to some addresses dropped, as on a rail that went down: an
 // nftables table of this process ("fuselink_test_<pid>_<n>") with a chain in the input
 // hook. Loopback packets pass it on their way in, so both directions are cut there and

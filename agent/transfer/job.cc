@@ -128,9 +128,7 @@ bool Job::OnCompletion(uint16_t entry, uint16_t seq, const fabric::Completion& c
       }
       break;
     case WriteOutcome::kNicFault:
-      fx->nic_lost = true;
-      if (ReasonOf(completion.status) == reasons::kFabricAckTimeout)
-        fx->target_silent = true;
+      fx->NoteNicLost(completion.status);
       [[fallthrough]];
     case WriteOutcome::kFailed:
       // It may have landed or not; a commit sent twice is harmless (the target answers

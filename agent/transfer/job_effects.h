@@ -10,6 +10,8 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/time/time.h"
+#include "agent/common/errors.h"
+#include "agent/common/status_macros.h"
 #include "agent/fabric/fabric.h"
 #include "agent/memory/registry.h"
 #include "agent/relay/pool.h"
@@ -59,6 +61,13 @@ struct JobEffects {
   // a worker thread); the job posts nothing until the answer (Job::OnProbeReply).
   bool probe = false;
   absl::Time probe_deadline;
+
+  // A NIC's connection to the target failed `why`: sets nic_lost, and target_silent
+  // when it closed for want of an ACK.
+  void NoteNicLost(const absl::Status& why) {
+    nic_lost = true;
+    if (ReasonOf(why) == reasons::kFabricAckTimeout) target_silent = true;
+  }
   // A decided job's writes outlived JobOptions::drain_bound: close the connections to
   // this peer, which fails them (and every other write to it).
   std::optional<fabric::PeerId> disconnect;

@@ -184,8 +184,7 @@ int64_t Window::Unreserve(const sched::Choice& choice, uint64_t bytes, bool fail
 void Window::LoseNic(uint16_t index, const absl::Status& why, JobEffects* fx) {
   const Chunk chunk = entries_[index].chunk;
   const int nic = entries_[index].choice.nic;
-  fx->nic_lost = true;
-  if (ReasonOf(why) == reasons::kFabricAckTimeout) fx->target_silent = true;
+  fx->NoteNicLost(why);
   Drop(index, /*failed=*/true, fx);
   if (halted_) return;
   again_.push_back(chunk);

@@ -258,6 +258,10 @@ class Fabric {
   virtual absl::StatusOr<WindowKey> OpenWindow(RegionKey region,
                                                absl::string_view peer_name,
                                                std::span<const Extent> extents) = 0;
+  // Whether OpenWindow may wait: on a registration or on the peer (verbs: each
+  // extent registered with each NIC, then the source's ACK of the window). A caller on
+  // a thread that must not block calls it from one that may when this is true.
+  virtual bool OpenWindowMayWait() const = 0;
   // No write through the window is placed once this returns, except those already
   // placing; `drained` runs once they have finished (at once when there are none,
   // else on the thread that finishes the last). Never blocks. An unknown key runs

@@ -173,7 +173,7 @@ absl::Status Landing::CheckRoomLocked(const std::string& source) {
 absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
     const v1::PrepareIncomingRequest& request,
     absl::FunctionRef<absl::Status(const memory::TensorInfo&)> may_write, Source from) {
-  FL_MAY_BLOCK();  // registrations, shadow memory, the fabric's handshake
+  if (PrepareMayBlock()) FL_MAY_BLOCK();  // registrations, the fabric's handshake
   FL_ASSIGN_OR_RETURN(memory::TensorLease tensor, registry_->Acquire(request.tensor()));
   FL_RETURN_IF_ERROR(may_write(tensor.info()));
   const memory::Layout& layout = tensor.info().layout;

@@ -95,6 +95,9 @@ class Landing {
       absl::FunctionRef<absl::Status(const memory::TensorInfo&)> may_write =
           [](const memory::TensorInfo&) { return absl::OkStatus(); },
       Source from = Source::kPeer);
+  // Whether Prepare may block (the fabric's OpenWindow may wait); when false it only
+  // takes locks, and a gRPC thread may run it.
+  bool PrepareMayBlock() const { return fabric_->OpenWindowMayWait(); }
 
   // A write or notice from a source (not idle masks or verdicts: those are the
   // engine's).

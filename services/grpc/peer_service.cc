@@ -73,23 +73,26 @@ grpc::ServerUnaryReactor* PeerService::PrepareIncoming(
       !caller.ok()) {
     return Answer(context, caller.status());
   }
-  // The landing's Prepare blocks (registrations, shadow memory, the fabric's
-  // handshake with the caller): on the source's own lane of the node's pool.
-  return AnswerOffThread(
-      *parts_.incoming_prepares, request->source_node(),
-      [this, request, response]() -> absl::Status {
-        // The source relays who asked it; the target tensor's grants decide.
-        security::Guard& guard = *parts_.guard;
-        const security::Caller requester = guard.CallerOf(request->requester());
-        absl::StatusOr<v1::PrepareIncomingResponse> prepared =
-            parts_.landing->Prepare(*request, [&](const memory::TensorInfo& tensor) {
-              return guard.RequireGrant(requester, tensor.owner, tensor.writers, "into",
-                                        tensor.name);
-            });
-        if (!prepared.ok()) return prepared.status();
-        *response = *std::move(prepared);
-        return absl::OkStatus();
-      });
+  auto prepare = [this, request, response]() -> absl::Status {
+    // The source relays who asked it; the target tensor's grants decide.
+    security::Guard& guard = *parts_.guard;
+    const security::Caller requester = guard.CallerOf(request->requester());
+    absl::StatusOr<v1::PrepareIncomingResponse> prepared =
+        parts_.landing->Prepare(*request, [&](const memory::TensorInfo& tensor) {
+          return guard.RequireGrant(requester, tensor.owner, tensor.writers, "into",
+                                    tensor.name);
+        });
+    if (!prepared.ok()) return prepared.status();
+    *response = *std::move(prepared);
+    return absl::OkStatus();
+  };
+  // Where the landing's Prepare may block (verbs: registrations, the fabric's
+  // handshake with the caller), on the source's own lane of the node's pool; where it
+  // only takes locks (TCP), here: a hop to the pool and back costs each transfer
+  // about seven context switches at the target (docs/benchmarks.md).
+  if (!parts_.landing->PrepareMayBlock()) return Answer(context, prepare());
+  return AnswerOffThread(*parts_.incoming_prepares, request->source_node(),
+                         std::move(prepare));
 }
 
 grpc::ServerWriteReactor<v1::TransferEvent>* PeerService::ForwardTransfer(

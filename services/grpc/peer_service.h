@@ -1,8 +1,9 @@
 // The agent-to-agent control service (fuselink.v1.Peer): session bootstrap and the
 // target's side of a transfer's set-up. Never blocks a gRPC thread: PrepareIncoming's
-// work, which does block, runs on the node's incoming_prepares() pool, a lane per
-// source node with bounds per source and in all (RESOURCE_EXHAUSTED,
-// INCOMING_PREPARES_BUSY past them); the other calls answer from memory. Only peer
+// work, where it may block (verbs: registrations, the window's handshake), runs on the
+// node's incoming_prepares() pool, a lane per source node with bounds per source and
+// in all (RESOURCE_EXHAUSTED, INCOMING_PREPARES_BUSY past them); where it only takes
+// locks (TCP) it answers on gRPC's thread, as the other calls do. Only peer
 // agents may call it, each only for its own node (its certificate's identity).
 #pragma once
 
@@ -28,7 +29,7 @@ struct PeerServiceParts {
   peer::PeerDirectory* peers = nullptr;              // Hello remembers its caller
   transfer::Landing* landing = nullptr;              // this node's transfers as a target
   transfer::Engine* engine = nullptr;                // forwarded transfers and calls
-  transfer::KeyedPool* incoming_prepares = nullptr;  // PrepareIncoming's blocking work
+  transfer::KeyedPool* incoming_prepares = nullptr;  // PrepareIncoming where it blocks
   bool accepts_forwarded = false;                    // --accept_forwarded
 };
 

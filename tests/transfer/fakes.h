@@ -85,6 +85,7 @@ class FakeFabric final : public fabric::Fabric {
       std::span<const fabric::Extent> extents) override;
   void CloseWindow(fabric::WindowKey window,
                    absl::AnyInvocable<void() &&> drained) override;
+  bool OpenWindowMayWait() const override { return false; }
   absl::StatusOr<fabric::PeerId> Connect(
       absl::string_view peer_name, const std::vector<fabric::Endpoint>& remote) override;
   // Records the peer; its writes stay pending (the test flushes them, as the real

@@ -53,6 +53,7 @@ class FakeFabric final : public fabric::Fabric {
     windows[key] = Window{region, std::string(peer), {extents.begin(), extents.end()}};
     return key;
   }
+  bool OpenWindowMayWait() const override { return false; }
   void CloseWindow(fabric::WindowKey key,
                    absl::AnyInvocable<void() &&> drained) override {
     windows[key].open = false;

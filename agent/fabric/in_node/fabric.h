@@ -100,6 +100,8 @@ class InNodeFabric final : public Fabric {
   absl::StatusOr<WindowKey> OpenWindow(RegionKey region, absl::string_view peer_name,
                                        std::span<const Extent> extents) override;
   void CloseWindow(WindowKey window, absl::AnyInvocable<void() &&> drained) override;
+  // The node's own windows never wait; a peer's are the wrapped fabric's.
+  bool OpenWindowMayWait() const override { return wrapped_->OpenWindowMayWait(); }
   absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
                                  const std::vector<Endpoint>& remote) override;
   void Disconnect(PeerId peer) override;

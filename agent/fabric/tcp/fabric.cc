@@ -124,6 +124,7 @@ class TcpFabric final : public Fabric, public ConnectionHost {
   void CloseWindow(WindowKey window, absl::AnyInvocable<void() &&> drained) override {
     windows_.Close(window, std::move(drained));
   }
+  bool OpenWindowMayWait() const override { return false; }  // two table inserts
   absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
                                  const std::vector<Endpoint>& remote) override;
   void Disconnect(PeerId peer) override;

@@ -98,6 +98,7 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   absl::StatusOr<WindowKey> OpenWindow(RegionKey region, absl::string_view peer_name,
                                        std::span<const Extent> extents) override;
   void CloseWindow(WindowKey window, absl::AnyInvocable<void() &&> drained) override;
+  bool OpenWindowMayWait() const override { return true; }  // registrations, the ACK
   absl::StatusOr<PeerId> Connect(absl::string_view peer_name,
                                  const std::vector<Endpoint>& remote) override;
   void Disconnect(PeerId peer) override;

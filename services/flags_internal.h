@@ -1,0 +1,92 @@
+// The agent's flags as the code that reads them sees them: one ABSL_DECLARE_FLAG
+// each, in the order of their definitions (with their defaults and help) in
+// flags.cc. flags.cc includes this too, so that a declaration whose type differs
+// from its definition does not compile. Internal to fuselink-agent: only flags.cc
+// and flags_read.cc include it; everyone else gets the flags as an AgentConfig
+// (flags.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+
+ABSL_DECLARE_FLAG(std::string, node);
+ABSL_DECLARE_FLAG(std::string, listen);
+ABSL_DECLARE_FLAG(std::string, metrics_listen);
+ABSL_DECLARE_FLAG(std::string, metrics_web_config);
+ABSL_DECLARE_FLAG(int, metrics_auth_queue_depth);
+ABSL_DECLARE_FLAG(std::string, runtime_dir);
+ABSL_DECLARE_FLAG(std::string, handle_socket);
+ABSL_DECLARE_FLAG(std::string, topology);
+ABSL_DECLARE_FLAG(std::vector<std::string>, exclude_nics);
+ABSL_DECLARE_FLAG(std::string, sysfs_root);
+ABSL_DECLARE_FLAG(std::optional<int>, nics);
+ABSL_DECLARE_FLAG(std::optional<int>, loopback_net);
+ABSL_DECLARE_FLAG(std::vector<std::string>, peer);
+ABSL_DECLARE_FLAG(std::string, policy);
+ABSL_DECLARE_FLAG(uint32_t, direct_depth);
+ABSL_DECLARE_FLAG(uint32_t, borrow_depth);
+ABSL_DECLARE_FLAG(uint32_t, chunk_bytes);
+ABSL_DECLARE_FLAG(uint32_t, window_chunks);
+ABSL_DECLARE_FLAG(uint32_t, max_transfers);
+ABSL_DECLARE_FLAG(uint32_t, max_transfers_per_router);
+ABSL_DECLARE_FLAG(uint32_t, max_tensors_per_engine);
+ABSL_DECLARE_FLAG(uint64_t, max_layout_parts_per_engine);
+ABSL_DECLARE_FLAG(uint32_t, max_watches_per_identity);
+ABSL_DECLARE_FLAG(uint32_t, grpc_max_streams_per_connection);
+ABSL_DECLARE_FLAG(uint32_t, incoming_per_source);
+ABSL_DECLARE_FLAG(uint32_t, incoming_start_timeout_ms);
+ABSL_DECLARE_FLAG(uint32_t, incoming_idle_timeout_ms);
+ABSL_DECLARE_FLAG(uint32_t, ipc_close_wait_ms);
+ABSL_DECLARE_FLAG(uint32_t, prepare_threads);
+ABSL_DECLARE_FLAG(uint32_t, prepare_threads_per_target);
+ABSL_DECLARE_FLAG(uint32_t, prepare_queue_per_target);
+ABSL_DECLARE_FLAG(uint32_t, incoming_prepare_threads);
+ABSL_DECLARE_FLAG(uint32_t, incoming_prepares_per_source);
+ABSL_DECLARE_FLAG(uint32_t, incoming_prepares_pending);
+ABSL_DECLARE_FLAG(uint32_t, register_threads);
+ABSL_DECLARE_FLAG(uint32_t, registrations_per_caller);
+ABSL_DECLARE_FLAG(uint32_t, registrations_pending);
+ABSL_DECLARE_FLAG(int64_t, foreign_busy_bytes_per_s);
+ABSL_DECLARE_FLAG(double, foreign_overhead_pct);
+ABSL_DECLARE_FLAG(double, foreign_ack_overhead_pct);
+ABSL_DECLARE_FLAG(uint32_t, foreign_check_ms);
+ABSL_DECLARE_FLAG(uint32_t, foreign_hold_ms);
+ABSL_DECLARE_FLAG(std::string, transport);
+ABSL_DECLARE_FLAG(int, connections_per_nic);
+ABSL_DECLARE_FLAG(int, fabric_stall_timeout_ms);
+ABSL_DECLARE_FLAG(int, fabric_ack_timeout_ms);
+ABSL_DECLARE_FLAG(uint32_t, transfer_drain_timeout_ms);
+ABSL_DECLARE_FLAG(int, fabric_connections_per_peer);
+ABSL_DECLARE_FLAG(int, qps_per_nic);
+ABSL_DECLARE_FLAG(int, rdma_traffic_class);
+ABSL_DECLARE_FLAG(int, rdma_service_level);
+ABSL_DECLARE_FLAG(std::string, gpudirect_max_class);
+ABSL_DECLARE_FLAG(uint32_t, rdma_staging_slots);
+ABSL_DECLARE_FLAG(uint64_t, rdma_max_shadow_mib);
+ABSL_DECLARE_FLAG(int, rdma_max_qps_per_nic);
+ABSL_DECLARE_FLAG(std::string, gpu);
+ABSL_DECLARE_FLAG(std::string, relay_stage);
+ABSL_DECLARE_FLAG(uint64_t, relay_cap_mib);
+ABSL_DECLARE_FLAG(uint64_t, relay_min_free_mib);
+ABSL_DECLARE_FLAG(int, relay_idle_ms);
+ABSL_DECLARE_FLAG(std::string, peer_discovery);
+ABSL_DECLARE_FLAG(std::string, k8s_service);
+ABSL_DECLARE_FLAG(std::string, k8s_namespace);
+ABSL_DECLARE_FLAG(std::string, k8s_api_server);
+ABSL_DECLARE_FLAG(std::string, k8s_token_file);
+ABSL_DECLARE_FLAG(std::string, k8s_ca_file);
+ABSL_DECLARE_FLAG(std::string, k8s_address_family);
+ABSL_DECLARE_FLAG(uint32_t, k8s_watch_backoff_min_ms);
+ABSL_DECLARE_FLAG(uint32_t, k8s_watch_backoff_max_ms);
+ABSL_DECLARE_FLAG(std::string, tls_cert);
+ABSL_DECLARE_FLAG(std::string, tls_key);
+ABSL_DECLARE_FLAG(std::string, tls_ca);
+ABSL_DECLARE_FLAG(uint32_t, tls_refresh_s);
+ABSL_DECLARE_FLAG(bool, plaintext);
+ABSL_DECLARE_FLAG(bool, accept_forwarded);
+ABSL_DECLARE_FLAG(std::string, access_policy);
+ABSL_DECLARE_FLAG(std::string, ready_file);

@@ -15,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/security/credentials.h"
@@ -95,6 +96,11 @@ int main(int argc, char** argv) {
   absl::FlagsUsageConfig usage;
   usage.version_string = [] {
     return std::string("fuselink-agent " FUSELINK_VERSION "\n");
+  };
+  // --help lists the agent's own flags, which live in services/flags.cc (abseil's
+  // default looks for a file named after the program).
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "services/flags.cc");
   };
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);

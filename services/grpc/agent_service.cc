@@ -4,11 +4,11 @@
 
 #include "agent/common/status_macros.h"
 #include "services/grpc/agent_service_internal.h"
+#include "services/grpc/answer_off_thread.h"
 
 namespace fuselink::services {
 namespace {
 
-using agent_service_internal::Answer;
 using agent_service_internal::kSeeAll;
 using security::Bit;
 using security::Role;

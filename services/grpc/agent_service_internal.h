@@ -4,22 +4,12 @@
 // fuselink_services; callers use agent_service.h.
 #pragma once
 
-#include "absl/status/status.h"
-#include "agent/common/grpc_status.h"
 #include "agent/security/policy.h"
-#include "grpcpp/grpcpp.h"
 
 namespace fuselink::services::agent_service_internal {
 
 // Roles that see every tensor.
 inline constexpr security::Roles kSeeAll =
     security::Bit(security::Role::kRouter) | security::Bit(security::Role::kViewer);
-
-inline grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
-                                        const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 }  // namespace fuselink::services::agent_service_internal

@@ -22,7 +22,6 @@
 namespace fuselink::services {
 namespace {
 
-using agent_service_internal::Answer;
 using agent_service_internal::kSeeAll;
 using security::Bit;
 using security::Role;

@@ -8,13 +8,13 @@
 
 #include "services/grpc/agent_service.h"
 #include "services/grpc/agent_service_internal.h"
+#include "services/grpc/answer_off_thread.h"
 #include "services/grpc/transfer_control.h"
 #include "services/grpc/transfer_stream.h"
 
 namespace fuselink::services {
 namespace {
 
-using agent_service_internal::Answer;
 using security::Bit;
 using security::Role;
 

@@ -1,5 +1,6 @@
-// A unary handler whose work blocks (maps memory, registers it with a NIC, waits for a
-// fabric's handshake) answers from a thread of a KeyedPool, never from gRPC's: gRPC's
+// Answering unary calls: Answer at once, for work that does not block; a handler
+// whose work blocks (maps memory, registers it with a NIC, waits for a fabric's
+// handshake) answers from a thread of a KeyedPool, never from gRPC's: gRPC's
 // threads are few and shared by every call, health checks included, so one caller's
 // slow work would hold up every other caller.
 //
@@ -35,6 +36,14 @@
 #include "grpcpp/grpcpp.h"
 
 namespace fuselink::services {
+
+// A unary call answered at once, on this thread: for work that does not block.
+inline grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                        const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
 
 // A unary call's reactor answered from another thread (above). Deletes itself when
 // the call is done.

@@ -11,13 +11,6 @@
 namespace fuselink::services {
 namespace {
 
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
-                                 const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 absl::Status ForwardingOff(absl::string_view node) {
   return WithReason(absl::PermissionDeniedError(absl::StrCat(
                         "node '", node,

@@ -79,6 +79,11 @@ done
 version=$("$run/root/usr/bin/fuselink-agent" --version | awk '{print $2}')
 [ "$(dpkg-deb -f "$deb" Version)" = "$version-1" ] ||
   fail "package version $(dpkg-deb -f "$deb" Version), agent $version"
+# The unit's flag file names flags an operator looks up with --help.
+help=$("$run/root/usr/bin/fuselink-agent" --help 2>&1 || true)
+for flag in --node --tls_cert --max_transfers; do
+  grep -q -- "$flag " <<<"$help" || fail "fuselink-agent --help does not list $flag"
+done
 
 # The unit: systemd-analyze verify, with ExecStart at the unpacked binary (verify
 # wants it to exist), quiet: it exits 0 on unknown keys and bad values, so any line

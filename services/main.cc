@@ -89,9 +89,8 @@ fuselink::services::PeerServiceParts PeerParts(fuselink::services::Node& node) {
           .accepts_forwarded = node.accepts_forwarded()};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// What --help and --version print.
+void SetUsage() {
   absl::SetProgramUsageMessage("fuselink-agent --node=NAME [--peer=name=host:port,...]");
   absl::FlagsUsageConfig usage;
   usage.version_string = [] {
@@ -103,6 +102,12 @@ int main(int argc, char** argv) {
     return absl::StrContains(file, "services/flags.cc");
   };
   absl::SetFlagsUsageConfig(usage);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  SetUsage();
   absl::ParseCommandLine(argc, argv);
 #ifdef NDEBUG
   // abseil's lock-cycle detection costs about half of an idle agent's CPU; debug

@@ -110,7 +110,8 @@ std::ostream& operator<<(std::ostream& os, const Reason& reason);
     "A target block is listed twice: two writes would race for it.")                     \
   X(kEmptyRequest, "EMPTY_REQUEST", kInvalidArgument, "A transfer lists no blocks.")     \
   X(kFabricAckTimeout, "FABRIC_ACK_TIMEOUT", kDeadlineExceeded,                          \
-    "A TCP fabric connection closed: the target acknowledged no write for too long.")    \
+    "A fabric connection (TCP) or QP (verbs) closed: the target acknowledged no write "  \
+    "for too long.")                                                                     \
   X(kFabricAuth, "FABRIC_AUTH", kUnauthenticated,                                        \
     "A fabric connection's handshake did not prove the fabric key of the pair of "       \
     "nodes.")                                                                            \

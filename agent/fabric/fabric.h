@@ -152,7 +152,8 @@ struct NicCounters {
   // byte for the stall timeout), or an acknowledgement found no room (TCP only).
   uint64_t stalled_connections = 0;
   // Connections (TCP) or QPs (verbs) of ours closed because the writes on them went
-  // unacknowledged for the acknowledgement timeout; their writes failed over.
+  // unacknowledged for the acknowledgement timeout (verbs also: through the RC
+  // receiver-not-ready retries); their writes failed over.
   uint64_t ack_timeouts = 0;
   // Accepted connections refused because their peer already held its share of this
   // node's connections (TCP only).

@@ -209,9 +209,10 @@ fi
 
 # --- (f) the target frozen mid-transfer (SIGSTOP): its kernel's rxe keeps the QPs in
 # RTS and acknowledges writes until each QP's posted receives are used up, then answers
-# receiver-not-ready for as long as the agent is stopped (RNR is retried forever). The
-# source's writes must fail by the ack watchdog (10 s) and the transfer end with a
-# reason after the verdict's questions, while node-b is still stopped: 45 s at most.
+# receiver-not-ready for as long as the agent is stopped. The source's writes must
+# fail by the finite RNR retries (about 0.29 s) or the ack watchdog (10 s) and the
+# transfer end with a reason after the verdict's questions, while node-b is still
+# stopped: 45 s at most.
 frozen_target() {
   local demo_pid t_stop ended=""
   demo "$run/f.out" 32 16 262144 &  # 128 MiB

@@ -42,8 +42,10 @@
 //    NicCounters::auth_failures counts the control connections refused.
 //  - A port going down (IBV_EVENT_PORT_ERR) closes every QP on that NIC at once; a QP
 //    whose peer stops answering fails after the RC retries (timeout, retry_cnt); a
-//    receiver that stops reposting is answered RNR forever by its NIC, so a QP whose
+//    receiver that stops reposting is answered RNR by its NIC, and the QP fails after
+//    the finite RNR retries (about 0.29 s: verbs::RcParams); on top, a QP whose
 //    writes see no acknowledgement within ack_timeout is closed (the watchdog).
+//    Either closes the QP with FABRIC_ACK_TIMEOUT and counts in ack_timeouts.
 #pragma once
 
 #include <cstdint>
@@ -77,9 +79,11 @@ struct VerbsFabricOptions {
   std::vector<Endpoint> nics;
   // RC QPs per (peer, NIC) pair.
   int qps_per_peer_nic = 2;
-  // Writes in flight on one QP, and receives kept posted on one QP.
+  // Writes in flight on one QP, and receives kept posted on one QP: twice as many, so
+  // that receiver-not-ready (and, past the RC retries, a failed QP) needs a target
+  // whose poller is two of a source's windows behind (verbs::RcParams::rnr_retry).
   uint32_t wr_depth_per_qp = 128;
-  uint32_t recv_depth_per_qp = 128;
+  uint32_t recv_depth_per_qp = 256;
   // Writes in flight on one NIC over all its QPs: the CQE quota.
   int queue_depth_per_nic = 512;
   // QPs one NIC holds (both roles, every peer): sizes the CQ and the receive arena.

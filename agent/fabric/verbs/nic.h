@@ -134,7 +134,7 @@ static_assert(sizeof(Descriptor) == 16, "the descriptor is 16 bytes on the wire"
 struct NicSizing {
   uint32_t max_qps = 64;
   uint32_t send_depth_per_qp = 128;  // writes in flight on one QP
-  uint32_t recv_depth_per_qp = 128;  // receives kept posted on one QP
+  uint32_t recv_depth_per_qp = 256;  // receives kept posted on one QP
   uint32_t queue_depth = 512;        // writes in flight on the NIC (CQE quota)
   uint32_t max_write_bytes = 64 << 20;
   uint32_t max_window_registrations = 1 << 16;  // checked against max_mr
@@ -351,8 +351,9 @@ class Nic {
   void CountAuthFailure() { auth_failures_.fetch_add(1, std::memory_order_relaxed); }
   // Renewals of QPs after a refusal that put their writes back on the wire.
   uint64_t renewals() const { return renewals_.load(); }
-  // QPs closed because their outstanding writes saw no acknowledgement within
-  // NicSizing::ack_timeout.
+  // QPs closed because their outstanding writes saw no acknowledgement: within
+  // NicSizing::ack_timeout (the watchdog), or through the RC receiver-not-ready
+  // retries.
   uint64_t ack_timeouts() const { return ack_timeouts_.load(); }
 
  private:

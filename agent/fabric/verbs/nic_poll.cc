@@ -34,6 +34,14 @@ absl::Status WcStatus(const ibv_wc& wc, const absl::Status& close_reason) {
       // The target's NIC refused the rkey: the window's registration is gone (the
       // source posts only writes that one registered extent holds).
       return RefusalStatus(Refusal::kNoWindow);
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+      // UNAVAILABLE: the writes may go again on another QP; the reason tells the
+      // engine the target may have stopped (it then asks the target's agent).
+      return WithReason(absl::UnavailableError(absl::StrCat(
+                            "the target's receiver was not ready through every RC "
+                            "retry (the target stopped receiving): ",
+                            what)),
+                        reasons::kFabricAckTimeout);
     case IBV_WC_LOC_LEN_ERR:
     case IBV_WC_LOC_PROT_ERR:
       return absl::InternalError(absl::StrCat("local error: ", what));
@@ -90,8 +98,8 @@ void Nic::Handle(const ibv_wc& wc) {
 
 void Nic::HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
   std::optional<Completion> done;
-  std::shared_ptr<const void> released;  // dropped outside the lock
-  bool failed = false;                   // an error that closes the QP
+  std::shared_ptr<const void> released;    // dropped outside the lock
+  absl::Status failed = absl::OkStatus();  // an error that closes the QP
   bool renew = false;
   {
     absl::MutexLock lock(&qp.mu);
@@ -121,10 +129,13 @@ void Nic::HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
             qp.renew_deadline = absl::Now() + kRenewTimeout;
             renewing_.fetch_add(1);
           } else {
-            failed = true;
+            failed = done->status;
           }
         } else if (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_WR_FLUSH_ERR) {
-          failed = true;
+          failed = done->status;
+          if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) {
+            ack_timeouts_.fetch_add(1, std::memory_order_relaxed);
+          }
         }
       }
       if (!id.payload) {  // the SEND: the write's last CQE, in ring order
@@ -136,9 +147,10 @@ void Nic::HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
     }
     renew = ReadyToRenew(qp);
   }
-  if (failed) {
-    CloseQp(&qp, absl::UnavailableError(absl::StrCat(
-                     "QP failed: ", ibv_wc_status_str(wc.status), " on NIC ", index_)));
+  if (!failed.ok()) {
+    CloseQp(&qp, WithPayloadsOf(absl::UnavailableError(absl::StrCat(
+                                    "QP failed on NIC ", index_, ": ", failed.message())),
+                                failed));
   }
   if (done.has_value()) {
     if (done->status.ok()) transmitted_bytes_.fetch_add(done->bytes);

@@ -127,15 +127,16 @@ struct RcParams {
   // Local ACK timeout: 4.096 us * 2^timeout per try (14: ~67 ms).
   uint8_t timeout = 14;
   uint8_t retry_cnt = 7;  // transport retries before IBV_WC_RETRY_EXC_ERR
-  // Receiver-not-ready: the target's receive queue is empty because its poller is a
-  // whole queue behind (busy) or stopped (a frozen agent). 7 retries forever, every
-  // min_rnr_timer (12: 0.64 ms), so a busy target costs a write nothing; a stopped
-  // one is bounded by the fabric's ack watchdog (VerbsFabricOptions::ack_timeout).
-  // A finite count fails a busy target's writes: with this timer after milliseconds
-  // of RNR; with a long one (31: 491.52 ms) each wait outlasts the transport timer
-  // (timeout x retry_cnt, ~0.5 s), which rxe may count against retry_cnt.
-  uint8_t rnr_retry = 7;
-  uint8_t min_rnr_timer = 12;
+  // Receiver-not-ready: the target's receive queue is empty because its poller is
+  // stopped (a frozen agent) or, rarely, two send windows behind (it keeps twice the
+  // receives a source may have writes in flight: VerbsFabricOptions). Finite: 6
+  // retries, every min_rnr_timer (24: 40.96 ms), so a stopped target fails the QP
+  // with IBV_WC_RNR_RETRY_EXC_ERR after about 0.29 s (7 waits), its writes fail over
+  // and the engine asks its agent (FABRIC_ACK_TIMEOUT); a poller that is merely late
+  // has that long to catch up. Each wait stays below the transport timer (67 ms). 7
+  // would retry forever, leaving only the ack watchdog (ack_timeout).
+  uint8_t rnr_retry = 6;
+  uint8_t min_rnr_timer = 24;
   uint8_t max_rd_atomic = 1;
   // The GRH traffic class: on RoCE its upper six bits are the packets' DSCP, which is
   // what puts them into the fabric's lossless (PFC) class. 0: best effort.

@@ -200,7 +200,7 @@ REASONS = {
     "EMPTY_REQUEST": ("INVALID_ARGUMENT",
         "A transfer lists no blocks."),
     "FABRIC_ACK_TIMEOUT": ("DEADLINE_EXCEEDED",
-        "A TCP fabric connection closed: the target acknowledged no write for too long."),
+        "A fabric connection (TCP) or QP (verbs) closed: the target acknowledged no write for too long."),
     "FABRIC_AUTH": ("UNAUTHENTICATED",
         "A fabric connection's handshake did not prove the fabric key of the pair of nodes."),
     "FABRIC_MALFORMED": ("INVALID_ARGUMENT",

@@ -1,15 +1,16 @@
+// A job's course at its source (the class: job.h): made at admission, it has the
+// target prepare (BeginPrepare, OnPrepared), takes its caller's calls (Stop,
+// SetLayersReady, ExtendLease), and after every event Settle moves it on: the
+// window posts what it can, the commit goes, a decided job ends once drained.
+// What comes back to a job is in job_completions.cc; how it ends, job_ending.cc.
 #include "agent/transfer/job.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/admission.h"
-#include "agent/transfer/imm.h"
 #include "agent/transfer/preparer.h"
-#include "agent/transfer/verdict.h"
-#include "agent/transfer/wr_id.h"
 
 namespace fuselink::transfer {
 namespace {
@@ -19,13 +20,6 @@ absl::Status FinishedStatus(absl::string_view why) {
 }
 
 }  // namespace
-
-absl::Status EarlyVerdictStatus(absl::string_view target_node) {
-  return WithReason(absl::InternalError(absl::StrCat(
-                        "target node '", BoundedForMessage(target_node),
-                        "' said the transfer completed before the source committed it")),
-                    reasons::kTargetProtocol);
-}
 
 Job::Job(uint32_t serial, std::shared_ptr<Transfer> transfer, memory::TensorLease source,
          int direct_nic, JobContext* ctx, std::string requester)
@@ -99,119 +93,6 @@ void Job::OnPrepared(absl::StatusOr<Prepared> prepared,
                           ctx_->transport, sched::PolicyName(ctx_->scheduler->policy()));
   fx->notify = true;
   fx->progress_only = false;
-  Settle(fx);
-}
-
-bool Job::OnCompletion(uint16_t entry, uint16_t seq, const fabric::Completion& completion,
-                       JobEffects* fx) {
-  if (entry != commit_entry()) {
-    if (!window_ || !window_->OnCompletion(entry, seq, completion, *transfer_, fx)) {
-      return false;
-    }
-    Settle(fx);
-    return true;
-  }
-  if (!commit_in_flight_ || seq != commit_seq_) return false;
-  commit_in_flight_ = false;
-  switch (ClassifyCompletion(completion)) {
-    case WriteOutcome::kLanded:
-      // The target has the commit; only its verdict says how the transfer ended.
-      commit_landed_ = true;
-      if (!outcome_ && phase_ == Phase::kCommitting) {
-        AwaitVerdict(VerdictWait::Why::kCommitted, NoVerdictStatus(target_node()));
-      }
-      break;
-    case WriteOutcome::kRefused:
-      if (!outcome_ && phase_ == Phase::kCommitting) {
-        phase_ = Phase::kTargetDecides;
-        AwaitVerdict(VerdictWait::Why::kRefused, completion.status);
-      }
-      break;
-    case WriteOutcome::kNicFault:
-      fx->NoteNicLost(completion.status);
-      [[fallthrough]];
-    case WriteOutcome::kFailed:
-      // It may have landed or not; a commit sent twice is harmless (the target answers
-      // a repeated commit with its verdict). Settle sends it again on another NIC.
-      reach_.Lose(commit_nic_);
-      break;
-  }
-  Settle(fx);
-  return true;
-}
-
-void Job::OnVerdict(uint8_t verdict, JobEffects* fx) {
-  if (!target_ || verdict_seen_) return;  // a repeated notice
-  verdict_seen_ = true;
-  abort_owed_ = false;  // the target has ended its slot
-  if (abort_ == AbortState::kPending) abort_ = AbortState::kDropped;
-  if (phase_ != Phase::kDone && !outcome_) {
-    // The source's own decision, when it came first, stands; else the target's.
-    Decide(FromTarget(VerdictStatus(verdict, BoundedForMessage(target_node()))),
-           /*abort=*/false, fx);
-  }
-  Settle(fx);
-}
-
-void Job::OnVerdictReply(const absl::StatusOr<std::optional<absl::Status>>& reply,
-                         JobEffects* fx) {
-  const VerdictWait::Answer answer = wait_.OnReply(reply, now());
-  if (answer.done && phase_ != Phase::kDone && !outcome_) {
-    if (answer.from_target) {
-      verdict_seen_ = true;
-      Decide(FromTarget(answer.status), /*abort=*/false, fx);
-    } else {  // the target has not decided, or cannot be asked: tell it we stop
-      Decide(answer.status, /*abort=*/true, fx);
-    }
-  }
-  Settle(fx);
-}
-
-void Job::OnProbeReply(const absl::Status& reply, JobEffects* fx) {
-  probing_ = false;
-  const bool silent = absl::IsDeadlineExceeded(reply) || absl::IsUnavailable(reply);
-  if (silent && phase_ != Phase::kDone && !outcome_) {
-    // Neither its NICs nor its agent answer: no other NIC would. No abort notice
-    // either: it would wait out another ACK bound on a NIC the target does not read.
-    Decide(WithReason(absl::UnavailableError(absl::StrCat(
-                          "node '", BoundedForMessage(target_node()),
-                          "' stopped answering: a write saw no ACK within the fabric's "
-                          "bound, and its agent did not answer a question either (",
-                          absl::StatusCodeToString(reply.code()), ")")),
-                      reasons::kPeerLost),
-           /*abort=*/false, fx);
-  }
-  Settle(fx);
-}
-
-void Job::OnTimer(JobEffects* fx) {
-  const absl::Time t = now();
-  if (DrainPending() && target_ && t >= drain_until_) {
-    drain_forced_ = true;
-    fx->disconnect = target_->peer;  // its writes fail; the job ends as they come back
-  }
-  if (phase_ != Phase::kDone && !outcome_) {
-    if (SourceMayStop() && t >= transfer_->deadline()) {
-      Decide(DeadlineStatus(), /*abort=*/true, fx);
-    } else if (SourceMayStop() && t >= lease_until_) {
-      Decide(LeaseExpiredStatus(), /*abort=*/true, fx);
-    } else if (wait_.active()) {
-      switch (wait_.OnTimer(t)) {
-        case VerdictWait::Step::kAsk:
-          fx->query = true;
-          fx->query_deadline = wait_.QueryDeadline(t);
-          break;
-        case VerdictWait::Step::kGiveUp:
-          Decide(wait_.fallback(), /*abort=*/true, fx);
-          break;
-        case VerdictWait::Step::kNone:
-          break;
-      }
-    }
-  }
-  if (phase_ == Phase::kDone && abort_ == AbortState::kPending && t >= abort_until_) {
-    abort_ = AbortState::kDropped;  // the target ends a silent slot on its own
-  }
   Settle(fx);
 }
 
@@ -301,167 +182,6 @@ uint32_t Job::writes_in_flight() const {
 
 bool Job::DrainPending() const {
   return outcome_ && phase_ != Phase::kDone && !drain_forced_ && writes_in_flight() > 0;
-}
-
-absl::Status Job::FromTarget(absl::Status verdict) const {
-  if (verdict.ok() && !commit_posted_) return EarlyVerdictStatus(target_node());
-  return verdict;
-}
-
-void Job::Decide(absl::Status outcome, bool abort, JobEffects* fx) {
-  FL_DCHECK(!outcome_ && phase_ != Phase::kDone, "a job is decided once");
-  outcome_ = std::move(outcome);
-  drain_until_ = now() + ctx_->options.drain_bound;
-  abort_owed_ = abort && !verdict_seen_;
-  if (window_) window_->Halt(fx);
-  const State s = transfer_->state_locked();
-  if (s == State::kPreparing || s == State::kRunning) {
-    transfer_->SetState(State::kStopping, absl::OkStatus());  // the end is told later
-  }
-}
-
-void Job::AwaitVerdict(VerdictWait::Why why, absl::Status fallback) {
-  wait_.Start(why, now(), transfer_->deadline(), std::move(fallback));
-}
-
-void Job::TakeTrouble(JobEffects* fx) {
-  if (!window_ || window_->trouble() == Window::Trouble::kNone) return;
-  const Window::Trouble trouble = window_->trouble();
-  absl::Status status = window_->TakeTrouble();
-  if (outcome_ || phase_ != Phase::kSending) return;  // decided already
-  switch (trouble) {
-    case Window::Trouble::kRefused:
-      // The target decides: stop posting, blame no NIC, wait for its verdict.
-      phase_ = Phase::kTargetDecides;
-      transfer_->SetState(State::kStopping, absl::OkStatus());
-      AwaitVerdict(VerdictWait::Why::kRefused, std::move(status));
-      break;
-    case Window::Trouble::kPeerLost:
-      Decide(std::move(status), /*abort=*/false, fx);  // no NIC is left to say it on
-      break;
-    case Window::Trouble::kFailed:
-      Decide(std::move(status), /*abort=*/true, fx);
-      break;
-    case Window::Trouble::kNone:
-      break;
-  }
-}
-
-void Job::PostCommit(JobEffects* fx) {
-  int nic = -1;
-  absl::Status error;
-  const uint32_t imm = EncodeImm(SlotId::Unpack(target_->slot), ImmOp::kCommit);
-  const uint64_t wr_id = EncodeWrId(WrId{serial_, commit_entry(), ++commit_seq_});
-  switch (PostNotice(*ctx_->fabric, target_->peer, reach_, direct_nic_, imm, wr_id, &nic,
-                     &error)) {
-    case PostOutcome::kPosted:
-      commit_posted_ = true;
-      commit_in_flight_ = true;
-      commit_nic_ = nic;
-      break;
-    case PostOutcome::kQueueFull:
-      fx->wait = true;  // a full queue delays the commit; it never fails the transfer
-      break;
-    case PostOutcome::kNicFault: {
-      fx->nic_lost = true;
-      const absl::Status lost = PeerLostStatus(
-          target_node(), absl::UnavailableError("no NIC took the commit notice"));
-      if (commit_posted_) {
-        // A commit went out before: the target may have decided; ask it.
-        phase_ = Phase::kTargetDecides;
-        AwaitVerdict(VerdictWait::Why::kCommitted, lost);
-      } else {
-        Decide(lost, /*abort=*/false, fx);
-      }
-      break;
-    }
-    case PostOutcome::kFailed:
-      Decide(error, /*abort=*/true, fx);
-      break;
-  }
-}
-
-void Job::PostAbort(JobEffects* fx) {
-  if (ctx_->posting_stopped.load() || !target_) {
-    abort_ = AbortState::kDropped;
-    return;
-  }
-  int nic = -1;
-  absl::Status error;
-  const uint32_t imm = EncodeImm(SlotId::Unpack(target_->slot), ImmOp::kAbort);
-  switch (PostNotice(*ctx_->fabric, target_->peer, reach_, direct_nic_, imm, /*wr_id=*/0,
-                     &nic, &error)) {
-    case PostOutcome::kPosted:
-      abort_ = AbortState::kSent;
-      break;
-    case PostOutcome::kQueueFull:
-      fx->wait = true;
-      break;
-    case PostOutcome::kNicFault:
-    case PostOutcome::kFailed:
-      abort_ = AbortState::kDropped;
-      break;
-  }
-}
-
-void Job::Finish(JobEffects* fx) {
-  // Its tensor is let go of below: no write of it may still read or place bytes.
-  FL_CHECK(in_flight() == 0, "a job ends with writes in flight");
-  const absl::Status outcome = *outcome_;
-  const State state = outcome.ok()                 ? State::kCompleted
-                      : absl::IsCancelled(outcome) ? State::kCancelled
-                                                   : State::kFailed;
-  transfer_->SetState(state, outcome);
-  transfer_->HoldEnd();  // heard once the engine let go of the tensor and the share
-  fx->final_state = state;
-  fx->elapsed = transfer_->elapsed_locked();
-  fx->total_bytes = transfer_->total_bytes_locked();
-  phase_ = Phase::kDone;
-  fx->finished = true;
-  fx->notify = true;
-  fx->progress_only = false;
-  // A caller retries UNAVAILABLE and ABORTED under the same request id; a request the
-  // target never accepted never started.
-  fx->free_request_id =
-      !accepted_ || absl::IsUnavailable(outcome) || absl::IsAborted(outcome);
-  fx->released = std::move(source_);  // the source tensor may be unregistered now
-  fx->outgoing = OutgoingEvent(outcome);
-  window_.reset();  // nothing is in flight: a kept transfer holds no extents
-  if (accepted_) ctx_->scheduler->OwnerStopped(direct_nic_);
-  if (abort_owed_ && target_ && !verdict_seen_) {
-    abort_ = AbortState::kPending;
-    abort_until_ = now() + ctx_->options.abort_patience;
-  }
-}
-
-v1::WatchEvent Job::OutgoingEvent(const absl::Status& outcome) const {
-  const v1::TransferRequest& request = transfer_->request();
-  v1::WatchEvent e;
-  e.set_outgoing(true);
-  e.set_transfer_id(transfer_->id());
-  e.set_source_node(request.source().node());
-  e.set_target_node(target_node());
-  e.set_tensor(request.source().tensor());
-  *e.mutable_block_ids() = request.source().block_ids();
-  const LayerRange layers = Layers(request, source_layout_);
-  e.mutable_layers()->set_begin(layers.begin);
-  e.mutable_layers()->set_end(layers.end);
-  e.set_bytes(transfer_->bytes_done_locked());
-  e.set_code(static_cast<int>(outcome.code()));
-  e.set_message(std::string(outcome.message()));
-  e.set_reason(ReasonOf(outcome));
-  if (window_ && target_) {
-    // What the target acknowledged, block by block in its own layout.
-    const auto& target_ids = request.target().block_ids();
-    const auto& source_ids = request.source().block_ids();
-    SetCoverage(outcome.ok(), target_->layout,
-                {target_ids.data(), static_cast<size_t>(target_ids.size())},
-                {source_ids.data(), static_cast<size_t>(source_ids.size())}, layers.begin,
-                layers.end, window_->acked(), &e);
-  } else {
-    *e.mutable_failed_block_ids() = request.source().block_ids();  // none left
-  }
-  return e;
 }
 
 void Job::AskIfSilent(JobEffects* fx) {

@@ -377,6 +377,10 @@ class Nic {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp.mu);
   // The renewal may start: every WR of the refused QP is back. Marks it requested.
   bool ReadyToRenew(VerbsQp& qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp.mu);
+  // A write refused on an active QP: the QP holds the writes behind it for a renewal
+  // (kRenewing). False when the QP is not active: it closes instead.
+  bool HoldForRenewal(VerbsQp& qp, WindowKey refused_window)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp.mu);
   void FinalizeDrained();
   void ExpireRenewals();
   // Closes every active QP whose writes made no progress within ack_timeout.

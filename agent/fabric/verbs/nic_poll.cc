@@ -96,6 +96,16 @@ void Nic::Handle(const ibv_wc& wc) {
   }
 }
 
+bool Nic::HoldForRenewal(VerbsQp& qp, WindowKey refused_window) {
+  if (qp.state != VerbsQp::State::kActive) return false;
+  qp.state = VerbsQp::State::kRenewing;
+  qp.holding = true;
+  qp.refused_window = refused_window;
+  qp.renew_deadline = absl::Now() + kRenewTimeout;
+  renewing_.fetch_add(1);
+  return true;
+}
+
 void Nic::HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
   std::optional<Completion> done;
   std::shared_ptr<const void> released;    // dropped outside the lock
@@ -122,15 +132,7 @@ void Nic::HandleSend(VerbsQp& qp, const ibv_wc& wc, const wr_id::Fields& id) {
                           .refusal = refused ? Refusal::kNoWindow : Refusal::kNone};
         if (refused) {
           refused_.fetch_add(1, std::memory_order_relaxed);
-          if (qp.state == VerbsQp::State::kActive) {
-            qp.state = VerbsQp::State::kRenewing;
-            qp.holding = true;
-            qp.refused_window = slot.descriptor.key;
-            qp.renew_deadline = absl::Now() + kRenewTimeout;
-            renewing_.fetch_add(1);
-          } else {
-            failed = done->status;
-          }
+          if (!HoldForRenewal(qp, slot.descriptor.key)) failed = done->status;
         } else if (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_WR_FLUSH_ERR) {
           failed = done->status;
           if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) {

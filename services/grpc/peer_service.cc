@@ -82,7 +82,8 @@ grpc::ServerUnaryReactor* PeerService::PrepareIncoming(
   // Where the landing's Prepare may block (verbs: registrations, the fabric's
   // handshake with the caller), on the source's own lane of the node's pool; where it
   // only takes locks (TCP), here: a hop to the pool and back costs each transfer
-  // about seven context switches at the target (docs/benchmarks.md).
+  // about three context switches and six futex calls at the target
+  // (docs/benchmarks.md).
   if (!parts_.landing->PrepareMayBlock()) return Answer(context, prepare());
   return AnswerOffThread(*parts_.incoming_prepares, request->source_node(),
                          std::move(prepare));

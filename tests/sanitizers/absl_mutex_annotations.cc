@@ -25,6 +25,7 @@
 
 #include "absl/base/options.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 namespace {
@@ -33,10 +34,12 @@ namespace {
 #define FL_STRINGIFY(x) FL_STRINGIFY_INNER(x)
 
 // The library's definition of the function whose mangled name is
-// _ZN4absl<inline namespace><rest>; aborts, naming it, when there is none.
-void* Real(const char* rest) {
+// <head>4absl<inline namespace><rest> (head: _ZN, or _ZNK for a const member);
+// aborts, naming it, when there is none.
+void* Real(const char* rest, const char* head = "_ZN") {
   const std::string ns = FL_STRINGIFY(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-  const std::string name = "_ZN4absl" + std::to_string(ns.size()) + ns + rest;
+  const std::string name =
+      std::string(head) + "4absl" + std::to_string(ns.size()) + ns + rest;
   void* fn = dlsym(RTLD_NEXT, name.c_str());
   if (fn == nullptr) {
     std::fprintf(stderr, "absl_mutex_annotations: no %s in the loaded libraries\n",
@@ -128,6 +131,7 @@ using Cond = const absl::Condition&;
 
 // Each function finds the library's definition once (a function-local static).
 #define FL_REAL(rest) static void* const real = Real(rest)
+#define FL_REAL_CONST(rest) static void* const real = Real(rest, "_ZNK")
 
 namespace absl {
 
@@ -205,6 +209,43 @@ bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
 bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
   FL_REAL("7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
   return Waiting<bool, CondVar, Mutex*, Time>(real, mu, this, mu, deadline);
+}
+
+// absl::Notification: Notify stores its flag (a release) inside the library, which TSan
+// does not see, and a wait that finds the flag set returns without taking the Mutex,
+// so what the notifier wrote before Notify looked unordered against what the waiter
+// read after it returned. Notify now releases on the flag's address first, and a wait
+// that returns notified acquires it; HasBeenNotified, inline in instrumented code,
+// loads the flag with acquire itself, which TSan pairs with that release.
+namespace {
+// The flag follows the Mutex (notification.h: mutex_, then notified_yet_).
+static_assert(sizeof(absl::Notification) == 2 * sizeof(absl::Mutex));
+const void* FlagOf(const absl::Notification* n) {
+  return reinterpret_cast<const char*>(n) + sizeof(absl::Mutex);
+}
+}  // namespace
+
+void Notification::Notify() {
+  FL_REAL("12Notification6NotifyEv");
+  __tsan_release(const_cast<void*>(FlagOf(this)));
+  Call<void>(real, this);
+}
+void Notification::WaitForNotification() const {
+  FL_REAL_CONST("12Notification19WaitForNotificationEv");
+  Call<void>(real, this);
+  __tsan_acquire(const_cast<void*>(FlagOf(this)));
+}
+bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
+  FL_REAL_CONST("12Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
+  const bool notified = Call<bool, const Notification, Duration>(real, this, timeout);
+  if (notified) __tsan_acquire(const_cast<void*>(FlagOf(this)));
+  return notified;
+}
+bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
+  FL_REAL_CONST("12Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
+  const bool notified = Call<bool, const Notification, Time>(real, this, deadline);
+  if (notified) __tsan_acquire(const_cast<void*>(FlagOf(this)));
+  return notified;
 }
 
 }  // namespace absl

@@ -1,8 +1,11 @@
 #include "agent/common/check.h"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace fuselink {
 namespace {
@@ -34,5 +37,10 @@ uint64_t InvariantFailures() { return missed.load(std::memory_order_relaxed); }
 
 void SetThreadRole(ThreadRole r) { role = r; }
 ThreadRole CurrentThreadRole() { return role; }
+
+void NameThisThread(const char* name) {
+  FL_DCHECK(std::strlen(name) <= 15, "a thread name longer than the kernel keeps");
+  pthread_setname_np(pthread_self(), name);
+}
 
 }  // namespace fuselink

@@ -38,6 +38,10 @@ enum class ThreadRole : uint8_t {
 // The calling thread's role from now on.
 void SetThreadRole(ThreadRole role);
 ThreadRole CurrentThreadRole();
+// Names the calling thread as top -H, ps -L, gdb and perf show it: "fl-" and what it
+// is, 15 characters at most (the kernel's limit). docs/HACKING.md's table of threads
+// lists every name; tests/integration/thread_names_test.cc checks a live agent's.
+void NameThisThread(const char* name);
 
 }  // namespace fuselink
 

@@ -65,6 +65,7 @@ Housekeeper::TaskId Housekeeper::Earliest() const {
 }
 
 void Housekeeper::Loop() {
+  NameThisThread(name_.c_str());
   if (never_blocks_) SetThreadRole(ThreadRole::kHousekeeping);
   auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopped_ || woken_; };
   for (;;) {

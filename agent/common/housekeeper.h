@@ -28,7 +28,7 @@ class Housekeeper {
   // Runs the task's work; returns the delay until its next run.
   using Task = std::function<absl::Duration()>;
 
-  // `name` says whose work this is in logs; `never_blocks` as above.
+  // `name` names its thread (NameThisThread); `never_blocks` as above.
   Housekeeper(std::string name, bool never_blocks);
   ~Housekeeper();  // Stop
   Housekeeper(const Housekeeper&) = delete;

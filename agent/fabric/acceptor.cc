@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::fabric {
@@ -34,6 +35,7 @@ Acceptor::~Acceptor() {
 }
 
 void Acceptor::Run() {
+  NameThisThread("fl-acceptor");
   std::vector<pollfd> watched;
   watched.reserve(listeners_.size() + 1);
   for (const UniqueFd& listener : listeners_) {

@@ -92,6 +92,7 @@ struct NodeOptions {
   // (INCOMING_PREPARES_BUSY).
   transfer::KeyedPoolOptions incoming_prepares = {
       .name = "PrepareIncoming calls from node",
+      .thread_name = "fl-incoming",
       .reason = reasons::kIncomingPreparesBusy,
       .threads = 4,
       .running_per_key = 2,
@@ -103,6 +104,7 @@ struct NodeOptions {
   // RESOURCE_EXHAUSTED (REGISTRATIONS_BUSY).
   transfer::KeyedPoolOptions registrations = {
       .name = "RegisterTensor calls of",
+      .thread_name = "fl-register",
       .reason = reasons::kRegistrationsBusy,
       .threads = 2,
       .running_per_key = 1,
@@ -226,16 +228,16 @@ class Node final : public fabric::Handler, public stats::Source {
   // The node's periodic work that never blocks: expiring slots, reaping exited
   // lenders, maintaining the GPU relay. Stopped first by StopTransfers (with
   // foreign_watch_): its tasks call into the landing, the notifier and the engine.
-  Housekeeper housekeeping_{"node", /*never_blocks=*/true};
+  Housekeeper housekeeping_{"fl-housekeeping", /*never_blocks=*/true};
   // WatchForeignTraffic, where some NIC is watched: a thread of its own, since its
   // 10 ms cadence is what bounds a give-back to foreign traffic, which a slow expiry
   // (a landing busy with many slots) must not delay.
-  Housekeeper foreign_watch_{"foreign traffic", /*never_blocks=*/true};
+  Housekeeper foreign_watch_{"fl-foreign", /*never_blocks=*/true};
   uint32_t foreign_busy_told_ = 0;  // WatchForeignTraffic's; foreign_watch_ only
   // Re-opens failed NICs of peer sessions, apart: its connects may take seconds. Run
   // every kRepairEvery, and at once when a transfer finds a NIC failed (the engine's
   // on_nic_lost).
-  Housekeeper repairs_{"peer repairs", /*never_blocks=*/false};
+  Housekeeper repairs_{"fl-repairs", /*never_blocks=*/false};
   Housekeeper::TaskId repair_task_ = -1;
   // Stopped (running what they queued) by ~Node once the transfers stopped, while the
   // landing and the registry they call into are still there.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "agent/common/check.h"
+
 namespace fuselink::peer {
 namespace {
 
@@ -65,6 +67,7 @@ void Notifier::Send(const std::string& node, uint32_t imm) {
 }
 
 void Notifier::SendLoop() {
+  NameThisThread("fl-notify-tx");
   for (;;) {
     Notice notice;
     {
@@ -103,6 +106,7 @@ void Notifier::SendLoop() {
 }
 
 void Notifier::ConnectLoop() {
+  NameThisThread("fl-notify-conn");
   for (;;) {
     std::string node;
     {

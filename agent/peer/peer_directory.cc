@@ -127,7 +127,11 @@ void PeerDirectory::Bootstrap(absl::string_view node, absl::Time deadline,
       return true;
     });
     if (!shut_down_) {
-      bootstrappers_.push_back(Bootstrapper{std::thread(run), finished});
+      bootstrappers_.push_back(Bootstrapper{std::thread([run] {
+                                              NameThisThread("fl-bootstrap");
+                                              run();
+                                            }),
+                                            finished});
       return;
     }
   }

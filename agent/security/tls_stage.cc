@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/security/credentials.h"
 
@@ -209,6 +210,7 @@ void TlsStage::CheckNow() {
 }
 
 void TlsStage::Loop() {
+  NameThisThread("fl-tls-stage");
   const absl::Duration period = absl::Seconds(std::max(1u, source_->refresh_s));
   while (!stop_.WaitForNotificationWithTimeout(period)) CheckNow();
 }

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "absl/strings/str_format.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/admission.h"
 #include "agent/transfer/imm.h"
@@ -51,6 +52,7 @@ JobOptions MakeJobOptions(const EngineOptions& o) {
 KeyedPoolOptions PrepareLanes(const EngineOptions& o) {
   KeyedPoolOptions lanes;
   lanes.name = "calls to target";
+  lanes.thread_name = "fl-prepare";
   lanes.reason = reasons::kPrepareQueueFull;
   lanes.threads = o.prepare_threads;
   lanes.running_per_key = o.prepare_threads_per_target;
@@ -66,6 +68,7 @@ KeyedPoolOptions PrepareLanes(const EngineOptions& o) {
 KeyedPoolOptions InNodeLane(const EngineOptions& o) {
   KeyedPoolOptions lane;
   lane.name = "in-node prepares on";
+  lane.thread_name = "fl-prepare-self";
   lane.reason = reasons::kPrepareQueueFull;
   lane.threads = kInNodePrepareThreads;
   lane.running_per_key = kInNodePrepareThreads;
@@ -100,7 +103,7 @@ Engine::Engine(EngineOptions options, const topo::Topology& topology,
       last_active_(options_.clock()),
       preparers_(PrepareLanes(options_)),
       in_node_preparers_(InNodeLane(options_)),
-      relay_worker_(1) {
+      relay_worker_(1, "fl-relay") {
   ctx_.fabric = fabric;
   ctx_.scheduler = scheduler;
   ctx_.gpu_relay = gpu_relay;
@@ -234,6 +237,7 @@ void Engine::Tick(absl::Time now) {
 }
 
 void Engine::HousekeepingLoop() {
+  NameThisThread("fl-engine-timer");
   for (;;) {
     const absl::Time at = now();
     absl::Time until = next_collect_;

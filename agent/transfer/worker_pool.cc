@@ -9,7 +9,7 @@
 
 namespace fuselink::transfer {
 
-WorkerPool::WorkerPool(int threads) {
+WorkerPool::WorkerPool(int threads, const char* thread_name) : thread_name_(thread_name) {
   absl::MutexLock lock(&join_mu_);
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
 }
@@ -36,6 +36,7 @@ void WorkerPool::Stop(bool run_queued) {
 }
 
 void WorkerPool::Loop() {
+  NameThisThread(thread_name_);
   for (;;) {
     Task task;
     {
@@ -136,6 +137,7 @@ size_t KeyedPool::pending() const {
 }
 
 void KeyedPool::Loop() {
+  NameThisThread(options_.thread_name);
   for (;;) {
     Task task;
     std::string key;

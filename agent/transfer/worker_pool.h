@@ -34,7 +34,8 @@ class WorkerPool {
  public:
   using Task = absl::AnyInvocable<void() &&>;
 
-  explicit WorkerPool(int threads);
+  // `thread_name`: its threads' (NameThisThread).
+  WorkerPool(int threads, const char* thread_name);
   ~WorkerPool() { Stop(/*run_queued=*/false); }
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -52,6 +53,7 @@ class WorkerPool {
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool run_queued_ ABSL_GUARDED_BY(mu_) = false;
+  const char* const thread_name_;
   absl::Mutex join_mu_;  // one Stop joins; the others wait for it
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(join_mu_);
 };
@@ -59,6 +61,8 @@ class WorkerPool {
 struct KeyedPoolOptions {
   // What the pool runs, for messages ("prepares of target").
   std::string name = "tasks of";
+  // Its threads' name (NameThisThread): "fl-" and at most 12 characters.
+  const char* thread_name = "fl-pool";
   // The reason a refused post carries.
   Reason reason = reasons::kQueueFull;
   // Threads, shared by all keys; at least 1.

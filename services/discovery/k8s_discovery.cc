@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "agent/common/check.h"
 #include "services/discovery/endpoint_slices.h"
 
 namespace fuselink::services {
@@ -268,6 +269,7 @@ bool K8sDiscovery::Pause(absl::Duration pause) {
 }
 
 void K8sDiscovery::Run(std::string version) {
+  NameThisThread("fl-discovery");
   std::mt19937_64 random(std::random_device{}());
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   absl::Duration backoff = options_.backoff_min;

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::services {
@@ -153,6 +154,7 @@ HandleSocket::~HandleSocket() {
 }
 
 void HandleSocket::Serve() {
+  NameThisThread("fl-handle-sock");
   std::array<pollfd, kFirstClientSlot + kMaxHandleClients> polled{};
   for (;;) {
     absl::Time now = absl::Now();

@@ -279,7 +279,7 @@ TEST(VerbsWindow, TableAddsRemovesAndIsBounded) {
 }
 
 TEST(VerbsWorker, RunsInOrderAndFinishesOnStop) {
-  Worker worker;
+  Worker worker("fl-test");
   std::vector<int> order;
   absl::Notification gate;
   worker.Run([&] { gate.WaitForNotification(); });
@@ -297,7 +297,7 @@ TEST(VerbsWorker, RunsInOrderAndFinishesOnStop) {
 TEST(VerbsWorker, TasksMayQueueTasks) {
   std::atomic<int> ran{0};
   {
-    Worker worker;
+    Worker worker("fl-test");
     worker.Run([&] {
       ++ran;
       worker.Run([&] { ++ran; });

@@ -164,7 +164,7 @@ TEST(TimerQueue, WaitWakesForAnEarlierTimerAndOnStop) {
 // --- worker_pool.h ---
 
 TEST(WorkerPool, RunsTasksAndStopsCleanly) {
-  WorkerPool pool(2);
+  WorkerPool pool(2, "fl-test");
   std::atomic<int> ran{0};
   for (int i = 0; i < 100; ++i) EXPECT_TRUE(pool.Post([&] { ++ran; }));
   pool.Stop(/*run_queued=*/true);
@@ -174,7 +174,7 @@ TEST(WorkerPool, RunsTasksAndStopsCleanly) {
 }
 
 TEST(WorkerPool, StopDropsQueuedTasksWhenAsked) {
-  WorkerPool pool(1);
+  WorkerPool pool(1, "fl-test");
   absl::Notification started, release;
   std::atomic<int> ran{0};
   pool.Post([&] {

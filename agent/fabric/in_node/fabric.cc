@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::fabric {
@@ -195,6 +196,7 @@ InNodeCounters InNodeFabric::in_node_counters() const {
 }
 
 void InNodeFabric::Work(std::unique_ptr<DeviceCopier> copier) {
+  NameThisThread("fl-in-node");
   std::vector<Queued> batch;
   for (;;) {
     batch.clear();

@@ -39,15 +39,19 @@ TcpConnection::~TcpConnection() {
 void TcpConnection::Start() {
   if (role_ == Role::kOutbound) {
     running_threads_.store(2);
-    threads_.emplace_back(&TcpConnection::RunThread, this, &TcpConnection::SendWrites);
-    threads_.emplace_back(&TcpConnection::RunThread, this, &TcpConnection::ReceiveAcks);
+    threads_.emplace_back(&TcpConnection::RunThread, this, "fl-tcp-tx",
+                          &TcpConnection::SendWrites);
+    threads_.emplace_back(&TcpConnection::RunThread, this, "fl-tcp-rx",
+                          &TcpConnection::ReceiveAcks);
   } else {
     running_threads_.store(1);
-    threads_.emplace_back(&TcpConnection::RunThread, this, &TcpConnection::ServeInbound);
+    threads_.emplace_back(&TcpConnection::RunThread, this, "fl-tcp-in",
+                          &TcpConnection::ServeInbound);
   }
 }
 
-void TcpConnection::RunThread(absl::Status (TcpConnection::*body)()) {
+void TcpConnection::RunThread(const char* name, absl::Status (TcpConnection::*body)()) {
+  NameThisThread(name);
   SetThreadRole(ThreadRole::kFabric);  // blocks on its own socket only
   Close((this->*body)());
   if (running_threads_.fetch_sub(1) == 1) host_.OnConnectionFinished(id_);

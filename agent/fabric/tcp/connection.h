@@ -177,7 +177,7 @@ class TcpConnection {
   // FABRIC_ACK_TIMEOUT, counted) when writes are on the wire and none was
   // acknowledged for the ack timeout.
   absl::Status CheckAckOverdue();
-  void RunThread(absl::Status (TcpConnection::*body)());
+  void RunThread(const char* name, absl::Status (TcpConnection::*body)());
 
   // The payload of a write from or into a GPU region, piece by piece through this
   // thread's stage (made on first use), overlapping the copies with the socket.

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/acceptor.h"
 #include "agent/fabric/checks.h"
@@ -93,6 +94,7 @@ TcpFabric::~TcpFabric() {
 }
 
 void TcpFabric::Reap() {
+  NameThisThread("fl-tcp-reaper");
   while (true) {
     uint64_t connection_id;
     {

@@ -427,6 +427,7 @@ void VerbsFabric::OnAccepted(int nic, UniqueFd socket) {
 }
 
 void VerbsFabric::Reap() {
+  NameThisThread("fl-verbs-reaper");
   while (true) {
     LinkPtr link;
     {

@@ -158,7 +158,7 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
     std::unique_ptr<DeviceStage> stage;
     absl::Status unusable;       // why they could not be made
     std::atomic<int> queued{0};  // bounded by queue_depth_per_nic
-    verbs::Worker thread;
+    verbs::Worker thread{"fl-verbs-send"};
   };
   struct Deferred {
     uint64_t link = 0;
@@ -252,8 +252,8 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   std::unique_ptr<Acceptor> acceptor_;
   // Stopped explicitly in the destructor. Two, so that a slow deregistration (rxe took
   // 1 s for a window with writes in flight) never holds up a QP renewal or a QUERY.
-  verbs::Worker closer_;  // window closes
-  verbs::Worker worker_;  // QP renewals, QUERY sends
+  verbs::Worker closer_{"fl-verbs-close"};  // window closes
+  verbs::Worker worker_{"fl-verbs-work"};   // QP renewals, QUERY sends
   // [nic], made with the NICs when there is a device stager; else empty.
   std::vector<std::unique_ptr<NicSender>> senders_;
 };

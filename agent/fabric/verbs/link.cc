@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/socket.h"
 #include "agent/fabric/wire.h"
@@ -24,6 +25,7 @@ ControlLink::~ControlLink() {
 
 void ControlLink::Start() {
   thread_ = std::thread([this] {
+    NameThisThread("fl-verbs-link");
     absl::Status why = role_ == Role::kOutbound ? ServeOutbound() : ServeInbound();
     Close(why.ok() ? absl::UnavailableError("control connection ended") : why);
     {

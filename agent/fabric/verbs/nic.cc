@@ -81,7 +81,8 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(int index, NicBinding binding,
   }
   nic->slots_ = std::make_unique<std::atomic<VerbsQp*>[]>(sizing.max_qps);
   for (uint32_t i = 0; i < sizing.max_qps; ++i) nic->slots_[i].store(nullptr);
-  if (host.device_stager() != nullptr) nic->lander_ = std::make_unique<Worker>();
+  if (host.device_stager() != nullptr)
+    nic->lander_ = std::make_unique<Worker>("fl-verbs-land");
   nic->poller_ = std::thread(&Nic::Poll, nic.get());
   return nic;
 }

@@ -54,6 +54,7 @@ absl::Status WcStatus(const ibv_wc& wc, const absl::Status& close_reason) {
 }  // namespace
 
 void Nic::Poll() {
+  NameThisThread("fl-verbs-poll");
   SetThreadRole(ThreadRole::kFabric);  // blocks on its completion channel only
   ibv_wc completions[kPollBatch];
   int idle = 0;

@@ -2,9 +2,11 @@
 
 #include <utility>
 
+#include "agent/common/check.h"
+
 namespace fuselink::fabric::verbs {
 
-Worker::Worker() : thread_(&Worker::Loop, this) {}
+Worker::Worker(const char* name) : name_(name), thread_(&Worker::Loop, this) {}
 
 Worker::~Worker() { Stop(); }
 
@@ -28,6 +30,7 @@ void Worker::Stop() {
 }
 
 void Worker::Loop() {
+  NameThisThread(name_);
   while (true) {
     Task task;
     {

@@ -24,7 +24,8 @@ class Worker {
  public:
   using Task = absl::AnyInvocable<void() &&>;
 
-  Worker();
+  // `name`: its thread's (NameThisThread).
+  explicit Worker(const char* name);
   // Stop().
   ~Worker();
   Worker(const Worker&) = delete;
@@ -47,6 +48,7 @@ class Worker {
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // the thread is gone
+  const char* const name_;
   std::thread thread_;
 };
 

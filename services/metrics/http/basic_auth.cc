@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "services/metrics/http/http_request.h"
 #include "services/metrics/http/web_config.h"
 
@@ -104,6 +105,7 @@ void BasicAuth::Cancel(uint64_t ticket) {
 }
 
 void BasicAuth::Work() {
+  NameThisThread("fl-basic-auth");
   for (;;) {
     Job job;
     {

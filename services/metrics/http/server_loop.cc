@@ -14,6 +14,8 @@
 #include <cstring>
 #include <vector>
 
+#include "agent/common/check.h"
+
 namespace fuselink::services::http {
 namespace {
 
@@ -31,6 +33,7 @@ static_assert(kReadChunkBytes <= kMaxRequestHeadBytes, "one read stays near the 
 }  // namespace
 
 void MetricsServer::Loop::Run() {
+  NameThisThread("fl-metrics");
   // A peer that goes while its response is written would raise SIGPIPE inside
   // OpenSSL's write(2); blocked on this thread, the write returns EPIPE instead.
   sigset_t pipe;

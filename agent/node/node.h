@@ -85,8 +85,9 @@ struct NodeOptions {
   // How long registering a CUDA IPC handle waits for the same handle's import to
   // finish closing (ipc_imports.h).
   absl::Duration ipc_close_wait = kIpcCloseWait;
-  // Peer.PrepareIncoming's work (the landing's Prepare: registrations, shadow memory,
-  // a fabric's handshake), off gRPC's threads, a lane per calling node. A source's
+  // Peer.PrepareIncoming's work where the landing's Prepare may block (verbs:
+  // registrations, the window's handshake; on TCP it runs on gRPC's thread), off
+  // gRPC's threads, a lane per calling node. A source's
   // engine has at most its prepare_threads_per_target (2) calls here at once, so 4
   // per source leaves room for retries; past a bound: RESOURCE_EXHAUSTED
   // (INCOMING_PREPARES_BUSY).

@@ -180,6 +180,10 @@ ABSL_FLAG(int, rdma_max_qps_per_nic, 64,
 ABSL_FLAG(std::string, gpu, "auto",
           "GPU paths: auto (on where the CUDA driver finds GPUs; topology GPU i is CUDA "
           "device i) or off.");
+ABSL_FLAG(int, gpu_copy_timeout_ms, 10'000,
+          "The longest the agent waits for one GPU copy (staging, a relay slot, an "
+          "in-node move); past it the write fails over (reason GPU_COPY_TIMEOUT) and the "
+          "memory the copy touches stays out of use until it ends. 1 to 3600000.");
 ABSL_FLAG(std::string, relay_stage, "d2",
           "How GPU chunks enter a relay slot: d1 (copy kernel on the source GPU) or d2 "
           "(copy-engine peer copy).");

@@ -69,6 +69,7 @@ ABSL_DECLARE_FLAG(uint32_t, rdma_staging_slots);
 ABSL_DECLARE_FLAG(uint64_t, rdma_max_shadow_mib);
 ABSL_DECLARE_FLAG(int, rdma_max_qps_per_nic);
 ABSL_DECLARE_FLAG(std::string, gpu);
+ABSL_DECLARE_FLAG(int, gpu_copy_timeout_ms);
 ABSL_DECLARE_FLAG(std::string, relay_stage);
 ABSL_DECLARE_FLAG(uint64_t, relay_cap_mib);
 ABSL_DECLARE_FLAG(uint64_t, relay_min_free_mib);

@@ -224,6 +224,10 @@ absl::Status ReadLandingAndRelay(NodeOptions& options) {
   if (options.gpu != "auto" && options.gpu != "off") {
     return absl::InvalidArgumentError("--gpu must be auto or off");
   }
+  options.gpu_copy_timeout_ms = absl::GetFlag(FLAGS_gpu_copy_timeout_ms);
+  if (options.gpu_copy_timeout_ms < 1 || options.gpu_copy_timeout_ms > 3'600'000) {
+    return absl::InvalidArgumentError("--gpu_copy_timeout_ms must be 1 to 3600000");
+  }
   absl::StatusOr<relay::StageMode> stage =
       relay::ParseStageMode(absl::GetFlag(FLAGS_relay_stage));
   if (!stage.ok()) return stage.status();

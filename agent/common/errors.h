@@ -128,6 +128,10 @@ std::ostream& operator<<(std::ostream& os, const Reason& reason);
     "directly.")                                                                         \
   X(kGetifaddrs, "GETIFADDRS", kUnavailable,                                             \
     "getifaddrs failed listing the interfaces.")                                         \
+  X(kGpuCopyTimeout, "GPU_COPY_TIMEOUT", kDeadlineExceeded,                              \
+    "A GPU copy did not finish within --gpu_copy_timeout_ms: the GPU is likely hung. "   \
+    "The write fails over; the memory the copy touches stays out of use until it "       \
+    "ends.")                                                                             \
   X(kGpuHandleClosing, "GPU_HANDLE_CLOSING", kUnavailable,                               \
     "This CUDA IPC handle is still being closed after an unregister: retry.")            \
   X(kGpuHandleOwned, "GPU_HANDLE_OWNED", kPermissionDenied,                              \

@@ -184,9 +184,24 @@ class DeviceStage {
                                      uint32_t bytes) = 0;
   virtual absl::Status StartToDeviceFrom(int gpu, uint64_t target, const uint8_t* host,
                                          uint32_t bytes) = 0;
-  // Waits for every copy enqueued so far; the first error.
+  // Waits for every copy enqueued so far; the first error. Bounded (gpu/copy_bound.h):
+  // DEADLINE_EXCEEDED, reason GPU_COPY_TIMEOUT, once the node's bound passes. The stage
+  // is then spent (every later copy is refused FAILED_PRECONDITION), and memory of the
+  // caller's that its copies touch must stay put until they end: KeepWhileBusy.
   virtual absl::Status Wait() = 0;
+  // Keeps `memory` (a bounce slot, a window's shadow) while copies of this stage may
+  // still touch it, past the stage's own life if need be. For memory a copy that
+  // timed out may still read or write.
+  virtual void KeepWhileBusy(std::shared_ptr<const void> memory) = 0;
 };
+
+// `status`, having kept `memory` on `stage` where it says that a copy timed out
+// (DeviceStage::Wait's DEADLINE_EXCEEDED).
+inline absl::Status KeepOnTimeout(DeviceStage& stage, std::shared_ptr<const void> memory,
+                                  absl::Status status) {
+  if (absl::IsDeadlineExceeded(status)) stage.KeepWhileBusy(std::move(memory));
+  return status;
+}
 
 // A range of GPU memory exported as a dma-buf: `bytes` at `offset` into the buffer
 // `fd` stands for (the export covers whole pages around the range).

@@ -42,6 +42,7 @@ class WindowTable {
     Placement& operator=(Placement&& other) noexcept;
     ~Placement();
     const Region& region() const { return *region_; }
+    std::shared_ptr<const Region> shared_region() const { return region_; }
 
    private:
     friend class WindowTable;

@@ -110,18 +110,10 @@ absl::Status Driver::CheckAs(cu::CUresult result, absl::string_view call,
       name);
 }
 
-absl::StatusOr<std::unique_ptr<Driver>> Driver::Open(const std::string& library) {
-  std::unique_ptr<Driver> driver(new Driver());
-  driver->library_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (driver->library_ == nullptr) {
-    const char* why = dlerror();
-    return WithReason(absl::FailedPreconditionError(
-                          absl::StrCat("no NVIDIA driver: ", library, " not found (",
-                                       why != nullptr ? why : "dlopen failed", ")")),
-                      reasons::kNoCudaDriver);
-  }
-  void* lib = driver->library_;
-  DriverApi& api = driver->api_;
+namespace {
+
+// Each resolves its part of `api` from `lib` (`library`, for the message):
+// FAILED_PRECONDITION CUDA_DRIVER_TOO_OLD naming the first entry point missing.
 #define FL_RESOLVE(fn)                                                            \
   if (!Resolve(lib, #fn, api.fn)) {                                               \
     return WithReason(                                                            \
@@ -129,6 +121,9 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Open(const std::string& library)
             "NVIDIA driver too old or not a driver: ", library, " lacks ", #fn)), \
         reasons::kCudaDriverTooOld);                                              \
   }
+
+absl::Status ResolveDevicesAndMemory(void* lib, const std::string& library,
+                                     DriverApi& api) {
   FL_RESOLVE(cuInit);
   FL_RESOLVE(cuDriverGetVersion);
   FL_RESOLVE(cuGetErrorName);
@@ -166,13 +161,19 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Open(const std::string& library)
   FL_RESOLVE(cuIpcGetMemHandle);
   FL_RESOLVE(cuIpcOpenMemHandle_v2);
   FL_RESOLVE(cuIpcCloseMemHandle);
+  return absl::OkStatus();
+}
+
+absl::Status ResolveCopies(void* lib, const std::string& library, DriverApi& api) {
   FL_RESOLVE(cuStreamCreate);
   FL_RESOLVE(cuStreamDestroy_v2);
   FL_RESOLVE(cuStreamSynchronize);
+  FL_RESOLVE(cuStreamQuery);
   FL_RESOLVE(cuEventCreate);
   FL_RESOLVE(cuEventDestroy_v2);
   FL_RESOLVE(cuEventRecord);
   FL_RESOLVE(cuEventSynchronize);
+  FL_RESOLVE(cuEventQuery);
   FL_RESOLVE(cuEventElapsedTime);
   FL_RESOLVE(cuMemcpyDtoDAsync_v2);
   FL_RESOLVE(cuMemcpyHtoDAsync_v2);
@@ -183,13 +184,31 @@ absl::StatusOr<std::unique_ptr<Driver>> Driver::Open(const std::string& library)
   FL_RESOLVE(cuModuleUnload);
   FL_RESOLVE(cuModuleGetFunction);
   FL_RESOLVE(cuLaunchKernel);
-#undef FL_RESOLVE
   // Optional entry points: discovery reports an empty UUID without them.
   if (!Resolve(lib, "cuDeviceGetUuid_v2", api.cuDeviceGetUuid)) {
     Resolve(lib, "cuDeviceGetUuid", api.cuDeviceGetUuid);
   }
   // Without it dma-buf export answers UNIMPLEMENTED (dmabuf.h); nothing else needs it.
   Resolve(lib, "cuMemGetHandleForAddressRange", api.cuMemGetHandleForAddressRange);
+  return absl::OkStatus();
+}
+#undef FL_RESOLVE
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Driver>> Driver::Open(const std::string& library) {
+  std::unique_ptr<Driver> driver(new Driver());
+  driver->library_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (driver->library_ == nullptr) {
+    const char* why = dlerror();
+    return WithReason(absl::FailedPreconditionError(
+                          absl::StrCat("no NVIDIA driver: ", library, " not found (",
+                                       why != nullptr ? why : "dlopen failed", ")")),
+                      reasons::kNoCudaDriver);
+  }
+  FL_RETURN_IF_ERROR(ResolveDevicesAndMemory(driver->library_, library, driver->api_));
+  FL_RETURN_IF_ERROR(ResolveCopies(driver->library_, library, driver->api_));
+  DriverApi& api = driver->api_;
 
   // Every failure here means "no usable GPU on this node": fix the node, not the call.
   if (absl::Status s = driver->Check(api.cuInit(0), "cuInit"); !s.ok()) {

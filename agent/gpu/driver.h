@@ -84,10 +84,12 @@ struct DriverApi {
   R (*cuStreamCreate)(cu::CUstream* stream, unsigned int flags);
   R (*cuStreamDestroy_v2)(cu::CUstream stream);
   R (*cuStreamSynchronize)(cu::CUstream stream);
+  R (*cuStreamQuery)(cu::CUstream stream);
   R (*cuEventCreate)(cu::CUevent* event, unsigned int flags);
   R (*cuEventDestroy_v2)(cu::CUevent event);
   R (*cuEventRecord)(cu::CUevent event, cu::CUstream stream);
   R (*cuEventSynchronize)(cu::CUevent event);
+  R (*cuEventQuery)(cu::CUevent event);
   R (*cuEventElapsedTime)(float* ms, cu::CUevent start, cu::CUevent end);
   R(*cuMemcpyDtoDAsync_v2)
   (cu::CUdeviceptr dst, cu::CUdeviceptr src, size_t bytes, cu::CUstream stream);

@@ -71,6 +71,19 @@ absl::Status Stream::Fill(cu::CUdeviceptr target, uint8_t value, size_t size_byt
 
 absl::Status Stream::Synchronize() { FL_STREAM_CALL(cuStreamSynchronize, stream_); }
 
+// CUDA_ERROR_NOT_READY is the answer "not yet", not an error.
+#define FL_DONE_QUERY(fn, handle)                                   \
+  do {                                                              \
+    DeviceGuard guard(context_);                                    \
+    FL_RETURN_IF_ERROR(guard.status());                             \
+    const cu::CUresult result = context_.driver().api().fn(handle); \
+    if (result == cu::CUDA_ERROR_NOT_READY) return false;           \
+    FL_RETURN_IF_ERROR(context_.driver().Check(result, #fn));       \
+    return true;                                                    \
+  } while (0)
+
+absl::StatusOr<bool> Stream::Done() { FL_DONE_QUERY(cuStreamQuery, stream_); }
+
 // --- Event ---
 
 absl::StatusOr<Event> Event::Create(const PrimaryContext& context, bool timing) {
@@ -105,6 +118,8 @@ absl::Status Event::Record(Stream& stream) {
 }
 
 absl::Status Event::Synchronize() { FL_STREAM_CALL(cuEventSynchronize, event_); }
+
+absl::StatusOr<bool> Event::Done() { FL_DONE_QUERY(cuEventQuery, event_); }
 
 absl::StatusOr<double> Event::ElapsedMs(const Event& start, const Event& end) {
   float ms = 0;

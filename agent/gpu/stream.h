@@ -37,7 +37,10 @@ class Stream {
   absl::Status CopyDeviceToHost(void* target, cu::CUdeviceptr source, size_t size_bytes);
   absl::Status Fill(cu::CUdeviceptr target, uint8_t value, size_t size_bytes);
   // Blocks until everything enqueued so far has run; the first error of the stream.
+  // Unbounded: the agent's data path waits through a CopyBound (copy_bound.h) instead.
   absl::Status Synchronize();
+  // Whether everything enqueued so far has run, without waiting; the stream's error.
+  absl::StatusOr<bool> Done();
 
   cu::CUstream get() const { return stream_; }
   const PrimaryContext& context() const { return context_; }
@@ -59,7 +62,9 @@ class Event {
   absl::Status Destroy();
 
   absl::Status Record(Stream& stream);
-  absl::Status Synchronize();
+  absl::Status Synchronize();  // unbounded, as Stream::Synchronize
+  // Whether the work before the last Record has run (true if never recorded).
+  absl::StatusOr<bool> Done();
   // Milliseconds between two recorded, completed timing events.
   static absl::StatusOr<double> ElapsedMs(const Event& start, const Event& end);
 

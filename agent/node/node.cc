@@ -38,6 +38,7 @@ Node::Node(NodeOptions options, transfer::EngineObserver* observer)
       ipc_imports_(options_.ipc_close_wait),
       watch_hub_(options_.max_watches_per_identity),
       guard_(options_.access_policy, options_.open_access),
+      copy_bound_(absl::Milliseconds(options_.gpu_copy_timeout_ms)),
       incoming_prepares_(options_.incoming_prepares),
       registrations_(options_.registrations) {}
 
@@ -59,9 +60,9 @@ absl::Status Node::Start() {
   fabric::InNodeOptions in_node;
   in_node.node = options_.node;
   if (gpu_ != nullptr) {
-    in_node.copier =
-        [gpu = gpu_.get()]() -> absl::StatusOr<std::unique_ptr<fabric::DeviceCopier>> {
-      return std::make_unique<relay::CudaCopier>(gpu);
+    in_node.copier = [gpu = gpu_.get(), bound = &copy_bound_]()
+        -> absl::StatusOr<std::unique_ptr<fabric::DeviceCopier>> {
+      return std::make_unique<relay::CudaCopier>(gpu, bound);
     };
   }
   auto lane =
@@ -84,7 +85,7 @@ absl::Status Node::Start() {
   // staged on the borrowed NIC's GPU.
   if (gpu_ != nullptr) {
     absl::StatusOr<std::unique_ptr<relay::GpuRelayPool>> pool =
-        relay::GpuRelayPool::Create(fabric_.get(), gpu_.get(), NicGpus(),
+        relay::GpuRelayPool::Create(fabric_.get(), gpu_.get(), &copy_bound_, NicGpus(),
                                     options_.gpu_relay);
     if (pool.ok()) {
       gpu_relay_ = std::move(*pool);
@@ -159,6 +160,7 @@ void Node::StartHousekeeping() {
       gpu_relay_->Maintain(absl::Now());
       engine_->Kick();  // a relay that has memory again lends again
     }
+    if (gpu_ != nullptr) gpu::FreeIdleKept();  // what copies past their bound held
     return kExpireEvery;
   });
   housekeeping_.Start();
@@ -213,7 +215,7 @@ void Node::OpenGpus() {
   gpu_ = std::move(*runtime);
   gpu_status_ = absl::StrCat(gpu_->count(), " of the topology's ", topology_.gpus_size(),
                              " GPUs are CUDA devices here");
-  stager_ = std::make_unique<relay::CudaDeviceStager>(gpu_.get(), NicGpus(),
+  stager_ = std::make_unique<relay::CudaDeviceStager>(gpu_.get(), &copy_bound_, NicGpus(),
                                                       options_.stage_piece_bytes);
 }
 
@@ -394,6 +396,7 @@ void Node::ReportStats(stats::Sink& sink) const {
     gpu_relay_->ReportStats(sink, gpus);
     stager_->ReportStats(sink);
   }
+  copy_bound_.ReportStats(sink);
   engine_->ReportStats(sink);
   registry_->ReportStats(sink);
   watch_hub_.ReportStats(sink);

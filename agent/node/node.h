@@ -12,6 +12,7 @@
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/in_node/fabric.h"
+#include "agent/gpu/copy_bound.h"
 #include "agent/gpu/runtime.h"
 #include "agent/memory/fd_tokens.h"
 #include "agent/memory/registry.h"
@@ -68,6 +69,8 @@ struct NodeOptions {
   size_t max_watches_per_identity = kDefaultWatchesPerIdentity;
   // GPU paths: "auto" (on where the driver finds GPUs) or "off".
   std::string gpu = "auto";
+  // The longest one GPU copy is waited for (gpu/copy_bound.h).
+  int gpu_copy_timeout_ms = 10'000;
   relay::GpuRelayOptions gpu_relay;
   // Pieces the TCP fabric moves GPU bytes in, through pinned host memory.
   uint32_t stage_piece_bytes = 2 << 20;
@@ -205,7 +208,9 @@ class Node final : public fabric::Handler, public stats::Source {
   HandleSocketCounters handle_socket_counters_;
   WatchHub watch_hub_;
   security::Guard guard_;
-  fabric::FabricKeys fabric_keys_;     // outlives the fabric and the peers
+  fabric::FabricKeys fabric_keys_;  // outlives the fabric and the peers
+  // Every wait for a GPU copy; outlives everything that copies.
+  gpu::CopyBound copy_bound_;
   std::unique_ptr<gpu::Runtime> gpu_;  // outlives everything that copies
   std::string gpu_status_;
   std::unique_ptr<relay::CudaDeviceStager> stager_;  // outlives the fabric

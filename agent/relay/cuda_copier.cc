@@ -5,14 +5,12 @@
 
 namespace fuselink::relay {
 
-absl::StatusOr<gpu::Stream*> CudaCopier::StreamOf(int gpu) {
-  if (!runtime_->has(gpu)) {
-    return absl::FailedPreconditionError(absl::StrCat("no GPU ", gpu, " here"));
+CudaCopier::~CudaCopier() {
+  if (streams_->stuck() && !streams_->Idle()) {
+    gpu::KeepUntilIdle(
+        std::move(streams_),
+        std::make_shared<std::vector<std::shared_ptr<const void>>>(std::move(kept_)), 0);
   }
-  if (!streams_[gpu].has_value()) {
-    FL_ASSIGN_OR_RETURN(streams_[gpu], gpu::Stream::Create(runtime_->context(gpu)));
-  }
-  return &*streams_[gpu];
 }
 
 absl::Status CudaCopier::Start(const fabric::Place& to, const fabric::Place& from,
@@ -22,10 +20,9 @@ absl::Status CudaCopier::Start(const fabric::Place& to, const fabric::Place& fro
   };
   // The source GPU's stream pushes; into a GPU from the host, the target's pulls.
   const int gpu = from.gpu >= 0 ? from.gpu : to.gpu;
-  FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(gpu));
-  busy_[gpu] = true;
+  FL_ASSIGN_OR_RETURN(gpu::Stream * stream, streams_->For(gpu));
   if (from.gpu >= 0 && to.gpu >= 0 && from.gpu != to.gpu) {
-    FL_ASSIGN_OR_RETURN(gpu::Stream * target, StreamOf(to.gpu));
+    FL_ASSIGN_OR_RETURN(gpu::Stream * target, streams_->For(to.gpu));
     FL_RETURN_IF_ERROR(stream->CopyPeer(address(to), target->context(), address(from),
                                         stream->context(), bytes));
   } else if (from.gpu >= 0 && to.gpu >= 0) {
@@ -38,13 +35,10 @@ absl::Status CudaCopier::Start(const fabric::Place& to, const fabric::Place& fro
   return absl::OkStatus();
 }
 
-absl::Status CudaCopier::Wait() {
-  absl::Status first = absl::OkStatus();
-  for (size_t g = 0; g < streams_.size(); ++g) {
-    if (busy_[g]) first.Update(streams_[g]->Synchronize());
-    busy_[g] = false;
-  }
-  return first;
+absl::Status CudaCopier::Wait() { return streams_->Wait("an in-node copy"); }
+
+void CudaCopier::KeepWhileBusy(std::shared_ptr<const void> memory) {
+  kept_.push_back(std::move(memory));
 }
 
 }  // namespace fuselink::relay

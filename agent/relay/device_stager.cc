@@ -7,6 +7,7 @@
 #include "agent/gpu/dmabuf.h"
 #include "agent/gpu/memory.h"
 #include "agent/gpu/stream.h"
+#include "agent/gpu/stream_set.h"
 
 namespace fuselink::relay {
 namespace {
@@ -14,34 +15,37 @@ namespace {
 class CudaStage final : public fabric::DeviceStage {
  public:
   static absl::StatusOr<std::unique_ptr<CudaStage>> Create(const gpu::Runtime* runtime,
+                                                           gpu::CopyBound* bound,
                                                            int nic_gpu,
                                                            uint32_t piece_bytes,
                                                            CudaDeviceStager::Held* held) {
-    std::unique_ptr<CudaStage> stage(new CudaStage(runtime, nic_gpu, piece_bytes, held));
+    std::unique_ptr<CudaStage> stage(
+        new CudaStage(runtime, bound, nic_gpu, piece_bytes, held));
     const gpu::PrimaryContext& home = runtime->context(nic_gpu >= 0 ? nic_gpu : 0);
-    for (int i = 0; i < 2; ++i) {
-      FL_ASSIGN_OR_RETURN(stage->host_[i],
-                          gpu::PinnedHostBuffer::Allocate(home, piece_bytes));
+    for (auto& host : stage->memory_->host) {
+      FL_ASSIGN_OR_RETURN(host, gpu::PinnedHostBuffer::Allocate(home, piece_bytes));
       held->host.fetch_add(piece_bytes, std::memory_order_relaxed);
     }
     return stage;
   }
 
   uint32_t piece_bytes() const override { return piece_bytes_; }
-  uint8_t* buffer(int i) override { return static_cast<uint8_t*>(host_[i]->data()); }
+  uint8_t* buffer(int i) override {
+    return static_cast<uint8_t*>(memory_->host[i]->data());
+  }
 
   absl::Status StartToHost(int gpu, uint64_t source, int i, uint32_t bytes) override {
-    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(gpu));
+    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, streams_->For(gpu));
     return stream->CopyDeviceToHost(buffer(i), source, bytes);
   }
 
   absl::Status StartToDevice(int gpu, uint64_t target, int i, uint32_t bytes) override {
     if (nic_gpu_ < 0 || gpu == nic_gpu_) {
-      FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(gpu));
+      FL_ASSIGN_OR_RETURN(gpu::Stream * stream, streams_->For(gpu));
       return stream->CopyHostToDevice(target, buffer(i), bytes);
     }
     // Over the NIC's GPU's PCIe link into its landing buffer, then NVLink.
-    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(nic_gpu_));
+    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, streams_->For(nic_gpu_));
     FL_ASSIGN_OR_RETURN(uint64_t landing, Landing(i));
     FL_RETURN_IF_ERROR(stream->CopyHostToDevice(landing, buffer(i), bytes));
     return stream->CopyDeviceToDevice(target, landing, bytes);
@@ -49,7 +53,7 @@ class CudaStage final : public fabric::DeviceStage {
 
   absl::Status StartToHostAt(int gpu, uint64_t source, uint8_t* host,
                              uint32_t bytes) override {
-    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(gpu));
+    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, streams_->For(gpu));
     return stream->CopyDeviceToHost(host, source, bytes);
   }
 
@@ -58,10 +62,10 @@ class CudaStage final : public fabric::DeviceStage {
   absl::Status StartToDeviceFrom(int gpu, uint64_t target, const uint8_t* host,
                                  uint32_t bytes) override {
     if (nic_gpu_ < 0 || gpu == nic_gpu_) {
-      FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(gpu));
+      FL_ASSIGN_OR_RETURN(gpu::Stream * stream, streams_->For(gpu));
       return stream->CopyHostToDevice(target, host, bytes);
     }
-    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, StreamOf(nic_gpu_));
+    FL_ASSIGN_OR_RETURN(gpu::Stream * stream, streams_->For(nic_gpu_));
     FL_ASSIGN_OR_RETURN(uint64_t landing, Landing(0));
     for (uint32_t at = 0; at < bytes; at += piece_bytes_) {
       const uint32_t n = std::min(piece_bytes_, bytes - at);
@@ -71,69 +75,67 @@ class CudaStage final : public fabric::DeviceStage {
     return absl::OkStatus();
   }
 
-  absl::Status Wait() override {
-    absl::Status first;
-    for (size_t g = 0; g < streams_.size(); ++g) {
-      if (busy_[g]) first.Update(streams_[g]->Synchronize());
-      busy_[g] = false;
-    }
-    return first;
+  absl::Status Wait() override { return streams_->Wait("a staging copy"); }
+
+  void KeepWhileBusy(std::shared_ptr<const void> memory) override {
+    memory_->kept.push_back(std::move(memory));
   }
 
   ~CudaStage() override {
+    uint64_t bytes = 0;
     for (int i = 0; i < 2; ++i) {
-      if (host_[i].has_value()) held_->host.fetch_sub(piece_bytes_);
-      if (landing_[i].has_value()) held_->device.fetch_sub(piece_bytes_);
+      if (memory_->host[i].has_value()) bytes += piece_bytes_;
+      if (memory_->landing[i].has_value()) held_->device.fetch_sub(piece_bytes_);
+    }
+    held_->host.fetch_sub(bytes);
+    // A copy past its bound may still write these buffers: they go only once it ends.
+    if (streams_->stuck() && !streams_->Idle()) {
+      gpu::KeepUntilIdle(std::move(streams_), std::move(memory_), bytes);
     }
   }
 
  private:
-  CudaStage(const gpu::Runtime* runtime, int nic_gpu, uint32_t piece_bytes,
-            CudaDeviceStager::Held* held)
+  // What the stage's copies read and write.
+  struct Memory {
+    std::optional<gpu::PinnedHostBuffer> host[2];
+    std::optional<gpu::DeviceBuffer> landing[2];
+    std::vector<std::shared_ptr<const void>> kept;  // KeepWhileBusy
+  };
+
+  CudaStage(const gpu::Runtime* runtime, gpu::CopyBound* bound, int nic_gpu,
+            uint32_t piece_bytes, CudaDeviceStager::Held* held)
       : runtime_(runtime),
         held_(held),
         nic_gpu_(nic_gpu),
         piece_bytes_(piece_bytes),
-        streams_(runtime->count()),
-        busy_(runtime->count(), false) {}
+        streams_(std::make_unique<gpu::StreamSet>(runtime, bound)),
+        memory_(std::make_shared<Memory>()) {}
 
   absl::StatusOr<uint64_t> Landing(int i) {
-    if (!landing_[i].has_value()) {
-      FL_ASSIGN_OR_RETURN(landing_[i], gpu::DeviceBuffer::Allocate(
-                                           runtime_->context(nic_gpu_), piece_bytes_));
+    std::optional<gpu::DeviceBuffer>& landing = memory_->landing[i];
+    if (!landing.has_value()) {
+      FL_ASSIGN_OR_RETURN(landing, gpu::DeviceBuffer::Allocate(
+                                       runtime_->context(nic_gpu_), piece_bytes_));
       held_->device.fetch_add(piece_bytes_, std::memory_order_relaxed);
     }
-    return landing_[i]->ptr();
-  }
-
-  absl::StatusOr<gpu::Stream*> StreamOf(int gpu) {
-    if (!runtime_->has(gpu)) {
-      return absl::FailedPreconditionError(absl::StrCat("no GPU ", gpu, " here"));
-    }
-    if (!streams_[gpu].has_value()) {
-      FL_ASSIGN_OR_RETURN(streams_[gpu], gpu::Stream::Create(runtime_->context(gpu)));
-    }
-    busy_[gpu] = true;
-    return &*streams_[gpu];
+    return landing->ptr();
   }
 
   const gpu::Runtime* const runtime_;
   CudaDeviceStager::Held* const held_;
   const int nic_gpu_;
   const uint32_t piece_bytes_;
-  std::optional<gpu::PinnedHostBuffer> host_[2];
-  std::optional<gpu::DeviceBuffer> landing_[2];
-  std::vector<std::optional<gpu::Stream>> streams_;
-  std::vector<bool> busy_;
+  std::unique_ptr<gpu::StreamSet> streams_;
+  std::shared_ptr<Memory> memory_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<fabric::DeviceStage>> CudaDeviceStager::NewStage(int nic) {
   const int gpu = nic < static_cast<int>(nic_gpu_.size()) ? nic_gpu_[nic] : -1;
-  FL_ASSIGN_OR_RETURN(
-      std::unique_ptr<CudaStage> stage,
-      CudaStage::Create(runtime_, runtime_->has(gpu) ? gpu : -1, piece_bytes_, &held_));
+  FL_ASSIGN_OR_RETURN(std::unique_ptr<CudaStage> stage,
+                      CudaStage::Create(runtime_, bound_, runtime_->has(gpu) ? gpu : -1,
+                                        piece_bytes_, &held_));
   return stage;
 }
 

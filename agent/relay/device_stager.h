@@ -11,6 +11,7 @@
 
 #include "agent/common/stats.h"
 #include "agent/fabric/fabric.h"
+#include "agent/gpu/copy_bound.h"
 #include "agent/gpu/runtime.h"
 
 namespace fuselink::relay {
@@ -18,10 +19,14 @@ namespace fuselink::relay {
 class CudaDeviceStager final : public fabric::DeviceStager {
  public:
   // `nic_gpu[k]`: NIC k's GPU, or -1 when it has none here (bytes then go straight
-  // between the host buffer and the target GPU). `runtime` must outlive the stager.
-  CudaDeviceStager(const gpu::Runtime* runtime, std::vector<int> nic_gpu,
-                   uint32_t piece_bytes)
-      : runtime_(runtime), nic_gpu_(std::move(nic_gpu)), piece_bytes_(piece_bytes) {}
+  // between the host buffer and the target GPU). `runtime` and `bound` (every stage's
+  // waits) must outlive the stager.
+  CudaDeviceStager(const gpu::Runtime* runtime, gpu::CopyBound* bound,
+                   std::vector<int> nic_gpu, uint32_t piece_bytes)
+      : runtime_(runtime),
+        bound_(bound),
+        nic_gpu_(std::move(nic_gpu)),
+        piece_bytes_(piece_bytes) {}
 
   absl::StatusOr<std::unique_ptr<fabric::DeviceStage>> NewStage(int nic) override;
   // Portable pinned memory, in NIC `nic`'s GPU's context (GPU 0's without one).
@@ -50,6 +55,7 @@ class CudaDeviceStager final : public fabric::DeviceStager {
 
  private:
   const gpu::Runtime* const runtime_;
+  gpu::CopyBound* const bound_;
   const std::vector<int> nic_gpu_;
   const uint32_t piece_bytes_;
   Held held_;

@@ -22,12 +22,25 @@ const char* StageModeName(StageMode mode) {
 }
 
 // One slot's memory, and the fence its writes wait for: an event recorded after the
-// last stage into it, on the stream of the GPU that staged it.
+// last stage into it, on the stream of the GPU that staged it. A wait past the copy
+// bound marks the slot stuck: Release quarantines it, Maintain frees it for use once
+// the event says the copy ended.
 struct GpuRelayPool::SlotMemory final : fabric::Fence {
-  SlotMemory(gpu::VmmBuffer buffer, int gpus) : buffer(std::move(buffer)), staged(gpus) {}
+  SlotMemory(gpu::VmmBuffer buffer, int gpus, gpu::CopyBound* bound)
+      : buffer(std::move(buffer)), staged(gpus), bound(bound) {}
   absl::Status Wait() override {
-    return staged[staged_by].has_value() ? staged[staged_by]->Synchronize()
-                                         : absl::OkStatus();
+    if (!staged[staged_by].has_value()) return absl::OkStatus();
+    gpu::Event& event = *staged[staged_by];
+    absl::Status done =
+        bound->Wait([&event] { return event.Done(); }, "a copy into a relay slot");
+    if (absl::IsDeadlineExceeded(done)) stuck.store(true);
+    return done;
+  }
+  // Whether the last stage into it has ended (never waits).
+  bool Ended() {
+    if (!staged[staged_by].has_value()) return true;
+    absl::StatusOr<bool> done = staged[staged_by]->Done();
+    return !done.ok() || *done;  // a failed copy has stopped too
   }
 
   gpu::VmmBuffer buffer;
@@ -35,12 +48,16 @@ struct GpuRelayPool::SlotMemory final : fabric::Fence {
   absl::Time idle_since;
   std::vector<std::optional<gpu::Event>> staged;  // per source GPU, made on first use
   int staged_by = 0;
+  gpu::CopyBound* const bound;
+  std::atomic<bool> stuck{false};  // a wait timed out: out of use until Ended
 };
 
 GpuRelayPool::GpuRelayPool(fabric::Fabric* fabric, const gpu::Runtime* runtime,
-                           std::vector<int> nic_gpu, GpuRelayOptions options)
+                           gpu::CopyBound* bound, std::vector<int> nic_gpu,
+                           GpuRelayOptions options)
     : fabric_(fabric),
       runtime_(runtime),
+      bound_(bound),
       nic_gpu_(std::move(nic_gpu)),
       options_(options),
       all_gpus_(runtime->count()),
@@ -50,8 +67,8 @@ GpuRelayPool::GpuRelayPool(fabric::Fabric* fabric, const gpu::Runtime* runtime,
 }
 
 absl::StatusOr<std::unique_ptr<GpuRelayPool>> GpuRelayPool::Create(
-    fabric::Fabric* fabric, const gpu::Runtime* runtime, std::vector<int> nic_gpu,
-    GpuRelayOptions options) {
+    fabric::Fabric* fabric, const gpu::Runtime* runtime, gpu::CopyBound* bound,
+    std::vector<int> nic_gpu, GpuRelayOptions options) {
   for (size_t k = 0; k < nic_gpu.size(); ++k) {
     if (!runtime->has(nic_gpu[k])) {
       return absl::FailedPreconditionError(
@@ -60,7 +77,7 @@ absl::StatusOr<std::unique_ptr<GpuRelayPool>> GpuRelayPool::Create(
   }
   if (options.slot_bytes == 0) return absl::InvalidArgumentError("slot_bytes is 0");
   std::unique_ptr<GpuRelayPool> pool(
-      new GpuRelayPool(fabric, runtime, std::move(nic_gpu), options));
+      new GpuRelayPool(fabric, runtime, bound, std::move(nic_gpu), options));
   FL_ASSIGN_OR_RETURN(size_t granule, gpu::VmmGranule(runtime->context(0)));
   FL_ASSIGN_OR_RETURN(pool->slot_alloc_bytes_,
                       gpu::RoundUpToGranule(options.slot_bytes, granule));
@@ -93,7 +110,7 @@ bool GpuRelayPool::Grow(int nic) {
       gpu::VmmBuffer::Create(runtime_->context(g), slot_alloc_bytes_, all_gpus_,
                              {.gpudirect_rdma = true});  // a NIC may DMA from it
   if (buffer.ok()) {  // else out of device memory: no borrowing here now
-    memory = std::make_shared<SlotMemory>(std::move(*buffer), runtime_->count());
+    memory = std::make_shared<SlotMemory>(std::move(*buffer), runtime_->count(), bound_);
     absl::StatusOr<fabric::RegionKey> key =
         fabric_->RegisterDeviceRegion(memory->buffer.ptr(), slot_alloc_bytes_, g, memory);
     if (key.ok()) {
@@ -151,7 +168,8 @@ void GpuRelayPool::Release(const Slot& slot) {
   SlotMemory& memory = *n.slots[slot.index];
   memory.idle_since = absl::Now();
   --per_gpu.in_use;
-  n.free.push_back(slot.index);
+  // A copy that timed out may still write it: no chunk goes in until it ends.
+  (memory.stuck.load() ? n.quarantined : n.free).push_back(slot.index);
 }
 
 void GpuRelayPool::FreeSlotLocked(int nic, uint32_t index,
@@ -210,6 +228,16 @@ void GpuRelayPool::Maintain(absl::Time now) {
                free_bytes[g] >= options_.min_free_bytes + options_.cap_bytes_per_gpu) {
       per_gpu.paused = false;
     }
+  }
+  for (PerNic& n : nics_) {
+    std::erase_if(n.quarantined, [&n, now](uint32_t index) {  // those that ended
+      SlotMemory& memory = *n.slots[index];
+      if (!memory.Ended()) return false;
+      memory.stuck.store(false);
+      memory.idle_since = now;
+      n.free.push_back(index);
+      return true;
+    });
   }
   for (size_t k = 0; k < nics_.size(); ++k) {
     const bool paused = gpus_[nic_gpu_[k]].paused;

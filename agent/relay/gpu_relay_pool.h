@@ -10,7 +10,9 @@
 // min_free_bytes + cap_bytes_per_gpu.
 //
 // Stage only enqueues the copy and records an event; the slot's fence (Slot::ready)
-// waits for it on the fabric's thread, so the engine never blocks on the GPU.
+// waits for it on the fabric's thread, so the engine never blocks on the GPU. The
+// fence's wait is bounded (gpu/copy_bound.h); a slot whose copy outlived it is
+// quarantined when released, and lent again only once the copy has ended.
 //
 // Two ways into a slot (StageMode):
 //  - kKernel (D1): a copy kernel on the source GPU stores through the slot's mapping;
@@ -33,6 +35,7 @@
 #include "absl/time/time.h"
 #include "agent/common/stats.h"
 #include "agent/fabric/fabric.h"
+#include "agent/gpu/copy_bound.h"
 #include "agent/gpu/copy_kernel.h"
 #include "agent/gpu/runtime.h"
 #include "agent/gpu/stream.h"
@@ -62,9 +65,11 @@ struct GpuRelayStats {
 
 class GpuRelayPool final : public Pool {
  public:
-  // `nic_gpu[k]`: the GPU of NIC k; every one must be a GPU of `runtime`.
+  // `nic_gpu[k]`: the GPU of NIC k; every one must be a GPU of `runtime`. `bound`
+  // bounds the slots' fences, and outlives the pool.
   static absl::StatusOr<std::unique_ptr<GpuRelayPool>> Create(fabric::Fabric* fabric,
                                                               const gpu::Runtime* runtime,
+                                                              gpu::CopyBound* bound,
                                                               std::vector<int> nic_gpu,
                                                               GpuRelayOptions options);
 
@@ -104,6 +109,9 @@ class GpuRelayPool final : public Pool {
   struct PerNic {
     std::vector<std::shared_ptr<SlotMemory>> slots;  // index = Slot::index
     std::vector<uint32_t> free;
+    // Released while a copy that timed out may still write them; free once it ends
+    // (Maintain).
+    std::vector<uint32_t> quarantined;
   };
   struct PerGpu {
     uint64_t held_bytes = 0;
@@ -117,7 +125,7 @@ class GpuRelayPool final : public Pool {
     std::optional<gpu::CopyKernel> kernel ABSL_GUARDED_BY(mu);
   };
 
-  GpuRelayPool(fabric::Fabric* fabric, const gpu::Runtime* runtime,
+  GpuRelayPool(fabric::Fabric* fabric, const gpu::Runtime* runtime, gpu::CopyBound* bound,
                std::vector<int> nic_gpu, GpuRelayOptions options);
   // Frees slot `index` of `nic` (free, not in use) into `freed`, which the caller
   // drops with mu_ released (the unmap). Caller holds mu_.
@@ -130,6 +138,7 @@ class GpuRelayPool final : public Pool {
 
   fabric::Fabric* const fabric_;
   const gpu::Runtime* const runtime_;
+  gpu::CopyBound* const bound_;
   const std::vector<int> nic_gpu_;
   const GpuRelayOptions options_;
   uint64_t slot_alloc_bytes_ = 0;  // slot_bytes rounded up to the granule

@@ -1,6 +1,7 @@
 // The TCP fabric's path for GPU regions, with a stager whose "device memory" is host
 // memory: pieces, the two buffers, odd sizes, the landing GPU, fences. What CUDA does
 // inside the real stage is tested on GPU machines (tests/gpu).
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -118,6 +119,44 @@ TEST_F(DeviceStagingTest, AWriteWaitsForItsFenceAndAFailedFenceFailsIt) {
   ASSERT_TRUE(a_events_.WaitForCompletions(2));
   EXPECT_FALSE(a_events_.completions()[1].status.ok());
   EXPECT_EQ(fails.waits, 1);
+}
+
+// A staging copy past its bound: the write fails and goes again elsewhere, the stage
+// keeps the source its copy may still read, and the other connection still carries.
+TEST_F(DeviceStagingTest, ACopyPastItsBoundFailsTheWriteAndKeepsItsSource) {
+  std::vector<uint8_t>& source = buffers_.Keep(std::vector<uint8_t>(2 * kPiece, 3));
+  std::vector<uint8_t> target(2 * kPiece, 0);
+  const auto address = [](std::vector<uint8_t>& v) {
+    return reinterpret_cast<uintptr_t>(v.data());
+  };
+  RegionKey source_key =
+      *a_->RegisterDeviceRegion(address(source), source.size(), 0, nullptr);
+  RegionKey target_key = *b_->RegisterRegion(target.data(), target.size(), nullptr);
+  const Extent all{0, target.size()};
+  const WindowKey target_window = *b_->OpenWindow(target_key, "a", {&all, 1});
+  a_stager_.log().hang_copy = 1;
+  WriteOp op{.local_key = source_key,
+             .local_offset = 0,
+             .remote_key = target_window,
+             .remote_offset = 0,
+             .bytes = kPiece,
+             .imm = 0,
+             .wr_id = 1};
+  ASSERT_TRUE(a_->PostWrite(b_on_a_, 0, op).ok());
+  ASSERT_TRUE(a_events_.WaitForCompletions(1));
+  const absl::Status hung = a_events_.completions()[0].status;
+  EXPECT_EQ(hung.code(), absl::StatusCode::kUnavailable) << hung;
+  EXPECT_NE(hung.message().find("did not finish"), absl::string_view::npos) << hung;
+  EXPECT_EQ(a_stager_.log().kept, 1);
+  EXPECT_EQ(std::count(target.begin(), target.end(), 0), kPiece * 2);
+
+  op.wr_id = 2;
+  op.local_offset = op.remote_offset = kPiece;
+  ASSERT_TRUE(a_->PostWrite(b_on_a_, 1, op).ok());
+  ASSERT_TRUE(a_events_.WaitForCompletions(2));
+  EXPECT_TRUE(a_events_.completions()[1].status.ok())
+      << a_events_.completions()[1].status;
+  EXPECT_EQ(std::memcmp(target.data() + kPiece, source.data() + kPiece, kPiece), 0);
 }
 
 TEST(DeviceStagingWithoutStager, GpuRegionsAreRefused) {

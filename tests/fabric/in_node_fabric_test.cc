@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "agent/common/status_macros.h"
 #include "agent/fabric/in_node/fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
@@ -142,22 +143,36 @@ TEST_F(InNodeFabricTest, RefusedWritesPlaceNothing) {
 }
 
 // A copier for the stager's "GPU memory", which is host memory; blocks each copy
-// until `go` (when given) and says when one started.
+// until `go` (when given) and says when one started. With `hang`, its copies never
+// end: Wait answers as a copy past its bound does, and Start refuses after it.
 class HostCopier final : public DeviceCopier {
  public:
-  HostCopier(absl::Notification* go, absl::Notification* entered)
-      : go_(go), entered_(entered) {}
+  HostCopier(absl::Notification* go, absl::Notification* entered, bool hang = false,
+             std::vector<std::shared_ptr<const void>>* kept = nullptr)
+      : go_(go), entered_(entered), hang_(hang), kept_(kept) {}
   absl::Status Start(const Place& to, const Place& from, uint64_t bytes) override {
+    if (spent_) return absl::FailedPreconditionError("spent");
     if (entered_ != nullptr && !entered_->HasBeenNotified()) entered_->Notify();
     if (go_ != nullptr) go_->WaitForNotification();
-    std::memcpy(to.base, from.base, bytes);
+    if (!hang_) std::memcpy(to.base, from.base, bytes);
     return absl::OkStatus();
   }
-  absl::Status Wait() override { return absl::OkStatus(); }
+  absl::Status Wait() override {
+    if (!hang_) return absl::OkStatus();
+    spent_ = true;
+    return WithReason(absl::DeadlineExceededError("an in-node copy did not finish"),
+                      reasons::kGpuCopyTimeout);
+  }
+  void KeepWhileBusy(std::shared_ptr<const void> memory) override {
+    if (kept_ != nullptr) kept_->push_back(std::move(memory));
+  }
 
  private:
   absl::Notification* go_;
   absl::Notification* entered_;
+  const bool hang_;
+  std::vector<std::shared_ptr<const void>>* kept_;
+  bool spent_ = false;
 };
 
 TEST_F(InNodeFabricTest, GpuMemoryGoesThroughTheCopierAndFailsWithoutOne) {
@@ -192,6 +207,39 @@ TEST_F(InNodeFabricTest, GpuMemoryGoesThroughTheCopierAndFailsWithoutOne) {
       EXPECT_TRUE(events_.arrivals().empty());
     }
   }
+}
+
+// A GPU copy past its bound: the move fails with its own reason, the regions its copy
+// may still touch are kept, and the lane goes on with a new copier.
+TEST_F(InNodeFabricTest, ACopyPastItsBoundFailsTheMoveKeepsItsMemoryAndTheLaneGoesOn) {
+  std::vector<std::shared_ptr<const void>> kept;
+  int made = 0;
+  Make(InNodeOptions{.node = "a", .workers = 1, .copier = [&] {
+                       // The first copier hangs; the one made after it works.
+                       return absl::StatusOr<std::unique_ptr<DeviceCopier>>(
+                           std::make_unique<HostCopier>(nullptr, nullptr, made++ == 0,
+                                                        &kept));
+                     }});
+  std::fill(target_.begin(), target_.end(), 0);
+  const RegionKey from = Register(source_);
+  absl::StatusOr<RegionKey> to = fabric_->RegisterDeviceRegion(
+      reinterpret_cast<uintptr_t>(target_.data()), target_.size(), 0, nullptr);
+  ASSERT_TRUE(to.ok()) << to.status();
+  const Extent extents[] = {{0, 8192}};
+  absl::StatusOr<WindowKey> window = fabric_->OpenWindow(*to, "a", extents);
+  ASSERT_TRUE(window.ok());
+
+  const Completion hung = Write(from, 0, *window, 0, 4096, 1);
+  EXPECT_EQ(hung.status.code(), absl::StatusCode::kDeadlineExceeded) << hung.status;
+  EXPECT_EQ(ReasonOf(hung.status), "GPU_COPY_TIMEOUT");
+  EXPECT_EQ(kept.size(), 2u);  // the source region and the target region
+  EXPECT_TRUE(events_.arrivals().empty());
+  EXPECT_EQ(fabric_->in_node_counters().failed_copies, 1u);
+
+  const Completion next = Write(from, 4096, *window, 4096, 4096, 2);
+  EXPECT_TRUE(next.status.ok()) << next.status;
+  EXPECT_EQ(made, 2);
+  EXPECT_EQ(std::memcmp(target_.data() + 4096, source_.data() + 4096, 4096), 0);
 }
 
 TEST_F(InNodeFabricTest, AFullQueuePushesBackAndNoQueuedWriteIsLost) {

@@ -273,10 +273,19 @@ class HostStage final : public DeviceStage {
     return absl::OkStatus();
   }
   absl::Status Wait() override {
+    if (hung_) {
+      spent_ = true;
+      return WithReason(absl::DeadlineExceededError("a staging copy did not finish"),
+                        reasons::kGpuCopyTimeout);
+    }
     for (const Copy& c : pending_copies_) std::memcpy(c.to, c.from, c.bytes);
     pending_copies_.clear();
     in_use_[0] = in_use_[1] = false;
     return absl::OkStatus();
+  }
+  void KeepWhileBusy(std::shared_ptr<const void> memory) override {
+    ++log_->kept;
+    kept_.push_back(std::move(memory));
   }
 
  private:
@@ -286,9 +295,10 @@ class HostStage final : public DeviceStage {
     uint32_t bytes;
   };
   absl::Status Count() {
-    if (++log_->copies == log_->fail_copy) {
-      return absl::InternalError("injected copy fault");
-    }
+    if (spent_) return absl::FailedPreconditionError("the stage is spent");
+    const int copy = ++log_->copies;
+    if (copy == log_->fail_copy) return absl::InternalError("injected copy fault");
+    if (copy == log_->hang_copy) hung_ = true;
     return absl::OkStatus();
   }
   void Use(int i) {
@@ -298,6 +308,9 @@ class HostStage final : public DeviceStage {
   HostStager::Log* const log_;
   std::vector<uint8_t> buffers_[2];
   bool in_use_[2] = {false, false};
+  bool hung_ = false;
+  bool spent_ = false;
+  std::vector<std::shared_ptr<const void>> kept_;
   std::vector<Copy> pending_copies_;
 };
 

@@ -94,7 +94,7 @@ class Buffers {
 // Wait, as a GPU copy is done only once waited for (so a caller that does not wait
 // sees stale bytes); records which GPUs were named, checks that no stage buffer is
 // refilled before the copy that used it was waited for, and fails the copy numbered
-// `fail_copy` (from 1) when set, at its start.
+// `fail_copy` (from 1) when set, at its start (or hangs `hang_copy`).
 class HostStager final : public DeviceStager {
  public:
   static constexpr uint32_t kPiece = 4096;
@@ -107,6 +107,11 @@ class HostStager final : public DeviceStager {
     std::atomic<uint64_t> pinned_bytes{0};  // allocated and not yet freed
     std::atomic<int> copies{0};
     std::atomic<int> fail_copy{0};
+    // The copy numbered `hang_copy` (from 1) never ends: the Wait after it answers as
+    // a copy past its bound does, and the stage is spent. What stages were asked to
+    // keep for it is counted in `kept` (and held for the stage's life).
+    std::atomic<int> hang_copy{0};
+    std::atomic<int> kept{0};
   };
 
   absl::StatusOr<std::unique_ptr<DeviceStage>> NewStage(int nic) override;

@@ -1,10 +1,13 @@
 // What the CUDA layer decides without a GPU: error codes, granule and range arithmetic,
-// dma-buf page ranges, and how a machine or driver without a feature is reported. Runs
-// everywhere.
+// dma-buf page ranges, how a machine or driver without a feature is reported, and the
+// bound on waiting for a copy. Runs everywhere.
 #include <cstdint>
+#include <functional>
 #include <limits>
 
+#include "absl/time/clock.h"
 #include "agent/common/status_macros.h"
+#include "agent/gpu/copy_bound.h"
 #include "agent/gpu/dmabuf.h"
 #include "agent/gpu/driver.h"
 #include "agent/gpu/ipc.h"
@@ -165,6 +168,64 @@ TEST(Driver, LoadIsCachedAndSaysWhyNot) {
     EXPECT_EQ(first.status(), second.status());
     std::printf("no GPU here: %s\n", first.status().ToString().c_str());
   }
+}
+
+// The polls CopyBound::Wait makes: done after `polls`, never (-1), or an error.
+class Polls {
+ public:
+  explicit Polls(int polls, absl::Status error = absl::OkStatus())
+      : polls_(polls), error_(std::move(error)) {}
+  absl::StatusOr<bool> operator()() {
+    ++made;
+    if (!error_.ok()) return error_;
+    return polls_ >= 0 && made >= polls_;
+  }
+  int made = 0;
+
+ private:
+  const int polls_;
+  const absl::Status error_;
+};
+
+TEST(CopyBound, AnEndedCopyIsOkAndUncounted) {
+  CopyBound bound(absl::Seconds(10));
+  Polls polls(1);
+  EXPECT_TRUE(bound.Wait(std::ref(polls), "a copy").ok());
+  EXPECT_EQ(polls.made, 1);
+  EXPECT_EQ(bound.timeouts(), 0u);
+}
+
+TEST(CopyBound, ACopyThatEndsAfterTheSpinIsWaitedFor) {
+  CopyBound bound(absl::Seconds(10));
+  const absl::Time start = absl::Now();
+  const absl::Time ends = start + 20 * CopyBound::kSpin;  // well into the naps
+  const auto done = [ends]() -> absl::StatusOr<bool> { return absl::Now() >= ends; };
+  EXPECT_TRUE(bound.Wait(done, "a copy").ok());
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, 20 * CopyBound::kSpin);
+  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_EQ(bound.timeouts(), 0u);
+}
+
+TEST(CopyBound, AFailedCopyIsItsError) {
+  CopyBound bound(absl::Seconds(10));
+  Polls polls(-1, absl::InternalError("CUDA_ERROR_ILLEGAL_ADDRESS"));
+  EXPECT_EQ(bound.Wait(std::ref(polls), "a copy").code(), StatusCode::kInternal);
+  EXPECT_EQ(bound.timeouts(), 0u);
+}
+
+TEST(CopyBound, ACopyThatNeverEndsIsDeadlineExceededWithinItsBound) {
+  CopyBound bound(absl::Milliseconds(50));
+  Polls polls(-1);
+  const absl::Time start = absl::Now();
+  const absl::Status waited = bound.Wait(std::ref(polls), "a staging copy on GPU 3");
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(waited.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ReasonOf(waited), "GPU_COPY_TIMEOUT");
+  EXPECT_NE(waited.message().find("a staging copy on GPU 3"), absl::string_view::npos);
+  EXPECT_GE(took, absl::Milliseconds(50));
+  EXPECT_LT(took, absl::Seconds(2));
+  EXPECT_EQ(bound.timeouts(), 1u);
 }
 
 }  // namespace

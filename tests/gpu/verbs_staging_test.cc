@@ -11,10 +11,13 @@
 #include <memory>
 #include <vector>
 
+#include "agent/common/status_macros.h"
 #include "agent/fabric/verbs/host_shadow.h"
 #include "agent/fabric/verbs/staging.h"
+#include "agent/gpu/copy_bound.h"
 #include "agent/gpu/memory.h"
 #include "agent/gpu/runtime.h"
+#include "agent/gpu/stream_set.h"
 #include "agent/relay/device_stager.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -44,12 +47,13 @@ class VerbsStagingTest : public GpuTest {
     ASSERT_TRUE(runtime.ok()) << runtime.status();
     runtime_ = *std::move(runtime);
     // NIC 0 next to GPU 0: bytes for another GPU land there and cross NVLink.
-    stager_ = std::make_unique<relay::CudaDeviceStager>(runtime_.get(),
+    stager_ = std::make_unique<relay::CudaDeviceStager>(runtime_.get(), &bound_,
                                                         std::vector<int>{0}, 1 << 20);
   }
   int target_gpu() const { return runtime_->count() > 1 ? 1 : 0; }
 
   std::unique_ptr<Runtime> runtime_;
+  CopyBound bound_{absl::Seconds(10)};
   std::unique_ptr<relay::CudaDeviceStager> stager_;
 };
 
@@ -216,6 +220,46 @@ TEST_F(VerbsStagingTest, BenchPinningAShadow) {
           Seconds(freeing) * 1e3);
     }
   }
+}
+
+// A copy past its bound, on a real GPU: a 1 us bound under a 256 MiB copy, which
+// cannot end within it. The stage is spent, and what it keeps goes back only once
+// the GPU has finished the copy.
+TEST_F(VerbsStagingTest, ACopyPastItsBoundSpendsTheStageAndKeepsItsMemoryUntilItEnds) {
+  constexpr uint64_t kBytes = uint64_t{256} << 20;
+  absl::StatusOr<DeviceBuffer> source =
+      DeviceBuffer::Allocate(runtime_->context(0), kBytes);
+  ASSERT_TRUE(source.ok()) << source.status();
+  FL_ASSERT_OK(stream_->Fill(source->ptr(), 0x5a, kBytes));
+  FL_ASSERT_OK(stream_->Synchronize());
+  CopyBound tight(absl::Microseconds(1));
+  relay::CudaDeviceStager stager(runtime_.get(), &tight, std::vector<int>{0}, 1 << 20);
+  absl::StatusOr<std::shared_ptr<uint8_t>> host = stager.AllocatePinned(0, kBytes);
+  ASSERT_TRUE(host.ok()) << host.status();
+  absl::StatusOr<std::unique_ptr<fabric::DeviceStage>> stage = stager.NewStage(0);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+
+  FL_ASSERT_OK((*stage)->StartToHostAt(0, source->ptr(), host->get(), kBytes));
+  const absl::Status waited = (*stage)->Wait();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
+  EXPECT_EQ(ReasonOf(waited), "GPU_COPY_TIMEOUT");
+  EXPECT_EQ(tight.timeouts(), 1u);
+  const absl::Status refused = (*stage)->StartToHostAt(0, source->ptr(), host->get(), 64);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(ReasonOf(refused), "GPU_COPY_TIMEOUT");
+
+  (*stage)->KeepWhileBusy(*host);
+  host->reset();
+  const uint64_t kept_before = kept_bytes();
+  stage->reset();  // most likely while the copy still runs: then it is kept
+  std::printf("kept when the stage went: %llu bytes\n",
+              static_cast<unsigned long long>(kept_bytes() - kept_before));
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (kept_bytes() > kept_before && absl::Now() < give_up) {
+    FreeIdleKept();
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(kept_bytes(), kept_before);
 }
 
 }  // namespace

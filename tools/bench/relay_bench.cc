@@ -60,6 +60,7 @@ class NullHandler final : public fabric::Handler {
 
 struct Setup {
   std::unique_ptr<gpu::Runtime> runtime;
+  gpu::CopyBound bound{absl::Seconds(10)};
   std::unique_ptr<relay::CudaDeviceStager> stager;
   NullHandler handler;
   fabric::FabricKeys keys;  // outlives the fabric
@@ -128,8 +129,9 @@ absl::Status RunRemap(Setup& s, const std::vector<int>& nic_gpu) {
   options.cap_bytes_per_gpu = uint64_t{64} << 30;
   options.min_free_bytes = 0;
   options.idle = absl::ZeroDuration();
-  FL_ASSIGN_OR_RETURN(auto pool, relay::GpuRelayPool::Create(
-                                     s.fabric.get(), s.runtime.get(), nic_gpu, options));
+  FL_ASSIGN_OR_RETURN(
+      auto pool, relay::GpuRelayPool::Create(s.fabric.get(), s.runtime.get(), &s.bound,
+                                             nic_gpu, options));
   const int n = absl::GetFlag(FLAGS_remap_slots);
   const int nic = s.runtime->count() > 1 ? 1 : 0;
   std::vector<relay::Slot> slots;
@@ -240,7 +242,7 @@ absl::Status Run() {
   std::vector<int> nic_gpu(g);
   for (int k = 0; k < g; ++k) nic_gpu[k] = k;
   s.stager = std::make_unique<relay::CudaDeviceStager>(
-      s.runtime.get(), nic_gpu, uint32_t(absl::GetFlag(FLAGS_piece_mib)) << 20);
+      s.runtime.get(), &s.bound, nic_gpu, uint32_t(absl::GetFlag(FLAGS_piece_mib)) << 20);
   fabric::TcpFabricOptions options;
   options.node_name = "relay-bench";
   for (int k = 0; k < g; ++k) options.nics.push_back({k, "127.0.0.1", 0});
@@ -266,12 +268,12 @@ absl::Status Run() {
   relay_options.min_free_bytes = 0;
   relay_options.mode = relay::StageMode::kKernel;
   FL_ASSIGN_OR_RETURN(
-      auto d1, relay::GpuRelayPool::Create(s.fabric.get(), s.runtime.get(), nic_gpu,
-                                           relay_options));
+      auto d1, relay::GpuRelayPool::Create(s.fabric.get(), s.runtime.get(), &s.bound,
+                                           nic_gpu, relay_options));
   relay_options.mode = relay::StageMode::kCopyEngine;
   FL_ASSIGN_OR_RETURN(
-      auto d2, relay::GpuRelayPool::Create(s.fabric.get(), s.runtime.get(), nic_gpu,
-                                           relay_options));
+      auto d2, relay::GpuRelayPool::Create(s.fabric.get(), s.runtime.get(), &s.bound,
+                                           nic_gpu, relay_options));
   if (g >= 2) {
     FL_RETURN_IF_ERROR(RunCopy(s, *d1, *d2));
   } else {

@@ -210,17 +210,15 @@ void InNodeFabric::Work(std::unique_ptr<DeviceCopier> copier) {
         queue_.pop_front();
       }
     }
-    LandBatch(batch, copier.get());
+    if (absl::IsDeadlineExceeded(LandBatch(batch, copier.get()))) {
+      // Spent: a new one, while the old keeps what its late copies may touch.
+      absl::StatusOr<std::unique_ptr<DeviceCopier>> made = options_.copier();
+      copier = made.ok() ? *std::move(made) : nullptr;
+    }
   }
 }
 
-void InNodeFabric::LandBatch(std::vector<Queued>& batch, DeviceCopier* copier) {
-  struct Pending {
-    const Queued* write;
-    Completion done;
-    WindowTable::Placement placement;  // held until the arrival is told
-    bool placed = false;
-  };
+absl::Status InNodeFabric::LandBatch(std::vector<Queued>& batch, DeviceCopier* copier) {
   std::vector<Pending> landings;
   landings.reserve(batch.size());
   bool device = false;
@@ -251,34 +249,42 @@ void InNodeFabric::LandBatch(std::vector<Queued>& batch, DeviceCopier* copier) {
   absl::Status copied = absl::OkStatus();
   if (device) {
     copied = copier->Wait();
-    if (!copied.ok()) copied = CopyFailed(copied);
+    // A timeout keeps its own reason; other failures are the lane's.
+    if (!copied.ok() && !absl::IsDeadlineExceeded(copied)) copied = CopyFailed(copied);
   }
-  for (Pending& l : landings) {
-    const WriteOp& op = l.write->op;
-    const bool on_gpu =
-        l.placed && (l.placement.region().on_gpu() || l.write->source->on_gpu());
-    if (on_gpu && !copied.ok()) {
-      l.done.status = copied;
-      l.placed = false;
+  for (Pending& l : landings) Finish(l, copied, copier);
+  return copied;
+}
+
+void InNodeFabric::Finish(Pending& l, const absl::Status& copied, DeviceCopier* copier) {
+  const WriteOp& op = l.write->op;
+  const bool on_gpu =
+      l.placed && (l.placement.region().on_gpu() || l.write->source->on_gpu());
+  if (on_gpu && !copied.ok()) {
+    if (absl::IsDeadlineExceeded(copied)) {
+      copier->KeepWhileBusy(l.write->source);
+      copier->KeepWhileBusy(l.placement.shared_region());
     }
-    if (op.bytes > 0 && !l.placed && l.done.refusal == Refusal::kNone) {
-      failed_.fetch_add(1);
-    }
-    if (l.placed) (on_gpu ? device_bytes_ : host_bytes_).fetch_add(op.bytes);
-    if (op.bytes == 0 || l.placed) {
-      // Told while the window still counts the write as placing: the landing hears
-      // of the bytes before anyone hears the window drained.
-      handler_->OnArrival(Arrival{.peer = kSelf,
-                                  .peer_name = options_.node,
-                                  .nic = 0,
-                                  .window = op.bytes > 0 ? op.remote_key : 0,
-                                  .offset = op.remote_offset,
-                                  .bytes = op.bytes,
-                                  .imm = op.imm});
-    }
-    l.placement = WindowTable::Placement();
-    handler_->OnCompletion(l.done);
+    l.done.status = copied;
+    l.placed = false;
   }
+  if (op.bytes > 0 && !l.placed && l.done.refusal == Refusal::kNone) {
+    failed_.fetch_add(1);
+  }
+  if (l.placed) (on_gpu ? device_bytes_ : host_bytes_).fetch_add(op.bytes);
+  if (op.bytes == 0 || l.placed) {
+    // Told while the window still counts the write as placing: the landing hears
+    // of the bytes before anyone hears the window drained.
+    handler_->OnArrival(Arrival{.peer = kSelf,
+                                .peer_name = options_.node,
+                                .nic = 0,
+                                .window = op.bytes > 0 ? op.remote_key : 0,
+                                .offset = op.remote_offset,
+                                .bytes = op.bytes,
+                                .imm = op.imm});
+  }
+  l.placement = WindowTable::Placement();
+  handler_->OnCompletion(l.done);
 }
 
 absl::Status InNodeFabric::Start(const Region& to, uint64_t to_offset, const Region& from,

@@ -50,7 +50,13 @@ class DeviceCopier {
   // Starts copying `bytes` from `from` to `to`.
   virtual absl::Status Start(const Place& to, const Place& from, uint64_t bytes) = 0;
   // Returns once every copy started since the last Wait is done; the first error.
+  // Bounded (gpu/copy_bound.h): DEADLINE_EXCEEDED, reason GPU_COPY_TIMEOUT, once the
+  // node's bound passes; the copier is then spent (it refuses every later copy) and the
+  // lane makes a new one.
   virtual absl::Status Wait() = 0;
+  // Keeps `memory` (a region a timed-out copy may still read or write) while copies of
+  // this copier may still touch it, past the copier's own life if need be.
+  virtual void KeepWhileBusy(std::shared_ptr<const void> memory) = 0;
 };
 // Makes one copier per worker; empty on nodes without GPUs.
 using DeviceCopierFactory =
@@ -128,8 +134,17 @@ class InNodeFabric final : public Fabric {
   RegionKey Mirror(RegionKey key, uint8_t* base, uint64_t bytes, int gpu,
                    std::shared_ptr<const void> keepalive);
   void Work(std::unique_ptr<DeviceCopier> copier);
-  // Places the batch's writes and tells the handler of each.
-  void LandBatch(std::vector<Queued>& batch, DeviceCopier* copier);
+  // One write of a batch being landed.
+  struct Pending {
+    const Queued* write;
+    Completion done;
+    WindowTable::Placement placement;  // held until the arrival is told
+    bool placed = false;
+  };
+  // Places the batch's writes and tells the handler of each; how its GPU copies ended.
+  absl::Status LandBatch(std::vector<Queued>& batch, DeviceCopier* copier);
+  // Tells the handler of `l`, given how the batch's GPU copies ended (`copied`).
+  void Finish(Pending& l, const absl::Status& copied, DeviceCopier* copier);
   // Copies host to host at once; starts a GPU copy on `copier` and sets `*device`.
   absl::Status Start(const Region& to, uint64_t to_offset, const Region& from,
                      uint64_t from_offset, uint32_t bytes, DeviceCopier* copier,

@@ -186,7 +186,7 @@ absl::Status TcpConnection::SendWrites() {
     }
     FL_RETURN_IF_ERROR(SendAll(fd_.get(), std::span<iovec>(iov, iov_count)));
     if (staged) {
-      FL_RETURN_IF_ERROR(SendFromDevice(*next.source, op.local_offset, op.bytes));
+      FL_RETURN_IF_ERROR(SendFromDevice(next.source, op.local_offset, op.bytes));
     }
   }
 }
@@ -200,18 +200,19 @@ absl::StatusOr<DeviceStage*> TcpConnection::Stage(std::unique_ptr<DeviceStage>& 
   return stage.get();
 }
 
-// Piece i is copied into buffer i % 2 while piece i - 1 is on the socket.
-absl::Status TcpConnection::SendFromDevice(const Region& source, uint64_t offset,
-                                           uint32_t bytes) {
+// Piece i is copied into buffer i % 2 while piece i - 1 is on the socket. A copy that
+// timed out may still read `source`: the stage keeps it.
+absl::Status TcpConnection::SendFromDevice(const std::shared_ptr<const Region>& source,
+                                           uint64_t offset, uint32_t bytes) {
   FL_ASSIGN_OR_RETURN(DeviceStage * stage, Stage(send_stage_));
   const uint32_t piece = stage->piece_bytes();
-  const uint64_t base = reinterpret_cast<uintptr_t>(source.base) + offset;
-  FL_RETURN_IF_ERROR(stage->StartToHost(source.gpu, base, 0, std::min(piece, bytes)));
+  const uint64_t base = reinterpret_cast<uintptr_t>(source->base) + offset;
+  FL_RETURN_IF_ERROR(stage->StartToHost(source->gpu, base, 0, std::min(piece, bytes)));
   for (uint32_t at = 0, i = 0; at < bytes; at += piece, ++i) {
     const uint32_t n = std::min(piece, bytes - at);
-    FL_RETURN_IF_ERROR(stage->Wait());
+    FL_RETURN_IF_ERROR(KeepOnTimeout(*stage, source, stage->Wait()));
     if (at + n < bytes) {
-      FL_RETURN_IF_ERROR(stage->StartToHost(source.gpu, base + at + n, (i + 1) % 2,
+      FL_RETURN_IF_ERROR(stage->StartToHost(source->gpu, base + at + n, (i + 1) % 2,
                                             std::min(piece, bytes - at - n)));
     }
     iovec iov[1] = {{stage->buffer(i % 2), n}};
@@ -220,19 +221,20 @@ absl::Status TcpConnection::SendFromDevice(const Region& source, uint64_t offset
   return absl::OkStatus();
 }
 
-// Piece i arrives in buffer i % 2 while piece i - 1 is copied to the GPU.
-absl::Status TcpConnection::ReceiveIntoDevice(const Region& target, uint64_t offset,
-                                              uint32_t bytes) {
+// Piece i arrives in buffer i % 2 while piece i - 1 is copied to the GPU. A copy that
+// timed out may still write `target`: the stage keeps it.
+absl::Status TcpConnection::ReceiveIntoDevice(const std::shared_ptr<const Region>& target,
+                                              uint64_t offset, uint32_t bytes) {
   FL_ASSIGN_OR_RETURN(DeviceStage * stage, Stage(receive_stage_));
   const uint32_t piece = stage->piece_bytes();
-  const uint64_t base = reinterpret_cast<uintptr_t>(target.base) + offset;
+  const uint64_t base = reinterpret_cast<uintptr_t>(target->base) + offset;
   for (uint32_t at = 0, i = 0; at < bytes; at += piece, ++i) {
     const uint32_t n = std::min(piece, bytes - at);
     FL_RETURN_IF_ERROR(ReceiveFrame(stage->buffer(i % 2), n, /*frame_begun=*/true));
-    FL_RETURN_IF_ERROR(stage->Wait());
-    FL_RETURN_IF_ERROR(stage->StartToDevice(target.gpu, base + at, i % 2, n));
+    FL_RETURN_IF_ERROR(KeepOnTimeout(*stage, target, stage->Wait()));
+    FL_RETURN_IF_ERROR(stage->StartToDevice(target->gpu, base + at, i % 2, n));
   }
-  return stage->Wait();
+  return KeepOnTimeout(*stage, target, stage->Wait());
 }
 
 absl::Status TcpConnection::CheckAckOverdue() {
@@ -403,9 +405,11 @@ absl::Status TcpConnection::ServeInbound() {
         FL_RETURN_IF_ERROR(Discard(write->bytes));
         stats.wire_rx_bytes.fetch_add(write->bytes, std::memory_order_relaxed);
       } else {
-        const Region& target = std::get<WindowTable::Placement>(admitted).region();
+        const auto& placement = std::get<WindowTable::Placement>(admitted);
+        const Region& target = placement.region();
         if (target.on_gpu()) {
-          FL_RETURN_IF_ERROR(ReceiveIntoDevice(target, write->offset, write->bytes));
+          FL_RETURN_IF_ERROR(
+              ReceiveIntoDevice(placement.shared_region(), write->offset, write->bytes));
         } else {
           FL_RETURN_IF_ERROR(ReceiveFrame(target.base + write->offset, write->bytes,
                                           /*frame_begun=*/true));

@@ -181,8 +181,10 @@ class TcpConnection {
 
   // The payload of a write from or into a GPU region, piece by piece through this
   // thread's stage (made on first use), overlapping the copies with the socket.
-  absl::Status SendFromDevice(const Region& source, uint64_t offset, uint32_t bytes);
-  absl::Status ReceiveIntoDevice(const Region& target, uint64_t offset, uint32_t bytes);
+  absl::Status SendFromDevice(const std::shared_ptr<const Region>& source,
+                              uint64_t offset, uint32_t bytes);
+  absl::Status ReceiveIntoDevice(const std::shared_ptr<const Region>& target,
+                                 uint64_t offset, uint32_t bytes);
   absl::StatusOr<DeviceStage*> Stage(std::unique_ptr<DeviceStage>& stage);
 
   // Counts a malformed frame on the NIC and returns the reason to close.

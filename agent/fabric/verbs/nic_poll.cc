@@ -281,6 +281,13 @@ void Nic::Land(WindowTable::Placement& placement, Arrival arrival) {
           arrival.bytes);
       copied.Update(landing_stage_->Wait());
     }
+    if (absl::IsDeadlineExceeded(copied)) {
+      // The copy may still read the shadow and write the region: the spent stage keeps
+      // both until it ends, and the next arrival gets a new stage.
+      landing_stage_->KeepWhileBusy(region->shadow);
+      landing_stage_->KeepWhileBusy(placement.shared_region());
+      landing_stage_.reset();
+    }
   }
   if (!copied.ok()) {
     // Not delivered: the transfer's landing misses these bytes and says so in its

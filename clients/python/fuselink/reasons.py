@@ -50,6 +50,7 @@ FABRIC_PEER_CONNECTIONS = "FABRIC_PEER_CONNECTIONS"
 FABRIC_STALL = "FABRIC_STALL"
 FORWARDING_OFF = "FORWARDING_OFF"
 GETIFADDRS = "GETIFADDRS"
+GPU_COPY_TIMEOUT = "GPU_COPY_TIMEOUT"
 GPU_HANDLE_CLOSING = "GPU_HANDLE_CLOSING"
 GPU_HANDLE_OWNED = "GPU_HANDLE_OWNED"
 IDS_DISAGREE = "IDS_DISAGREE"
@@ -215,6 +216,8 @@ REASONS = {
         "The source's agent runs no forwarded transfers (--accept_forwarded): ask it directly."),
     "GETIFADDRS": ("UNAVAILABLE",
         "getifaddrs failed listing the interfaces."),
+    "GPU_COPY_TIMEOUT": ("DEADLINE_EXCEEDED",
+        "A GPU copy did not finish within --gpu_copy_timeout_ms: the GPU is likely hung. The write fails over; the memory the copy touches stays out of use until it ends."),
     "GPU_HANDLE_CLOSING": ("UNAVAILABLE",
         "This CUDA IPC handle is still being closed after an unregister: retry."),
     "GPU_HANDLE_OWNED": ("PERMISSION_DENIED",

@@ -67,10 +67,7 @@ KeyedPoolOptions Clamped(KeyedPoolOptions o) {
 
 }  // namespace
 
-KeyedPool::KeyedPool(KeyedPoolOptions options) : options_(Clamped(std::move(options))) {
-  absl::MutexLock lock(&join_mu_);
-  for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Loop(); });
-}
+KeyedPool::KeyedPool(KeyedPoolOptions options) : options_(Clamped(std::move(options))) {}
 
 absl::Status KeyedPool::Post(absl::string_view key, Task task) {
   absl::MutexLock lock(&mu_);
@@ -95,6 +92,11 @@ absl::Status KeyedPool::Post(absl::string_view key, Task task) {
   it->second.tasks.push_back(std::move(task));
   ++pending_;
   MaybeList(it->first, it->second);
+  if (!started_) {  // a pool nobody posts to holds no threads (TCP's prepares)
+    started_ = true;
+    absl::MutexLock join_lock(&join_mu_);
+    for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Loop(); });
+  }
   return absl::OkStatus();
 }
 

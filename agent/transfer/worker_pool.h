@@ -10,6 +10,7 @@
 //    so a key whose calls hang holds that many threads and no more, and the others
 //    go on; a key's tasks start in the order posted. Its queue is bounded per key and
 //    in all; a post past either bound is refused (RESOURCE_EXHAUSTED), not queued.
+//    Its threads start with the first post: a pool nobody posts to costs nothing.
 //
 // Both thread-safe.
 #pragma once
@@ -119,7 +120,9 @@ class KeyedPool {
   uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool run_queued_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Mutex join_mu_;  // one Stop joins; the others wait for it
+  bool started_ ABSL_GUARDED_BY(mu_) = false;  // threads start with the first post
+  // One Stop joins; the others wait for it. Taken after mu_ where both are held.
+  absl::Mutex join_mu_;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(join_mu_);
 };
 

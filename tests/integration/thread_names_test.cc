@@ -80,11 +80,15 @@ TEST_F(ThreadNamesTest, EveryThreadIsNamedAndEveryNameIsInTheThreadTable) {
     for (const std::string& name : names) {
       if (absl::StartsWith(name, "fl-")) ours.insert(name);
     }
-    // The lanes, the engine's timer and a connection's threads, at least.
-    for (const char* expected : {"fl-prepare", "fl-incoming", "fl-engine-timer",
-                                 "fl-tcp-tx", "fl-tcp-rx", "fl-tcp-in"}) {
+    // The engine's timer and a connection's threads, at least; the source's prepare
+    // lanes, which start with its first prepare.
+    for (const char* expected :
+         {"fl-engine-timer", "fl-tcp-tx", "fl-tcp-rx", "fl-tcp-in"}) {
       EXPECT_EQ(ours.count(expected), 1u) << agent->node() << " has no " << expected;
     }
+    EXPECT_EQ(ours.count("fl-prepare"), agent == a_.get() ? 1u : 0u) << agent->node();
+    // On TCP a peer's prepare is answered on gRPC's thread: that pool never starts.
+    EXPECT_EQ(ours.count("fl-incoming"), 0u) << agent->node();
     for (const std::string& name : ours) {
       EXPECT_NE(table.find(absl::StrCat("`", name, "`")), std::string::npos)
           << name << " (" << agent->node() << ") is not in docs/HACKING.md's threads";

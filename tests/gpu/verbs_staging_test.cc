@@ -262,5 +262,33 @@ TEST_F(VerbsStagingTest, ACopyPastItsBoundSpendsTheStageAndKeepsItsMemoryUntilIt
   EXPECT_EQ(kept_bytes(), kept_before);
 }
 
+// StageOut past the bound: the write fails UNAVAILABLE, and the bounce slot the copy
+// may still write stays out of the pool until the copy has ended.
+TEST_F(VerbsStagingTest, AStagedWritePastItsBoundKeepsItsBounceSlotUntilTheCopyEnds) {
+  constexpr uint32_t kBytes = 256u << 20;
+  absl::StatusOr<DeviceBuffer> source =
+      DeviceBuffer::Allocate(runtime_->context(0), kBytes);
+  ASSERT_TRUE(source.ok()) << source.status();
+  CopyBound tight(absl::Microseconds(1));
+  relay::CudaDeviceStager stager(runtime_.get(), &tight, std::vector<int>{0}, 1 << 20);
+  absl::StatusOr<std::shared_ptr<BouncePool>> pool =
+      BouncePool::Create(stager, 0, 1, kBytes, Loopback());
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  absl::StatusOr<std::unique_ptr<fabric::DeviceStage>> stage = stager.NewStage(0);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+
+  const absl::Status staged =
+      fabric::verbs::StageOut(**pool, **stage, 0, source->ptr(), kBytes).status();
+  EXPECT_EQ(staged.code(), absl::StatusCode::kUnavailable) << staged;
+  EXPECT_EQ((*pool)->free_slots(), 0u);  // kept by the spent stage
+  stage->reset();
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while ((*pool)->free_slots() == 0 && absl::Now() < give_up) {
+    FreeIdleKept();
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ((*pool)->free_slots(), 1u);
+}
+
 }  // namespace
 }  // namespace fuselink::gpu::testing

@@ -121,6 +121,8 @@ absl::StatusOr<std::shared_ptr<const BouncePool::Slot>> StageOut(BouncePool& poo
   std::shared_ptr<const BouncePool::Slot> slot = pool.Acquire();
   absl::Status copied = stage.StartToHostAt(gpu, from, slot->data, bytes);
   copied.Update(stage.Wait());  // waited for even when the start failed: none in flight
+  // Past its bound the copy may still write the slot: it returns once the copy ends.
+  if (absl::IsDeadlineExceeded(copied)) stage.KeepWhileBusy(slot);
   if (!copied.ok()) {
     return absl::UnavailableError(
         absl::StrCat("staging GPU ", gpu, " memory failed: ", copied.message()));

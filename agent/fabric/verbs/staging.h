@@ -87,7 +87,8 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
 
 // Copies [from, from + bytes) of `gpu` into a free slot of `pool` through `stage` and
 // waits for the copy (over the GPU's own PCIe link). UNAVAILABLE when the copy fails
-// (the slot goes back); INVALID_ARGUMENT past a slot.
+// (the slot goes back, or, past the copy bound, is kept by the spent stage until the
+// copy ends); INVALID_ARGUMENT past a slot.
 absl::StatusOr<std::shared_ptr<const BouncePool::Slot>> StageOut(BouncePool& pool,
                                                                  DeviceStage& stage,
                                                                  int gpu, uint64_t from,

@@ -30,6 +30,11 @@ struct GpuRelayPool::SlotMemory final : fabric::Fence {
       : buffer(std::move(buffer)), staged(gpus), bound(bound) {}
   absl::Status Wait() override {
     if (!staged[staged_by].has_value()) return absl::OkStatus();
+    if (stuck.load()) {  // waited out once already (by the fabric): not again
+      return WithReason(absl::FailedPreconditionError(
+                            "an earlier copy into this relay slot has not ended"),
+                        reasons::kGpuCopyTimeout);
+    }
     gpu::Event& event = *staged[staged_by];
     absl::Status done =
         bound->Wait([&event] { return event.Done(); }, "a copy into a relay slot");

@@ -114,6 +114,7 @@ build=${2:-$top/build-gpu}
 carry=$top/.gpu-carry
 rm -rf "$carry" && mkdir -p "$carry"
 for b in gpu_unit_test gpu_test gpu_peer_test gpu_dmabuf_test gpu_verbs_staging_test \
+  gpu_relay_bound_test \
   gpu_child gpu_bench; do
   cp "$build/tests/gpu/$b" "$carry/" && strip "$carry/$b"
 done
@@ -144,7 +145,8 @@ export PATH=/tmp/debs/sbin:/tmp/debs/usr/sbin:/tmp/debs/usr/bin:/tmp/debs/bin:$P
 run=${RUN:-unit,bench,relay,topo,cluster}
 cd $C
 if [[ $run == *unit* ]]; then
-  for t in gpu_unit_test gpu_test gpu_peer_test gpu_dmabuf_test gpu_verbs_staging_test; do
+  for t in gpu_unit_test gpu_test gpu_peer_test gpu_dmabuf_test gpu_verbs_staging_test \
+    gpu_relay_bound_test; do
     ./$t >$OUT/$t.txt 2>&1; echo "$t rc=$?"
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |^GPU |^  P2P|bogus|import of|import with|needs|^dma-buf|^staging|^bench: staging|^path" \
       $OUT/$t.txt | head -40

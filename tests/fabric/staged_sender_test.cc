@@ -13,9 +13,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "agent/fabric/verbs/fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
 
@@ -278,6 +280,25 @@ TEST_F(StagedSenderTest, StopEndsEveryQueuedWrite) {
     EXPECT_EQ(code, absl::StatusCode::kUnavailable);
   }
   EXPECT_EQ(ledger_.codes().size(), 5u);
+}
+
+// The fabric's option: a peer's share is at most the NIC's slots (0: half of them).
+// Options are checked before any NIC is looked for, so this runs without one.
+TEST(VerbsStagingOptions, APeersShareIsAtMostTheSlotsOfANic) {
+  testing::KeyRing keys;
+  testing::RecordingHandler events;
+  VerbsFabricOptions options;
+  options.node_name = "a";
+  options.nics = {Endpoint{.nic = 0, .address = "127.0.0.1", .port = 0}};
+  options.keys = keys.For("a");
+  options.staging_slots_per_nic = 8;
+  for (uint32_t share : {0u, 1u, 8u, 9u}) {
+    options.staging_slots_per_peer = share;
+    const absl::Status status = CreateVerbsFabric(options, &events).status();
+    const bool refused = status.code() == absl::StatusCode::kInvalidArgument &&
+                         absl::StrContains(status.message(), "staging_slots_per_peer");
+    EXPECT_EQ(refused, share > 8) << "a share of " << share << ": " << status;
+  }
 }
 
 }  // namespace

@@ -326,14 +326,16 @@ std::string VerbsFabric::PeerName(PeerId peer) const {
 
 NicCounters VerbsFabric::counters(int nic) const {
   if (nic < 0 || nic >= nic_count()) return {};
-  return NicCounters{.transmitted_bytes = nics_[nic]->transmitted_bytes(),
-                     .received_bytes = nics_[nic]->received_bytes(),
-                     .wire_tx_bytes = nics_[nic]->wire_tx_bytes(),
-                     .wire_rx_bytes = nics_[nic]->wire_rx_bytes(),
-                     .malformed_frames = nics_[nic]->malformed(),
-                     .refused_writes = nics_[nic]->refused(),
-                     .auth_failures = nics_[nic]->auth_failures(),
-                     .ack_timeouts = nics_[nic]->ack_timeouts()};
+  return NicCounters{
+      .transmitted_bytes = nics_[nic]->transmitted_bytes(),
+      .received_bytes = nics_[nic]->received_bytes(),
+      .wire_tx_bytes = nics_[nic]->wire_tx_bytes(),
+      .wire_rx_bytes = nics_[nic]->wire_rx_bytes(),
+      .malformed_frames = nics_[nic]->malformed(),
+      .refused_writes = nics_[nic]->refused(),
+      .auth_failures = nics_[nic]->auth_failures(),
+      .ack_timeouts = nics_[nic]->ack_timeouts(),
+      .staged_share_waits = senders_.empty() ? 0 : senders_[nic]->queues.share_waits()};
 }
 
 void VerbsFabric::OnQpCreated(uint64_t link) {

@@ -155,8 +155,8 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   };
   // Staged writes out of GPU memory, and writes behind a fence, of one NIC.
   // Only with a device stager. `pool`, `stage` and `unusable` belong to the sender's
-  // thread; the pool's slots are taken only under a claim of the sender's, so that
-  // BouncePool::Acquire never waits there.
+  // thread; a pool slot is taken only under a claim of the sender's and when one is
+  // free, so that BouncePool::Acquire never waits there.
   struct NicSender {
     explicit NicSender(const VerbsFabricOptions& options);
     std::shared_ptr<verbs::BouncePool> pool;  // made with the stage on first use
@@ -205,6 +205,8 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   // completes it failed. kNoSlot without a slot for its peer, kRetry while the QP's
   // quota is spent (for at most kQuotaWait).
   verbs::StagedSender::Step TryDeferred(Deferred& write);
+  // A slot of its peer's share for a staged write, or how it waits for one.
+  std::optional<verbs::StagedSender::Step> ClaimSlot(Deferred& write);
   absl::Status PassFence(Deferred& write);
   // Into the slot `write` claimed, where the NIC cannot read its region.
   absl::StatusOr<verbs::WriteSource> StageSource(Deferred& write);

@@ -23,6 +23,8 @@ const std::vector<LinkPtr> kNoLinks;
 // most kQuotaWait; then it fails UNAVAILABLE (to go over another NIC).
 constexpr absl::Duration kQuotaRetry = absl::Microseconds(50);
 constexpr absl::Duration kQuotaWait = absl::Seconds(1);
+// How often a write that claimed a slot looks again for one kept out of the pool.
+constexpr absl::Duration kKeptSlotRetry = absl::Milliseconds(1);
 
 }  // namespace
 
@@ -141,12 +143,7 @@ verbs::StagedSender::Step VerbsFabric::TryDeferred(Deferred& write) {
   using Outcome = verbs::StagedSender::Outcome;
   absl::Status status = PassFence(write);
   if (status.ok() && !write.source.has_value()) {
-    const bool staged = write.region != nullptr && !write.region->mrs[write.nic];
-    // Its peer's share of the slots, or any slot, taken: tried again once one returns.
-    if (staged && write.claim == nullptr) {
-      write.claim = senders_[write.nic]->queues.TryClaimSlot(write.peer);
-      if (write.claim == nullptr) return {.outcome = Outcome::kNoSlot};
-    }
+    if (std::optional<verbs::StagedSender::Step> wait = ClaimSlot(write)) return *wait;
     absl::StatusOr<verbs::WriteSource> source = StageSource(write);
     status = source.status();
     if (source.ok()) write.source = *std::move(source);
@@ -165,6 +162,26 @@ verbs::StagedSender::Step VerbsFabric::TryDeferred(Deferred& write) {
   }
   EndDeferred(write, std::move(status));
   return {.outcome = Outcome::kDone};
+}
+
+std::optional<verbs::StagedSender::Step> VerbsFabric::ClaimSlot(Deferred& write) {
+  using Outcome = verbs::StagedSender::Outcome;
+  const bool staged = write.region != nullptr && !write.region->mrs[write.nic];
+  if (!staged || write.claim != nullptr) return std::nullopt;
+  NicSender& sender = *senders_[write.nic];
+  // Its peer's share of the slots, or every slot, taken: tried again once one returns.
+  write.claim = sender.queues.TryClaimSlot(write.peer);
+  if (write.claim == nullptr)
+    return verbs::StagedSender::Step{.outcome = Outcome::kNoSlot};
+  // Claimed, yet none is free: a slot is kept out of the pool without a claim (a GPU
+  // copy that timed out may still write it) until the housekeeping gives it back.
+  // Looked at again shortly, so that BouncePool::Acquire never waits here.
+  if (sender.pool != nullptr && sender.pool->free_slots() == 0) {
+    write.claim.reset();
+    return verbs::StagedSender::Step{.outcome = Outcome::kRetry,
+                                     .retry_at = absl::Now() + kKeptSlotRetry};
+  }
+  return std::nullopt;
 }
 
 absl::Status VerbsFabric::PassFence(Deferred& write) {
@@ -219,7 +236,7 @@ absl::StatusOr<verbs::WriteSource> VerbsFabric::StageSource(Deferred& write) {
     sender.pool = *std::move(pool);
     sender.stage = *std::move(stage);
   }
-  // Every slot taken from the pool is under a claim, so one is free: no wait here.
+  // ClaimSlot saw a free slot, and only this thread takes them: no wait here.
   FL_DCHECK(sender.pool->free_slots() > 0, "a claimed bounce slot is not free");
   FL_ASSIGN_OR_RETURN(
       std::shared_ptr<const verbs::BouncePool::Slot> slot,
@@ -227,7 +244,7 @@ absl::StatusOr<verbs::WriteSource> VerbsFabric::StageSource(Deferred& write) {
                       reinterpret_cast<uint64_t>(region->base) + write.op.local_offset,
                       write.op.bytes));
   // The slot and its claim go together. Members die bottom-up: the slot returns to
-  // the pool before its claim, so a free claim always finds a free slot.
+  // the pool before its claim, so a claim never goes back while its slot is in use.
   struct Held {
     std::shared_ptr<const void> claim;
     std::shared_ptr<const verbs::BouncePool::Slot> slot;

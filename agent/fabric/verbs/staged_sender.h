@@ -29,7 +29,8 @@
 //
 // Threads: Queue, TryClaimSlot and letting go of a claim from any thread; each takes
 // the sender's lock briefly, which is never held across a call out (Try, Abandon), so
-// a CQ poller may let go of a claim. Try and Abandon run on the thread, unlocked.
+// a CQ poller may let go of a claim. Try and Abandon run on the thread, unlocked
+// (Abandon also on Queue's caller, after Stop).
 // Bounds: the queues hold what the producer admits (the fabric: queue_depth_per_nic
 // writes per NIC, counted until each ends); a lane exists only while its peer has
 // writes queued, a claim count only while its peer holds a slot (at most `slots`).

@@ -171,6 +171,10 @@ ABSL_FLAG(std::string, gpudirect_max_class, "PXB",
 ABSL_FLAG(uint32_t, rdma_staging_slots, 8,
           "verbs: bounce slots per NIC (a chunk each, pinned) for GPU memory the NIC "
           "can reach only through host memory (1-4096).");
+ABSL_FLAG(uint32_t, rdma_staging_slots_per_peer, 0,
+          "verbs: the most of a NIC's bounce slots one peer holds at once, so that a "
+          "peer whose writes are stuck holds up only its own staged writes "
+          "(0 to --rdma_staging_slots; 0: half of them, at least 1).");
 ABSL_FLAG(uint64_t, rdma_max_shadow_mib, 1024,
           "verbs: pinned host memory (MiB) that incoming transfers into such GPU "
           "memory may land in at once; a transfer beyond it is refused.");

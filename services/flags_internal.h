@@ -66,6 +66,7 @@ ABSL_DECLARE_FLAG(int, rdma_traffic_class);
 ABSL_DECLARE_FLAG(int, rdma_service_level);
 ABSL_DECLARE_FLAG(std::string, gpudirect_max_class);
 ABSL_DECLARE_FLAG(uint32_t, rdma_staging_slots);
+ABSL_DECLARE_FLAG(uint32_t, rdma_staging_slots_per_peer);
 ABSL_DECLARE_FLAG(uint64_t, rdma_max_shadow_mib);
 ABSL_DECLARE_FLAG(int, rdma_max_qps_per_nic);
 ABSL_DECLARE_FLAG(std::string, gpu);

@@ -135,6 +135,11 @@ absl::Status ReadFabric(NodeOptions& options) {
   if (options.rdma_staging_slots < 1 || options.rdma_staging_slots > 4096) {
     return absl::InvalidArgumentError("--rdma_staging_slots must be 1 to 4096");
   }
+  options.rdma_staging_slots_per_peer = absl::GetFlag(FLAGS_rdma_staging_slots_per_peer);
+  if (options.rdma_staging_slots_per_peer > options.rdma_staging_slots) {
+    return absl::InvalidArgumentError(
+        "--rdma_staging_slots_per_peer must be 0 to --rdma_staging_slots");
+  }
   const uint64_t shadow_mib = absl::GetFlag(FLAGS_rdma_max_shadow_mib);
   if (shadow_mib < 1 || shadow_mib > (uint64_t{1} << 24)) {
     return absl::InvalidArgumentError("--rdma_max_shadow_mib must be 1 to 16777216");

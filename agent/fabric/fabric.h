@@ -158,6 +158,9 @@ struct NicCounters {
   // Accepted connections refused because their peer already held its share of this
   // node's connections (TCP only).
   uint64_t peer_connection_refusals = 0;
+  // Staged writes out of GPU memory that waited because their peer held its share of
+  // the NIC's bounce slots, while other peers' went on (verbs only).
+  uint64_t staged_share_waits = 0;
 };
 
 // Moves the bytes of GPU regions for a transport whose NICs reach only host memory (the

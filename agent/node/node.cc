@@ -271,6 +271,7 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
       }
     }
     verbs.staging_slots_per_nic = options_.rdma_staging_slots;
+    verbs.staging_slots_per_peer = options_.rdma_staging_slots_per_peer;
     verbs.staging_slot_bytes = options_.engine.chunk_bytes;  // a staged write is a chunk
     verbs.max_shadow_bytes = options_.rdma_max_shadow_bytes;
     return fabric::CreateVerbsFabric(verbs, this);

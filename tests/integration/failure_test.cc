@@ -254,6 +254,7 @@ TEST_F(FailureTest, AgentRefusesRdmaFlagsOutOfRange) {
       {"--qps_per_nic=4", "--rdma_max_qps_per_nic=2"},  // fewer than one peer needs
       {"--rdma_staging_slots=0"},
       {"--rdma_staging_slots=4097"},
+      {"--rdma_staging_slots=4", "--rdma_staging_slots_per_peer=5"},  // past the NIC's
       {"--rdma_max_shadow_mib=0"},
       {"--gpudirect_max_class=FAR"},
   };

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -16,6 +17,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "agent/fabric/verbs/fabric.h"
 #include "gtest/gtest.h"
 #include "tests/fabric/test_util.h"
@@ -293,6 +296,112 @@ TEST_F(VerbsGpuTest, BadGpuRequestsGetTheirCode) {
   EXPECT_TRUE(done->status.ok()) << done->status;
   ASSERT_TRUE(b_events_.WaitForArrivals(1));
   EXPECT_EQ(std::memcmp(target.data(), memory.data(), kSlotBytes), 0);
+}
+
+// Issue 32: a stopped target holds at most its share of a NIC's bounce slots, and the
+// NIC's sender serves the other peers meanwhile. b's poller stops inside its first
+// arrival and its NIC answers RNR (retried forever, the watchdog out of the way), so
+// b's staged writes past its receives stay in flight; staged writes to a third node,
+// c, over the same NIC still complete. Once b goes on, its writes land in their order.
+TEST_F(VerbsGpuTest, AStoppedTargetHoldsOnlyItsShareOfBounceSlots) {
+  constexpr uint32_t kReceives = 4;  // b's receives per QP: RNR from the 6th write on
+  constexpr int kToB = 10;
+  constexpr int kToC = 4;
+  FabricKeys* c_keys = keys_.For("c");  // before a exists: agreed with a's keys
+  FL_MAKE(
+      1, 1, [](VerbsFabricOptions& b) { b.recv_depth_per_qp = kReceives; },
+      [&](VerbsFabricOptions& a) {
+        a.device_stager = &a_stager_;
+        a.gpu_count = 1;
+        a.staging_slots_per_nic = 4;  // a share of 2
+        a.staging_slot_bytes = kSlotBytes;
+        // b's writes stay in flight until b goes on: RNR retried forever, and the
+        // transport's retries (which rxe under emulation may spend on RNR'd writes)
+        // and the watchdog well beyond the test.
+        a.rc.rnr_retry = 7;
+        a.rc.timeout = 18;  // about 1.07 s a try
+        a.rc.retry_cnt = 7;
+        a.ack_timeout = absl::Seconds(60);
+      });
+  testing::RecordingHandler c_events;  // outlives c
+  VerbsFabricOptions c_options;
+  c_options.node_name = "c";
+  c_options.keys = c_keys;
+  c_options.nics = {{.nic = 0, .address = testing::Rails()[0].b}};
+  absl::StatusOr<std::unique_ptr<Fabric>> c = CreateVerbsFabric(c_options, &c_events);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<PeerId> c_on_a = a_->Connect("c", (*c)->endpoints());
+  ASSERT_TRUE(c_on_a.ok()) << c_on_a.status();
+
+  std::vector<uint8_t>& source = buffers_.Keep(ManyBytes((kToB + kToC) * kSlotBytes, 9));
+  std::vector<uint8_t>& b_target =
+      buffers_.Keep(std::vector<uint8_t>(kToB * kSlotBytes, kUntouched));
+  std::vector<uint8_t>& c_target =
+      buffers_.Keep(std::vector<uint8_t>(kToC * kSlotBytes, kUntouched));
+  const RegionKey from = DeviceRegion(*a_, source, 0);
+  const WindowKey b_window = Window(Region(*b_, b_target), "a", {{0, b_target.size()}});
+  absl::StatusOr<RegionKey> c_region =
+      (*c)->RegisterRegion(c_target.data(), c_target.size(), nullptr);
+  ASSERT_TRUE(c_region.ok()) << c_region.status();
+  absl::StatusOr<WindowKey> c_window =
+      (*c)->OpenWindow(*c_region, "a", std::vector<Extent>{{0, c_target.size()}});
+  ASSERT_TRUE(c_window.ok()) << c_window.status();
+  auto op = [&](int i, WindowKey window, uint64_t remote) {
+    return WriteOp{.local_key = from,
+                   .local_offset = uint64_t(i) * kSlotBytes,
+                   .remote_key = window,
+                   .remote_offset = remote * kSlotBytes,
+                   .bytes = kSlotBytes,
+                   .imm = static_cast<uint32_t>(i),
+                   .wr_id = uint64_t(i)};
+  };
+  absl::Notification thaw;
+  b_events_.SetCheck([&](const Arrival&) {
+    thaw.WaitForNotificationWithTimeout(testing::kWaitTimeout + absl::Seconds(30));
+  });
+  for (int i = 0; i < kToB; ++i) ASSERT_TRUE(Post(0, op(i, b_window, i)).ok()) << i;
+  // b's receives take its first writes; then b holds its share, stuck, and its next
+  // write waits for it. Only then c's writes come (queued together, they would have
+  // taken slots in turn with b's before b was stuck).
+  for (int i = 0; i < static_cast<int>(kReceives); ++i) {
+    std::optional<Completion> done = CompletionOf(uint64_t(i));
+    ASSERT_TRUE(done.has_value()) << i;
+    EXPECT_TRUE(done->status.ok()) << i << ": " << done->status;
+  }
+  // Time for the sender to post what b's share allows; the writes past b's receives
+  // stay in flight (RNR). A share of all the slots makes c's writes below wait.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_GE(a_->counters(0).staged_share_waits, 1u) << "b's writes never met its share";
+  for (int i = kToB; i < kToB + kToC; ++i) {
+    ASSERT_TRUE(a_->PostWrite(*c_on_a, 0, op(i, *c_window, i - kToB)).ok()) << i;
+  }
+  for (int i = kToB; i < kToB + kToC; ++i) {
+    std::optional<Completion> done = CompletionOf(uint64_t(i));
+    ASSERT_TRUE(done.has_value()) << "b's stuck writes held up c's write " << i;
+    EXPECT_TRUE(done->status.ok()) << done->status;
+  }
+  ASSERT_TRUE(c_events.WaitForArrivals(kToC));
+  EXPECT_EQ(std::memcmp(c_target.data(), &source[kToB * kSlotBytes], c_target.size()), 0);
+  size_t b_done = 0;
+  for (const Completion& done : a_events_.completions())
+    b_done += done.wr_id < uint64_t{kToB};
+  EXPECT_LT(b_done, size_t{kToB}) << "b was not stuck: the check proves nothing";
+
+  thaw.Notify();
+  b_events_.SetCheck(nullptr);  // waits for a check that is running
+  for (int i = 0; i < kToB; ++i) {
+    std::optional<Completion> done = CompletionOf(uint64_t(i));
+    ASSERT_TRUE(done.has_value()) << i;
+    EXPECT_TRUE(done->status.ok()) << i << ": " << done->status;
+  }
+  ASSERT_TRUE(b_events_.WaitForArrivals(kToB));
+  std::vector<uint32_t> order;
+  for (const Arrival& arrival : b_events_.arrivals()) order.push_back(arrival.imm);
+  std::vector<uint32_t> posted(kToB);
+  std::iota(posted.begin(), posted.end(), 0u);
+  EXPECT_EQ(order, posted) << "one peer's writes left its queue out of order";
+  EXPECT_EQ(std::memcmp(b_target.data(), source.data(), b_target.size()), 0);
+  a_->Disconnect(*c_on_a);
 }
 
 // Not a pass/fail test: verbs writes of 1 MiB out of and into "GPU" memory that the

@@ -1,5 +1,6 @@
 #include "agent/fabric/verbs/fabric.h"
 
+#include <algorithm>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -43,6 +44,8 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
   FL_RETURN_IF_ERROR(
       in(o.max_write_bytes, 1, wire::kMaxWriteBytesLimit, "max_write_bytes"));
   FL_RETURN_IF_ERROR(in(o.staging_slots_per_nic, 1, 4096, "staging_slots_per_nic"));
+  FL_RETURN_IF_ERROR(in(o.staging_slots_per_peer, 0, o.staging_slots_per_nic,
+                        "staging_slots_per_peer (0: half of staging_slots_per_nic)"));
   FL_RETURN_IF_ERROR(
       in(o.staging_slot_bytes, 1, o.max_write_bytes, "staging_slot_bytes"));
   FL_RETURN_IF_ERROR(in(o.gpu_count, 0, o.device_stager != nullptr ? 1024 : 0,
@@ -60,6 +63,12 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
       in(absl::ToInt64Milliseconds(o.ack_timeout), 1, 3'600'000, "ack_timeout in ms"));
   return absl::OkStatus();
 }
+
+VerbsFabric::NicSender::NicSender(const VerbsFabricOptions& options)
+    : queues("fl-verbs-send", options.staging_slots_per_nic,
+             options.staging_slots_per_peer > 0
+                 ? options.staging_slots_per_peer
+                 : std::max(options.staging_slots_per_nic / 2, uint32_t{1})) {}
 
 VerbsFabric::VerbsFabric(const VerbsFabricOptions& options, Handler& handler,
                          std::vector<SocketAddress> local,
@@ -82,7 +91,7 @@ absl::Status VerbsFabric::OpenNic(int index, verbs::NicBinding binding) {
                       Nic::Open(index, std::move(binding), sizing, options_.rc, *this));
   nics_.push_back(std::move(nic));
   if (options_.device_stager != nullptr)
-    senders_.push_back(std::make_unique<NicSender>());
+    senders_.push_back(std::make_unique<NicSender>(options_));
   return absl::OkStatus();
 }
 
@@ -134,8 +143,9 @@ VerbsFabric::~VerbsFabric() {
       entry.link->Close(absl::CancelledError("fabric shutting down"));
     }
   }
-  // Deferred writes find their QPs closing and complete UNAVAILABLE; none is left.
-  for (auto& sender : senders_) sender->thread.Stop();
+  // Deferred writes find their QPs closing, or no slot, and complete UNAVAILABLE;
+  // none is left.
+  for (auto& sender : senders_) sender->queues.Stop();
   // Two-phase: every QP is in ERR now; the pollers complete the flushed writes, destroy
   // the QPs and report lost peers. Then the links go, the worker finishes what it was
   // given (window closes run their `drained`), then the windows, the regions, the NICs.
@@ -316,14 +326,16 @@ std::string VerbsFabric::PeerName(PeerId peer) const {
 
 NicCounters VerbsFabric::counters(int nic) const {
   if (nic < 0 || nic >= nic_count()) return {};
-  return NicCounters{.transmitted_bytes = nics_[nic]->transmitted_bytes(),
-                     .received_bytes = nics_[nic]->received_bytes(),
-                     .wire_tx_bytes = nics_[nic]->wire_tx_bytes(),
-                     .wire_rx_bytes = nics_[nic]->wire_rx_bytes(),
-                     .malformed_frames = nics_[nic]->malformed(),
-                     .refused_writes = nics_[nic]->refused(),
-                     .auth_failures = nics_[nic]->auth_failures(),
-                     .ack_timeouts = nics_[nic]->ack_timeouts()};
+  return NicCounters{
+      .transmitted_bytes = nics_[nic]->transmitted_bytes(),
+      .received_bytes = nics_[nic]->received_bytes(),
+      .wire_tx_bytes = nics_[nic]->wire_tx_bytes(),
+      .wire_rx_bytes = nics_[nic]->wire_rx_bytes(),
+      .malformed_frames = nics_[nic]->malformed(),
+      .refused_writes = nics_[nic]->refused(),
+      .auth_failures = nics_[nic]->auth_failures(),
+      .ack_timeouts = nics_[nic]->ack_timeouts(),
+      .staged_share_waits = senders_.empty() ? 0 : senders_[nic]->queues.share_waits()};
 }
 
 void VerbsFabric::OnQpCreated(uint64_t link) {

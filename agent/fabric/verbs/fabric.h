@@ -18,7 +18,10 @@
 // GPU regions (verbs/staging.h): each (GPU, NIC) pair moves GPU memory by dma-buf,
 // peer memory or staging through host memory, chosen at start-up (GpuPath). Staged
 // writes and writes behind a fence (the relay's NVLink copy) go through the NIC's
-// sender thread: PostWrite returns at once and the write completes as any other.
+// sender thread: PostWrite returns at once and the write completes as any other. They
+// queue per peer, in order, and one peer holds at most staging_slots_per_peer of the
+// NIC's bounce slots, so a peer whose writes are stuck holds up only its own
+// (verbs/staged_sender.h).
 // Staged arrivals are copied to the GPU on the NIC's lander thread before they are
 // delivered; a NIC's arrivals stay in order behind them.
 //
@@ -117,6 +120,11 @@ struct VerbsFabricOptions {
   // largest staged write).
   uint32_t staging_slots_per_nic = 8;
   uint32_t staging_slot_bytes = 4 << 20;
+  // The most of a NIC's bounce slots one peer holds at once (its share), so that a
+  // peer whose writes are stuck leaves the rest to the others; its next staged write
+  // waits meanwhile, the other peers' go on (verbs/staged_sender.h).
+  // 0..staging_slots_per_nic; 0: half of staging_slots_per_nic, at least 1.
+  uint32_t staging_slots_per_peer = 0;
   // Pinned host memory all open windows' host shadows may take (staged writes into
   // GPU memory); OpenWindow answers RESOURCE_EXHAUSTED beyond.
   uint64_t max_shadow_bytes = uint64_t{1} << 30;

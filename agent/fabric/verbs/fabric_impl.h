@@ -17,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "agent/fabric/acceptor.h"
 #include "agent/fabric/peer_table.h"
 #include "agent/fabric/socket.h"
@@ -24,6 +25,7 @@
 #include "agent/fabric/verbs/host_shadow.h"
 #include "agent/fabric/verbs/link.h"
 #include "agent/fabric/verbs/nic.h"
+#include "agent/fabric/verbs/staged_sender.h"
 #include "agent/fabric/verbs/staging.h"
 #include "agent/fabric/verbs/worker.h"
 #include "agent/fabric/window_table.h"
@@ -152,20 +154,33 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
     bool alive() const { return live_qps > 0 || !finished || deferred > 0; }
   };
   // Staged writes out of GPU memory, and writes behind a fence, of one NIC.
-  // Only with a device stager. `pool`, `stage` and `unusable` belong to the thread.
+  // Only with a device stager. `pool`, `stage` and `unusable` belong to the sender's
+  // thread; a pool slot is taken only under a claim of the sender's and when one is
+  // free, so that BouncePool::Acquire never waits there.
   struct NicSender {
+    explicit NicSender(const VerbsFabricOptions& options);
     std::shared_ptr<verbs::BouncePool> pool;  // made with the stage on first use
     std::unique_ptr<DeviceStage> stage;
     absl::Status unusable;       // why they could not be made
     std::atomic<int> queued{0};  // bounded by queue_depth_per_nic
-    verbs::Worker thread{"fl-verbs-send"};
+    verbs::StagedSender queues;  // a queue per peer, and each peer's share of slots
   };
-  struct Deferred {
+  // A deferred write on its way, as far as it got: the fence passed, a slot claimed,
+  // the source staged, the first spent quota seen. Tried on its NIC's sender thread.
+  struct Deferred final : verbs::StagedSender::Write {
+    verbs::StagedSender::Step Try() override { return fabric->TryDeferred(*this); }
+    void Abandon(const absl::Status& why) override { fabric->EndDeferred(*this, why); }
+
+    VerbsFabric* fabric = nullptr;
     uint64_t link = 0;
     PeerId peer = 0;
     int nic = 0;
     WriteOp op;
-    std::shared_ptr<const VerbsRegion> region;  // null for a notification
+    std::shared_ptr<const VerbsRegion> region;           // null for a notification
+    bool fenced = false;                                 // op.after waited for
+    std::shared_ptr<const void> claim;                   // on a bounce slot, until staged
+    std::optional<verbs::WriteSource> source;            // staged, or the region's own
+    absl::Time quota_deadline = absl::InfiniteFuture();  // set by a spent quota
   };
 
   LinkPtr NewLink(int nic, ControlLink::Role role, UniqueFd fd)
@@ -186,9 +201,17 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   // Hands a staged or fenced write to its NIC's sender thread.
   absl::Status Defer(PeerId peer, int nic, const WriteOp& op,
                      std::shared_ptr<const VerbsRegion> region);
-  // On the sender thread: waits for the fence, stages, posts; or completes it failed.
-  void RunDeferred(Deferred& write);
+  // On the sender thread: waits for the fence, claims a slot and stages, posts; or
+  // completes it failed. kNoSlot without a slot for its peer, kRetry while the QP's
+  // quota is spent (for at most kQuotaWait).
+  verbs::StagedSender::Step TryDeferred(Deferred& write);
+  // A slot of its peer's share for a staged write, or how it waits for one.
+  std::optional<verbs::StagedSender::Step> ClaimSlot(Deferred& write);
+  absl::Status PassFence(Deferred& write);
+  // Into the slot `write` claimed, where the NIC cannot read its region.
   absl::StatusOr<verbs::WriteSource> StageSource(Deferred& write);
+  // Completes `write` failed unless `status` is OK (posted), then FinishDeferred.
+  void EndDeferred(Deferred& write, absl::Status status);
   void FinishDeferred(const Deferred& write);
   void OnAccepted(int nic, UniqueFd socket);
   void Reap();

@@ -1,11 +1,15 @@
 // The verbs fabric's writes (the class: verbs/fabric_impl.h): a write the NIC can read
 // is posted at once; one from GPU memory it cannot read, or from a source still being
-// written, waits for the NIC's sender thread, which stages or waits and posts it.
+// written, waits in its peer's queue on the NIC's sender (verbs/staged_sender.h), whose
+// thread waits for the fence, stages it in one of the peer's share of bounce slots and
+// posts it, serving the other peers while one's write cannot go on.
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/checks.h"
 #include "agent/fabric/verbs/fabric_impl.h"
@@ -15,6 +19,12 @@ namespace verbs_internal {
 namespace {
 
 const std::vector<LinkPtr> kNoLinks;
+// A deferred write that meets a spent quota is tried again after kQuotaRetry, for at
+// most kQuotaWait; then it fails UNAVAILABLE (to go over another NIC).
+constexpr absl::Duration kQuotaRetry = absl::Microseconds(50);
+constexpr absl::Duration kQuotaWait = absl::Seconds(1);
+// How often a write that claimed a slot looks again for one kept out of the pool.
+constexpr absl::Duration kKeptSlotRetry = absl::Milliseconds(1);
 
 }  // namespace
 
@@ -96,8 +106,12 @@ absl::Status VerbsFabric::Defer(PeerId peer, int nic, const WriteOp& op,
     return absl::ResourceExhaustedError(absl::StrCat(
         "NIC ", nic, " has ", options_.queue_depth_per_nic, " staged writes queued"));
   }
-  auto write = std::make_unique<Deferred>(
-      Deferred{.peer = peer, .nic = nic, .op = op, .region = std::move(region)});
+  auto write = std::make_unique<Deferred>();
+  write->fabric = this;
+  write->peer = peer;
+  write->nic = nic;
+  write->op = op;
+  write->region = std::move(region);
   {
     absl::MutexLock lock(&mu_);
     const Peer* to = shutting_down_ ? nullptr : peers_.Get(peer);
@@ -121,30 +135,66 @@ absl::Status VerbsFabric::Defer(PeerId peer, int nic, const WriteOp& op,
     ++pinned->deferred;
     write->link = pinned->link->id();
   }
-  sender.thread.Run([this, write = std::move(write)]() mutable { RunDeferred(*write); });
+  sender.queues.Queue(peer, std::move(write));
   return absl::OkStatus();
 }
 
-void VerbsFabric::RunDeferred(Deferred& write) {
-  absl::Status status;
-  if (write.op.after != nullptr) {
-    if (absl::Status ready = write.op.after->Wait(); !ready.ok()) {
-      // As over TCP: the source is unreadable, the write fails over to another NIC.
-      status = absl::UnavailableError(
-          absl::StrCat("the source of the write was not ready: ", ready.message()));
-    }
-  }
-  if (status.ok()) {
+verbs::StagedSender::Step VerbsFabric::TryDeferred(Deferred& write) {
+  using Outcome = verbs::StagedSender::Outcome;
+  absl::Status status = PassFence(write);
+  if (status.ok() && !write.source.has_value()) {
+    if (std::optional<verbs::StagedSender::Step> wait = ClaimSlot(write)) return *wait;
     absl::StatusOr<verbs::WriteSource> source = StageSource(write);
     status = source.status();
-    // A quota spent by direct writes frees as their completions come.
-    const absl::Time deadline = absl::Now() + absl::Seconds(1);
-    while (source.ok()) {
-      status = PostResolved(write.peer, write.nic, write.op, *source);
-      if (!absl::IsResourceExhausted(status) || absl::Now() > deadline) break;
-      absl::SleepFor(absl::Microseconds(50));
+    if (source.ok()) write.source = *std::move(source);
+  }
+  if (status.ok()) {
+    status = PostResolved(write.peer, write.nic, write.op, *write.source);
+    // A quota spent by direct writes frees as their completions come: tried again
+    // shortly, other peers' writes meanwhile.
+    if (absl::IsResourceExhausted(status)) {
+      const absl::Time now = absl::Now();
+      if (write.quota_deadline == absl::InfiniteFuture())
+        write.quota_deadline = now + kQuotaWait;
+      if (now <= write.quota_deadline)
+        return {.outcome = Outcome::kRetry, .retry_at = now + kQuotaRetry};
     }
   }
+  EndDeferred(write, std::move(status));
+  return {.outcome = Outcome::kDone};
+}
+
+std::optional<verbs::StagedSender::Step> VerbsFabric::ClaimSlot(Deferred& write) {
+  using Outcome = verbs::StagedSender::Outcome;
+  const bool staged = write.region != nullptr && !write.region->mrs[write.nic];
+  if (!staged || write.claim != nullptr) return std::nullopt;
+  NicSender& sender = *senders_[write.nic];
+  // Its peer's share of the slots, or every slot, taken: tried again once one returns.
+  write.claim = sender.queues.TryClaimSlot(write.peer);
+  if (write.claim == nullptr)
+    return verbs::StagedSender::Step{.outcome = Outcome::kNoSlot};
+  // Claimed, yet none is free: a slot is kept out of the pool without a claim (a GPU
+  // copy that timed out may still write it) until the housekeeping gives it back.
+  // Looked at again shortly, so that BouncePool::Acquire never waits here.
+  if (sender.pool != nullptr && sender.pool->free_slots() == 0) {
+    write.claim.reset();
+    return verbs::StagedSender::Step{.outcome = Outcome::kRetry,
+                                     .retry_at = absl::Now() + kKeptSlotRetry};
+  }
+  return std::nullopt;
+}
+
+absl::Status VerbsFabric::PassFence(Deferred& write) {
+  if (write.op.after == nullptr || write.fenced) return absl::OkStatus();
+  write.fenced = true;
+  absl::Status ready = write.op.after->Wait();
+  if (ready.ok()) return ready;
+  // As over TCP: the source is unreadable, the write fails over to another NIC.
+  return absl::UnavailableError(
+      absl::StrCat("the source of the write was not ready: ", ready.message()));
+}
+
+void VerbsFabric::EndDeferred(Deferred& write, absl::Status status) {
   if (!status.ok()) {
     // Whatever kept it from the wire, the write may go over another NIC.
     if (!absl::IsUnavailable(status)) {
@@ -156,6 +206,9 @@ void VerbsFabric::RunDeferred(Deferred& write) {
                                      .bytes = write.op.bytes,
                                      .status = std::move(status)});
   }
+  // A slot not posted from goes back now (a posted one when its write completes).
+  write.source.reset();
+  write.claim.reset();
   FinishDeferred(write);
 }
 
@@ -183,14 +236,23 @@ absl::StatusOr<verbs::WriteSource> VerbsFabric::StageSource(Deferred& write) {
     sender.pool = *std::move(pool);
     sender.stage = *std::move(stage);
   }
+  // ClaimSlot saw a free slot, and only this thread takes them: no wait here.
+  FL_DCHECK(sender.pool->free_slots() > 0, "a claimed bounce slot is not free");
   FL_ASSIGN_OR_RETURN(
       std::shared_ptr<const verbs::BouncePool::Slot> slot,
       verbs::StageOut(*sender.pool, *sender.stage, region->gpu,
                       reinterpret_cast<uint64_t>(region->base) + write.op.local_offset,
                       write.op.bytes));
-  const uint64_t address = reinterpret_cast<uint64_t>(slot->data);
-  const uint32_t lkey = slot->lkey;
-  return verbs::WriteSource{.address = address, .lkey = lkey, .hold = std::move(slot)};
+  // The slot and its claim go together. Members die bottom-up: the slot returns to
+  // the pool before its claim, so a claim never goes back while its slot is in use.
+  struct Held {
+    std::shared_ptr<const void> claim;
+    std::shared_ptr<const verbs::BouncePool::Slot> slot;
+  };
+  auto held = std::make_shared<Held>(Held{.claim = std::move(write.claim), .slot = slot});
+  return verbs::WriteSource{.address = reinterpret_cast<uint64_t>(slot->data),
+                            .lkey = slot->lkey,
+                            .hold = std::shared_ptr<const void>(held, slot.get())};
 }
 
 void VerbsFabric::FinishDeferred(const Deferred& write) {

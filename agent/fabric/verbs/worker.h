@@ -1,14 +1,14 @@
 // A thread of the verbs fabric for steps that may take a while and must run neither
 // on the caller's thread (CloseWindow never blocks) nor on a CQ poller (which must
 // never wait on a slow verbs call or a GPU copy): deregistering a closed window's
-// registrations, resetting a QP after a refusal, sending a QUERY; per NIC, staging
-// and posting deferred writes, and landing staged arrivals. One thread, FIFO.
+// registrations, resetting a QP after a refusal, sending a QUERY; per NIC, landing
+// staged arrivals. One thread, FIFO. (A NIC's deferred writes have a sender of their
+// own, queued per peer: verbs/staged_sender.h.)
 //
 // Bound: the queue is not capped here because every producer is: at most one close
 // per open window (kMaxWindows), one renewal per QP (kMaxQpsPerNic per NIC),
-// kMaxPendingQueries per control link, queue_depth_per_nic deferred writes per NIC,
-// and one landing per staged write in flight into an open window; a task is a few
-// words.
+// kMaxPendingQueries per control link, and one landing per staged write in flight
+// into an open window; a task is a few words.
 #pragma once
 
 #include <deque>

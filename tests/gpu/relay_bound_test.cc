@@ -12,6 +12,7 @@
 #include "agent/gpu/copy_bound.h"
 #include "agent/gpu/memory.h"
 #include "agent/gpu/runtime.h"
+#include "agent/relay/device_stager.h"
 #include "agent/relay/gpu_relay_pool.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -33,14 +34,17 @@ TEST_F(RelayBoundTest, ASlotWhoseCopyOutlivedTheBoundIsLentAgainOnlyOnceItEnds) 
   ASSERT_TRUE(runtime.ok()) << runtime.status();
   NoEvents events;
   fabric::FabricKeys keys;
+  CopyBound tight(absl::Microseconds(1));
+  // The fabric takes GPU regions (the relay's slots) only with a stager.
+  relay::CudaDeviceStager stager(runtime->get(), &tight, {0}, 1 << 20);
   fabric::TcpFabricOptions options;
   options.node_name = "relay-bound";
   options.nics.push_back({0, "127.0.0.1", 0});
   options.keys = &keys;
+  options.device_stager = &stager;
   absl::StatusOr<std::unique_ptr<fabric::Fabric>> fabric =
       fabric::CreateTcpFabric(options, &events);
   ASSERT_TRUE(fabric.ok()) << fabric.status();
-  CopyBound tight(absl::Microseconds(1));
   relay::GpuRelayOptions relay_options;
   relay_options.slot_bytes = kBytes;
   relay_options.cap_bytes_per_gpu = kBytes;  // one slot, no more

@@ -174,7 +174,8 @@ ABSL_FLAG(uint32_t, rdma_staging_slots, 8,
 ABSL_FLAG(uint32_t, rdma_staging_slots_per_peer, 0,
           "verbs: the most of a NIC's bounce slots one peer holds at once, so that a "
           "peer whose writes are stuck holds up only its own staged writes "
-          "(0 to --rdma_staging_slots; 0: half of them, at least 1).");
+          "(0 to --rdma_staging_slots; 0: three quarters of them, one at least left to "
+          "the others).");
 ABSL_FLAG(uint64_t, rdma_max_shadow_mib, 1024,
           "verbs: pinned host memory (MiB) that incoming transfers into such GPU "
           "memory may land in at once; a transfer beyond it is refused.");

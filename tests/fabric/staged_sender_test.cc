@@ -284,6 +284,14 @@ TEST_F(StagedSenderTest, StopEndsEveryQueuedWrite) {
 
 // The fabric's option: a peer's share is at most the NIC's slots (0: half of them).
 // Options are checked before any NIC is looked for, so this runs without one.
+TEST(VerbsStagingOptions, ThePeersDefaultShareIsThreeQuartersAndLeavesOneToOthers) {
+  EXPECT_EQ(DefaultSlotsPerPeer(1), 1u);
+  EXPECT_EQ(DefaultSlotsPerPeer(2), 1u);
+  EXPECT_EQ(DefaultSlotsPerPeer(4), 3u);
+  EXPECT_EQ(DefaultSlotsPerPeer(8), 6u);
+  EXPECT_EQ(DefaultSlotsPerPeer(4096), 3072u);
+}
+
 TEST(VerbsStagingOptions, APeersShareIsAtMostTheSlotsOfANic) {
   testing::KeyRing keys;
   testing::RecordingHandler events;

@@ -313,7 +313,7 @@ TEST_F(VerbsGpuTest, AStoppedTargetHoldsOnlyItsShareOfBounceSlots) {
       [&](VerbsFabricOptions& a) {
         a.device_stager = &a_stager_;
         a.gpu_count = 1;
-        a.staging_slots_per_nic = 4;  // a share of 2
+        a.staging_slots_per_nic = 4;  // a share of 3 (DefaultSlotsPerPeer)
         a.staging_slot_bytes = kSlotBytes;
         // b's writes stay in flight until b goes on: RNR retried forever, and the
         // transport's retries (which rxe under emulation may spend on RNR'd writes)

@@ -44,8 +44,9 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
   FL_RETURN_IF_ERROR(
       in(o.max_write_bytes, 1, wire::kMaxWriteBytesLimit, "max_write_bytes"));
   FL_RETURN_IF_ERROR(in(o.staging_slots_per_nic, 1, 4096, "staging_slots_per_nic"));
-  FL_RETURN_IF_ERROR(in(o.staging_slots_per_peer, 0, o.staging_slots_per_nic,
-                        "staging_slots_per_peer (0: half of staging_slots_per_nic)"));
+  FL_RETURN_IF_ERROR(
+      in(o.staging_slots_per_peer, 0, o.staging_slots_per_nic,
+         "staging_slots_per_peer (0: three quarters of staging_slots_per_nic)"));
   FL_RETURN_IF_ERROR(
       in(o.staging_slot_bytes, 1, o.max_write_bytes, "staging_slot_bytes"));
   FL_RETURN_IF_ERROR(in(o.gpu_count, 0, o.device_stager != nullptr ? 1024 : 0,
@@ -68,7 +69,7 @@ VerbsFabric::NicSender::NicSender(const VerbsFabricOptions& options)
     : queues("fl-verbs-send", options.staging_slots_per_nic,
              options.staging_slots_per_peer > 0
                  ? options.staging_slots_per_peer
-                 : std::max(options.staging_slots_per_nic / 2, uint32_t{1})) {}
+                 : DefaultSlotsPerPeer(options.staging_slots_per_nic)) {}
 
 VerbsFabric::VerbsFabric(const VerbsFabricOptions& options, Handler& handler,
                          std::vector<SocketAddress> local,

@@ -51,6 +51,7 @@
 //    Either closes the QP with FABRIC_ACK_TIMEOUT and counts in ack_timeouts.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -72,6 +73,12 @@ inline constexpr size_t kMaxVerbsLinks = 4096;
 // The most window registrations (one per extent) max_window_registrations_per_nic may
 // allow.
 inline constexpr uint32_t kMaxWindowRegistrationsPerNic = 1 << 20;
+
+// A peer's share of `slots` bounce slots when none is set: three quarters, one at least
+// left to the others (8: 6; 4: 3; 2: 1; 1: 1).
+constexpr uint32_t DefaultSlotsPerPeer(uint32_t slots) {
+  return slots > 1 ? slots - std::max(slots / 4, uint32_t{1}) : 1;
+}
 
 struct VerbsFabricOptions {
   // Introduces this node in the QP handshake; 1..255 printable ASCII characters.
@@ -123,7 +130,7 @@ struct VerbsFabricOptions {
   // The most of a NIC's bounce slots one peer holds at once (its share), so that a
   // peer whose writes are stuck leaves the rest to the others; its next staged write
   // waits meanwhile, the other peers' go on (verbs/staged_sender.h).
-  // 0..staging_slots_per_nic; 0: half of staging_slots_per_nic, at least 1.
+  // 0..staging_slots_per_nic; 0: DefaultSlotsPerPeer.
   uint32_t staging_slots_per_peer = 0;
   // Pinned host memory all open windows' host shadows may take (staged writes into
   // GPU memory); OpenWindow answers RESOURCE_EXHAUSTED beyond.

@@ -238,11 +238,17 @@ absl::StatusOr<verbs::WriteSource> VerbsFabric::StageSource(Deferred& write) {
   }
   // ClaimSlot saw a free slot, and only this thread takes them: no wait here.
   FL_DCHECK(sender.pool->free_slots() > 0, "a claimed bounce slot is not free");
-  FL_ASSIGN_OR_RETURN(
-      std::shared_ptr<const verbs::BouncePool::Slot> slot,
-      verbs::StageOut(*sender.pool, *sender.stage, region->gpu,
-                      reinterpret_cast<uint64_t>(region->base) + write.op.local_offset,
-                      write.op.bytes));
+  if (sender.stage == nullptr) {  // the last one was spent by a copy past its bound
+    FL_ASSIGN_OR_RETURN(sender.stage, stager.NewStage(write.nic));
+  }
+  absl::StatusOr<std::shared_ptr<const verbs::BouncePool::Slot>> staged = verbs::StageOut(
+      *sender.pool, *sender.stage, region->gpu,
+      reinterpret_cast<uint64_t>(region->base) + write.op.local_offset, write.op.bytes);
+  if (ReasonOf(staged.status()) == reasons::kGpuCopyTimeout.name) {
+    sender.stage.reset();  // it keeps what its copy may touch until the copy ends
+  }
+  FL_ASSIGN_OR_RETURN(std::shared_ptr<const verbs::BouncePool::Slot> slot,
+                      std::move(staged));
   // The slot and its claim go together. Members die bottom-up: the slot returns to
   // the pool before its claim, so a claim never goes back while its slot is in use.
   struct Held {

@@ -124,8 +124,12 @@ absl::StatusOr<std::shared_ptr<const BouncePool::Slot>> StageOut(BouncePool& poo
   // Past its bound the copy may still write the slot: it returns once the copy ends.
   if (absl::IsDeadlineExceeded(copied)) stage.KeepWhileBusy(slot);
   if (!copied.ok()) {
-    return absl::UnavailableError(
+    absl::Status failed = absl::UnavailableError(
         absl::StrCat("staging GPU ", gpu, " memory failed: ", copied.message()));
+    // The caller replaces a stage spent by a copy past its bound.
+    return absl::IsDeadlineExceeded(copied)
+               ? WithReason(std::move(failed), reasons::kGpuCopyTimeout)
+               : failed;
   }
   return slot;
 }

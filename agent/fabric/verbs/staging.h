@@ -88,7 +88,7 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
 // Copies [from, from + bytes) of `gpu` into a free slot of `pool` through `stage` and
 // waits for the copy (over the GPU's own PCIe link). UNAVAILABLE when the copy fails
 // (the slot goes back, or, past the copy bound, is kept by the spent stage until the
-// copy ends); INVALID_ARGUMENT past a slot.
+// copy ends, and the reason is GPU_COPY_TIMEOUT); INVALID_ARGUMENT past a slot.
 absl::StatusOr<std::shared_ptr<const BouncePool::Slot>> StageOut(BouncePool& pool,
                                                                  DeviceStage& stage,
                                                                  int gpu, uint64_t from,

@@ -54,8 +54,8 @@ struct NodeOptions {
   int rdma_service_level = 0;     // verbs: service level, 0-15
   int rdma_max_qps_per_nic = 64;  // verbs: QPs one NIC holds over all peers
   // verbs, GPU memory a NIC reaches only by staging: bounce slots per NIC (a chunk
-  // each), the most of them one peer holds (0: half), and the pinned host memory
-  // open windows' shadows may take.
+  // each), the most of them one peer holds (0: three quarters), and the pinned host
+  // memory open windows' shadows may take.
   uint32_t rdma_staging_slots = 8;
   uint32_t rdma_staging_slots_per_peer = 0;
   // verbs: the farthest PCIe class at which a NIC reads and writes a GPU's memory

@@ -1,7 +1,8 @@
-// The verbs fabric's class, shared by its three files: verbs/fabric.cc (peers, links,
-// teardown), verbs/fabric_writes.cc (posted and staged writes) and
-// verbs/fabric_windows.cc (regions and windows). Internal to
-// fuselink_fabric_verbs; callers use verbs/fabric.h.
+// The verbs fabric's class, shared by its four files: verbs/fabric.cc (options, NICs,
+// GPU paths, start and teardown), verbs/fabric_links.cc (peers and their control
+// links), verbs/fabric_writes.cc (posted and staged writes) and
+// verbs/fabric_windows.cc (regions and windows). Internal to fuselink_fabric_verbs;
+// callers use verbs/fabric.h.
 #pragma once
 
 #include <atomic>

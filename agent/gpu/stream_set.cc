@@ -72,6 +72,7 @@ bool StreamSet::Idle() {
 
 void KeepUntilIdle(std::unique_ptr<StreamSet> streams, std::shared_ptr<void> memory,
                    uint64_t bytes) {
+  if (!streams->stuck() || streams->Idle()) return;  // nothing may still touch it
   Kept& kept = TheKept();
   kept.bytes.fetch_add(bytes, std::memory_order_relaxed);
   absl::MutexLock lock(&kept.mu);

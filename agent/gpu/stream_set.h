@@ -47,9 +47,9 @@ class StreamSet {
   bool stuck_ = false;
 };
 
-// Keeps `memory` for as long as `streams` may still copy into or out of it: what a
-// stuck StreamSet's owner holds when it goes while the GPU is busy. Counted in
-// kept_bytes() until FreeIdleKept finds the streams idle.
+// What a StreamSet's owner calls as it goes, with the memory the set's copies touch:
+// where the set is stuck and still busy, keeps `memory` (and the streams) until
+// FreeIdleKept finds them idle, counted in kept_bytes(); else lets both go at once.
 void KeepUntilIdle(std::unique_ptr<StreamSet> streams, std::shared_ptr<void> memory,
                    uint64_t bytes);
 // Frees what is kept and idle now. Never waits: call it periodically (the node's

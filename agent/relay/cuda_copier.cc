@@ -6,11 +6,9 @@
 namespace fuselink::relay {
 
 CudaCopier::~CudaCopier() {
-  if (streams_->stuck() && !streams_->Idle()) {
-    gpu::KeepUntilIdle(
-        std::move(streams_),
-        std::make_shared<std::vector<std::shared_ptr<const void>>>(std::move(kept_)), 0);
-  }
+  gpu::KeepUntilIdle(
+      std::move(streams_),
+      std::make_shared<std::vector<std::shared_ptr<const void>>>(std::move(kept_)), 0);
 }
 
 absl::Status CudaCopier::Start(const fabric::Place& to, const fabric::Place& from,

@@ -89,9 +89,7 @@ class CudaStage final : public fabric::DeviceStage {
     }
     held_->host.fetch_sub(bytes);
     // A copy past its bound may still write these buffers: they go only once it ends.
-    if (streams_->stuck() && !streams_->Idle()) {
-      gpu::KeepUntilIdle(std::move(streams_), std::move(memory_), bytes);
-    }
+    gpu::KeepUntilIdle(std::move(streams_), std::move(memory_), bytes);
   }
 
  private:

@@ -34,6 +34,8 @@ enum class ThreadRole : uint8_t {
             // held across a call
   kHousekeeping,  // a Housekeeper that never blocks (housekeeper.h): one slow task
                   // delays every other
+  kPollLoop,      // one poll(2) loop serving many clients (the /metrics server, the
+                  // handle socket): one blocking call stalls every client
 };
 // The calling thread's role from now on.
 void SetThreadRole(ThreadRole role);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::fabric {
@@ -87,6 +88,8 @@ WindowTable::Placement::~Placement() {
   absl::AnyInvocable<void() &&> drained;
   {
     absl::MutexLock lock(&window_->mu);
+    // One too many would let a window drain, and its slot end, under a write.
+    FL_CHECK(window_->placing > 0, "a window's placement ended twice");
     if (--window_->placing == 0 && window_->closed) drained = std::move(window_->drained);
   }
   window_.reset();
@@ -129,6 +132,7 @@ void WindowTable::Close(WindowKey key, absl::AnyInvocable<void() &&> drained) {
   }
   if (window != nullptr) {
     absl::MutexLock lock(&window->mu);
+    FL_DCHECK(!window->closed, "a window closed twice");
     window->closed = true;
     if (window->placing > 0) {
       window->drained = std::move(drained);

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 
+#include "agent/common/check.h"
+
 namespace fuselink::transfer {
 
 uint64_t LandedRanges::Add(uint64_t offset, uint64_t bytes) {
   if (bytes == 0) return 0;
+  FL_DCHECK(offset + bytes > offset, "a landed range past the end of the offsets");
   uint64_t begin = offset;
   uint64_t end = offset + bytes;  // callers pass extents inside a region: no overflow
   uint64_t covered = 0;           // bytes of [offset, offset + bytes) already held
@@ -24,7 +27,13 @@ uint64_t LandedRanges::Add(uint64_t offset, uint64_t bytes) {
     end = std::max(end, it->second);
     it = ranges_.erase(it);
   }
-  ranges_.emplace(begin, end);
+  const auto joined = ranges_.emplace(begin, end).first;
+  // Disjoint and never touching: the joined range's neighbours stay apart from it.
+  FL_DCHECK(joined == ranges_.begin() || std::prev(joined)->second < begin,
+            "a landed range touches the one before it");
+  FL_DCHECK(std::next(joined) == ranges_.end() || std::next(joined)->first > end,
+            "a landed range touches the one after it");
+  FL_DCHECK(covered <= bytes, "more bytes held than were added");
   const uint64_t added = bytes - covered;
   bytes_ += added;
   return added;
@@ -70,6 +79,7 @@ void SetCoverage(bool complete, const memory::Layout& layout,
     for (uint32_t layer = begin; layer < end; ++layer) event->add_layers_done(layer);
     return;
   }
+  FL_DCHECK(named.size() == ids.size(), "a coverage named by another list");
   const Coverage c = CoverageOf(layout, ids, begin, end, landed);
   *event->mutable_layers_done() = {c.layers_done.begin(), c.layers_done.end()};
   for (uint32_t i : c.missing) event->add_failed_block_ids(named[i]);

@@ -212,6 +212,8 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
 
 Landing::Ending Landing::BeginCloseLocked(uint32_t index, absl::Status verdict) {
   Slot& slot = slots_[index];
+  FL_DCHECK(slot.state == SlotState::kOpen && open_ > 0, "a slot ended twice");
+  FL_DCHECK(slot.local || owner_slots_[slot.rail] > 0, "a rail's slots miscounted");
   slot.state = SlotState::kClosing;
   slot.verdict = std::move(verdict);
   slot.commit_deadline = absl::InfiniteFuture();
@@ -292,9 +294,12 @@ void Landing::Finish(uint32_t index, uint32_t generation) {
     Slot& slot = slots_[index];
     if (slot.state != SlotState::kClosing || slot.generation != generation) return;
     slot.state = SlotState::kClosed;
-    if (auto it = per_source_.find(slot.source_node); it != per_source_.end()) {
-      if (--it->second == 0) per_source_.erase(it);
-    }
+    // The target decides: completed only with every byte of every block landed.
+    FL_EXPECT(!slot.verdict.ok() || slot.landed.bytes() == slot.expected_bytes,
+              "a slot completed before every byte of its blocks landed");
+    auto share = per_source_.find(slot.source_node);
+    FL_EXPECT(share != per_source_.end(), "a closing slot its source's share missed");
+    if (share != per_source_.end() && --share->second == 0) per_source_.erase(share);
     event.set_transfer_id(slot.transfer_id);
     event.set_source_node(slot.source_node);
     event.set_tensor(slot.tensor.info().name);

@@ -5,6 +5,7 @@
 // slot's end under mu_ and drains its windows once mu_ is let go (landing.cc).
 #include <algorithm>
 
+#include "agent/common/check.h"
 #include "agent/fabric/window_table.h"
 #include "agent/transfer/landing.h"
 
@@ -24,6 +25,8 @@ std::optional<Landing::Ending> Landing::OnDataLocked(const fabric::Arrival& arri
     return BeginCloseLocked(index, TargetStatus(Verdict::kProtocol));
   }
   slot.landed.Add(offset, arrival.bytes);
+  FL_EXPECT(slot.landed.bytes() <= slot.expected_bytes,
+            "a slot counted more bytes than its blocks hold");
   auto& counter = slot.local                 ? local_bytes_
                   : arrival.nic == slot.rail ? nic_bytes_[arrival.nic].own
                                              : nic_bytes_[arrival.nic].borrowed;

@@ -3,9 +3,46 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::transfer {
+namespace {
+
+// PlanExtents' promise: layer by layer, and within a layer in ascending target
+// offset with no target byte twice, `bytes` in all (the blocks' bytes per layer).
+bool InTargetOrder(std::span<const Extent> extents, uint64_t bytes) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < extents.size(); ++i) {
+    sum += extents[i].bytes;
+    if (i == 0) continue;
+    const Extent& a = extents[i - 1];
+    const Extent& b = extents[i];
+    if (a.layer > b.layer) return false;
+    if (a.layer == b.layer && a.target_offset + a.bytes > b.target_offset) return false;
+  }
+  return sum == bytes;
+}
+
+// One block's bytes in layers [begin, end): its parts'.
+uint64_t PartBytes(const memory::Layout& layout, uint32_t begin, uint32_t end) {
+  uint64_t bytes = 0;
+  for (uint32_t layer = begin; layer < end; ++layer) {
+    for (uint32_t p = 0; p < layout.part_count(); ++p)
+      bytes += layout.part(layer, p).bytes;
+  }
+  return bytes;
+}
+
+// BlockRanges' promise: ascending, disjoint, touching ranges joined.
+bool SortedApart(std::span<const fabric::Extent> ranges) {
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i - 1].offset + ranges[i - 1].bytes >= ranges[i].offset) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 absl::Status ValidateBlocks(const memory::Layout& layout, std::span<const uint32_t> ids,
                             absl::string_view side, bool unique) {
@@ -51,6 +88,40 @@ absl::Status ValidateLayers(const memory::Layout& layout, uint32_t begin, uint32
   return absl::OkStatus();
 }
 
+namespace {
+
+// Where the parts of the two sides meet in one layer: a block's bytes are its parts'
+// in order on each side, so a stretch where neither side changes part is one run.
+struct Stretch {
+  uint32_t source_part, target_part;
+  uint64_t source_skip, target_skip, bytes;  // into the parts
+};
+
+void StretchesOf(const memory::Layout& source, const memory::Layout& target,
+                 uint32_t layer, std::vector<Stretch>& stretches) {
+  stretches.clear();
+  uint32_t sp = 0, tp = 0;
+  uint64_t s_done = 0, t_done = 0;  // bytes of the current parts behind us
+  while (sp < source.part_count() && tp < target.part_count()) {
+    const uint64_t s_bytes = source.part(layer, sp).bytes;
+    const uint64_t t_bytes = target.part(layer, tp).bytes;
+    const uint64_t bytes = std::min(s_bytes - s_done, t_bytes - t_done);
+    stretches.push_back({sp, tp, s_done, t_done, bytes});
+    s_done += bytes;
+    t_done += bytes;
+    if (s_done == s_bytes) {
+      ++sp;
+      s_done = 0;
+    }
+    if (t_done == t_bytes) {
+      ++tp;
+      t_done = 0;
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<Extent> PlanExtents(const memory::Layout& source,
                                 const memory::Layout& target,
                                 std::span<const uint32_t> source_ids,
@@ -70,36 +141,12 @@ std::vector<Extent> PlanExtents(const memory::Layout& source,
     }
     extents.push_back(run);
   };
-  // Where the parts of the two sides meet, per layer: a block's bytes are its parts'
-  // in order on each side, so a stretch where neither side changes part is one run.
-  struct Stretch {
-    uint32_t source_part, target_part;
-    uint64_t source_skip, target_skip, bytes;  // into the parts
-  };
   std::vector<Stretch> stretches;
   // One layer's runs before they are sorted and joined.
   std::vector<Extent> runs;
   runs.reserve(source_ids.size());
   for (uint32_t layer = layer_begin; layer < layer_end; ++layer) {
-    stretches.clear();
-    uint32_t sp = 0, tp = 0;
-    uint64_t s_done = 0, t_done = 0;  // bytes of the current parts behind us
-    while (sp < source.part_count() && tp < target.part_count()) {
-      const uint64_t s_bytes = source.part(layer, sp).bytes;
-      const uint64_t t_bytes = target.part(layer, tp).bytes;
-      const uint64_t bytes = std::min(s_bytes - s_done, t_bytes - t_done);
-      stretches.push_back({sp, tp, s_done, t_done, bytes});
-      s_done += bytes;
-      t_done += bytes;
-      if (s_done == s_bytes) {
-        ++sp;
-        s_done = 0;
-      }
-      if (t_done == t_bytes) {
-        ++tp;
-        t_done = 0;
-      }
-    }
+    StretchesOf(source, target, layer, stretches);
     runs.clear();
     for (const Stretch& x : stretches) {
       for (size_t i = 0; i < source_ids.size(); ++i) {
@@ -119,6 +166,9 @@ std::vector<Extent> PlanExtents(const memory::Layout& source,
     });
     for (const Extent& run : runs) add(run);
   }
+  FL_DCHECK(InTargetOrder(extents,
+                          source_ids.size() * PartBytes(source, layer_begin, layer_end)),
+            "a plan out of target order, or not every block's bytes once");
   return extents;
 }
 
@@ -154,6 +204,7 @@ absl::StatusOr<std::vector<fabric::Extent>> BlockRanges(const memory::Layout& la
     }
   }
   ranges.resize(ranges.empty() ? 0 : out + 1);
+  FL_DCHECK(SortedApart(ranges), "a target's block ranges overlap or touch");
   // One window per region: each holds at most kMaxWindowExtents runs.
   for (size_t first = 0; first < ranges.size();) {
     const uint32_t region = memory::RegionOf(ranges[first].offset);

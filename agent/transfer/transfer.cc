@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::transfer {
@@ -61,7 +62,12 @@ void Transfer::AcceptLocked(uint64_t total_bytes, uint64_t chunks, uint32_t laye
 }
 
 bool Transfer::AddDone(int nic, uint32_t layer, uint64_t bytes) {
+  FL_CHECK(nic >= 0 && static_cast<size_t>(nic) < nic_bytes_.size(),
+           "bytes done on a NIC the transfer does not have");
+  FL_CHECK(layer >= layer_begin_ && layer - layer_begin_ < layer_left_bytes_.size(),
+           "bytes done in a layer the transfer does not move");
   bytes_done_ += bytes;
+  FL_EXPECT(bytes_done_ <= total_bytes_, "a transfer counted more bytes than it moves");
   nic_bytes_[nic] += bytes;
   uint64_t& left = layer_left_bytes_[layer - layer_begin_];
   if (left == 0) return false;  // a layer is done once

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/imm.h"
 #include "agent/transfer/wr_id.h"
@@ -55,10 +56,14 @@ fabric::WriteOp Window::Op(uint16_t index) {
     op.local_offset = e.relay.offset;
     op.after = e.relay.ready;
   } else {
+    FL_CHECK(memory::RegionOf(e.chunk.source_offset) < source_.regions.size(),
+             "a chunk read from no region of its source");
     op.local_key = source_.regions[memory::RegionOf(e.chunk.source_offset)].key;
     op.local_offset = memory::OffsetInRegion(e.chunk.source_offset);
   }
   // Planned from the target's layout, which names as many regions as it sent windows.
+  FL_CHECK(memory::RegionOf(e.chunk.target_offset) < target_.windows.size(),
+           "a chunk bound for no window of its target");
   op.remote_key = target_.windows[memory::RegionOf(e.chunk.target_offset)];
   op.remote_offset = memory::OffsetInRegion(e.chunk.target_offset);
   op.bytes = e.chunk.bytes;
@@ -140,6 +145,7 @@ void Window::Pump(JobEffects* fx) {
 
 bool Window::Send(uint16_t index, JobEffects* fx) {
   Entry& e = entries_[index];
+  FL_DCHECK(e.state != Entry::State::kInFlight, "a window entry posted twice");
   const absl::Status posted =
       env_.fabric->PostWrite(target_.peer, e.choice.nic, Op(index));
   switch (ClassifyPost(posted)) {
@@ -174,10 +180,14 @@ void Window::Drop(uint16_t index, bool failed, JobEffects* fx) {
   }
   e.state = Entry::State::kFree;
   free_.push_back(index);
+  FL_DCHECK(free_.size() + in_flight_ <= entries_.size(), "a window entry freed twice");
 }
 
 int64_t Window::Unreserve(const sched::Choice& choice, uint64_t bytes, bool failed) {
-  if (OnDirect(choice)) --direct_reserved_;
+  if (OnDirect(choice)) {
+    FL_DCHECK(direct_reserved_ > 0, "a direct NIC's reservation ended twice");
+    --direct_reserved_;
+  }
   return env_.scheduler->Complete(choice, bytes, failed);
 }
 
@@ -200,6 +210,7 @@ bool Window::OnCompletion(uint16_t entry, uint16_t seq,
   if (entry >= entries_.size()) return false;
   Entry& e = entries_[entry];
   if (e.state != Entry::State::kInFlight || e.seq != seq) return false;
+  FL_DCHECK(in_flight_ > 0, "a write in flight that the window did not count");
   --in_flight_;
   switch (ClassifyCompletion(completion)) {
     case WriteOutcome::kLanded: {
@@ -213,6 +224,8 @@ bool Window::OnCompletion(uint16_t entry, uint16_t seq,
       e.relay = relay::Slot{};
       e.state = Entry::State::kFree;
       free_.push_back(entry);
+      FL_DCHECK(free_.size() + in_flight_ <= entries_.size(),
+                "a window entry freed twice");
       acked_.Add(e.chunk.target_offset, e.chunk.bytes);
       fx->notify = true;
       if (transfer.AddDone(e.choice.nic, e.chunk.layer, e.chunk.bytes)) {

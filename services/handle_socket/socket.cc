@@ -155,6 +155,7 @@ HandleSocket::~HandleSocket() {
 
 void HandleSocket::Serve() {
   NameThisThread("fl-handle-sock");
+  SetThreadRole(ThreadRole::kPollLoop);
   std::array<pollfd, kFirstClientSlot + kMaxHandleClients> polled{};
   for (;;) {
     absl::Time now = absl::Now();

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "agent/common/check.h"
 #include "gtest/gtest.h"
 #include "services/metrics/http/strict_yaml.h"
 
@@ -171,6 +172,22 @@ TEST(Bcrypt, MatchesOnlyTheRightPassword) {
   EXPECT_FALSE(BcryptMatches(std::string("s3cret\0x", 8), hash));
   EXPECT_FALSE(BcryptMatches("s3cret", "not a hash"));
   EXPECT_TRUE(BcryptMatches("fuselink-unknown-user", kHash));
+}
+
+// bcrypt takes tens of milliseconds by design: on the /metrics server's poll loop it
+// would hold every scrape, so it runs on fl-basic-auth, and a checking build says so.
+TEST(Bcrypt, NeverRunsOnAPollLoop) {
+#ifndef FUSELINK_DCHECK
+  GTEST_SKIP() << "FL_MAY_BLOCK is checked in checking builds only (the sanitized ones)";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        SetThreadRole(ThreadRole::kPollLoop);
+        BcryptMatches("s3cret", kHash);
+      },
+      "code that may block runs on a thread that must not block");
+#endif
 }
 
 }  // namespace

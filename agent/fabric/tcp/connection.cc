@@ -407,6 +407,8 @@ absl::Status TcpConnection::ServeInbound() {
       } else {
         const auto& placement = std::get<WindowTable::Placement>(admitted);
         const Region& target = placement.region();
+        FL_CHECK(ExtentFits(write->offset, write->bytes, target.bytes),
+                 "an admitted write outside its region");  // Admit and Open checked
         if (target.on_gpu()) {
           FL_RETURN_IF_ERROR(
               ReceiveIntoDevice(placement.shared_region(), write->offset, write->bytes));

@@ -34,6 +34,7 @@ static_assert(kReadChunkBytes <= kMaxRequestHeadBytes, "one read stays near the 
 
 void MetricsServer::Loop::Run() {
   NameThisThread("fl-metrics");
+  SetThreadRole(ThreadRole::kPollLoop);  // bcrypt goes to fl-basic-auth (basic_auth.h)
   // A peer that goes while its response is written would raise SIGPIPE inside
   // OpenSSL's write(2); blocked on this thread, the write returns EPIPE instead.
   sigset_t pipe;

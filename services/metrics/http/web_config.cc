@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "agent/common/check.h"
 #include "services/metrics/http/strict_yaml.h"
 
 namespace fuselink::services::http {
@@ -149,6 +150,7 @@ absl::StatusOr<WebConfig> LoadWebConfig(const std::string& path) {
 }
 
 bool BcryptMatches(absl::string_view password, const std::string& hash) {
+  FL_MAY_BLOCK();  // tens of milliseconds by design: never on the server's poll loop
   if (!IsBcrypt(hash) || password.find('\0') != absl::string_view::npos) return false;
   auto data = std::make_unique<crypt_data>();  // ~32 KiB: not on the stack
   const std::string key(password);

@@ -2,6 +2,7 @@
 // fabric's bounds (--fabric_stall_timeout_ms, --fabric_ack_timeout_ms) and the
 // landing's end what waits on them, and the tensors are let go. Times are printed as
 // "bench:" lines; the waits are bounded generously and speed is not asserted.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -87,7 +88,7 @@ class StallTest : public TwoNodeTest {
 
 // The source stops between two layers: the target's incoming transfer ends with a
 // failure and a reason once idle, and its tensor can be unregistered (the landing let
-// go of it).
+// go of it). An in-node move on the target's node lands byte-exact meanwhile.
 TEST_F(StallTest, SourceStoppedMidTransferLetsTheTargetGo) {
   ASSERT_NO_FATAL_FAILURE(StartNodes(kFlags, kFlags));
   ASSERT_NO_FATAL_FAILURE(RegisterPair());
@@ -97,6 +98,20 @@ TEST_F(StallTest, SourceStoppedMidTransferLetsTheTargetGo) {
   ASSERT_NO_FATAL_FAILURE(MoveFirstLayer(call, "stopped-source"));
   a_->Pause();
   const absl::Time stopped = absl::Now();
+
+  absl::StatusOr<HostTensor> spare = RegisterTensor(*b_, "spare", kLayout, 16);
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  absl::StatusOr<HostTensor> local = RegisterTensor(*b_, "local", kLayout, 17);
+  ASSERT_TRUE(local.ok()) << local.status();
+  v1::TransferRequest in_node =
+      MakeRequest("in-node-meanwhile", "spare", AllBlocks(), "local", AllBlocks());
+  in_node.mutable_source()->set_node(kNodeB);
+  in_node.mutable_target()->set_node(kNodeB);
+  TransferResult moved = RunTransfer(b_->stub(), in_node);
+  EXPECT_TRUE(moved.status.ok()) << moved.status.error_message();
+  EXPECT_TRUE(std::equal(spare->buffer->span().begin(), spare->buffer->span().end(),
+                         local->buffer->span().begin()))
+      << "the in-node move beside the stopped source is not byte-exact";
 
   ASSERT_TRUE(watch.WaitForEvents(1, kGiveUp));
   const double stop_to_verdict_ms = absl::ToDoubleMilliseconds(absl::Now() - stopped);
@@ -116,7 +131,9 @@ TEST_F(StallTest, SourceStoppedMidTransferLetsTheTargetGo) {
 }
 
 // The target stops between two layers, and the source then sends the second: the
-// source's stream ends with a failure and a reason.
+// source's stream and its outgoing watchers end with a failure and a reason, while an
+// in-node move on the source's node, which the target has no part in, lands
+// byte-exact meanwhile.
 TEST_F(StallTest, TargetStoppedMidTransferEndsTheSourcesStream) {
   ASSERT_NO_FATAL_FAILURE(StartNodes(kFlags, kFlags));
   ASSERT_NO_FATAL_FAILURE(RegisterPair());
@@ -127,11 +144,24 @@ TEST_F(StallTest, TargetStoppedMidTransferEndsTheSourcesStream) {
   TransferResult warm = RunTransfer(
       a_->stub(), MakeRequest("warm", "big", AllBlocks(), "other", AllBlocks()));
   ASSERT_TRUE(warm.status.ok()) << warm.status.error_message();
+  absl::StatusOr<HostTensor> local = RegisterTensor(*a_, "local", kLayout, 15);
+  ASSERT_TRUE(local.ok()) << local.status();
+  WatchCall outgoing(a_->stub(), "big", /*outgoing=*/true, kGiveUp + absl::Seconds(30));
+  ASSERT_TRUE(outgoing.established());
   TransferCall call(a_->stub(), Request("stopped-target"), kGiveUp + absl::Seconds(30));
   ASSERT_NO_FATAL_FAILURE(MoveFirstLayer(call, "stopped-target"));
   b_->Pause();
   const absl::Time stopped = absl::Now();
   ASSERT_TRUE(LayersReady(a_->stub(), "stopped-target", 2).ok());
+
+  v1::TransferRequest in_node =
+      MakeRequest("in-node-meanwhile", "big", AllBlocks(), "local", AllBlocks());
+  in_node.mutable_target()->set_node(kNodeA);
+  TransferResult moved = RunTransfer(a_->stub(), in_node);
+  EXPECT_TRUE(moved.status.ok()) << moved.status.error_message();
+  EXPECT_TRUE(std::equal(source_.buffer->span().begin(), source_.buffer->span().end(),
+                         local->buffer->span().begin()))
+      << "the in-node move beside the stopped target is not byte-exact";
 
   TransferResult result = call.Finish();
   const double stop_to_end_ms = absl::ToDoubleMilliseconds(result.ended - stopped);
@@ -147,6 +177,14 @@ TEST_F(StallTest, TargetStoppedMidTransferEndsTheSourcesStream) {
   const v1::TransferEvent& last = result.events.back();
   ASSERT_TRUE(last.has_failed()) << last.DebugString();
   EXPECT_FALSE(last.failed().reason().empty()) << last.DebugString();
+  // The outgoing watch saw the in-node move complete and this one fail, with the
+  // stream's reason.
+  ASSERT_TRUE(outgoing.WaitForEvents(2)) << outgoing.events().size() << " events";
+  const std::vector<v1::WatchEvent> told = outgoing.events();
+  const auto failed = std::find_if(told.begin(), told.end(),
+                                   [](const v1::WatchEvent& e) { return e.code() != 0; });
+  ASSERT_NE(failed, told.end()) << "no watch event of the failed transfer";
+  EXPECT_EQ(failed->reason(), last.failed().reason()) << failed->DebugString();
   b_->Resume();
 
   // Back: the first transfer to find the failed NICs has them re-opened at once (not

@@ -51,6 +51,7 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
                         "max_window_registrations_per_nic"));
   FL_RETURN_IF_ERROR(
       in(absl::ToInt64Milliseconds(o.ack_timeout), 1, 3'600'000, "ack_timeout in ms"));
+  FL_RETURN_IF_ERROR(in(o.stall_timeout_ms, 1, 3'600'000, "stall_timeout_ms"));
   return absl::OkStatus();
 }
 
@@ -177,6 +178,7 @@ NicCounters VerbsFabric::counters(int nic) const {
       .malformed_frames = nics_[nic]->malformed(),
       .refused_writes = nics_[nic]->refused(),
       .auth_failures = nics_[nic]->auth_failures(),
+      .stalled_connections = nics_[nic]->stalled_links(),
       .ack_timeouts = nics_[nic]->ack_timeouts(),
       .staged_share_waits = senders_.empty() ? 0 : senders_[nic]->queues.share_waits()};
 }

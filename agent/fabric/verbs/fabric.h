@@ -42,7 +42,9 @@
 //  - Authentication as over TCP (tcp/fabric.h): a control connection proves its key
 //    before the target makes a QP for it (verbs/link.h); Connect fails
 //    FAILED_PRECONDITION (FABRIC_NO_KEY) or UNAVAILABLE (FABRIC_AUTH) likewise, and
-//    NicCounters::auth_failures counts the control connections refused.
+//    NicCounters::auth_failures counts the control connections refused. A control
+//    frame once begun must keep coming (stall_timeout_ms, FABRIC_STALL) as a TCP
+//    frame must.
 //  - A port going down (IBV_EVENT_PORT_ERR) closes every QP on that NIC at once; a QP
 //    whose peer stops answering fails after the RC retries (timeout, retry_cnt); a
 //    receiver that stops reposting is answered RNR by its NIC, and the QP fails after
@@ -113,6 +115,14 @@ struct VerbsFabricOptions {
   // they complete UNAVAILABLE (to be failed over): the bound on a write in flight
   // whatever the RC retries do. verbs::NicSizing::ack_timeout.
   absl::Duration ack_timeout = absl::Seconds(10);
+  // Control connections, either end: once a frame has begun (a WINDOW_ADD and its
+  // records alike), the longest the peer may send no byte of it. Past it the link
+  // closes as on an error (its QPs with it: their writes UNAVAILABLE, to be failed
+  // over), DEADLINE_EXCEEDED with reason FABRIC_STALL, counted in
+  // NicCounters::stalled_connections. Idle between frames is not bounded. Judged
+  // every quarter of it (kStallTicks): the close comes 1x to 1.25x this after the
+  // last byte. 1..3'600'000.
+  int stall_timeout_ms = 10'000;
   // GPU memory (verbs/staging.h). The stager copies it where a NIC cannot reach it
   // and exports it as dma-buf where it can; null: GPU regions are refused
   // (UNIMPLEMENTED). Must outlive the fabric. The path of GPUs 0..gpu_count-1 to

@@ -130,6 +130,7 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   // LinkHost.
   absl::string_view node_name() const override { return options_.node_name; }
   const FabricKeys& keys() const override { return *options_.keys; }
+  int stall_timeout_ms() const override { return options_.stall_timeout_ms; }
   absl::StatusOr<PeerId> AttachInbound(uint64_t link, absl::string_view name) override;
   std::vector<verbs::WindowPush> StartPushing(uint64_t link) override;
   Refusal Judge(WindowKey key, absl::string_view peer, uint64_t offset,

@@ -2,9 +2,6 @@
 // while in use, HELLO, CHALLENGE and PROOF, the QPs connected, the peer's window read.
 #include "agent/fabric/handshake.h"
 
-#include <sys/socket.h>
-#include <sys/time.h>
-
 #include <cstring>
 #include <utility>
 
@@ -17,19 +14,6 @@
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric::verbs {
-namespace {
-
-// Bounds how long one blocking send waits for room in the socket.
-absl::Status SetSendTimeout(int fd, int timeout_ms) {
-  timeval tv{.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-  if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
-    return ErrnoStatus("setsockopt(SO_SNDTIMEO)", errno);
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status ControlLink::CreateQps(uint32_t count) {
   for (uint32_t i = 0; i < count; ++i) {
     FL_ASSIGN_OR_RETURN(VerbsQp * qp, nic_.CreateQp(id_, domain_));
@@ -98,7 +82,7 @@ absl::Status ControlLink::Handshake(absl::string_view node_name,
     absl::MutexLock lock(&send_mu_);
     FL_RETURN_IF_ERROR(SendAll(fd_.get(), iov));
   }
-  absl::StatusOr<wire::Decoded> first = ReadFrame();
+  absl::StatusOr<wire::Decoded> first = ReadFrame(Reading::kHandshake);
   const auto* challenge = first.ok() ? std::get_if<wire::Challenge>(&*first) : nullptr;
   if (challenge == nullptr) {
     return absl::UnavailableError(absl::StrCat(
@@ -116,7 +100,7 @@ absl::Status ControlLink::Handshake(absl::string_view node_name,
     absl::MutexLock lock(&send_mu_);
     FL_RETURN_IF_ERROR(SendFrame(wire::EncodeProof({.mac = mac_c})));
   }
-  FL_ASSIGN_OR_RETURN(wire::Decoded reply, ReadFrame());
+  FL_ASSIGN_OR_RETURN(wire::Decoded reply, ReadFrame(Reading::kHandshake));
   if (const auto* refuse = std::get_if<wire::Refuse>(&reply)) {
     return absl::Status(refuse->code, "the peer refused the QP handshake");
   }
@@ -130,13 +114,13 @@ absl::Status ControlLink::Handshake(absl::string_view node_name,
   FL_RETURN_IF_ERROR(RecvAll(fd_.get(), records.data(), records.size()));
   FL_RETURN_IF_ERROR(ConnectQps(*header, wire::DecodeQpInfos(records)));
   while (true) {
-    FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame());
+    FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame(Reading::kHandshake));
     if (std::holds_alternative<wire::Ready>(frame)) break;
     const auto* add = std::get_if<wire::WindowAdd>(&frame);
     if (add == nullptr) return absl::InvalidArgumentError("expected WINDOW_ADD or READY");
-    FL_RETURN_IF_ERROR(ApplyWindowAdd(*add));
+    FL_RETURN_IF_ERROR(ApplyWindowAdd(*add, Reading::kHandshake));
   }
-  return SetReceiveTimeout(fd_.get(), 0);
+  return absl::OkStatus();  // ServeOutbound sets the receive timeout it reads with
 }
 
 absl::StatusOr<std::string> ControlLink::Authenticate(std::vector<uint8_t>& records) {
@@ -228,8 +212,7 @@ absl::Status ControlLink::AcceptHandshake() {
     iovec add_iov[1] = {{add.data(), add.size()}};
     FL_RETURN_IF_ERROR(SendAll(fd_.get(), add_iov));
   }
-  FL_RETURN_IF_ERROR(SendFrame(wire::EncodeReady()));
-  return SetReceiveTimeout(fd_.get(), 0);
+  return SendFrame(wire::EncodeReady());  // ServeInbound sets its receive timeout
 }
 
 }  // namespace fuselink::fabric::verbs

@@ -28,6 +28,13 @@
 // HELLO, and the target proves it back (CHALLENGE, PROOF). A link that does not is
 // closed and counted (Nic::auth_failures).
 //
+// Bounds after the handshake, both ends: a link may idle between frames as long as it
+// likes, but once a frame's first byte has come, the rest of it (a WINDOW_ADD's
+// records too) must keep coming: no byte for LinkHost::stall_timeout_ms closes the
+// link, DEADLINE_EXCEEDED with reason FABRIC_STALL, counted (Nic::stalled_links), as
+// a TCP fabric connection (RecvAllUnlessStalled, socket.h). A send that the peer takes
+// no byte of for kControlSendTimeoutMs closes it too.
+//
 // QP renewal after a refusal (verbs/nic.h): the source resets its QP and sends
 // QP_RENEW {index, QPN, new PSN}; the target replaces its QP of that index with a new
 // one connected to it and answers QP_RENEWED; the source connects and posts its held
@@ -81,6 +88,9 @@ class LinkHost {
   // This node's name and keys, for the handshake of an inbound link.
   virtual absl::string_view node_name() const = 0;
   virtual const FabricKeys& keys() const = 0;
+  // VerbsFabricOptions::stall_timeout_ms: once a frame has begun, the longest the peer
+  // may send no byte of it.
+  virtual int stall_timeout_ms() const = 0;
   // An inbound link proved it speaks for `name` and finished its handshake: attach it
   // (and activate its QPs) to the peer of that name. Returns the peer.
   virtual absl::StatusOr<PeerId> AttachInbound(uint64_t link, absl::string_view name) = 0;
@@ -182,10 +192,15 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
                           const std::vector<wire::QpInfo>& infos);
   absl::Status SendFrame(const wire::Frame& frame)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
-  absl::StatusOr<wire::Decoded> ReadFrame();
+  // How a frame's bytes are read: in the outbound handshake, each receive within the
+  // socket's timeout (kHandshakeTimeoutMs); serving, idle as long as the peer likes
+  // before a frame begins, then no stall (RecvAllUnlessStalled; a stall is counted).
+  enum class Reading { kHandshake, kServing };
+  absl::Status Receive(void* data, size_t bytes, Reading reading, bool begun);
+  absl::StatusOr<wire::Decoded> ReadFrame(Reading reading);
   absl::StatusOr<wire::Decoded> ReadFrameBefore(absl::Time deadline);
-  // Reads a WINDOW_ADD's records and applies them.
-  absl::Status ApplyWindowAdd(const wire::WindowAdd& add);
+  // Reads a WINDOW_ADD's records (its header read just before) and applies them.
+  absl::Status ApplyWindowAdd(const wire::WindowAdd& add, Reading reading);
   absl::Status ApplyVerdict(const wire::Verdict& verdict);
   absl::Status RenewInbound(const wire::QpRenew& renew);
   void SendQuery(uint64_t seq);

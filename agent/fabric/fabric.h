@@ -156,8 +156,8 @@ struct NicCounters {
   // unacknowledged for the acknowledgement timeout (verbs also: through the RC
   // receiver-not-ready retries); their writes failed over.
   uint64_t ack_timeouts = 0;
-  // Accepted connections refused because their peer already held its share of this
-  // node's connections (TCP only).
+  // Accepted connections (TCP) or control connections (verbs) refused because their
+  // peer already held its share of this node's connections.
   uint64_t peer_connection_refusals = 0;
   // Staged writes out of GPU memory that waited because their peer held its share of
   // the NIC's bounce slots, while other peers' went on (verbs only).

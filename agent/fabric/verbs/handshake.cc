@@ -14,6 +14,31 @@
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric::verbs {
+namespace {
+
+// The REFUSE that tells a source why its handshake failed here: the code, and the
+// peer's share where that was the reason.
+wire::Frame RefuseFrame(const absl::Status& why) {
+  wire::Refuse refuse{.code = why.code(), .why = std::nullopt};
+  if (ReasonOf(why) == reasons::kFabricPeerConnections) {
+    refuse.why = fabric::wire::ConnectionRefusal::kPeerConnections;
+  }
+  return wire::EncodeRefuse(refuse);
+}
+
+// What a source's Handshake returns for the target's REFUSE.
+absl::Status Refused(const wire::Refuse& refuse) {
+  if (refuse.why == fabric::wire::ConnectionRefusal::kPeerConnections) {
+    return WithReason(absl::Status(refuse.code,
+                                   "the peer refused the control connection: this node "
+                                   "holds its share of control connections there"),
+                      reasons::kFabricPeerConnections);
+  }
+  return absl::Status(refuse.code, "the peer refused the QP handshake");
+}
+
+}  // namespace
+
 absl::Status ControlLink::CreateQps(uint32_t count) {
   for (uint32_t i = 0; i < count; ++i) {
     FL_ASSIGN_OR_RETURN(VerbsQp * qp, nic_.CreateQp(id_, domain_));
@@ -101,9 +126,7 @@ absl::Status ControlLink::Handshake(absl::string_view node_name,
     FL_RETURN_IF_ERROR(SendFrame(wire::EncodeProof({.mac = mac_c})));
   }
   FL_ASSIGN_OR_RETURN(wire::Decoded reply, ReadFrame(Reading::kHandshake));
-  if (const auto* refuse = std::get_if<wire::Refuse>(&reply)) {
-    return absl::Status(refuse->code, "the peer refused the QP handshake");
-  }
+  if (const auto* refuse = std::get_if<wire::Refuse>(&reply)) return Refused(*refuse);
   const auto* header = std::get_if<wire::HelloHeader>(&reply);
   if (header == nullptr || header->name_bytes != 0 ||
       header->client_nonce != handshake::Nonce{} ||
@@ -180,6 +203,12 @@ absl::Status ControlLink::AcceptHandshake() {
     return proven.status();
   }
   const std::string name = *std::move(proven);
+  // Past its peer's share: refused before it costs a QP (its REFUSE says why).
+  if (absl::Status admitted = host_.AdmitInbound(id_, name); !admitted.ok()) {
+    absl::MutexLock lock(&send_mu_);
+    (void)SendFrame(RefuseFrame(admitted));
+    return admitted;
+  }
   const wire::HelloHeader* header = &remote_hello_;
   // The peer's QPs live in its own protection domain: it reaches its windows only.
   absl::StatusOr<std::shared_ptr<PeerDomain>> domain = nic_.Domain(name);
@@ -199,7 +228,7 @@ absl::Status ControlLink::AcceptHandshake() {
   }
   absl::MutexLock lock(&send_mu_);
   if (!ready.ok()) {
-    (void)SendFrame(wire::EncodeRefuse({.code = ready.code()}));
+    (void)SendFrame(RefuseFrame(ready));
     return ready;
   }
   FL_ASSIGN_OR_RETURN(std::string hello, wire::EncodeHello(LocalHello("")));

@@ -54,6 +54,11 @@ absl::Status ControlLink::close_reason() const {
   return close_reason_;
 }
 
+bool ControlLink::closed() const {
+  absl::MutexLock lock(&close_mu_);
+  return closed_;
+}
+
 std::string ControlLink::peer_name() const {
   absl::MutexLock lock(&close_mu_);
   return peer_name_;

@@ -27,6 +27,8 @@
 // a source, the source proves the fabric key the target made for the name in its
 // HELLO, and the target proves it back (CHALLENGE, PROOF). A link that does not is
 // closed and counted (Nic::auth_failures).
+// A proven source past its share of accepted links (LinkHost::AdmitInbound) is refused
+// (REFUSE saying why) before it gets a QP, and counted (Nic::peer_link_refusals).
 //
 // Bounds after the handshake, both ends: a link may idle between frames as long as it
 // likes, but once a frame's first byte has come, the rest of it (a WINDOW_ADD's
@@ -91,8 +93,13 @@ class LinkHost {
   // VerbsFabricOptions::stall_timeout_ms: once a frame has begun, the longest the peer
   // may send no byte of it.
   virtual int stall_timeout_ms() const = 0;
+  // An inbound link proved it speaks for `name`: OK, or RESOURCE_EXHAUSTED (reason
+  // FABRIC_PEER_CONNECTIONS, counted) when that peer holds its share of accepted
+  // links already. Before the link makes a QP.
+  virtual absl::Status AdmitInbound(uint64_t link, absl::string_view name) = 0;
   // An inbound link proved it speaks for `name` and finished its handshake: attach it
-  // (and activate its QPs) to the peer of that name. Returns the peer.
+  // (and activate its QPs) to the peer of that name. Returns the peer; fails as
+  // AdmitInbound (checked again: two links of a peer may pass it together).
   virtual absl::StatusOr<PeerId> AttachInbound(uint64_t link, absl::string_view name) = 0;
   // The open windows of the link's peer on its NIC; from now on the link receives
   // every WINDOW_ADD of that peer. Called with the link's send lock held.
@@ -120,6 +127,7 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
   Nic& nic() const { return nic_; }
   // Why the link closed (OK while open).
   absl::Status close_reason() const;
+  bool closed() const;
 
   // Outbound, on the caller's thread: creates `qp_count` QPs, says HELLO as
   // `node_name`, checks that the target proves `key` (our connect key for

@@ -141,9 +141,12 @@ ABSL_FLAG(std::string, transport, "auto",
           "verbs.");
 ABSL_FLAG(int, connections_per_nic, 2, "tcp: connections per NIC and peer.");
 ABSL_FLAG(int, fabric_stall_timeout_ms, 10'000,
-          "tcp: once a frame from a peer has begun, the longest it may send no byte of "
-          "it (or take no byte of an ACK); past it the connection closes and the write "
-          "it carried fails (reason FABRIC_STALL). 1 to 3600000.");
+          "Once a frame from a peer has begun, the longest it may send no byte of it: "
+          "tcp, a connection's frame (or an ACK it takes no byte of), and the write it "
+          "carried fails; verbs, a control connection's frame (a WINDOW_ADD with its "
+          "records), and its QPs close, their writes going again on others. Past it "
+          "the connection closes (reason FABRIC_STALL). Idle between frames is not "
+          "bounded. 1 to 3600000.");
 ABSL_FLAG(int, fabric_ack_timeout_ms, 10'000,
           "While writes of ours are on a connection (tcp) or QP (verbs), the longest "
           "without an acknowledgement; past it the connection or QP closes and its "
@@ -155,9 +158,11 @@ ABSL_FLAG(uint32_t, transfer_drain_timeout_ms, 10'000,
           "let go of (counted in fuselink_transfer_forced_drains_total). 1 to "
           "3600000.");
 ABSL_FLAG(int, fabric_connections_per_peer, 0,
-          "tcp: accepted fabric connections one authenticated peer may hold; more are "
-          "refused (reason FABRIC_PEER_CONNECTIONS). 0: twice connections_per_nic "
-          "times the NICs.");
+          "Accepted fabric connections (tcp) or control connections (verbs) one "
+          "authenticated peer may hold; more are refused (reason "
+          "FABRIC_PEER_CONNECTIONS). 0: twice what a peer configured like this node "
+          "opens: tcp, twice connections_per_nic times the NICs; verbs, twice the NICs "
+          "(one control connection per NIC).");
 ABSL_FLAG(int, qps_per_nic, 2, "verbs: RC queue pairs per NIC and peer.");
 ABSL_FLAG(int, rdma_traffic_class, 0,
           "verbs: the GRH traffic class of every QP (0-255). On RoCE its upper six bits "

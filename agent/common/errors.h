@@ -122,7 +122,8 @@ std::ostream& operator<<(std::ostream& os, const Reason& reason);
   X(kFabricPeerConnections, "FABRIC_PEER_CONNECTIONS", kResourceExhausted,               \
     "A peer holds its share of fabric connections to this node.")                        \
   X(kFabricStall, "FABRIC_STALL", kDeadlineExceeded,                                     \
-    "A TCP fabric connection closed: the peer stopped mid-frame for too long.")          \
+    "A fabric connection (TCP, or a verbs control connection) closed: the peer "         \
+    "stopped mid-frame for too long.")                                                   \
   X(kForwardingOff, "FORWARDING_OFF", kPermissionDenied,                                 \
     "The source's agent runs no forwarded transfers (--accept_forwarded): ask it "       \
     "directly.")                                                                         \

@@ -148,15 +148,16 @@ struct NicCounters {
   // Accepted connections closed before they proved the key agreed with the peer they
   // named (unknown peer, wrong proof, malformed, too slow).
   uint64_t auth_failures = 0;
-  // Accepted connections closed because a frame, once begun, stopped arriving (no
-  // byte for the stall timeout), or an acknowledgement found no room (TCP only).
+  // Connections closed because a frame, once begun, stopped arriving (no byte for the
+  // stall timeout). TCP: accepted connections (also: an acknowledgement found no
+  // room); verbs: control connections, either end.
   uint64_t stalled_connections = 0;
   // Connections (TCP) or QPs (verbs) of ours closed because the writes on them went
   // unacknowledged for the acknowledgement timeout (verbs also: through the RC
   // receiver-not-ready retries); their writes failed over.
   uint64_t ack_timeouts = 0;
-  // Accepted connections refused because their peer already held its share of this
-  // node's connections (TCP only).
+  // Accepted connections (TCP) or control connections (verbs) refused because their
+  // peer already held its share of this node's connections.
   uint64_t peer_connection_refusals = 0;
   // Staged writes out of GPU memory that waited because their peer held its share of
   // the NIC's bounce slots, while other peers' went on (verbs only).

@@ -302,4 +302,31 @@ absl::Status RecvAllBefore(int fd, void* data, size_t bytes, absl::Time deadline
   return absl::OkStatus();
 }
 
+int TickMs(int timeout_ms, int ticks) { return std::max(1, timeout_ms / ticks); }
+
+absl::Status RecvAllUnlessStalled(int fd, void* data, size_t bytes, int stall_timeout_ms,
+                                  bool begun) {
+  const absl::Duration stall = absl::Milliseconds(stall_timeout_ms);
+  const absl::Duration tick = absl::Milliseconds(TickMs(stall_timeout_ms, kStallTicks));
+  absl::Time last_byte = absl::Now();  // the earlier part's, for a begun frame
+  size_t seen = 0;
+  return RecvAllOr(fd, data, bytes, [&](size_t received) -> absl::Status {
+    const absl::Time now = absl::Now();
+    // An idle connection between frames: no stall.
+    if (received == 0 && !begun) return absl::OkStatus();
+    // Bytes since the last quiet tick: they came before this tick's silence began,
+    // so no later than one tick ago (counting from then is never early).
+    if (received != seen) {
+      seen = received;
+      last_byte = now - tick;
+      return absl::OkStatus();
+    }
+    if (now - last_byte < stall) return absl::OkStatus();
+    return WithReason(absl::DeadlineExceededError(absl::StrCat(
+                          "the peer sent no byte of a begun frame for ", stall_timeout_ms,
+                          " ms (", received, " of ", bytes, " bytes of this part came)")),
+                      reasons::kFabricStall);
+  });
+}
+
 }  // namespace fuselink::fabric

@@ -129,4 +129,22 @@ absl::Status RecvAllOr(int fd, void* data, size_t bytes,
 // peer spreads the bytes out. Leaves a receive timeout set on the socket.
 absl::Status RecvAllBefore(int fd, void* data, size_t bytes, absl::Time deadline);
 
+// The stall bound of a fabric connection once a frame has begun (the TCP fabric's
+// connections, the verbs fabric's control connections): how many times per bound a
+// waiting receive wakes to judge it, so that the close comes at most bound / ticks
+// late.
+inline constexpr int kStallTicks = 4;
+// A wait of `timeout_ms` judged in `ticks` wakes: the receive timeout to set, at
+// least 1 ms.
+int TickMs(int timeout_ms, int ticks);
+// Receives `bytes` of a frame on a socket whose receive timeout is
+// TickMs(stall_timeout_ms, kStallTicks). Before its first byte, a frame not yet
+// `begun` may wait as long as the peer likes (a connection idle between frames); once
+// begun (a byte of it came, or `begun`: an earlier part of the same frame did, just
+// before this call), DEADLINE_EXCEEDED with reason FABRIC_STALL when no byte came for
+// stall_timeout_ms: between 1x and 1.25x that after the last byte. UNAVAILABLE when
+// the peer closes or another thread shuts the socket down.
+absl::Status RecvAllUnlessStalled(int fd, void* data, size_t bytes, int stall_timeout_ms,
+                                  bool begun);
+
 }  // namespace fuselink::fabric

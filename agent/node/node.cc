@@ -258,6 +258,8 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> Node::MakeFabric() {
     verbs.rc.traffic_class = static_cast<uint8_t>(options_.rdma_traffic_class);
     verbs.rc.service_level = static_cast<uint8_t>(options_.rdma_service_level);
     verbs.ack_timeout = absl::Milliseconds(options_.fabric_ack_timeout_ms);
+    verbs.stall_timeout_ms = options_.fabric_stall_timeout_ms;
+    verbs.max_links_per_peer = options_.fabric_connections_per_peer;
     verbs.keys = &fabric_keys_;
     verbs.device_stager = stager_.get();
     verbs.gpu_count = gpu_ != nullptr ? gpu_->count() : 0;

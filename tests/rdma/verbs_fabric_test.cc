@@ -34,13 +34,6 @@ using testing::Rails;
 using testing::RandomBytes;
 using testing::VerbsFabricTest;
 
-// Create(...) without the connect, and out of the test when it skipped or failed.
-#define FL_MAKE_UNCONNECTED(...)                  \
-  do {                                            \
-    Create(__VA_ARGS__);                          \
-    if (HasFatalFailure() || IsSkipped()) return; \
-  } while (0)
-
 TEST_F(VerbsFabricTest, DiscoveryPicksTheRoceV2GidOfEachAddress) {
   for (const Rail& rail : Rails()) {
     for (const std::string& address : {rail.a, rail.b}) {

@@ -99,6 +99,13 @@ class DrainCounter {
     if (HasFatalFailure() || IsSkipped()) return; \
   } while (0)
 
+// Create(...) without the connect, and out of the test when it skipped or failed.
+#define FL_MAKE_UNCONNECTED(...)                  \
+  do {                                            \
+    Create(__VA_ARGS__);                          \
+    if (HasFatalFailure() || IsSkipped()) return; \
+  } while (0)
+
 // a and b, each on the rails' own ends, with their events recorded. Skips in SetUp
 // where SkipReason() says why.
 class VerbsFabricTest : public ::testing::Test {

@@ -5,12 +5,15 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "agent/common/status_macros.h"
 #include "agent/fabric/little_endian.h"
 #include "agent/fabric/verbs/device.h"
+#include "agent/fabric/verbs/fabric.h"
 #include "agent/fabric/verbs/nic.h"
 #include "agent/fabric/verbs/staging.h"
 #include "agent/fabric/verbs/window.h"
@@ -304,6 +307,70 @@ TEST(VerbsWorker, TasksMayQueueTasks) {
     });
   }  // the destructor stops: both ran
   EXPECT_EQ(ran.load(), 2);
+}
+
+TEST(VerbsWire, RefuseSaysWhyWhereItCan) {
+  absl::StatusOr<wire::Decoded> plain = wire::DecodeFrame(
+      wire::EncodeRefuse({.code = absl::StatusCode::kUnavailable, .why = std::nullopt}));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const auto* refuse = std::get_if<wire::Refuse>(&*plain);
+  ASSERT_NE(refuse, nullptr);
+  EXPECT_EQ(refuse->code, absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(refuse->why.has_value());
+
+  wire::Frame share =
+      wire::EncodeRefuse({.code = absl::StatusCode::kResourceExhausted,
+                          .why = fabric::wire::ConnectionRefusal::kPeerConnections});
+  EXPECT_EQ(GetLe<uint32_t>(share, 12), 1u) << "word1";
+  absl::StatusOr<wire::Decoded> decoded = wire::DecodeFrame(share);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  refuse = std::get_if<wire::Refuse>(&*decoded);
+  ASSERT_NE(refuse, nullptr);
+  EXPECT_EQ(refuse->code, absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refuse->why, fabric::wire::ConnectionRefusal::kPeerConnections);
+
+  PutLe<uint32_t>(share, 12, fabric::wire::kMaxConnectionRefusal + 1);
+  EXPECT_EQ(wire::DecodeFrame(share).status().code(), absl::StatusCode::kInvalidArgument)
+      << "an unknown refusal";
+  share = wire::EncodeRefuse(
+      {.code = absl::StatusCode::kResourceExhausted, .why = std::nullopt});
+  share[16] = 1;  // word2: still unused
+  EXPECT_EQ(wire::DecodeFrame(share).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+class NullHandler : public Handler {
+ public:
+  void OnCompletion(const Completion&) override {}
+  void OnArrival(const Arrival&) override {}
+  void OnPeerLost(PeerId, absl::string_view, const absl::Status&) override {}
+};
+
+TEST(VerbsFabricOptions, DefaultLinkShareIsTwiceWhatAPeerOpens) {
+  VerbsFabricOptions options;
+  options.nics.resize(3);
+  EXPECT_EQ(DefaultLinksPerPeer(options), 6);
+}
+
+// Checked before any device is opened, so no device is needed.
+TEST(VerbsFabricOptions, BoundsOutOfRangeAreRefused) {
+  FabricKeys keys;
+  NullHandler handler;
+  for (auto tune : std::vector<std::function<void(VerbsFabricOptions&)>>{
+           [](VerbsFabricOptions& o) { o.stall_timeout_ms = 0; },
+           [](VerbsFabricOptions& o) { o.stall_timeout_ms = 3'600'001; },
+           [](VerbsFabricOptions& o) { o.max_links_per_peer = -1; },
+           [](VerbsFabricOptions& o) {
+             o.max_links_per_peer = static_cast<int>(kMaxVerbsLinks) + 1;
+           }}) {
+    VerbsFabricOptions options;
+    options.node_name = "a";
+    options.keys = &keys;
+    options.nics.push_back({.nic = 0, .address = "192.0.2.1"});
+    tune(options);
+    absl::StatusOr<std::unique_ptr<Fabric>> fabric = CreateVerbsFabric(options, &handler);
+    EXPECT_EQ(fabric.status().code(), absl::StatusCode::kInvalidArgument)
+        << fabric.status();
+  }
 }
 
 TEST(VerbsWire, RejectsBadFrames) {

@@ -13,12 +13,6 @@
 #include "agent/fabric/wire.h"
 
 namespace fuselink::fabric {
-namespace {
-
-// A wait of `timeout_ms` judged in `ticks` wakes; at least 1 ms each.
-int TickMs(int timeout_ms, int ticks) { return std::max(1, timeout_ms / ticks); }
-
-}  // namespace
 
 TcpConnection::TcpConnection(ConnectionHost& host, uint64_t id, int nic, Role role,
                              UniqueFd fd, int queue_capacity)
@@ -330,30 +324,12 @@ absl::Status TcpConnection::Discard(uint32_t bytes) {
 }
 
 absl::Status TcpConnection::ReceiveFrame(void* data, size_t bytes, bool frame_begun) {
-  const absl::Duration stall = absl::Milliseconds(host_.stall_timeout_ms());
-  const absl::Duration tick =
-      absl::Milliseconds(TickMs(host_.stall_timeout_ms(), kStallTicks));
-  absl::Time last_byte = absl::Now();  // the header's, for a payload
-  size_t seen = 0;
-  return RecvAllOr(fd_.get(), data, bytes, [&](size_t received) -> absl::Status {
-    const absl::Time now = absl::Now();
-    // An idle connection between frames: no stall.
-    if (received == 0 && !frame_begun) return absl::OkStatus();
-    // Bytes since the last quiet tick: they came before this tick's silence began,
-    // so no later than one tick ago (counting from then is never early).
-    if (received != seen) {
-      seen = received;
-      last_byte = now - tick;
-      return absl::OkStatus();
-    }
-    if (now - last_byte < stall) return absl::OkStatus();
+  absl::Status received =
+      RecvAllUnlessStalled(fd_.get(), data, bytes, host_.stall_timeout_ms(), frame_begun);
+  if (ReasonOf(received) == kStallReason) {
     host_.nic_stats(nic_).stalled_connections.fetch_add(1, std::memory_order_relaxed);
-    return WithReason(
-        absl::DeadlineExceededError(absl::StrCat(
-            "the peer sent no byte of a begun frame for ", host_.stall_timeout_ms(),
-            " ms (", received, " of ", bytes, " bytes of this part came)")),
-        kStallReason);
-  });
+  }
+  return received;
 }
 
 absl::Status TcpConnection::SendAck(wire::HeaderBytes ack) {

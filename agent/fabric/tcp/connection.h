@@ -57,9 +57,8 @@ inline constexpr int kHelloTimeoutMs = 10'000;
 // The reasons a connection closed by a bound carries.
 inline constexpr Reason kStallReason = reasons::kFabricStall;
 inline constexpr Reason kAckTimeoutReason = reasons::kFabricAckTimeout;
-// How many times per timeout a waiting rx thread wakes to judge it: the close comes
-// at most timeout / ticks late.
-inline constexpr int kStallTicks = 4;
+// How many times per ACK timeout a waiting rx thread wakes to judge it: the close
+// comes at most timeout / ticks late (the stall bound's: kStallTicks, socket.h).
 inline constexpr int kAckTicks = 8;
 
 // Counters and the write budget of one NIC, shared by its connections.

@@ -51,6 +51,8 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
                         "max_window_registrations_per_nic"));
   FL_RETURN_IF_ERROR(
       in(absl::ToInt64Milliseconds(o.ack_timeout), 1, 3'600'000, "ack_timeout in ms"));
+  FL_RETURN_IF_ERROR(in(o.stall_timeout_ms, 1, 3'600'000, "stall_timeout_ms"));
+  FL_RETURN_IF_ERROR(in(o.max_links_per_peer, 0, kMaxVerbsLinks, "max_links_per_peer"));
   return absl::OkStatus();
 }
 
@@ -66,7 +68,10 @@ VerbsFabric::VerbsFabric(const VerbsFabricOptions& options, Handler& handler,
     : options_(options),
       handler_(handler),
       local_(std::move(local)),
-      endpoints_(std::move(endpoints)) {}
+      endpoints_(std::move(endpoints)),
+      max_links_per_peer_(options.max_links_per_peer > 0
+                              ? static_cast<size_t>(options.max_links_per_peer)
+                              : static_cast<size_t>(DefaultLinksPerPeer(options))) {}
 
 absl::Status VerbsFabric::OpenNic(int index, verbs::NicBinding binding) {
   verbs::NicSizing sizing{
@@ -177,11 +182,17 @@ NicCounters VerbsFabric::counters(int nic) const {
       .malformed_frames = nics_[nic]->malformed(),
       .refused_writes = nics_[nic]->refused(),
       .auth_failures = nics_[nic]->auth_failures(),
+      .stalled_connections = nics_[nic]->stalled_links(),
       .ack_timeouts = nics_[nic]->ack_timeouts(),
+      .peer_connection_refusals = nics_[nic]->peer_link_refusals(),
       .staged_share_waits = senders_.empty() ? 0 : senders_[nic]->queues.share_waits()};
 }
 
 }  // namespace verbs_internal
+
+int DefaultLinksPerPeer(const VerbsFabricOptions& options) {
+  return 2 * static_cast<int>(options.nics.size());
+}
 
 absl::StatusOr<std::unique_ptr<Fabric>> CreateVerbsFabric(
     const VerbsFabricOptions& options, Handler* handler) {

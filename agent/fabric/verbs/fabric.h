@@ -42,7 +42,10 @@
 //  - Authentication as over TCP (tcp/fabric.h): a control connection proves its key
 //    before the target makes a QP for it (verbs/link.h); Connect fails
 //    FAILED_PRECONDITION (FABRIC_NO_KEY) or UNAVAILABLE (FABRIC_AUTH) likewise, and
-//    NicCounters::auth_failures counts the control connections refused.
+//    NicCounters::auth_failures counts the control connections refused. A peer holds
+//    at most max_links_per_peer accepted control connections (as TCP's
+//    max_connections_per_peer), and a control frame once begun must keep coming
+//    (stall_timeout_ms, FABRIC_STALL) as a TCP frame must.
 //  - A port going down (IBV_EVENT_PORT_ERR) closes every QP on that NIC at once; a QP
 //    whose peer stops answering fails after the RC retries (timeout, retry_cnt); a
 //    receiver that stops reposting is answered RNR by its NIC, and the QP fails after
@@ -113,6 +116,20 @@ struct VerbsFabricOptions {
   // they complete UNAVAILABLE (to be failed over): the bound on a write in flight
   // whatever the RC retries do. verbs::NicSizing::ack_timeout.
   absl::Duration ack_timeout = absl::Seconds(10);
+  // Control connections, either end: once a frame has begun (a WINDOW_ADD and its
+  // records alike), the longest the peer may send no byte of it. Past it the link
+  // closes as on an error (its QPs with it: their writes UNAVAILABLE, to be failed
+  // over), DEADLINE_EXCEEDED with reason FABRIC_STALL, counted in
+  // NicCounters::stalled_connections. Idle between frames is not bounded. Judged
+  // every quarter of it (kStallTicks): the close comes 1x to 1.25x this after the
+  // last byte. 1..3'600'000.
+  int stall_timeout_ms = 10'000;
+  // Accepted control connections one authenticated peer may hold open at once; past
+  // it a new one is refused after its PROOF (REFUSE), before it gets a QP or a
+  // window: RESOURCE_EXHAUSTED, reason FABRIC_PEER_CONNECTIONS, counted in
+  // NicCounters::peer_connection_refusals. 0: DefaultLinksPerPeer.
+  // 0..kMaxVerbsLinks.
+  int max_links_per_peer = 0;
   // GPU memory (verbs/staging.h). The stager copies it where a NIC cannot reach it
   // and exports it as dma-buf where it can; null: GPU regions are refused
   // (UNIMPLEMENTED). Must outlive the fabric. The path of GPUs 0..gpu_count-1 to
@@ -141,6 +158,11 @@ struct VerbsFabricOptions {
   // Must outlive the fabric.
   FabricKeys* keys = nullptr;
 };
+
+// Twice what a peer configured like this node opens: one control connection per NIC
+// (the NIC count is the same on both sides), and room for one per NIC still closing
+// while its replacement is made.
+int DefaultLinksPerPeer(const VerbsFabricOptions& options);
 
 // INVALID_ARGUMENT for options out of bounds or without keys; NOT_FOUND /
 // FAILED_PRECONDITION when a NIC address has no active RDMA port; the verbs or socket

@@ -130,6 +130,8 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   // LinkHost.
   absl::string_view node_name() const override { return options_.node_name; }
   const FabricKeys& keys() const override { return *options_.keys; }
+  int stall_timeout_ms() const override { return options_.stall_timeout_ms; }
+  absl::Status AdmitInbound(uint64_t link, absl::string_view name) override;
   absl::StatusOr<PeerId> AttachInbound(uint64_t link, absl::string_view name) override;
   std::vector<verbs::WindowPush> StartPushing(uint64_t link) override;
   Refusal Judge(WindowKey key, absl::string_view peer, uint64_t offset,
@@ -189,6 +191,10 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   PeerId LivePeer(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AttachLocked(LinkEntry& entry, PeerId peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeReap(uint64_t id, LinkEntry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK, or RESOURCE_EXHAUSTED (reason FABRIC_PEER_CONNECTIONS, counted on the NIC of
+  // `link`) when the live peer `name` holds max_links_per_peer_ open inbound links.
+  absl::Status CheckPeerShare(const ControlLink& link, absl::string_view name)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The peer's name once none of its links holds it up any more (then it is
   // forgotten), else nothing.
   std::optional<std::string> LoseIfDone(PeerId peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -240,6 +246,8 @@ class VerbsFabric final : public Fabric, public verbs::NicHost, public verbs::Li
   Handler& handler_;
   const std::vector<SocketAddress> local_;
   const std::vector<Endpoint> endpoints_;
+  // Accepted control links one peer may hold open (VerbsFabricOptions).
+  const size_t max_links_per_peer_;
   // Declared first so that it dies last: regions' MRs and links' QPs live on its PDs.
   std::vector<std::unique_ptr<Nic>> nics_;
   // Window registrations each NIC holds (all NICs hold the same number).

@@ -1,6 +1,8 @@
 // The verbs fabric's links and peers (the class: verbs/fabric_impl.h): a peer's control
-// links, one per NIC, opened by Connect or accepted, each carrying its QPs; a peer is
-// lost once none of its links holds it up, and finished links are reaped.
+// links, one per NIC, opened by Connect or accepted, each carrying its QPs; an accepted
+// link is attached to its peer once proven, within that peer's share of accepted links;
+// a peer is lost once none of its links holds it up, and finished links are reaped.
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -211,11 +213,39 @@ void VerbsFabric::OnQpRefused(uint64_t link_id, std::shared_ptr<VerbsQp> qp) {
   });
 }
 
+absl::Status VerbsFabric::CheckPeerShare(const ControlLink& link,
+                                         absl::string_view name) {
+  const std::optional<PeerId> id = peers_.Find(name);
+  if (!id.has_value()) return absl::OkStatus();
+  const std::vector<LinkPtr>& links = peers_.Get(*id)->links;
+  const auto open =
+      static_cast<size_t>(std::count_if(links.begin(), links.end(), [](const LinkPtr& l) {
+        return l->role() == ControlLink::Role::kInbound && !l->closed();
+      }));
+  if (open < max_links_per_peer_) return absl::OkStatus();
+  link.nic().CountPeerLinkRefusal();
+  return WithReason(absl::ResourceExhaustedError(
+                        absl::StrCat("peer '", BoundedForMessage(name), "' holds ", open,
+                                     " control connections to this node, its share "
+                                     "(max_links_per_peer ",
+                                     max_links_per_peer_, ")")),
+                    reasons::kFabricPeerConnections);
+}
+
+absl::Status VerbsFabric::AdmitInbound(uint64_t link, absl::string_view name) {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = links_.find(link);
+  if (it == links_.end()) return absl::InternalError("unknown link");
+  return CheckPeerShare(*it->second.link, name);
+}
+
 absl::StatusOr<PeerId> VerbsFabric::AttachInbound(uint64_t link, absl::string_view name) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("fabric shutting down");
   auto it = links_.find(link);
   if (it == links_.end()) return absl::InternalError("unknown link");
+  // Checked again: links of the same peer may have passed AdmitInbound together.
+  FL_RETURN_IF_ERROR(CheckPeerShare(*it->second.link, name));
   const PeerId id = LivePeer(name);
   AttachLocked(it->second, id);
   return id;

@@ -2,9 +2,6 @@
 // while in use, HELLO, CHALLENGE and PROOF, the QPs connected, the peer's window read.
 #include "agent/fabric/handshake.h"
 
-#include <sys/socket.h>
-#include <sys/time.h>
-
 #include <cstring>
 #include <utility>
 
@@ -19,13 +16,25 @@
 namespace fuselink::fabric::verbs {
 namespace {
 
-// Bounds how long one blocking send waits for room in the socket.
-absl::Status SetSendTimeout(int fd, int timeout_ms) {
-  timeval tv{.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-  if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
-    return ErrnoStatus("setsockopt(SO_SNDTIMEO)", errno);
+// The REFUSE that tells a source why its handshake failed here: the code, and the
+// peer's share where that was the reason.
+wire::Frame RefuseFrame(const absl::Status& why) {
+  wire::Refuse refuse{.code = why.code(), .why = std::nullopt};
+  if (ReasonOf(why) == reasons::kFabricPeerConnections) {
+    refuse.why = fabric::wire::ConnectionRefusal::kPeerConnections;
   }
-  return absl::OkStatus();
+  return wire::EncodeRefuse(refuse);
+}
+
+// What a source's Handshake returns for the target's REFUSE.
+absl::Status Refused(const wire::Refuse& refuse) {
+  if (refuse.why == fabric::wire::ConnectionRefusal::kPeerConnections) {
+    return WithReason(absl::Status(refuse.code,
+                                   "the peer refused the control connection: this node "
+                                   "holds its share of control connections there"),
+                      reasons::kFabricPeerConnections);
+  }
+  return absl::Status(refuse.code, "the peer refused the QP handshake");
 }
 
 }  // namespace
@@ -98,7 +107,7 @@ absl::Status ControlLink::Handshake(absl::string_view node_name,
     absl::MutexLock lock(&send_mu_);
     FL_RETURN_IF_ERROR(SendAll(fd_.get(), iov));
   }
-  absl::StatusOr<wire::Decoded> first = ReadFrame();
+  absl::StatusOr<wire::Decoded> first = ReadFrame(Reading::kHandshake);
   const auto* challenge = first.ok() ? std::get_if<wire::Challenge>(&*first) : nullptr;
   if (challenge == nullptr) {
     return absl::UnavailableError(absl::StrCat(
@@ -116,10 +125,8 @@ absl::Status ControlLink::Handshake(absl::string_view node_name,
     absl::MutexLock lock(&send_mu_);
     FL_RETURN_IF_ERROR(SendFrame(wire::EncodeProof({.mac = mac_c})));
   }
-  FL_ASSIGN_OR_RETURN(wire::Decoded reply, ReadFrame());
-  if (const auto* refuse = std::get_if<wire::Refuse>(&reply)) {
-    return absl::Status(refuse->code, "the peer refused the QP handshake");
-  }
+  FL_ASSIGN_OR_RETURN(wire::Decoded reply, ReadFrame(Reading::kHandshake));
+  if (const auto* refuse = std::get_if<wire::Refuse>(&reply)) return Refused(*refuse);
   const auto* header = std::get_if<wire::HelloHeader>(&reply);
   if (header == nullptr || header->name_bytes != 0 ||
       header->client_nonce != handshake::Nonce{} ||
@@ -130,13 +137,13 @@ absl::Status ControlLink::Handshake(absl::string_view node_name,
   FL_RETURN_IF_ERROR(RecvAll(fd_.get(), records.data(), records.size()));
   FL_RETURN_IF_ERROR(ConnectQps(*header, wire::DecodeQpInfos(records)));
   while (true) {
-    FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame());
+    FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame(Reading::kHandshake));
     if (std::holds_alternative<wire::Ready>(frame)) break;
     const auto* add = std::get_if<wire::WindowAdd>(&frame);
     if (add == nullptr) return absl::InvalidArgumentError("expected WINDOW_ADD or READY");
-    FL_RETURN_IF_ERROR(ApplyWindowAdd(*add));
+    FL_RETURN_IF_ERROR(ApplyWindowAdd(*add, Reading::kHandshake));
   }
-  return SetReceiveTimeout(fd_.get(), 0);
+  return absl::OkStatus();  // ServeOutbound sets the receive timeout it reads with
 }
 
 absl::StatusOr<std::string> ControlLink::Authenticate(std::vector<uint8_t>& records) {
@@ -196,6 +203,12 @@ absl::Status ControlLink::AcceptHandshake() {
     return proven.status();
   }
   const std::string name = *std::move(proven);
+  // Past its peer's share: refused before it costs a QP (its REFUSE says why).
+  if (absl::Status admitted = host_.AdmitInbound(id_, name); !admitted.ok()) {
+    absl::MutexLock lock(&send_mu_);
+    (void)SendFrame(RefuseFrame(admitted));
+    return admitted;
+  }
   const wire::HelloHeader* header = &remote_hello_;
   // The peer's QPs live in its own protection domain: it reaches its windows only.
   absl::StatusOr<std::shared_ptr<PeerDomain>> domain = nic_.Domain(name);
@@ -215,7 +228,7 @@ absl::Status ControlLink::AcceptHandshake() {
   }
   absl::MutexLock lock(&send_mu_);
   if (!ready.ok()) {
-    (void)SendFrame(wire::EncodeRefuse({.code = ready.code()}));
+    (void)SendFrame(RefuseFrame(ready));
     return ready;
   }
   FL_ASSIGN_OR_RETURN(std::string hello, wire::EncodeHello(LocalHello("")));
@@ -228,8 +241,7 @@ absl::Status ControlLink::AcceptHandshake() {
     iovec add_iov[1] = {{add.data(), add.size()}};
     FL_RETURN_IF_ERROR(SendAll(fd_.get(), add_iov));
   }
-  FL_RETURN_IF_ERROR(SendFrame(wire::EncodeReady()));
-  return SetReceiveTimeout(fd_.get(), 0);
+  return SendFrame(wire::EncodeReady());  // ServeInbound sets its receive timeout
 }
 
 }  // namespace fuselink::fabric::verbs

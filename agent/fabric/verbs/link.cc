@@ -54,6 +54,11 @@ absl::Status ControlLink::close_reason() const {
   return close_reason_;
 }
 
+bool ControlLink::closed() const {
+  absl::MutexLock lock(&close_mu_);
+  return closed_;
+}
+
 std::string ControlLink::peer_name() const {
   absl::MutexLock lock(&close_mu_);
   return peer_name_;
@@ -94,9 +99,17 @@ absl::Status ControlLink::SendFrame(const wire::Frame& frame) {
   return SendAll(fd_.get(), iov);
 }
 
-absl::StatusOr<wire::Decoded> ControlLink::ReadFrame() {
+absl::Status ControlLink::Receive(void* data, size_t bytes, Reading reading, bool begun) {
+  if (reading == Reading::kHandshake) return RecvAll(fd_.get(), data, bytes);
+  absl::Status received =
+      RecvAllUnlessStalled(fd_.get(), data, bytes, host_.stall_timeout_ms(), begun);
+  if (ReasonOf(received) == reasons::kFabricStall) nic_.CountStalledLink();
+  return received;
+}
+
+absl::StatusOr<wire::Decoded> ControlLink::ReadFrame(Reading reading) {
   wire::Frame frame;
-  FL_RETURN_IF_ERROR(RecvAll(fd_.get(), frame.data(), frame.size()));
+  FL_RETURN_IF_ERROR(Receive(frame.data(), frame.size(), reading, /*begun=*/false));
   return wire::DecodeFrame(frame);
 }
 
@@ -106,9 +119,9 @@ absl::StatusOr<wire::Decoded> ControlLink::ReadFrameBefore(absl::Time deadline) 
   return wire::DecodeFrame(frame);
 }
 
-absl::Status ControlLink::ApplyWindowAdd(const wire::WindowAdd& add) {
+absl::Status ControlLink::ApplyWindowAdd(const wire::WindowAdd& add, Reading reading) {
   std::vector<uint8_t> bytes(size_t{add.extent_count} * wire::kWindowRecordBytes);
-  FL_RETURN_IF_ERROR(RecvAll(fd_.get(), bytes.data(), bytes.size()));
+  FL_RETURN_IF_ERROR(Receive(bytes.data(), bytes.size(), reading, /*begun=*/true));
   FL_ASSIGN_OR_RETURN(std::vector<wire::WindowRecord> records,
                       wire::DecodeWindowRecords(bytes));
   FL_ASSIGN_OR_RETURN(RemoteWindow window,
@@ -117,11 +130,13 @@ absl::Status ControlLink::ApplyWindowAdd(const wire::WindowAdd& add) {
 }
 
 absl::Status ControlLink::ServeOutbound() {
+  FL_RETURN_IF_ERROR(
+      SetReceiveTimeout(fd_.get(), TickMs(host_.stall_timeout_ms(), kStallTicks)));
   while (true) {
-    FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame());
+    FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame(Reading::kServing));
     uint64_t ack = 0;
     if (const auto* add = std::get_if<wire::WindowAdd>(&frame)) {
-      FL_RETURN_IF_ERROR(ApplyWindowAdd(*add));
+      FL_RETURN_IF_ERROR(ApplyWindowAdd(*add, Reading::kServing));
       ack = add->seq;
     } else if (const auto* remove = std::get_if<wire::WindowRemove>(&frame)) {
       remote_windows_.Remove(remove->key);
@@ -150,8 +165,10 @@ absl::Status ControlLink::ServeOutbound() {
 absl::Status ControlLink::ServeInbound() {
   FL_RETURN_IF_ERROR(AcceptHandshake());
   const std::string name = peer_name();
+  FL_RETURN_IF_ERROR(
+      SetReceiveTimeout(fd_.get(), TickMs(host_.stall_timeout_ms(), kStallTicks)));
   while (true) {
-    FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame());
+    FL_ASSIGN_OR_RETURN(wire::Decoded frame, ReadFrame(Reading::kServing));
     if (const auto* ack = std::get_if<wire::Ack>(&frame)) {
       absl::MutexLock lock(&ack_mu_);
       acked_seq_ = std::max(acked_seq_, ack->seq);

@@ -27,6 +27,15 @@
 // a source, the source proves the fabric key the target made for the name in its
 // HELLO, and the target proves it back (CHALLENGE, PROOF). A link that does not is
 // closed and counted (Nic::auth_failures).
+// A proven source past its share of accepted links (LinkHost::AdmitInbound) is refused
+// (REFUSE saying why) before it gets a QP, and counted (Nic::peer_link_refusals).
+//
+// Bounds after the handshake, both ends: a link may idle between frames as long as it
+// likes, but once a frame's first byte has come, the rest of it (a WINDOW_ADD's
+// records too) must keep coming: no byte for LinkHost::stall_timeout_ms closes the
+// link, DEADLINE_EXCEEDED with reason FABRIC_STALL, counted (Nic::stalled_links), as
+// a TCP fabric connection (RecvAllUnlessStalled, socket.h). A send that the peer takes
+// no byte of for kControlSendTimeoutMs closes it too.
 //
 // QP renewal after a refusal (verbs/nic.h): the source resets its QP and sends
 // QP_RENEW {index, QPN, new PSN}; the target replaces its QP of that index with a new
@@ -81,8 +90,16 @@ class LinkHost {
   // This node's name and keys, for the handshake of an inbound link.
   virtual absl::string_view node_name() const = 0;
   virtual const FabricKeys& keys() const = 0;
+  // VerbsFabricOptions::stall_timeout_ms: once a frame has begun, the longest the peer
+  // may send no byte of it.
+  virtual int stall_timeout_ms() const = 0;
+  // An inbound link proved it speaks for `name`: OK, or RESOURCE_EXHAUSTED (reason
+  // FABRIC_PEER_CONNECTIONS, counted) when that peer holds its share of accepted
+  // links already. Before the link makes a QP.
+  virtual absl::Status AdmitInbound(uint64_t link, absl::string_view name) = 0;
   // An inbound link proved it speaks for `name` and finished its handshake: attach it
-  // (and activate its QPs) to the peer of that name. Returns the peer.
+  // (and activate its QPs) to the peer of that name. Returns the peer; fails as
+  // AdmitInbound (checked again: two links of a peer may pass it together).
   virtual absl::StatusOr<PeerId> AttachInbound(uint64_t link, absl::string_view name) = 0;
   // The open windows of the link's peer on its NIC; from now on the link receives
   // every WINDOW_ADD of that peer. Called with the link's send lock held.
@@ -110,6 +127,7 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
   Nic& nic() const { return nic_; }
   // Why the link closed (OK while open).
   absl::Status close_reason() const;
+  bool closed() const;
 
   // Outbound, on the caller's thread: creates `qp_count` QPs, says HELLO as
   // `node_name`, checks that the target proves `key` (our connect key for
@@ -182,10 +200,15 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
                           const std::vector<wire::QpInfo>& infos);
   absl::Status SendFrame(const wire::Frame& frame)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
-  absl::StatusOr<wire::Decoded> ReadFrame();
+  // How a frame's bytes are read: in the outbound handshake, each receive within the
+  // socket's timeout (kHandshakeTimeoutMs); serving, idle as long as the peer likes
+  // before a frame begins, then no stall (RecvAllUnlessStalled; a stall is counted).
+  enum class Reading { kHandshake, kServing };
+  absl::Status Receive(void* data, size_t bytes, Reading reading, bool begun);
+  absl::StatusOr<wire::Decoded> ReadFrame(Reading reading);
   absl::StatusOr<wire::Decoded> ReadFrameBefore(absl::Time deadline);
-  // Reads a WINDOW_ADD's records and applies them.
-  absl::Status ApplyWindowAdd(const wire::WindowAdd& add);
+  // Reads a WINDOW_ADD's records (its header read just before) and applies them.
+  absl::Status ApplyWindowAdd(const wire::WindowAdd& add, Reading reading);
   absl::Status ApplyVerdict(const wire::Verdict& verdict);
   absl::Status RenewInbound(const wire::QpRenew& renew);
   void SendQuery(uint64_t seq);

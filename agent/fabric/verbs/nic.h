@@ -349,6 +349,16 @@ class Nic {
   // Control connections accepted on this NIC and closed before they proved a key.
   uint64_t auth_failures() const { return auth_failures_.load(); }
   void CountAuthFailure() { auth_failures_.fetch_add(1, std::memory_order_relaxed); }
+  // Control connections on this NIC (either end) closed because a frame, once begun,
+  // stopped arriving (FABRIC_STALL).
+  uint64_t stalled_links() const { return stalled_links_.load(); }
+  void CountStalledLink() { stalled_links_.fetch_add(1, std::memory_order_relaxed); }
+  // Control connections accepted on this NIC and refused because their peer held its
+  // share of them already (FABRIC_PEER_CONNECTIONS).
+  uint64_t peer_link_refusals() const { return peer_link_refusals_.load(); }
+  void CountPeerLinkRefusal() {
+    peer_link_refusals_.fetch_add(1, std::memory_order_relaxed);
+  }
   // Renewals of QPs after a refusal that put their writes back on the wire.
   uint64_t renewals() const { return renewals_.load(); }
   // QPs closed because their outstanding writes saw no acknowledgement: within
@@ -425,6 +435,8 @@ class Nic {
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> auth_failures_{0};
+  std::atomic<uint64_t> stalled_links_{0};
+  std::atomic<uint64_t> peer_link_refusals_{0};
   std::atomic<uint64_t> renewals_{0};
   std::atomic<uint64_t> ack_timeouts_{0};
 

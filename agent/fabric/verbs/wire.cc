@@ -76,6 +76,9 @@ absl::StatusOr<std::string> EncodeHello(const Hello& hello) {
 Frame EncodeRefuse(const Refuse& refuse) {
   Frame frame = Empty(FrameType::kRefuse);
   PutLe<uint32_t>(frame, kWordAt[0], static_cast<uint32_t>(refuse.code));
+  if (refuse.why.has_value()) {
+    PutLe<uint32_t>(frame, kWordAt[1], static_cast<uint32_t>(*refuse.why));
+  }
   return frame;
 }
 
@@ -170,6 +173,23 @@ Frame EncodeQpRenewed(const QpRenewed& renewed) {
                        renewed.seq);
 }
 
+namespace {
+absl::StatusOr<Decoded> DecodeRefuse(std::span<const uint8_t, kFrameBytes> in) {
+  if (!ZeroBetween(in, kWordAt[2], kFrameBytes)) return Bad("REFUSE with fields set");
+  const uint32_t code = GetLe<uint32_t>(in, kWordAt[0]);
+  if (code == 0 || code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    return Bad(absl::StrCat("REFUSE with code ", code));
+  }
+  Refuse refuse{.code = static_cast<absl::StatusCode>(code), .why = std::nullopt};
+  const uint32_t why = GetLe<uint32_t>(in, kWordAt[1]);
+  if (why > fabric::wire::kMaxConnectionRefusal) {
+    return Bad(absl::StrCat("REFUSE with refusal ", why));
+  }
+  if (why != 0) refuse.why = static_cast<fabric::wire::ConnectionRefusal>(why);
+  return refuse;
+}
+}  // namespace
+
 absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
   if (GetLe<uint32_t>(in, 0) != kMagic) return Bad("bad magic");
   if (GetLe<uint16_t>(in, 4) != kVersion) {
@@ -198,14 +218,8 @@ absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> in) {
       std::memcpy(hello.gid.data(), in.data() + kGidAt, kGidBytes);
       return hello;
     }
-    case FrameType::kRefuse: {
-      if (!ZeroBetween(in, kWordAt[1], kFrameBytes)) return Bad("REFUSE with fields set");
-      if (word0 == 0 ||
-          word0 > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
-        return Bad(absl::StrCat("REFUSE with code ", word0));
-      }
-      return Refuse{.code = static_cast<absl::StatusCode>(word0)};
-    }
+    case FrameType::kRefuse:
+      return DecodeRefuse(in);
     case FrameType::kWindowAdd: {
       const uint32_t count = GetLe<uint32_t>(in, kWordAt[1]);
       if (word0 == 0) return Bad("WINDOW_ADD for key 0");

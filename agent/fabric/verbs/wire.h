@@ -13,7 +13,8 @@
 //    8   u32  word0     HELLO: nic   WINDOW_*: window key   REFUSE: status code
 //                       VERDICT: refusal   QP_RENEW(ED): QP index in the link
 //   12   u32  word1     HELLO: qp count   WINDOW_ADD: extent count   QUERY: bytes
-//                       QP_RENEW(ED): qpn
+//                       QP_RENEW(ED): qpn   REFUSE: fabric::wire::ConnectionRefusal
+//                       (0: not said)
 //   16   u32  word2     HELLO: mtu (ibv_mtu enum)   QP_RENEW(ED): psn
 //   20   u32  word3     HELLO: name bytes
 //   24   u64  dword0    QUERY: offset in the window's region   WINDOW_ADD: iova base
@@ -51,6 +52,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <variant>
@@ -68,6 +70,8 @@ inline constexpr uint32_t kMagic = 0x42564C46;  // "FLVB"
 // 2: windows instead of region tables, QUERY/VERDICT, QP_RENEW(ED).
 // 3: CHALLENGE and PROOF (authenticated control connections).
 // 4: HELLO carries the port's LID (InfiniBand addressing).
+// REFUSE's word1 (why) came later without a new version: a peer older than it reads a
+// REFUSE that says why as malformed, and its handshake fails all the same.
 inline constexpr uint16_t kVersion = 4;
 inline constexpr size_t kFrameBytes = 64;
 inline constexpr size_t kQpInfoBytes = 8;
@@ -136,6 +140,8 @@ struct Proof {
 };
 struct Refuse {
   absl::StatusCode code = absl::StatusCode::kUnknown;
+  // Why, where a REFUSE can say it (word1; 0: not said, as before it could).
+  std::optional<fabric::wire::ConnectionRefusal> why;
 };
 // One extent of a window and its registration on the link's NIC.
 struct WindowRecord {
@@ -207,7 +213,8 @@ Frame EncodeQpRenewed(const QpRenewed& renewed);
 
 // Validates magic, version, type, unused fields zero, and bounds (QP count in
 // 1..kMaxQpsPerHello, name bytes <= kMaxNameBytes, MTU a valid ibv_mtu, REFUSE code
-// a known non-OK code, window key non-zero, extent count 1..kMaxWindowExtents, refusal
+// a known non-OK code and its refusal 0 or a known ConnectionRefusal, window key
+// non-zero, extent count 1..kMaxWindowExtents, refusal
 // <= kMaxRefusal, PSN 24 bits). INVALID_ARGUMENT otherwise.
 absl::StatusOr<Decoded> DecodeFrame(std::span<const uint8_t, kFrameBytes> bytes);
 // The QP records that follow a HELLO.

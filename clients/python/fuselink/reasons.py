@@ -211,7 +211,7 @@ REASONS = {
     "FABRIC_PEER_CONNECTIONS": ("RESOURCE_EXHAUSTED",
         "A peer holds its share of fabric connections to this node."),
     "FABRIC_STALL": ("DEADLINE_EXCEEDED",
-        "A TCP fabric connection closed: the peer stopped mid-frame for too long."),
+        "A fabric connection (TCP, or a verbs control connection) closed: the peer stopped mid-frame for too long."),
     "FORWARDING_OFF": ("PERMISSION_DENIED",
         "The source's agent runs no forwarded transfers (--accept_forwarded): ask it directly."),
     "GETIFADDRS": ("UNAVAILABLE",

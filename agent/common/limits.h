@@ -16,6 +16,11 @@ inline constexpr int kMaxGpus = 16;
 // set): room beyond kMaxNics, so that the format outlives the node's bound.
 inline constexpr uint32_t kMaxWireNics = 64;
 
+// The longest timeout or bound on a wait any option may set, in milliseconds (an
+// hour): the fabric's stall and ACK timeouts, the drain bound, a landing's idle
+// timeout, a GPU copy's bound.
+inline constexpr int kMaxTimeoutMs = 3'600'000;
+
 static_assert(kMaxNics < 32, "NIC masks are 32-bit");
 static_assert(static_cast<uint32_t>(kMaxNics) <= kMaxWireNics,
               "every NIC a node drives must be nameable on the wire");

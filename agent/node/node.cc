@@ -44,6 +44,7 @@ Node::Node(NodeOptions options, transfer::EngineObserver* observer)
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Create(NodeOptions options,
                                                    transfer::EngineObserver* observer) {
+  FL_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<Node> node(new Node(std::move(options), observer));
   FL_RETURN_IF_ERROR(node->Start());
   return node;

@@ -32,7 +32,8 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
       in(o.max_qps_per_nic, o.qps_per_peer_nic, verbs::kMaxQpsPerNic, "max_qps_per_nic"));
   FL_RETURN_IF_ERROR(
       in(o.max_write_bytes, 1, wire::kMaxWriteBytesLimit, "max_write_bytes"));
-  FL_RETURN_IF_ERROR(in(o.staging_slots_per_nic, 1, 4096, "staging_slots_per_nic"));
+  FL_RETURN_IF_ERROR(
+      in(o.staging_slots_per_nic, 1, kMaxStagingSlotsPerNic, "staging_slots_per_nic"));
   FL_RETURN_IF_ERROR(
       in(o.staging_slots_per_peer, 0, o.staging_slots_per_nic,
          "staging_slots_per_peer (0: three quarters of staging_slots_per_nic)"));

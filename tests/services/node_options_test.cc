@@ -9,7 +9,6 @@
 #include "agent/common/limits.h"
 #include "agent/common/options.h"
 #include "agent/node/node.h"
-#include "agent/transfer/wr_id.h"
 #include "gtest/gtest.h"
 
 namespace fuselink::services {
@@ -86,7 +85,7 @@ TEST(NodeOptionsTest, EachFieldOutOfRangeIsNamedByItsPath) {
 // The node refuses such options before it builds anything.
 TEST(NodeOptionsTest, CreateRefusesThem) {
   NodeOptions o;
-  o.engine.window_chunks = transfer::kMaxWindowChunks + 1;
+  o.engine.window_chunks = kMaxWindowChunks + 1;
   absl::StatusOr<std::unique_ptr<Node>> node = Node::Create(o, nullptr);
   ASSERT_FALSE(node.ok());
   EXPECT_EQ(FieldOf(node.status()), "engine.window_chunks") << node.status();

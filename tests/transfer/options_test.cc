@@ -11,7 +11,6 @@
 #include "agent/transfer/engine.h"
 #include "agent/transfer/landing.h"
 #include "agent/transfer/worker_pool.h"
-#include "agent/transfer/wr_id.h"
 #include "gtest/gtest.h"
 
 namespace fuselink::transfer {

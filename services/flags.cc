@@ -63,7 +63,8 @@ ABSL_FLAG(uint32_t, borrow_depth, 2,
           "Borrowed chunks in flight per NIC: what a returning owner waits for at most.");
 ABSL_FLAG(uint32_t, chunk_bytes, 4u << 20, "Bytes per fabric write.");
 ABSL_FLAG(uint32_t, window_chunks, 16, "Chunks in flight per transfer.");
-ABSL_FLAG(uint32_t, max_transfers, 64, "Outgoing transfers in flight at once.");
+ABSL_FLAG(uint32_t, max_transfers, 64,
+          "Outgoing transfers in flight at once (at least 1).");
 // Shares per identity (docs/security.md): past one, RESOURCE_EXHAUSTED with its reason.
 // Under --plaintext every caller is one identity, so each is a bound on the whole.
 ABSL_FLAG(uint32_t, max_transfers_per_router, 32,

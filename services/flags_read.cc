@@ -1,15 +1,21 @@
-// The agent's flags read into AgentConfig (flags.h), one function a concern, each
-// value checked against its range; the flags themselves, their defaults and help
-// are flags.cc's.
+// The agent's flags read into AgentConfig (flags.h), one function a concern; the
+// flags themselves, their defaults and help are flags.cc's. Reading parses: a value
+// that is not one of a flag's words, or a file that does not load, is refused here.
+// Ranges are the options structs' own (their Validate), checked once all is read;
+// kFlagOfField names the flag behind each field, so that a refusal names the flag.
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "agent/common/options.h"
 #include "agent/common/status_macros.h"
 #include "agent/topo/affinity.h"
 #include "agent/topo/discovery.h"
@@ -20,29 +26,68 @@
 namespace fuselink::services {
 namespace {
 
-// Threads of any one pool, at most (--prepare_threads and the services' pools).
-constexpr uint32_t kMaxPoolThreads = 256;
+// The flag that fills each field of AgentConfig whose Validate may refuse it, by the
+// field's path there. A field that is not here is set by no flag.
+constexpr std::pair<absl::string_view, absl::string_view> kFlagOfField[] = {
+    {"limits.direct_depth", "--direct_depth"},
+    {"limits.borrow_depth", "--borrow_depth"},
+    {"fabric_stall_timeout_ms", "--fabric_stall_timeout_ms"},
+    {"fabric_ack_timeout_ms", "--fabric_ack_timeout_ms"},
+    {"rdma_traffic_class", "--rdma_traffic_class"},
+    {"rdma_service_level", "--rdma_service_level"},
+    {"rdma_staging_slots", "--rdma_staging_slots"},
+    {"rdma_staging_slots_per_peer", "--rdma_staging_slots_per_peer"},
+    {"rdma_max_shadow_bytes", "--rdma_max_shadow_mib"},
+    {"rdma_max_qps_per_nic", "--rdma_max_qps_per_nic"},
+    {"engine.chunk_bytes", "--chunk_bytes"},
+    {"engine.window_chunks", "--window_chunks"},
+    {"engine.max_active_transfers", "--max_transfers"},
+    {"engine.max_active_transfers_per_requester", "--max_transfers_per_router"},
+    {"engine.prepare_threads", "--prepare_threads"},
+    {"engine.prepare_threads_per_target", "--prepare_threads_per_target"},
+    {"engine.prepare_queue_per_target", "--prepare_queue_per_target"},
+    {"engine.drain_bound", "--transfer_drain_timeout_ms"},
+    {"landing.idle_timeout", "--incoming_idle_timeout_ms"},
+    {"landing.max_per_source", "--incoming_per_source"},
+    {"shares.max_tensors", "--max_tensors_per_engine"},
+    {"shares.max_layout_parts", "--max_layout_parts_per_engine"},
+    {"foreign.busy_bytes_per_s", "--foreign_busy_bytes_per_s"},
+    {"foreign.header_overhead_fraction", "--foreign_overhead_pct"},
+    {"foreign.ack_overhead_fraction", "--foreign_ack_overhead_pct"},
+    {"incoming_prepares.threads", "--incoming_prepare_threads"},
+    {"incoming_prepares.pending_per_key", "--incoming_prepares_per_source"},
+    {"incoming_prepares.pending_total", "--incoming_prepares_pending"},
+    {"registrations.threads", "--register_threads"},
+    {"registrations.pending_per_key", "--registrations_per_caller"},
+    {"registrations.pending_total", "--registrations_pending"},
+    {"max_watches_per_identity", "--max_watches_per_identity"},
+    {"gpu", "--gpu"},
+    {"gpu_copy_timeout_ms", "--gpu_copy_timeout_ms"},
+    {"foreign_check", "--foreign_check_ms"},
+    {"ipc_close_wait", "--ipc_close_wait_ms"},
+    {"metrics.auth_queue_depth", "--metrics_auth_queue_depth"},
+    {"grpc_max_streams", "--grpc_max_streams_per_connection"},
+};
 
-// The shares per identity: each at least 1, the tensors' at most the registry's bound.
-// A transfer share over --max_transfers is allowed: only --max_transfers bounds it then.
-absl::Status CheckShares(const NodeOptions& options) {
-  if (options.engine.max_active_transfers_per_requester == 0) {
-    return absl::InvalidArgumentError("--max_transfers_per_router must be at least 1");
+// A refusal of AgentConfig::Validate said in terms of flags: "--window_chunks must be
+// 1 to 1024, not 0" where the flag is the field's name, else the flag first and the
+// field after it ("--foreign_overhead_pct: foreign.header_overhead_fraction must be
+// 0 to 1, not 1.5"), the field then in the struct's own unit.
+absl::Status NamingTheFlag(const absl::Status& status) {
+  const std::string field = FieldOf(status);
+  for (const auto& [path, flag] : kFlagOfField) {
+    if (path != field) continue;
+    const absl::string_view want = status.message().substr(field.size());
+    const absl::string_view leaf = path.substr(path.rfind('.') + 1);
+    if (flag.substr(2) == leaf)
+      return absl::InvalidArgumentError(absl::StrCat(flag, want));
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", status.message()));
   }
-  if (options.shares.max_tensors == 0 ||
-      options.shares.max_tensors > memory::kMaxTensors) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_tensors_per_engine must be 1 to ", memory::kMaxTensors));
-  }
-  // Under kMaxLayoutParts it also refuses single tensors with more parts than that.
-  if (options.shares.max_layout_parts == 0) {
-    return absl::InvalidArgumentError("--max_layout_parts_per_engine must be at least 1");
-  }
-  if (options.max_watches_per_identity == 0) {
-    return absl::InvalidArgumentError("--max_watches_per_identity must be at least 1");
-  }
-  return absl::OkStatus();
+  return status;
 }
+
+// A flag's count as a field of type int; past int's range stays past the field's.
+int AsInt(uint32_t n) { return static_cast<int>(std::min<uint32_t>(n, INT_MAX)); }
 
 // The node's topology as --topology says: discovered, emulated or from a file.
 absl::StatusOr<topo::Topology> MakeTopology(bool gpus_on) {
@@ -108,22 +153,9 @@ absl::Status ReadFabric(NodeOptions& options) {
   options.fabric_stall_timeout_ms = absl::GetFlag(FLAGS_fabric_stall_timeout_ms);
   options.fabric_ack_timeout_ms = absl::GetFlag(FLAGS_fabric_ack_timeout_ms);
   options.fabric_connections_per_peer = absl::GetFlag(FLAGS_fabric_connections_per_peer);
-  for (const auto& [name, ms] :
-       {std::pair{"--fabric_stall_timeout_ms", options.fabric_stall_timeout_ms},
-        std::pair{"--fabric_ack_timeout_ms", options.fabric_ack_timeout_ms}}) {
-    if (ms < 1 || ms > 3'600'000) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " must be 1 to 3600000"));
-    }
-  }
   options.qps_per_nic = absl::GetFlag(FLAGS_qps_per_nic);
   options.rdma_traffic_class = absl::GetFlag(FLAGS_rdma_traffic_class);
   options.rdma_service_level = absl::GetFlag(FLAGS_rdma_service_level);
-  if (options.rdma_traffic_class < 0 || options.rdma_traffic_class > 255) {
-    return absl::InvalidArgumentError("--rdma_traffic_class must be 0 to 255");
-  }
-  if (options.rdma_service_level < 0 || options.rdma_service_level > 15) {
-    return absl::InvalidArgumentError("--rdma_service_level must be 0 to 15");
-  }
   if (std::optional<v1::PathClass> c =
           topo::ParsePathClass(absl::GetFlag(FLAGS_gpudirect_max_class))) {
     options.gpudirect_max_class = *c;
@@ -132,25 +164,12 @@ absl::Status ReadFabric(NodeOptions& options) {
         "--gpudirect_max_class must be PIX, PXB, PHB, NODE or SYS");
   }
   options.rdma_staging_slots = absl::GetFlag(FLAGS_rdma_staging_slots);
-  if (options.rdma_staging_slots < 1 || options.rdma_staging_slots > 4096) {
-    return absl::InvalidArgumentError("--rdma_staging_slots must be 1 to 4096");
-  }
   options.rdma_staging_slots_per_peer = absl::GetFlag(FLAGS_rdma_staging_slots_per_peer);
-  if (options.rdma_staging_slots_per_peer > options.rdma_staging_slots) {
-    return absl::InvalidArgumentError(
-        "--rdma_staging_slots_per_peer must be 0 to --rdma_staging_slots");
-  }
+  // MiB to bytes, where a value past 2^44 MiB stays past the field's range.
   const uint64_t shadow_mib = absl::GetFlag(FLAGS_rdma_max_shadow_mib);
-  if (shadow_mib < 1 || shadow_mib > (uint64_t{1} << 24)) {
-    return absl::InvalidArgumentError("--rdma_max_shadow_mib must be 1 to 16777216");
-  }
-  options.rdma_max_shadow_bytes = shadow_mib << 20;
+  options.rdma_max_shadow_bytes =
+      shadow_mib > (UINT64_MAX >> 20) ? UINT64_MAX : shadow_mib << 20;
   options.rdma_max_qps_per_nic = absl::GetFlag(FLAGS_rdma_max_qps_per_nic);
-  if (options.rdma_max_qps_per_nic < std::max(1, options.qps_per_nic) ||
-      options.rdma_max_qps_per_nic > 4096) {
-    return absl::InvalidArgumentError(
-        "--rdma_max_qps_per_nic must be --qps_per_nic to 4096");
-  }
   options.transport = absl::GetFlag(FLAGS_transport);
   return absl::OkStatus();
 }
@@ -165,74 +184,37 @@ absl::Status ReadEngine(NodeOptions& options) {
   options.shares.max_tensors = absl::GetFlag(FLAGS_max_tensors_per_engine);
   options.shares.max_layout_parts = absl::GetFlag(FLAGS_max_layout_parts_per_engine);
   options.max_watches_per_identity = absl::GetFlag(FLAGS_max_watches_per_identity);
-  if (absl::Status s = CheckShares(options); !s.ok()) return s;
-  {
-    const uint32_t prepare = absl::GetFlag(FLAGS_prepare_threads);
-    const uint32_t per_target = absl::GetFlag(FLAGS_prepare_threads_per_target);
-    const uint32_t queue = absl::GetFlag(FLAGS_prepare_queue_per_target);
-    const uint32_t incoming = absl::GetFlag(FLAGS_incoming_prepare_threads);
-    const uint32_t per_source = absl::GetFlag(FLAGS_incoming_prepares_per_source);
-    const uint32_t incoming_all = absl::GetFlag(FLAGS_incoming_prepares_pending);
-    const uint32_t registering = absl::GetFlag(FLAGS_register_threads);
-    const uint32_t per_caller = absl::GetFlag(FLAGS_registrations_per_caller);
-    const uint32_t registering_all = absl::GetFlag(FLAGS_registrations_pending);
-    auto threads_ok = [](uint32_t n) { return n >= 1 && n <= kMaxPoolThreads; };
-    if (!threads_ok(prepare) || !threads_ok(incoming) || !threads_ok(registering) ||
-        per_target == 0 || per_target > prepare || (queue != 0 && queue < per_target) ||
-        per_source == 0 || incoming_all < per_source || per_caller == 0 ||
-        registering_all < per_caller) {
-      return absl::InvalidArgumentError(
-          "--prepare_threads, --incoming_prepare_threads and --register_threads must "
-          "be 1 to 256; --prepare_threads_per_target 1 to --prepare_threads and at "
-          "most --prepare_queue_per_target; --incoming_prepares_per_source and "
-          "--registrations_per_caller at least 1 and at most their totals");
-    }
-    options.engine.prepare_threads = static_cast<int>(prepare);
-    options.engine.prepare_threads_per_target = static_cast<int>(per_target);
-    options.engine.prepare_queue_per_target = queue;
-    options.incoming_prepares.threads = static_cast<int>(incoming);
-    options.incoming_prepares.pending_per_key = per_source;
-    options.incoming_prepares.pending_total = incoming_all;
-    options.registrations.threads = static_cast<int>(registering);
-    options.registrations.pending_per_key = per_caller;
-    options.registrations.pending_total = registering_all;
-  }
+  options.engine.prepare_threads = AsInt(absl::GetFlag(FLAGS_prepare_threads));
+  options.engine.prepare_threads_per_target =
+      AsInt(absl::GetFlag(FLAGS_prepare_threads_per_target));
+  options.engine.prepare_queue_per_target = absl::GetFlag(FLAGS_prepare_queue_per_target);
+  const int incoming = AsInt(absl::GetFlag(FLAGS_incoming_prepare_threads));
+  options.incoming_prepares.threads = incoming;
+  // A pool of one thread runs one source's calls one at a time.
+  options.incoming_prepares.running_per_key =
+      std::min(options.incoming_prepares.running_per_key, std::max(incoming, 1));
+  options.incoming_prepares.pending_per_key =
+      absl::GetFlag(FLAGS_incoming_prepares_per_source);
+  options.incoming_prepares.pending_total =
+      absl::GetFlag(FLAGS_incoming_prepares_pending);
+  options.registrations.threads = AsInt(absl::GetFlag(FLAGS_register_threads));
+  options.registrations.pending_per_key = absl::GetFlag(FLAGS_registrations_per_caller);
+  options.registrations.pending_total = absl::GetFlag(FLAGS_registrations_pending);
   return absl::OkStatus();
 }
 
 // The drain bound, the target's landing, CUDA imports, the GPU relay.
 absl::Status ReadLandingAndRelay(NodeOptions& options) {
-  const uint32_t drain_ms = absl::GetFlag(FLAGS_transfer_drain_timeout_ms);
-  if (drain_ms < 1 || drain_ms > 3'600'000) {
-    return absl::InvalidArgumentError("--transfer_drain_timeout_ms must be 1 to 3600000");
-  }
-  options.engine.drain_bound = absl::Milliseconds(drain_ms);
+  options.engine.drain_bound =
+      absl::Milliseconds(absl::GetFlag(FLAGS_transfer_drain_timeout_ms));
   options.landing.max_per_source = absl::GetFlag(FLAGS_incoming_per_source);
   options.landing.start_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_incoming_start_timeout_ms));
-  const uint32_t idle_ms = absl::GetFlag(FLAGS_incoming_idle_timeout_ms);
-  if (idle_ms < 1000 || idle_ms > 3'600'000) {
-    return absl::InvalidArgumentError(
-        "--incoming_idle_timeout_ms must be 1000 to 3600000");
-  }
-  options.landing.idle_timeout = absl::Milliseconds(idle_ms);
+  options.landing.idle_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_incoming_idle_timeout_ms));
   options.ipc_close_wait = absl::Milliseconds(absl::GetFlag(FLAGS_ipc_close_wait_ms));
-  if (absl::GetFlag(FLAGS_ipc_close_wait_ms) == 0 ||
-      absl::GetFlag(FLAGS_ipc_close_wait_ms) > 60000) {
-    return absl::InvalidArgumentError("--ipc_close_wait_ms must be 1 to 60000");
-  }
-  if (options.landing.max_per_source == 0 ||
-      options.landing.max_per_source > transfer::kMaxIncoming) {
-    return absl::InvalidArgumentError("--incoming_per_source must be 1 to 4096");
-  }
   options.gpu = absl::GetFlag(FLAGS_gpu);
-  if (options.gpu != "auto" && options.gpu != "off") {
-    return absl::InvalidArgumentError("--gpu must be auto or off");
-  }
   options.gpu_copy_timeout_ms = absl::GetFlag(FLAGS_gpu_copy_timeout_ms);
-  if (options.gpu_copy_timeout_ms < 1 || options.gpu_copy_timeout_ms > 3'600'000) {
-    return absl::InvalidArgumentError("--gpu_copy_timeout_ms must be 1 to 3600000");
-  }
   absl::StatusOr<relay::StageMode> stage =
       relay::ParseStageMode(absl::GetFlag(FLAGS_relay_stage));
   if (!stage.ok()) return stage.status();
@@ -241,15 +223,6 @@ absl::Status ReadLandingAndRelay(NodeOptions& options) {
   options.gpu_relay.cap_bytes_per_gpu = absl::GetFlag(FLAGS_relay_cap_mib) << 20;
   options.gpu_relay.min_free_bytes = absl::GetFlag(FLAGS_relay_min_free_mib) << 20;
   options.gpu_relay.idle = absl::Milliseconds(absl::GetFlag(FLAGS_relay_idle_ms));
-  if (options.engine.chunk_bytes < transfer::kMinChunkBytes ||
-      options.engine.chunk_bytes > transfer::kMaxChunkBytes ||
-      options.engine.window_chunks == 0 || options.engine.window_chunks > 1024 ||
-      options.limits.direct_depth == 0 || options.limits.direct_depth > 1024 ||
-      options.limits.borrow_depth > 1024) {
-    return absl::InvalidArgumentError(
-        "--chunk_bytes must be 4 KiB to 64 MiB, --window_chunks and --direct_depth 1 to "
-        "1024, --borrow_depth 0 to 1024");
-  }
   return absl::OkStatus();
 }
 
@@ -262,15 +235,6 @@ absl::Status ReadForeign(NodeOptions& options) {
   options.foreign.ack_overhead_fraction = ack_pct / 100;
   options.foreign.hold = absl::Milliseconds(absl::GetFlag(FLAGS_foreign_hold_ms));
   options.foreign_check = absl::Milliseconds(absl::GetFlag(FLAGS_foreign_check_ms));
-  // Written so that NaN fails too: every comparison with it is false.
-  const auto percent = [](double pct) { return pct >= 0 && pct <= 100; };
-  if (options.foreign.busy_bytes_per_s < -1 || !percent(header_pct) ||
-      !percent(ack_pct) || absl::GetFlag(FLAGS_foreign_check_ms) == 0 ||
-      absl::GetFlag(FLAGS_foreign_check_ms) > 1000) {
-    return absl::InvalidArgumentError(
-        "--foreign_busy_bytes_per_s must be -1 or more, --foreign_overhead_pct and "
-        "--foreign_ack_overhead_pct 0 to 100, --foreign_check_ms 1 to 1000");
-  }
   return absl::OkStatus();
 }
 
@@ -308,10 +272,6 @@ absl::Status ReadEdges(AgentConfig& config) {
   NodeOptions& options = config.node;
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   config.metrics.auth_queue_depth = absl::GetFlag(FLAGS_metrics_auth_queue_depth);
-  if (config.metrics.auth_queue_depth < 1 ||
-      config.metrics.auth_queue_depth > http::kMaxAuthQueueDepth) {
-    return absl::InvalidArgumentError("--metrics_auth_queue_depth must be 1 to 1024");
-  }
   if (const std::string file = absl::GetFlag(FLAGS_metrics_web_config); !file.empty()) {
     absl::StatusOr<http::WebConfig> web = http::LoadWebConfig(file);
     if (!web.ok()) return web.status();
@@ -328,10 +288,6 @@ absl::Status ReadEdges(AgentConfig& config) {
 
   config.listen = absl::GetFlag(FLAGS_listen);
   config.grpc_max_streams = absl::GetFlag(FLAGS_grpc_max_streams_per_connection);
-  if (config.grpc_max_streams == 0 || config.grpc_max_streams > (1u << 20)) {
-    return absl::InvalidArgumentError(
-        "--grpc_max_streams_per_connection must be 1 to 1048576");
-  }
   return absl::OkStatus();
 }
 
@@ -370,6 +326,12 @@ absl::Status ReadKubernetes(AgentConfig& config) {
 
 }  // namespace
 
+absl::Status AgentConfig::Validate() const {
+  FL_RETURN_IF_ERROR(node.Validate());
+  FL_RETURN_IF_ERROR(WithinField("metrics", metrics.Validate()));
+  return InRange("grpc_max_streams", grpc_max_streams, 1u, kMaxGrpcStreamsPerConnection);
+}
+
 absl::StatusOr<AgentConfig> ConfigFromFlags() {
   AgentConfig config;
   NodeOptions& options = config.node;
@@ -382,6 +344,7 @@ absl::StatusOr<AgentConfig> ConfigFromFlags() {
   FL_RETURN_IF_ERROR(ReadEdges(config));
   FL_RETURN_IF_ERROR(ReadKubernetes(config));
   config.ready_file = absl::GetFlag(FLAGS_ready_file);
+  FL_RETURN_IF_ERROR(NamingTheFlag(config.Validate()));
   return config;
 }
 

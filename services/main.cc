@@ -1,14 +1,13 @@
 // fuselink-agent: the per-node daemon. Flags may also come from a file
 // (--flagfile=agent.flags, one --flag=value a line); services/flags.h reads them. main
 // wires: the metrics endpoint, the node, the handle socket, the gRPC services,
-// discovery; then waits for SIGINT or SIGTERM and takes them down in order.
+// discovery, the ready file (services/startup.h, services/ready_file.h); then waits
+// for SIGINT or SIGTERM and takes them down in order.
 #include <pthread.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
-#include <functional>
-#include <map>
 #include <memory>
 #include <string>
 
@@ -16,19 +15,13 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "agent/security/credentials.h"
-#include "agent/topo/render.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "services/discovery/k8s_discovery.h"
 #include "services/flags.h"
 #include "services/grpc/agent_service.h"
 #include "services/grpc/peer_service.h"
 #include "services/handle_socket/socket.h"
 #include "services/metrics/metrics.h"
+#include "services/startup.h"
 
 // The release the binary belongs to; the image and the Helm chart carry the same.
 #ifndef FUSELINK_VERSION
@@ -40,25 +33,6 @@ namespace {
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "fuselink-agent: %s\n", status.ToString().c_str());
   return 1;
-}
-
-// Peers named by --peer stay as given; discovered ones come and go with their
-// endpoints.
-std::function<void(const fuselink::services::PeerSet&)> FollowDiscovery(
-    fuselink::peer::PeerDirectory* peers, std::map<std::string, std::string> fixed) {
-  return [peers, fixed = std::move(fixed)](const fuselink::services::PeerSet& found) {
-    for (const auto& [name, address] : peers->Peers()) {
-      if (!found.contains(name) && !fixed.contains(name) && peers->RemovePeer(name)) {
-        std::printf("fuselink-agent: peer %s left\n", name.c_str());
-      }
-    }
-    for (const auto& [name, address] : found) {
-      if (!fixed.contains(name) && peers->SetPeer(name, address)) {
-        std::printf("fuselink-agent: peer %s at %s\n", name.c_str(), address.c_str());
-      }
-    }
-    std::fflush(stdout);
-  };
 }
 
 // What each service calls into, from the node that owns it.
@@ -104,9 +78,10 @@ void SetUsage() {
   absl::SetFlagsUsageConfig(usage);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The process before the agent: flags parsed, abseil's deadlock detection off in
+// release builds, SIGINT and SIGTERM blocked in every thread (each inherits the
+// mask) for main's sigwait, SIGPIPE ignored. Returns the stop signals.
+sigset_t SetUpProcess(int argc, char** argv) {
   SetUsage();
   absl::ParseCommandLine(argc, argv);
 #ifdef NDEBUG
@@ -114,117 +89,62 @@ int main(int argc, char** argv) {
   // builds and the unit tests keep it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 #endif
-  // SIGINT and SIGTERM are taken by sigwait below; every thread inherits the mask.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
-  using namespace fuselink;
-  absl::StatusOr<services::AgentConfig> config = services::ConfigFromFlags();
-  if (!config.ok()) return Fail(config.status());
-  services::NodeOptions& options = config->node;
+  return stop_signals;
+}
 
-  std::unique_ptr<security::TlsCredentials> tls;
-  if (config->tls) {
-    absl::StatusOr<std::unique_ptr<security::TlsCredentials>> made =
-        security::TlsCredentials::Create(*config->tls);
-    if (!made.ok()) return Fail(made.status());
-    tls = *std::move(made);
-    options.peer_credentials = [tls = tls.get(),
-                                policy = options.access_policy](const std::string& node) {
-      return tls->ToPeer(policy.IdentityOf(node));
-    };
-  }
-  absl::StatusOr<std::unique_ptr<services::Metrics>> metrics =
-      services::Metrics::Start(config->metrics_listen, config->metrics);
+}  // namespace
+
+int main(int argc, char** argv) {
+  const sigset_t stop_signals = SetUpProcess(argc, argv);
+  using namespace fuselink::services;
+  absl::StatusOr<AgentConfig> config = ConfigFromFlags();
+  if (!config.ok()) return Fail(config.status());
+  absl::StatusOr<std::unique_ptr<fuselink::security::TlsCredentials>> tls =
+      MakeTls(*config);
+  if (!tls.ok()) return Fail(tls.status());
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
+      Metrics::Start(config->metrics_listen, config->metrics);
   if (!metrics.ok()) return Fail(metrics.status());
-  if (tls != nullptr) (*metrics)->AttachTls(tls.get());
-  absl::StatusOr<std::unique_ptr<services::Node>> node =
-      services::Node::Create(options, metrics->get());
+  if (*tls != nullptr) (*metrics)->AttachTls(tls->get());
+  absl::StatusOr<std::unique_ptr<Node>> node = Node::Create(config->node, metrics->get());
   if (!node.ok()) return Fail(node.status());
   (*metrics)->Attach(node->get(), (*node)->nic_labels());
-
-  absl::StatusOr<std::unique_ptr<services::HandleSocket>> handles =
-      services::HandleSocket::Listen(config->handle_socket, &(*node)->fd_tokens(),
-                                     &(*node)->handle_socket_counters());
+  absl::StatusOr<std::unique_ptr<HandleSocket>> handles = HandleSocket::Listen(
+      config->handle_socket, &(*node)->fd_tokens(), &(*node)->handle_socket_counters());
   if (!handles.ok()) return Fail(handles.status());
 
-  services::AgentService agent_service(AgentParts(**node));
-  services::PeerService peer_service(PeerParts(**node));
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
+  AgentService agent_service(AgentParts(**node));
+  PeerService peer_service(PeerParts(**node));
   int grpc_port = 0;
-  builder.AddListeningPort(config->listen,
-                           tls ? tls->Server() : grpc::InsecureServerCredentials(),
-                           &grpc_port);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                             static_cast<int>(config->grpc_max_streams));
-  builder.RegisterService(&agent_service);
-  builder.RegisterService(&peer_service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || grpc_port == 0) {
-    return Fail(
-        absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", config->listen)));
-  }
-  const std::string host = config->listen.substr(0, config->listen.rfind(':'));
-  const std::string grpc_address = absl::StrCat(host, ":", grpc_port);
-  const std::string metrics_url =
-      absl::StrCat(config->metrics.web_config.tls ? "https://" : "http://", host, ":",
-                   (*metrics)->port(), "/metrics");
-  const bool plaintext = !config->tls;
-  std::printf(
-      "fuselink-agent node=%s grpc=%s metrics=%s handle_socket=%s transport=%s nics=%d "
-      "policy=%s security=%s\n%s\n",
-      options.node.c_str(), grpc_address.c_str(), metrics_url.c_str(),
-      config->handle_socket.c_str(), (*node)->topology().transport().c_str(),
-      (*node)->topology().nics_size(), options.policy.c_str(),
-      plaintext ? "plaintext" : "mtls", (*node)->gpu_status().c_str());
-  if (plaintext) {
-    std::fprintf(stderr,
-                 "fuselink-agent: WARNING: --plaintext: no TLS and no authentication; "
-                 "anyone who reaches %s may register, move and read every tensor\n",
-                 grpc_address.c_str());
-  }
-  if ((*node)->gpu() != nullptr) std::printf("%s", (*node)->gpu()->Describe().c_str());
-  if ((*node)->topology().source() == "discovered") {
-    std::printf("%s", topo::RenderTopology((*node)->topology()).c_str());
-  }
-  std::printf("%s", (*node)->foreign().Describe().c_str());
-  std::fflush(stdout);
-  std::unique_ptr<services::K8sDiscovery> discovery;
-  if (config->kubernetes) {
-    absl::StatusOr<std::unique_ptr<services::K8sDiscovery>> d =
-        services::K8sDiscovery::Start(*config->kubernetes,
-                                      FollowDiscovery(&(*node)->peers(), options.peers));
-    if (!d.ok()) return Fail(d.status());
-    discovery = *std::move(d);
-    (*metrics)->AttachDiscovery(discovery.get());
-  }
-  if (!config->ready_file.empty()) {
-    const std::string& ready = config->ready_file;
-    std::ofstream out(ready + ".tmp");
-    out << "{\"node\":\"" << options.node << "\",\"grpc\":\"" << grpc_address
-        << "\",\"metrics\":\"" << metrics_url << "\",\"handle_socket\":\""
-        << config->handle_socket << "\"}\n";
-    out.close();
-    std::rename((ready + ".tmp").c_str(), ready.c_str());
-  }
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
+      ServeGrpc(*config, tls->get(), {&agent_service, &peer_service}, grpc_port);
+  if (!server.ok()) return Fail(server.status());
+  const ReadyInfo served = Served(*config, grpc_port, (*metrics)->port());
+  PrintBanner(*config, served, **node);
+  absl::StatusOr<std::unique_ptr<K8sDiscovery>> discovery =
+      FollowPeers(*config, &(*node)->peers());
+  if (!discovery.ok()) return Fail(discovery.status());
+  (*metrics)->AttachDiscovery(discovery->get());
+  AnnounceReady(config->ready_file, served);
 
   int signal = 0;
   sigwait(&stop_signals, &signal);
   // Within 2 s: running transfers fail SHUTTING_DOWN and their streams, and every
   // watcher, get their last events; new calls are refused (UNAVAILABLE); then the
   // data plane goes, the metrics stop reading it first.
-  std::printf("fuselink-agent node=%s stopping\n", options.node.c_str());
+  std::printf("fuselink-agent node=%s stopping\n", served.node.c_str());
   std::fflush(stdout);
   (*metrics)->AttachDiscovery(nullptr);
-  discovery.reset();  // its callback uses the node's peers
+  discovery->reset();  // its callback uses the node's peers
   (*node)->StopTransfers();
   (*node)->watch_hub().Close();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   handles->reset();
   (*metrics)->Detach();
   node->reset();

@@ -8,10 +8,16 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
+#include "agent/common/options.h"
 #include "agent/common/status_macros.h"
 #include "agent/memory/host_mapping.h"
 
 namespace fuselink::memory {
+
+absl::Status OwnerShares::Validate() const {
+  FL_RETURN_IF_ERROR(InRange<size_t>("max_tensors", max_tensors, 1, kMaxTensors));
+  return AtLeast<size_t>("max_layout_parts", max_layout_parts, 1);
+}
 
 struct TensorLease::Record {
   TensorInfo info;

@@ -35,11 +35,15 @@ inline constexpr size_t kMaxNameBytes = 128;
 // every caller) may hold at once, so that one engine cannot take the whole registry.
 // A registration past either is RESOURCE_EXHAUSTED with the reason named.
 struct OwnerShares {
-  // Tensors registered at once (TENSOR_SHARE).
+  // Tensors registered at once (TENSOR_SHARE); 1 to kMaxTensors.
   size_t max_tensors = kMaxTensors / 4;
   // Layout parts (Layout::parts entries: the layout's own memory, 32 bytes each) over
-  // all its tensors (LAYOUT_PART_SHARE): 32 MiB by default.
+  // all its tensors (LAYOUT_PART_SHARE): 32 MiB by default; at least 1 (under
+  // kMaxLayoutParts it also refuses single tensors with more parts than that).
   size_t max_layout_parts = size_t{1} << 20;
+
+  // INVALID_ARGUMENT naming the first share out of its range (common/options.h).
+  absl::Status Validate() const;
 };
 
 // Registrations refused because their owner held its share (OwnerShares), by bound.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agent/common/options.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::nicstat {
@@ -23,6 +24,13 @@ OwnBytes Bracket(const OwnBytes& before, const OwnBytes& after) {
 
 absl::Duration SteadyNow() {
   return absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+absl::Status ForeignOptions::Validate() const {
+  FL_RETURN_IF_ERROR(AtLeast<int64_t>("busy_bytes_per_s", busy_bytes_per_s, -1));
+  FL_RETURN_IF_ERROR(
+      InRange("header_overhead_fraction", header_overhead_fraction, 0.0, 1.0));
+  return InRange("ack_overhead_fraction", ack_overhead_fraction, 0.0, 1.0);
 }
 
 ForeignWatch::ForeignWatch(const ForeignOptions& options, int nics)

@@ -59,8 +59,8 @@ struct WatchedNic {
 };
 
 struct ForeignOptions {
-  // Foreign bytes per second that make a NIC busy; negative: kDefaultBusyFraction of
-  // its line rate; 0: foreign detection off.
+  // Foreign bytes per second that make a NIC busy; -1: kDefaultBusyFraction of its
+  // line rate; 0: foreign detection off.
   int64_t busy_bytes_per_s = -1;
   // The wire-overhead allowance: kernel bytes that fuselink's own payload costs on
   // top of itself, as fractions of that payload. Same direction: the headers of its
@@ -69,6 +69,7 @@ struct ForeignOptions {
   // way (one 66-byte ACK per two segments: 2.3%). Kept apart so that sending at line
   // rate does not excuse a reverse-direction allowance as large as the threshold,
   // which would hide foreign traffic coming in (docs/design.md).
+  // Each 0 to 1.
   double header_overhead_fraction = 0.05;
   double ack_overhead_fraction = 0.025;
   // The rate is foreign bytes over about this long.
@@ -81,6 +82,10 @@ struct ForeignOptions {
   std::string sysfs_root = "/sys";
   // verbs: the RDMA port's counters instead of the netdev's.
   bool rdma = false;
+
+  // INVALID_ARGUMENT naming the first field out of its range above
+  // (agent/common/options.h).
+  absl::Status Validate() const;
 };
 inline constexpr double kDefaultBusyFraction = 0.05;
 

@@ -38,6 +38,8 @@ namespace fuselink::services {
 // (GPU_HANDLE_CLOSING): the default of --ipc_close_wait_ms. Closing unmaps the
 // allocation; it does not wait on the GPU's work, so this is generous.
 inline constexpr absl::Duration kIpcCloseWait = absl::Seconds(5);
+// The longest such wait the node takes: a registration blocks its caller that long.
+inline constexpr absl::Duration kMaxIpcCloseWait = absl::Seconds(60);
 
 // Who lent an import: the registering caller's identity (empty under --plaintext)
 // and the pid of the process that passed the owner pidfd over the handle socket (as

@@ -10,27 +10,11 @@
 #include "agent/fabric/verbs/device.h"
 #include "agent/fabric/verbs/fabric.h"
 #include "agent/fabric/verbs/nic.h"
-#include "agent/fabric/verbs/wire.h"
 #include "agent/relay/cuda_copier.h"
 #include "agent/topo/affinity.h"
 #include "agent/transfer/imm.h"
-#include "agent/transfer/wr_id.h"
 
 namespace fuselink::services {
-
-// Budgets across the parts the node joins, checked where they meet. A transfer's
-// window may all go to one NIC (the scheduler places chunks where it likes), so the
-// largest window fits one NIC's send queue on either transport and one QP's ring.
-static_assert(transfer::kMaxWindowChunks <= fabric::kMaxQueueDepthPerNic);
-static_assert(transfer::kMaxWindowChunks <= fabric::kMaxVerbsQueueDepthPerNic);
-static_assert(transfer::kMaxWindowChunks <= fabric::verbs::kMaxWrDepth);
-// One peer's QPs on a NIC (a HELLO's) fit the QPs that NIC holds over all peers.
-static_assert(fabric::verbs::wire::kMaxQpsPerHello <= fabric::verbs::kMaxQpsPerNic);
-// One peer session's TCP connections, both ways on every NIC a node drives, fit the
-// fabric's connection table with room for every other peer's handshakes.
-static_assert(2 * fabric::kMaxConnectionsPerNic * kMaxNics +
-                  fabric::handshake::kMaxUnprovenConnections <=
-              fabric::kMaxConnections);
 
 Node::Node(NodeOptions options, transfer::EngineObserver* observer)
     : options_(std::move(options)),
@@ -44,6 +28,7 @@ Node::Node(NodeOptions options, transfer::EngineObserver* observer)
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Create(NodeOptions options,
                                                    transfer::EngineObserver* observer) {
+  FL_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<Node> node(new Node(std::move(options), observer));
   FL_RETURN_IF_ERROR(node->Start());
   return node;

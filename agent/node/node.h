@@ -33,6 +33,14 @@
 
 namespace fuselink::services {
 
+// The most pinned host memory open windows' shadows may take (verbs), 16 TiB.
+inline constexpr uint64_t kMaxShadowBytes = uint64_t{1} << 44;
+// The longest the foreign-traffic watch may wait between looks: a NIC's foreign load
+// must be seen within about a second.
+inline constexpr absl::Duration kMaxForeignCheck = absl::Seconds(1);
+
+// What the node is made of. Validate() checks every field against its range (each
+// comment gives it) before Create builds anything.
 struct NodeOptions {
   std::string node;
   topo::Topology topology;
@@ -43,19 +51,21 @@ struct NodeOptions {
   // "tcp" or "verbs".
   std::string transport = "auto";
   int connections_per_nic = 2;  // tcp: connections per NIC and peer
-  // tcp: TcpFabricOptions' stall and ACK timeouts (the ACK timeout is the verbs
-  // watchdog's too), and each peer's share of accepted connections (0: sized from
-  // connections_per_nic and the NICs).
+  // tcp: TcpFabricOptions' stall and ACK timeouts, 1 to kMaxTimeoutMs (the ACK
+  // timeout is the verbs watchdog's too), and each peer's share of accepted
+  // connections (0: sized from connections_per_nic and the NICs).
   int fabric_stall_timeout_ms = 10'000;
   int fabric_ack_timeout_ms = 10'000;
   int fabric_connections_per_peer = 0;
-  int qps_per_nic = 2;            // verbs: RC QPs per NIC and peer
-  int rdma_traffic_class = 0;     // verbs: GRH traffic class, 0-255
-  int rdma_service_level = 0;     // verbs: service level, 0-15
-  int rdma_max_qps_per_nic = 64;  // verbs: QPs one NIC holds over all peers
+  int qps_per_nic = 2;         // verbs: RC QPs per NIC and peer
+  int rdma_traffic_class = 0;  // verbs: GRH traffic class, 0 to kMaxTrafficClass
+  int rdma_service_level = 0;  // verbs: service level, 0 to kMaxServiceLevel
+  // verbs: QPs one NIC holds over all peers, qps_per_nic to verbs::kMaxQpsPerNic.
+  int rdma_max_qps_per_nic = 64;
   // verbs, GPU memory a NIC reaches only by staging: bounce slots per NIC (a chunk
   // each), the most of them one peer holds (0: three quarters), and the pinned host
-  // memory open windows' shadows may take.
+  // memory open windows' shadows may take. Slots 1 to kMaxStagingSlotsPerNic, the
+  // peer's 0 to those, shadows 1 MiB to kMaxShadowBytes.
   uint32_t rdma_staging_slots = 8;
   uint32_t rdma_staging_slots_per_peer = 0;
   // verbs: the farthest PCIe class at which a NIC reads and writes a GPU's memory
@@ -68,10 +78,10 @@ struct NodeOptions {
   // --max_layout_parts_per_engine), and the watch streams one identity may hold
   // (--max_watches_per_identity).
   memory::OwnerShares shares;
-  size_t max_watches_per_identity = kDefaultWatchesPerIdentity;
+  size_t max_watches_per_identity = kDefaultWatchesPerIdentity;  // at least 1
   // GPU paths: "auto" (on where the driver finds GPUs) or "off".
   std::string gpu = "auto";
-  // The longest one GPU copy is waited for (gpu/copy_bound.h).
+  // The longest one GPU copy is waited for (gpu/copy_bound.h); 1 to kMaxTimeoutMs.
   int gpu_copy_timeout_ms = 10'000;
   relay::GpuRelayOptions gpu_relay;
   // Pieces the TCP fabric moves GPU bytes in, through pinned host memory.
@@ -86,9 +96,9 @@ struct NodeOptions {
   // Traffic that is not ours (agent/nicstat): how it is judged, how often looked at.
   // `foreign.rdma` is set by the node from the transport it picks.
   nicstat::ForeignOptions foreign;
-  absl::Duration foreign_check = absl::Milliseconds(10);
+  absl::Duration foreign_check = absl::Milliseconds(10);  // 1 ms to kMaxForeignCheck
   // How long registering a CUDA IPC handle waits for the same handle's import to
-  // finish closing (ipc_imports.h).
+  // finish closing (ipc_imports.h); 1 ms to kMaxIpcCloseWait.
   absl::Duration ipc_close_wait = kIpcCloseWait;
   // Peer.PrepareIncoming's work where the landing's Prepare may block (verbs:
   // registrations, the window's handshake; on TCP it runs on gRPC's thread), off
@@ -117,6 +127,10 @@ struct NodeOptions {
       .pending_per_key = 16,
       .pending_total = 64,
   };
+
+  // INVALID_ARGUMENT naming the first field out of its range, nested ones by their
+  // path ("engine.window_chunks"; agent/common/options.h). Create checks it first.
+  absl::Status Validate() const;
 };
 
 class Node final : public fabric::Handler, public stats::Source {

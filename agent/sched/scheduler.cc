@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/common/options.h"
 #include "agent/common/status_macros.h"
 
 namespace fuselink::sched {
@@ -28,6 +29,11 @@ absl::string_view PolicyName(Policy policy) {
       return "fuselink";
   }
   return "?";
+}
+
+absl::Status Limits::Validate() const {
+  FL_RETURN_IF_ERROR(InRange("direct_depth", direct_depth, 1u, kMaxDepth));
+  return InRange("borrow_depth", borrow_depth, 0u, kMaxDepth);
 }
 
 Scheduler::Scheduler(Policy policy, int nics, Limits limits)

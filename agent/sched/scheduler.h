@@ -60,12 +60,20 @@ enum class Policy { kStatic, kStripe, kFuselink };
 absl::StatusOr<Policy> ParsePolicy(absl::string_view name);
 absl::string_view PolicyName(Policy policy);
 
+// The deepest either of Limits' depths may be: chunks in flight on one NIC.
+inline constexpr uint32_t kMaxDepth = 1024;
+
 struct Limits {
   // Chunks in flight on a NIC before its owner's next chunk spills to a borrowed one.
-  // 0 (a test's setting; the agent takes 1 to 1024): every chunk borrows.
+  // 0 (a test's setting; the agent takes 1 to kMaxDepth): every chunk borrows.
   uint32_t direct_depth = 8;
   // Borrowed chunks in flight on one NIC: what a returning owner waits for at most.
+  // 0 to kMaxDepth.
   uint32_t borrow_depth = 2;
+
+  // INVALID_ARGUMENT naming the first depth out of the agent's range above
+  // (agent/common/options.h).
+  absl::Status Validate() const;
 };
 
 // A reservation: the NIC a chunk goes on, and whether it is borrowed there.

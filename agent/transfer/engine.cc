@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_format.h"
 #include "agent/common/check.h"
+#include "agent/common/limits.h"
+#include "agent/common/options.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/admission.h"
 #include "agent/transfer/imm.h"
@@ -41,7 +43,7 @@ std::vector<std::string> NicNames(const topo::Topology& topology) {
 JobOptions MakeJobOptions(const EngineOptions& o) {
   JobOptions j;
   j.chunk_bytes = o.chunk_bytes;
-  j.window_chunks = std::clamp<uint32_t>(o.window_chunks, 1, kMaxWindowChunks);
+  j.window_chunks = o.window_chunks;  // 1 to kMaxWindowChunks: the engine checked
   j.verdict = o.verdict;
   j.wait_backstop = o.wait_backstop;
   j.abort_patience = o.abort_patience;
@@ -77,13 +79,37 @@ KeyedPoolOptions InNodeLane(const EngineOptions& o) {
   return lane;
 }
 
+// The engine's own options, checked before any part is built from them.
+EngineOptions Checked(EngineOptions o) {
+  FL_CHECK_OK(o.Validate());
+  return o;
+}
+
 }  // namespace
+
+absl::Status EngineOptions::Validate() const {
+  FL_RETURN_IF_ERROR(InRange("chunk_bytes", chunk_bytes, kMinChunkBytes, kMaxChunkBytes));
+  FL_RETURN_IF_ERROR(InRange("window_chunks", window_chunks, 1u, kMaxWindowChunks));
+  // The prepare lanes' queues are sized from it (PrepareLanes).
+  FL_RETURN_IF_ERROR(AtLeast<size_t>("max_active_transfers", max_active_transfers, 1));
+  FL_RETURN_IF_ERROR(AtLeast<size_t>("max_active_transfers_per_requester",
+                                     max_active_transfers_per_requester, 1));
+  FL_RETURN_IF_ERROR(InRange("prepare_threads", prepare_threads, 1, kMaxPoolThreads));
+  FL_RETURN_IF_ERROR(InRange("prepare_threads_per_target", prepare_threads_per_target, 1,
+                             prepare_threads));
+  if (prepare_queue_per_target != 0) {
+    FL_RETURN_IF_ERROR(AtLeast("prepare_queue_per_target", prepare_queue_per_target,
+                               static_cast<size_t>(prepare_threads_per_target)));
+  }
+  return InRange("drain_bound", drain_bound, absl::Milliseconds(1),
+                 absl::Milliseconds(kMaxTimeoutMs));
+}
 
 Engine::Engine(EngineOptions options, const topo::Topology& topology,
                memory::Registry* registry, fabric::Fabric* fabric, PeerLink* peers,
                sched::Scheduler* scheduler, relay::Pool* gpu_relay,
                EngineObserver* observer)
-    : options_(std::move(options)),
+    : options_(Checked(std::move(options))),
       topology_(topology),
       registry_(registry),
       peers_(peers),

@@ -53,13 +53,15 @@ inline constexpr int kInNodePrepareThreads = 1;
 
 struct EngineOptions {
   std::string node;
-  // Bytes per fabric write.
+  // Bytes per fabric write; kMinChunkBytes to kMaxChunkBytes.
   uint32_t chunk_bytes = 4u << 20;
   // Chunks one transfer keeps in flight, over all NICs; 1 to kMaxWindowChunks.
   uint32_t window_chunks = 16;
   // Transfers preparing or running at once; past it Submit is RESOURCE_EXHAUSTED.
+  // At least 1.
   size_t max_active_transfers = 64;
-  // Of them, one requester's at once (RegistryOptions::max_active_per_requester).
+  // Of them, one requester's at once (RegistryOptions::max_active_per_requester); at
+  // least 1, and may pass max_active_transfers (then only that bounds it).
   size_t max_active_transfers_per_requester = 32;
   // Finished transfers kept for GetTransfer and idempotent retries.
   size_t max_finished_kept = 4096;
@@ -67,7 +69,7 @@ struct EngineOptions {
   // Progress events at most this often per transfer.
   absl::Duration progress_interval = absl::Milliseconds(50);
   // Threads that call remote targets (PrepareIncoming, QueryVerdict; each blocks on
-  // one call at a time), shared by the targets.
+  // one call at a time), shared by the targets; 1 to kMaxPoolThreads.
   int prepare_threads = 8;
   // Of those, the most one target's calls hold at once: a target that hangs delays
   // its own transfers, never another's. 1 to prepare_threads.
@@ -76,7 +78,8 @@ struct EngineOptions {
   // fails RESOURCE_EXHAUSTED (PREPARE_QUEUE_FULL), counted in prepares_refused().
   // 0: 2 x max_active_transfers, which is never reached (a job has at most one call
   // queued and one running), so every transfer admitted may target one node, as a
-  // decode node's do; a smaller bound refuses such a node's ordinary load.
+  // decode node's do; a smaller bound refuses such a node's ordinary load. Else at
+  // least prepare_threads_per_target.
   size_t prepare_queue_per_target = 0;
   // Waiting for, and asking for, the target's verdict.
   VerdictWaitOptions verdict;
@@ -85,7 +88,7 @@ struct EngineOptions {
   // How long an abort notice may wait for room in full queues.
   absl::Duration abort_patience = absl::Seconds(2);
   // How long a decided transfer waits for its writes in flight before it closes the
-  // connections to its target (JobOptions::drain_bound).
+  // connections to its target (JobOptions::drain_bound); 1 ms to kMaxTimeoutMs.
   absl::Duration drain_bound = absl::Seconds(10);
   // Off in tests that drive time themselves through Tick.
   bool housekeeping_thread = true;
@@ -104,6 +107,10 @@ struct EngineOptions {
   // Called when a transfer finds a NIC's connection to its target failed; never
   // blocks (the node asks for its sessions' repair now). Null: nothing.
   std::function<void()> on_nic_lost;
+
+  // INVALID_ARGUMENT naming the first field out of the range its comment gives
+  // (agent/common/options.h). The engine's constructor requires it.
+  absl::Status Validate() const;
 };
 
 // What the engine reports as it happens (to metrics). Called off the engine's locks.

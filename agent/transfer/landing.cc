@@ -11,6 +11,8 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/check.h"
+#include "agent/common/limits.h"
+#include "agent/common/options.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/layout_proto.h"
 #include "agent/transfer/plan.h"
@@ -57,6 +59,12 @@ uint64_t DrawIncarnation() {
 }
 
 }  // namespace
+
+absl::Status LandingOptions::Validate() const {
+  FL_RETURN_IF_ERROR(InRange("idle_timeout", idle_timeout, kMinIdleTimeout,
+                             absl::Milliseconds(kMaxTimeoutMs)));
+  return InRange("max_per_source", max_per_source, 1u, kMaxIncoming);
+}
 
 Landing::Landing(memory::Registry* registry, fabric::Fabric* fabric, int nic_count,
                  WatchFn on_event, NoticeFn on_notice, IdleFn on_idle,

@@ -43,8 +43,13 @@
 
 namespace fuselink::transfer {
 
+// The shortest idle timeout the agent takes: a source that stalls for less (a GC
+// pause, a slow prepare on its side) must not lose its transfer.
+inline constexpr absl::Duration kMinIdleTimeout = absl::Seconds(1);
+
 struct LandingOptions {
-  // A slot that sees nothing from its source for this long fails SOURCE_IDLE.
+  // A slot that sees nothing from its source for this long fails SOURCE_IDLE. The
+  // agent takes kMinIdleTimeout to kMaxTimeoutMs; tests go shorter.
   absl::Duration idle_timeout = absl::Seconds(30);
   // How long a commit waits for bytes that landed but are not counted yet (verbs:
   // another NIC's completions not yet polled) before it fails INCOMPLETE_COMMIT.
@@ -54,8 +59,13 @@ struct LandingOptions {
   absl::Duration start_timeout = absl::Seconds(5);
   // Slots one source may hold at once, open or closing (their windows not yet
   // drained): its share of kMaxIncoming, so that one peer (or one client through it)
-  // cannot take every slot, nor by ending slots as fast as it opens them.
+  // cannot take every slot, nor by ending slots as fast as it opens them. 1 to
+  // kMaxIncoming.
   uint32_t max_per_source = kMaxIncoming / 4;
+
+  // INVALID_ARGUMENT naming the first field out of the agent's range above
+  // (agent/common/options.h).
+  absl::Status Validate() const;
 };
 
 // Receives the end of every incoming transfer, with no lock held.

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/check.h"
+#include "agent/common/options.h"
 #include "agent/common/status_macros.h"
 #include "agent/transfer/admission.h"
 
@@ -55,19 +56,16 @@ void WorkerPool::Loop() {
 
 // --- KeyedPool ---
 
-namespace {
-
-KeyedPoolOptions Clamped(KeyedPoolOptions o) {
-  o.threads = std::max(o.threads, 1);
-  o.running_per_key = std::clamp(o.running_per_key, 1, o.threads);
-  o.pending_per_key = std::max(o.pending_per_key, static_cast<size_t>(o.running_per_key));
-  o.pending_total = std::max(o.pending_total, o.pending_per_key);
-  return o;
+absl::Status KeyedPoolOptions::Validate() const {
+  FL_RETURN_IF_ERROR(InRange("threads", threads, 1, kMaxPoolThreads));
+  FL_RETURN_IF_ERROR(InRange("running_per_key", running_per_key, 1, threads));
+  FL_RETURN_IF_ERROR(AtLeast<size_t>("pending_per_key", pending_per_key, 1));
+  return AtLeast("pending_total", pending_total, pending_per_key);
 }
 
-}  // namespace
-
-KeyedPool::KeyedPool(KeyedPoolOptions options) : options_(Clamped(std::move(options))) {}
+KeyedPool::KeyedPool(KeyedPoolOptions options) : options_(std::move(options)) {
+  FL_CHECK_OK(options_.Validate());
+}
 
 absl::Status KeyedPool::Post(absl::string_view key, Task task) {
   absl::MutexLock lock(&mu_);

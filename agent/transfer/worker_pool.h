@@ -31,6 +31,9 @@
 
 namespace fuselink::transfer {
 
+// Threads of any one pool, at most.
+inline constexpr int kMaxPoolThreads = 256;
+
 class WorkerPool {
  public:
   using Task = absl::AnyInvocable<void() &&>;
@@ -66,21 +69,25 @@ struct KeyedPoolOptions {
   const char* thread_name = "fl-pool";
   // The reason a refused post carries.
   Reason reason = reasons::kQueueFull;
-  // Threads, shared by all keys; at least 1.
+  // Threads, shared by all keys; 1 to kMaxPoolThreads.
   int threads = 2;
   // Tasks of one key that run at once; 1 (a serial lane) to `threads`.
   int running_per_key = 1;
-  // Tasks of one key queued or running; at least `running_per_key`.
+  // Tasks of one key queued or running; at least 1. Under `running_per_key` it bounds
+  // the key's running tasks too.
   size_t pending_per_key = 16;
   // Tasks of all keys queued or running; at least `pending_per_key`.
   size_t pending_total = 256;
+
+  // INVALID_ARGUMENT naming the first field out of its range above (common/options.h).
+  absl::Status Validate() const;
 };
 
 class KeyedPool {
  public:
   using Task = absl::AnyInvocable<void() &&>;
 
-  // Out-of-range options are clamped into range.
+  // `options` must validate; out of range is a programmer's error (FL_CHECK_OK).
   explicit KeyedPool(KeyedPoolOptions options);
   ~KeyedPool() { Stop(/*run_queued=*/false); }
   KeyedPool(const KeyedPool&) = delete;

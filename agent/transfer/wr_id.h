@@ -10,10 +10,12 @@
 
 #include <cstdint>
 
+#include "agent/common/limits.h"
+
 namespace fuselink::transfer {
 
-// Entries of one job's window: its data chunks in flight, and one for the commit.
-inline constexpr uint32_t kMaxWindowChunks = 1024;
+// Entries of one job's window: its data chunks in flight (kMaxWindowChunks at most),
+// and one for the commit.
 static_assert(kMaxWindowChunks + 1 <= (1u << 16),
               "window entries and the commit entry fit the wr_id's entry field");
 

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/grpc_status.h"
 #include "agent/common/status_macros.h"
@@ -97,13 +98,68 @@ absl::Status UnregisterTensor(v1::Agent::Stub& agent, const std::string& name) {
   return FromGrpcStatus(agent.UnregisterTensor(&context, request, &response));
 }
 
+namespace {
+
+// Appends code point `c` (< 0x10000) as UTF-8.
+void AppendUtf8(uint32_t c, std::string& out) {
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xc0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3f));
+  } else {
+    out += static_cast<char>(0xe0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (c & 0x3f));
+  }
+}
+
+}  // namespace
+
 std::string ReadyField(const std::string& json, const std::string& key) {
   const std::string open = absl::StrCat("\"", key, "\":\"");
-  const size_t begin = json.find(open);
-  if (begin == std::string::npos) return "";
-  const size_t value = begin + open.size();
-  const size_t end = json.find('"', value);
-  return end == std::string::npos ? "" : json.substr(value, end - value);
+  size_t at = json.find(open);
+  if (at == std::string::npos) return "";
+  std::string value;
+  for (at += open.size(); at < json.size(); ++at) {
+    const char c = json[at];
+    if (c == '"') return value;
+    if (c != '\\') {
+      value += c;
+      continue;
+    }
+    if (++at == json.size()) return "";
+    switch (const char e = json[at]; e) {
+      case 'b':
+        value += '\b';
+        break;
+      case 'f':
+        value += '\f';
+        break;
+      case 'n':
+        value += '\n';
+        break;
+      case 'r':
+        value += '\r';
+        break;
+      case 't':
+        value += '\t';
+        break;
+      case 'u': {
+        uint32_t code = 0;
+        if (at + 4 >= json.size() ||
+            !absl::SimpleHexAtoi(absl::string_view(json).substr(at + 1, 4), &code)) {
+          return "";
+        }
+        AppendUtf8(code, value);
+        at += 4;
+        break;
+      }
+      default:
+        value += e;  // ", \ and /
+    }
+  }
+  return "";  // no closing quote
 }
 
 std::string ReasonOf(const grpc::Status& status) {

@@ -60,8 +60,9 @@ TransferOutcome RunTransfer(v1::Agent::Stub& agent, const v1::TransferRequest& r
 // Forgets a tensor on the agent (10 s deadline).
 absl::Status UnregisterTensor(v1::Agent::Stub& agent, const std::string& name);
 
-// A string value of the agent's one-line ready file (--ready_file): "key":"value".
-// Empty when the key is absent; values hold no quotes or escapes.
+// A string value of the agent's one-line ready file (--ready_file,
+// services/ready_file.h): "key":"value", its JSON escapes undone. Empty when the key
+// is absent or its value is not a whole JSON string.
 std::string ReadyField(const std::string& json, const std::string& key);
 
 // The reason in a gRPC error's google.rpc.ErrorInfo, or empty.

@@ -4,10 +4,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/common/options.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
 
 namespace fuselink::services {
+
+absl::Status MetricsEndpoint::Validate() const {
+  return InRange("auth_queue_depth", auth_queue_depth, 1, http::kMaxAuthQueueDepth);
+}
 
 namespace {
 

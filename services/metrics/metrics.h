@@ -29,8 +29,11 @@ struct MetricsEndpoint {
   http::WebConfig web_config;  // TLS and basic auth; default plain HTTP, no auth
   int max_connections = http::kDefaultMaxConnections;
   // Basic-auth checks (bcrypt) waiting for the one worker; a request past it is
-  // answered 503 at once (http/basic_auth.h).
+  // answered 503 at once (http/basic_auth.h). 1 to http::kMaxAuthQueueDepth.
   int auth_queue_depth = http::kDefaultAuthQueueDepth;
+
+  // INVALID_ARGUMENT naming a field out of its range (agent/common/options.h).
+  absl::Status Validate() const;
 };
 
 class Metrics final : public transfer::EngineObserver {

@@ -531,7 +531,7 @@ TEST(TcpFabricBoundsTest, BoundsOutOfRangeAreRefused) {
   TcpFabricOptions no_ack = options;
   no_ack.ack_timeout_ms = 0;
   TcpFabricOptions huge_ack = options;
-  huge_ack.ack_timeout_ms = kMaxFabricTimeoutMs + 1;
+  huge_ack.ack_timeout_ms = kMaxTimeoutMs + 1;
   TcpFabricOptions negative_share = options;
   negative_share.max_connections_per_peer = -1;
   for (const TcpFabricOptions& bad : {no_stall, no_ack, huge_ack, negative_share}) {

@@ -148,6 +148,16 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
 };
 
+using EngineDeathTest = EngineTest;
+
+// A window past kMaxWindowChunks was once clamped into range in silence; an engine
+// given one now stops the caller that skipped Validate, naming the field.
+TEST_F(EngineDeathTest, OptionsOutOfRangeStopTheCaller) {
+  EngineOptions o = Options();
+  o.window_chunks = kMaxWindowChunks + 1;
+  EXPECT_DEATH(Make(o), "window_chunks must be 1 to 1024, not 1025");
+}
+
 TEST_F(EngineTest, CompletesOnTheTargetsVerdictNotOnTheCommit) {
   Make();
   std::shared_ptr<Transfer> t = Start("r1");

@@ -27,7 +27,7 @@ namespace {
 
 static_assert(kMaxConnectionsPerNic * kMaxWireNics <= kMaxConnections,
               "one peer's outbound connections always fit under kMaxConnections");
-static_assert(kMaxQueueDepthPerNic <= (1 << 20),
+static_assert(kMaxTcpQueueDepthPerNic <= (1 << 20),
               "a connection's ring holds queue_depth_per_nic writes, allocated up front");
 
 using tcp_internal::TcpFabric;
@@ -46,14 +46,14 @@ absl::Status ValidateOptions(const TcpFabricOptions& options, const Handler* han
         absl::StrCat("max_write_bytes must be 1..", wire::kMaxWriteBytesLimit));
   }
   if (options.queue_depth_per_nic < 1 ||
-      options.queue_depth_per_nic > kMaxQueueDepthPerNic) {
+      options.queue_depth_per_nic > kMaxTcpQueueDepthPerNic) {
     return absl::InvalidArgumentError(
-        absl::StrCat("queue_depth_per_nic must be 1..", kMaxQueueDepthPerNic));
+        absl::StrCat("queue_depth_per_nic must be 1..", kMaxTcpQueueDepthPerNic));
   }
-  if (options.stall_timeout_ms < 1 || options.stall_timeout_ms > kMaxFabricTimeoutMs ||
-      options.ack_timeout_ms < 1 || options.ack_timeout_ms > kMaxFabricTimeoutMs) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "stall_timeout_ms and ack_timeout_ms must be 1..", kMaxFabricTimeoutMs));
+  if (options.stall_timeout_ms < 1 || options.stall_timeout_ms > kMaxTimeoutMs ||
+      options.ack_timeout_ms < 1 || options.ack_timeout_ms > kMaxTimeoutMs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stall_timeout_ms and ack_timeout_ms must be 1..", kMaxTimeoutMs));
   }
   if (options.max_connections_per_peer < 0 ||
       static_cast<size_t>(options.max_connections_per_peer) > kMaxConnections) {

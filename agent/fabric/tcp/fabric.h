@@ -43,22 +43,25 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/common/limits.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/fabric_keys.h"
 #include "agent/fabric/handshake.h"
 
 namespace fuselink::fabric {
 
-// Bounds on the options, checked by CreateTcpFabric.
+// Bounds on the options, checked by CreateTcpFabric (with kMaxTcpQueueDepthPerNic and
+// kMaxTimeoutMs, agent/common/limits.h).
 inline constexpr int kMaxConnectionsPerNic = 16;
-inline constexpr int kMaxQueueDepthPerNic = 1 << 16;
 // Connections (accepted and opened) one fabric holds at once.
 inline constexpr size_t kMaxConnections = 4096;
 static_assert(handshake::kMaxUnprovenConnections < kMaxConnections);
+// One peer session's connections, both ways on every NIC a node drives, fit the
+// connection table with room for every other peer's handshakes.
+static_assert(2 * kMaxConnectionsPerNic * kMaxNics + handshake::kMaxUnprovenConnections <=
+              kMaxConnections);
 // How long Connect waits for one TCP handshake.
 inline constexpr int kConnectTimeoutMs = 10'000;
-// The longest stall and acknowledgement timeouts an option may ask for.
-inline constexpr int kMaxFabricTimeoutMs = 3'600'000;
 
 struct TcpFabricOptions {
   // Introduces this node in HELLO; 1..255 printable ASCII characters.
@@ -80,11 +83,11 @@ struct TcpFabricOptions {
   // Accepted connections: once a frame (header or payload) has begun, the longest its
   // peer may send no byte of it, and the longest an ACK may wait for room to be sent.
   // Judged every quarter of it: the connection closes between 1x and 1.25x this
-  // after the last byte. 1..kMaxFabricTimeoutMs.
+  // after the last byte. 1..kMaxTimeoutMs.
   int stall_timeout_ms = 10'000;
   // Our connections: while writes are on the wire, the longest without an ACK (judged
   // every eighth of it). Past it the connection closes and its writes fail
-  // UNAVAILABLE, reason kept. 1..kMaxFabricTimeoutMs.
+  // UNAVAILABLE, reason kept. 1..kMaxTimeoutMs.
   int ack_timeout_ms = 10'000;
   // Accepted connections one authenticated peer may hold at once; 0 sizes it from
   // what a peer configured like this node opens (DefaultConnectionsPerPeer).

@@ -15,6 +15,9 @@
 namespace fuselink::fabric {
 namespace verbs_internal {
 
+// One peer's QPs on a NIC (a HELLO's) fit the QPs that NIC holds over all peers.
+static_assert(verbs::wire::kMaxQpsPerHello <= verbs::kMaxQpsPerNic);
+
 absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler) {
   FL_RETURN_IF_ERROR(CheckFabricBasics(handler, o.keys, o.node_name, o.nics));
   auto in = [](uint64_t v, uint64_t lo, uint64_t hi, absl::string_view name) {
@@ -24,15 +27,16 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
   };
   FL_RETURN_IF_ERROR(
       in(o.qps_per_peer_nic, 1, verbs::wire::kMaxQpsPerHello, "qps_per_peer_nic"));
-  FL_RETURN_IF_ERROR(in(o.wr_depth_per_qp, 1, verbs::kMaxWrDepth, "wr_depth_per_qp"));
-  FL_RETURN_IF_ERROR(in(o.recv_depth_per_qp, 1, verbs::kMaxWrDepth, "recv_depth_per_qp"));
+  FL_RETURN_IF_ERROR(in(o.wr_depth_per_qp, 1, kMaxWrDepth, "wr_depth_per_qp"));
+  FL_RETURN_IF_ERROR(in(o.recv_depth_per_qp, 1, kMaxWrDepth, "recv_depth_per_qp"));
   FL_RETURN_IF_ERROR(
       in(o.queue_depth_per_nic, 1, kMaxVerbsQueueDepthPerNic, "queue_depth_per_nic"));
   FL_RETURN_IF_ERROR(
       in(o.max_qps_per_nic, o.qps_per_peer_nic, verbs::kMaxQpsPerNic, "max_qps_per_nic"));
   FL_RETURN_IF_ERROR(
       in(o.max_write_bytes, 1, wire::kMaxWriteBytesLimit, "max_write_bytes"));
-  FL_RETURN_IF_ERROR(in(o.staging_slots_per_nic, 1, 4096, "staging_slots_per_nic"));
+  FL_RETURN_IF_ERROR(
+      in(o.staging_slots_per_nic, 1, kMaxStagingSlotsPerNic, "staging_slots_per_nic"));
   FL_RETURN_IF_ERROR(
       in(o.staging_slots_per_peer, 0, o.staging_slots_per_nic,
          "staging_slots_per_peer (0: three quarters of staging_slots_per_nic)"));
@@ -49,9 +53,9 @@ absl::Status ValidateOptions(const VerbsFabricOptions& o, const Handler* handler
   FL_RETURN_IF_ERROR(in(o.max_window_registrations_per_nic, 1,
                         kMaxWindowRegistrationsPerNic,
                         "max_window_registrations_per_nic"));
-  FL_RETURN_IF_ERROR(
-      in(absl::ToInt64Milliseconds(o.ack_timeout), 1, 3'600'000, "ack_timeout in ms"));
-  FL_RETURN_IF_ERROR(in(o.stall_timeout_ms, 1, 3'600'000, "stall_timeout_ms"));
+  FL_RETURN_IF_ERROR(in(absl::ToInt64Milliseconds(o.ack_timeout), 1, kMaxTimeoutMs,
+                        "ack_timeout in ms"));
+  FL_RETURN_IF_ERROR(in(o.stall_timeout_ms, 1, kMaxTimeoutMs, "stall_timeout_ms"));
   FL_RETURN_IF_ERROR(in(o.max_links_per_peer, 0, kMaxVerbsLinks, "max_links_per_peer"));
   return absl::OkStatus();
 }

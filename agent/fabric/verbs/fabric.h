@@ -69,8 +69,10 @@
 
 namespace fuselink::fabric {
 
-// Bounds on the options, checked by CreateVerbsFabric.
-inline constexpr int kMaxVerbsQueueDepthPerNic = 1 << 16;
+// Bounds on the options, checked by CreateVerbsFabric (with kMaxVerbsQueueDepthPerNic,
+// kMaxWrDepth and kMaxTimeoutMs, agent/common/limits.h).
+// Bounce slots one NIC may have for staged GPU memory (staging_slots_per_nic).
+inline constexpr uint32_t kMaxStagingSlotsPerNic = 4096;
 // Control connections one fabric holds at once.
 inline constexpr size_t kMaxVerbsLinks = 4096;
 // The most window registrations (one per extent) max_window_registrations_per_nic may

@@ -63,6 +63,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/common/limits.h"
 #include "agent/fabric/fabric.h"
 #include "agent/fabric/verbs/device.h"
 #include "agent/fabric/verbs/worker.h"
@@ -71,9 +72,9 @@
 
 namespace fuselink::fabric::verbs {
 
-// Bounds, encoded in wr_id below.
+// Bounds, encoded in wr_id below (with kMaxWrDepth, agent/common/limits.h).
 inline constexpr uint32_t kMaxQpsPerNic = 4096;
-inline constexpr uint32_t kMaxWrDepth = 1 << 14;
+
 // Peers one NIC holds protection domains for (peers with inbound QPs or open windows).
 inline constexpr size_t kMaxPeerDomainsPerNic = 4096;
 // How long a QP may stay in renewal (after a refusal) before it is closed.

@@ -120,6 +120,10 @@ absl::StatusOr<MemoryRegion> RegisterMrAt(ibv_pd* pd, void* base, size_t bytes,
 absl::StatusOr<MemoryRegion> RegisterDmabufMr(ibv_pd* pd, int fd, uint64_t offset,
                                               size_t bytes, uint64_t iova, int access);
 
+// The largest GRH traffic class (8 bits) and service level (4 bits).
+inline constexpr int kMaxTrafficClass = 255;
+inline constexpr int kMaxServiceLevel = 15;
+
 // The QP attributes RC needs that do not come from the peer; all explicit.
 struct RcParams {
   uint8_t port = 1;
@@ -138,11 +142,12 @@ struct RcParams {
   uint8_t rnr_retry = 6;
   uint8_t min_rnr_timer = 24;
   uint8_t max_rd_atomic = 1;
-  // The GRH traffic class: on RoCE its upper six bits are the packets' DSCP, which is
-  // what puts them into the fabric's lossless (PFC) class. 0: best effort.
+  // The GRH traffic class (0 to kMaxTrafficClass): on RoCE its upper six bits are the
+  // packets' DSCP, which is what puts them into the fabric's lossless (PFC) class. 0:
+  // best effort.
   uint8_t traffic_class = 0;
-  // The service level (0-15): the lane an InfiniBand fabric maps to a virtual lane,
-  // and the priority of RoCE packets without DSCP mapping.
+  // The service level (0 to kMaxServiceLevel): the lane an InfiniBand fabric maps to a
+  // virtual lane, and the priority of RoCE packets without DSCP mapping.
   uint8_t service_level = 0;
   // The local port's: an InfiniBand port addresses its peer by LID, RoCE by GID.
   bool infiniband = false;

@@ -254,13 +254,13 @@ rail1_up() {
     sleep 0.1
   done
 }
-# down_try WAIT: a 128 MiB stripe demo, vA1 set down WAIT s after its first progress
-# report; sets rc, downed (empty: the transfer ended first) and hit (node-a's writes
-# on rail1 that failed meanwhile).
+# down_try WAIT BLOCKS: a stripe demo of 32 layers of BLOCKS 256 KiB blocks, vA1 set
+# down WAIT s after its first progress report; sets rc, downed (empty: the transfer
+# ended first) and hit (node-a's writes on rail1 that failed meanwhile).
 down_try() {
   local was demo_pid
   was=$(failed_writes node-a | tr ' ' '\n' | sed -n 's/^rail1=//p')
-  demo "$run/d.out" 32 16 262144 &
+  demo "$run/d.out" 32 "$2" 262144 &
   demo_pid=$!
   downed=""
   for _ in $(seq 400); do  # 20 s at most
@@ -288,11 +288,14 @@ down_try() {
 if [ ${#pids[@]} -eq 2 ]; then
   # 128 MiB: ~3 s unloaded, ~8 s on a busy host. The down comes 0.3 s after the first
   # progress report (re-reading the bar for a percentage costs too many forks under TCG).
-  # A fast host may finish the transfer before the down lands: that proves nothing
-  # either way, so it is said (d-miss) and tried again with the down at once, twice at
-  # most. A transfer that failed or whose bytes differ is never tried again.
-  for wait_s in 0.3 0 0; do
-    down_try $wait_s
+  # A fast host may finish the transfer before the down lands, and on a loaded one the
+  # down itself (`ip link set` under TCG) may take seconds to land: either proves
+  # nothing, so it is said (d-miss) and tried again with the down at once and twice the
+  # bytes (256 MiB), twice at most. A transfer that failed or whose bytes differ is
+  # never tried again.
+  for try in "0.3 16" "0 32" "0 32"; do
+    # shellcheck disable=SC2086  # WAIT BLOCKS: two words
+    down_try $try
     if [ $rc -ne 0 ] || ! verified "$run/d.out" || { [ -n "$downed" ] && [ "$hit" -gt 0 ]; }; then
       break
     fi
@@ -303,7 +306,7 @@ if [ ${#pids[@]} -eq 2 ]; then
   ok=1
   [ -n "$downed" ] && [ $rc -eq 0 ] && verified "$run/d.out" &&
     [ "$hit" -gt 0 ] && ok=0
-  result d $ok "vA1 down ${downed:-NEVER (transfer ended first)} during a 128 MiB stripe demo: rc=$rc, $(secs "$run/d.out") s, MiB per NIC: ${split:-none}; node-a failed writes: $failures (rail1: $hit in this try)$(sed -n 's/^failed: /; failed: /p' "$run/d.out" | head -1)"
+  result d $ok "vA1 down ${downed:-NEVER (transfer ended first)} during a stripe demo: rc=$rc, $(secs "$run/d.out") s, MiB per NIC: ${split:-none}; node-a failed writes: $failures (rail1: $hit in this try)$(sed -n 's/^failed: /; failed: /p' "$run/d.out" | head -1)"
   [ $ok -eq 0 ] || { echo "    node-a's log:"; tail -n 15 "$run/node-a.log" | sed 's/^/    /'; }
   # Informational (not counted): rail1 back up; does a new transfer use it again?
   rail1_up

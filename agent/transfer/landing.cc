@@ -79,6 +79,7 @@ Landing::Landing(memory::Registry* registry, fabric::Fabric* fabric, int nic_cou
       incarnation_(DrawIncarnation()) {
   absl::MutexLock lock(&mu_);
   slots_.resize(kMaxIncoming);
+  live_.reserve(kMaxIncoming);
   for (uint32_t i = 0; i < kMaxIncoming; ++i) free_.push_back(i);
 }
 
@@ -178,6 +179,8 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
       }
       slot.generation = (slot.generation + 1) & ((1u << kImmGenerationBits) - 1);
       slot.state = SlotState::kOpen;
+      slot.live_at = static_cast<uint32_t>(live_.size());
+      live_.push_back(index);
       slot.source_node = request.source_node();
       slot.transfer_id = request.transfer_id();
       slot.tensor = std::move(tensor);
@@ -302,6 +305,11 @@ void Landing::Finish(uint32_t index, uint32_t generation) {
     Slot& slot = slots_[index];
     if (slot.state != SlotState::kClosing || slot.generation != generation) return;
     slot.state = SlotState::kClosed;
+    // Out of live_: the last live slot takes its place.
+    FL_DCHECK(live_[slot.live_at] == index, "a live slot out of its place");
+    slots_[live_.back()].live_at = slot.live_at;
+    live_[slot.live_at] = live_.back();
+    live_.pop_back();
     // The target decides: completed only with every byte of every block landed.
     FL_EXPECT(!slot.verdict.ok() || slot.landed.bytes() == slot.expected_bytes,
               "a slot completed before every byte of its blocks landed");

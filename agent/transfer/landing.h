@@ -169,6 +169,7 @@ class Landing {
   struct Slot {
     uint32_t generation = 0;
     SlotState state = SlotState::kFree;
+    uint32_t live_at = 0;  // its place in live_ while open or closing
     std::string source_node;
     std::string transfer_id;
     memory::TensorLease tensor;
@@ -251,6 +252,11 @@ class Landing {
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // kMaxIncoming, fixed
   // Free slots, oldest first: reuse in FIFO order spreads generations (imm.h).
   std::deque<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+  // The slots open or closing, in no order: what every walk over slots (expiry, the
+  // idle mask's sources, the foreign watch's bound, a lost peer) visits, so that it
+  // costs the transfers that are live rather than all kMaxIncoming slots. FIFO reuse
+  // cycles through every slot, so no prefix of slots_ would do.
+  std::vector<uint32_t> live_ ABSL_GUARDED_BY(mu_);
   // Slots that still remember their transfer (open, closing, or closed and not yet
   // reused), by source node and transfer id (TransferKey): one source cannot shadow
   // another's transfer by naming its id.

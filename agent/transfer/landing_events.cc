@@ -94,7 +94,7 @@ void Landing::OnPeerLost(absl::string_view peer_name) {
   std::vector<Ending> endings;
   {
     absl::MutexLock lock(&mu_);
-    for (uint32_t i = 0; i < slots_.size(); ++i) {
+    for (uint32_t i : live_) {
       if (slots_[i].state == SlotState::kOpen && slots_[i].source_node == peer_name) {
         endings.push_back(BeginCloseLocked(i, TargetStatus(Verdict::kPeerLost)));
       }
@@ -107,7 +107,7 @@ void Landing::AbortTensor(uint64_t tensor_id, const absl::Status& why) {
   std::vector<Ending> endings;
   {
     absl::MutexLock lock(&mu_);
-    for (uint32_t i = 0; i < slots_.size(); ++i) {
+    for (uint32_t i : live_) {
       Slot& slot = slots_[i];
       if (slot.state == SlotState::kOpen && slot.tensor.id() == tensor_id) {
         endings.push_back(BeginCloseLocked(i, why));
@@ -121,7 +121,7 @@ void Landing::Expire(absl::Time now) {
   std::vector<Ending> endings;
   {
     absl::MutexLock lock(&mu_);
-    for (uint32_t i = 0; i < slots_.size(); ++i) {
+    for (uint32_t i : live_) {
       Slot& slot = slots_[i];
       if (slot.state != SlotState::kOpen) continue;
       if (now > slot.commit_deadline) {
@@ -143,7 +143,7 @@ void Landing::Shutdown() {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;
     shut_down_ = true;
-    for (uint32_t i = 0; i < slots_.size(); ++i) {
+    for (uint32_t i : live_) {
       if (slots_[i].state == SlotState::kOpen) {
         endings.push_back(BeginCloseLocked(i, TargetStatus(Verdict::kShuttingDown)));
       }

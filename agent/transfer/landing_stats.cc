@@ -44,9 +44,9 @@ void Landing::TellIdle() {
 uint64_t Landing::AdmissibleBytes() const {
   uint64_t bytes = 0;
   absl::MutexLock lock(&mu_);
-  for (const Slot& slot : slots_) {
-    if (!slot.local &&
-        (slot.state == SlotState::kOpen || slot.state == SlotState::kClosing)) {
+  for (uint32_t i : live_) {
+    const Slot& slot = slots_[i];
+    if (!slot.local) {
       const uint64_t remaining =
           slot.expected_bytes - std::min(slot.expected_bytes, slot.landed.bytes());
       bytes += slot.in_flight_bytes == 0 ? remaining
@@ -59,7 +59,8 @@ uint64_t Landing::AdmissibleBytes() const {
 std::vector<std::string> Landing::ActiveSources() const {
   std::vector<std::string> out;
   absl::MutexLock lock(&mu_);
-  for (const Slot& slot : slots_) {
+  for (uint32_t i : live_) {
+    const Slot& slot = slots_[i];
     if (slot.state == SlotState::kOpen && !slot.local &&
         std::find(out.begin(), out.end(), slot.source_node) == out.end()) {
       out.push_back(slot.source_node);

@@ -170,17 +170,8 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
                             reasons::kShuttingDown)
                : CheckRoomLocked(request.source_node());
     if (room.ok()) {
-      const uint32_t index = free_.front();
-      free_.pop_front();
+      const uint32_t index = OpenSlotLocked();
       Slot& slot = slots_[index];
-      if (!slot.transfer_id.empty()) {
-        auto it = by_transfer_.find(TransferKey(slot.source_node, slot.transfer_id));
-        if (it != by_transfer_.end() && it->second == index) by_transfer_.erase(it);
-      }
-      slot.generation = (slot.generation + 1) & ((1u << kImmGenerationBits) - 1);
-      slot.state = SlotState::kOpen;
-      slot.live_at = static_cast<uint32_t>(live_.size());
-      live_.push_back(index);
       slot.source_node = request.source_node();
       slot.transfer_id = request.transfer_id();
       slot.tensor = std::move(tensor);
@@ -219,6 +210,21 @@ absl::StatusOr<v1::PrepareIncomingResponse> Landing::Prepare(
   }
   TellIdle();
   return response;
+}
+
+uint32_t Landing::OpenSlotLocked() {
+  const uint32_t index = free_.front();
+  free_.pop_front();
+  Slot& slot = slots_[index];
+  if (!slot.transfer_id.empty()) {  // it forgets the transfer it remembered
+    auto it = by_transfer_.find(TransferKey(slot.source_node, slot.transfer_id));
+    if (it != by_transfer_.end() && it->second == index) by_transfer_.erase(it);
+  }
+  slot.generation = (slot.generation + 1) & ((1u << kImmGenerationBits) - 1);
+  slot.state = SlotState::kOpen;
+  slot.live_at = static_cast<uint32_t>(live_.size());
+  live_.push_back(index);
+  return index;
 }
 
 Landing::Ending Landing::BeginCloseLocked(uint32_t index, absl::Status verdict) {

@@ -215,6 +215,9 @@ class Landing {
   void DrainAll(const std::vector<Ending>& endings);
   // The window drained: the verdict is final and told.
   void Finish(uint32_t index, uint32_t generation);
+  // Takes the oldest free slot, opens it under its next generation and makes it live;
+  // the caller fills in its transfer. There must be a free slot (CheckRoomLocked).
+  uint32_t OpenSlotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Handles one data arrival under mu_; may begin ending the slot.
   std::optional<Ending> OnDataLocked(const fabric::Arrival& arrival, Slot& slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

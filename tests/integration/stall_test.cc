@@ -261,3 +261,48 @@ TEST_F(StallTest, TargetStoppedTransferEndsOneDrainBoundAfterItsDeadline) {
 
 }  // namespace
 }  // namespace fuselink::testing
+
+namespace fuselink::testing {
+namespace {
+
+// The same with a cancel instead of a deadline: the target stops, the router cancels,
+// and the writes still out are failed one drain bound later, so that the stream ends
+// CANCELLED and the tensor is let go of while the target is still stopped.
+TEST_F(StallTest, TargetStoppedTransferEndsOneDrainBoundAfterItsCancel) {
+  constexpr int kDrainMs = 1000;
+  std::vector<std::string> flags = kFlags;
+  flags.push_back("--fabric_ack_timeout_ms=600000");
+  flags.push_back(absl::StrCat("--transfer_drain_timeout_ms=", kDrainMs));
+  ASSERT_NO_FATAL_FAILURE(StartNodes(flags, kFlags));
+  ASSERT_NO_FATAL_FAILURE(RegisterPair());
+  TransferCall call(a_->stub(), Request("cancelled"), kGiveUp);
+  ASSERT_NO_FATAL_FAILURE(MoveFirstLayer(call, "cancelled"));
+  b_->Pause();
+  ASSERT_TRUE(LayersReady(a_->stub(), "cancelled", 2).ok());
+
+  v1::CancelTransferRequest cancel;
+  cancel.set_request_id("cancelled");
+  v1::TransferStatus status;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  const absl::Time cancelled_at = absl::Now();
+  ASSERT_TRUE(a_->stub().CancelTransfer(&context, cancel, &status).ok());
+  TransferResult result = call.Finish();
+  const double cancel_to_end_ms = absl::ToDoubleMilliseconds(result.ended - cancelled_at);
+  std::printf(
+      "bench: target stopped, stream ended %.0f ms after the cancel (drain bound %d ms; "
+      "code %d: %s)\n",
+      cancel_to_end_ms, kDrainMs, static_cast<int>(result.status.error_code()),
+      result.status.error_message().c_str());
+  EXPECT_TRUE(HasError(result.status, grpc::StatusCode::CANCELLED, "CANCELLED"));
+  // The bound plus slack for a loaded machine: a bound, not a speed.
+  EXPECT_LT(result.ended - cancelled_at,
+            absl::Milliseconds(kDrainMs) + absl::Seconds(10));
+  EXPECT_EQ(Counter(*a_, "fuselink_transfer_forced_drains_total", {}), 1);
+  grpc::Status unregistered = UnregisterTensor(*a_, "big");
+  EXPECT_TRUE(unregistered.ok()) << unregistered.error_message();
+  b_->Resume();
+}
+
+}  // namespace
+}  // namespace fuselink::testing

@@ -212,16 +212,23 @@ TEST_F(StallTest, TargetStoppedMidTransferEndsTheSourcesStream) {
 namespace fuselink::testing {
 namespace {
 
+// The drills below end a transfer to a stopped target by its own end (a deadline, a
+// cancel) with the acknowledgement bound far off, so that only the drain bound can
+// fail its writes.
+constexpr int kDrainMs = 1000;
+std::vector<std::string> DrainFlags() {
+  std::vector<std::string> flags = kFlags;
+  flags.push_back("--fabric_ack_timeout_ms=600000");
+  flags.push_back(absl::StrCat("--transfer_drain_timeout_ms=", kDrainMs));
+  return flags;
+}
+
 // The target stops, and the acknowledgement bound is far off: the transfer's own
 // deadline decides its end, and --transfer_drain_timeout_ms later its writes are
 // failed by closing the connections to the target, so that its stream ends and its
 // tensor is let go of. Once the target is back, the next transfer reconnects.
 TEST_F(StallTest, TargetStoppedTransferEndsOneDrainBoundAfterItsDeadline) {
-  constexpr int kDrainMs = 1000;
-  std::vector<std::string> flags = kFlags;
-  flags.push_back("--fabric_ack_timeout_ms=600000");
-  flags.push_back(absl::StrCat("--transfer_drain_timeout_ms=", kDrainMs));
-  ASSERT_NO_FATAL_FAILURE(StartNodes(flags, kFlags));
+  ASSERT_NO_FATAL_FAILURE(StartNodes(DrainFlags(), kFlags));
   ASSERT_NO_FATAL_FAILURE(RegisterPair());
   v1::TransferRequest request = Request("drained");
   const absl::Time deadline = absl::Now() + absl::Seconds(4);
@@ -259,21 +266,11 @@ TEST_F(StallTest, TargetStoppedTransferEndsOneDrainBoundAfterItsDeadline) {
   EXPECT_TRUE(next.status.ok()) << next.status.error_message();
 }
 
-}  // namespace
-}  // namespace fuselink::testing
-
-namespace fuselink::testing {
-namespace {
-
 // The same with a cancel instead of a deadline: the target stops, the router cancels,
 // and the writes still out are failed one drain bound later, so that the stream ends
 // CANCELLED and the tensor is let go of while the target is still stopped.
 TEST_F(StallTest, TargetStoppedTransferEndsOneDrainBoundAfterItsCancel) {
-  constexpr int kDrainMs = 1000;
-  std::vector<std::string> flags = kFlags;
-  flags.push_back("--fabric_ack_timeout_ms=600000");
-  flags.push_back(absl::StrCat("--transfer_drain_timeout_ms=", kDrainMs));
-  ASSERT_NO_FATAL_FAILURE(StartNodes(flags, kFlags));
+  ASSERT_NO_FATAL_FAILURE(StartNodes(DrainFlags(), kFlags));
   ASSERT_NO_FATAL_FAILURE(RegisterPair());
   TransferCall call(a_->stub(), Request("cancelled"), kGiveUp);
   ASSERT_NO_FATAL_FAILURE(MoveFirstLayer(call, "cancelled"));

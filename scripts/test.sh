@@ -60,7 +60,7 @@ trap report EXIT
 
 vm_log=$build_dir/rdma_vm_test.log
 vm_start() {
-  # Only where the build has the verbs fabric (tests/rdma/CMakeLists.txt adds it then).
+  # Only once the build has made the binaries the VM runs (rdma_test and the agent).
   [ -x "$build_dir/tests/rdma/rdma_test" ] || return 0
   vm_started=$SECONDS
   setsid timeout 900 ./scripts/rdma-vm.sh "$build_dir" >"$vm_log" 2>&1 &

@@ -19,12 +19,8 @@ struct ReadyInfo {
   std::string handle_socket;  // a path
 };
 
-// `text` as a JSON string, quotes included: '"' and '\' escaped, control characters
-// as \uXXXX (\n, \t and the like by their short forms). Bytes >= 0x80 pass as they
-// are: a UTF-8 name stays UTF-8.
-std::string JsonQuoted(absl::string_view text);
-
-// The file's line: {"node":...,"grpc":...,"metrics":...,"handle_socket":...} and a
+// The file's line (each value JsonQuoted, agent/common/json.h):
+// {"node":...,"grpc":...,"metrics":...,"handle_socket":...} and a
 // newline, no spaces.
 std::string ReadyJson(const ReadyInfo& info);
 

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "agent/common/json.h"
 #include "clients/cpp/client.h"
 #include "gtest/gtest.h"
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "agent/common/json.h"
 
 namespace fuselink::bench {
 
@@ -36,23 +37,8 @@ std::string Text(const Result::Value& value) {
   return std::get<std::string>(value);
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppendFormat(&out, "\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 std::string JsonValue(const Result::Value& value) {
-  if (const auto* s = std::get_if<std::string>(&value)) return JsonString(*s);
+  if (const auto* s = std::get_if<std::string>(&value)) return JsonQuoted(*s);
   if (const auto* d = std::get_if<double>(&value)) {
     return std::isfinite(*d) ? absl::StrFormat("%.6g", *d) : "null";
   }
@@ -62,9 +48,9 @@ std::string JsonValue(const Result::Value& value) {
 }  // namespace
 
 std::string ToJson(const Result& result) {
-  std::string out = absl::StrCat("{\"kind\":", JsonString(result.kind()));
+  std::string out = absl::StrCat("{\"kind\":", JsonQuoted(result.kind()));
   for (const auto& [name, value] : result.fields()) {
-    absl::StrAppend(&out, ",", JsonString(name), ":", JsonValue(value));
+    absl::StrAppend(&out, ",", JsonQuoted(name), ":", JsonValue(value));
   }
   return out + "}";
 }

@@ -175,7 +175,7 @@ absl::Status ReadFabric(NodeOptions& options) {
 }
 
 // The source engine: chunks, windows, transfers, shares, thread pools.
-absl::Status ReadEngine(NodeOptions& options) {
+void ReadEngine(NodeOptions& options) {
   options.engine.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.engine.window_chunks = absl::GetFlag(FLAGS_window_chunks);
   options.engine.max_active_transfers = absl::GetFlag(FLAGS_max_transfers);
@@ -200,7 +200,6 @@ absl::Status ReadEngine(NodeOptions& options) {
   options.registrations.threads = AsInt(absl::GetFlag(FLAGS_register_threads));
   options.registrations.pending_per_key = absl::GetFlag(FLAGS_registrations_per_caller);
   options.registrations.pending_total = absl::GetFlag(FLAGS_registrations_pending);
-  return absl::OkStatus();
 }
 
 // The drain bound, the target's landing, CUDA imports, the GPU relay.
@@ -227,7 +226,7 @@ absl::Status ReadLandingAndRelay(NodeOptions& options) {
 }
 
 // Foreign traffic on the NICs.
-absl::Status ReadForeign(NodeOptions& options) {
+void ReadForeign(NodeOptions& options) {
   options.foreign.busy_bytes_per_s = absl::GetFlag(FLAGS_foreign_busy_bytes_per_s);
   const double header_pct = absl::GetFlag(FLAGS_foreign_overhead_pct);
   const double ack_pct = absl::GetFlag(FLAGS_foreign_ack_overhead_pct);
@@ -235,7 +234,6 @@ absl::Status ReadForeign(NodeOptions& options) {
   options.foreign.ack_overhead_fraction = ack_pct / 100;
   options.foreign.hold = absl::Milliseconds(absl::GetFlag(FLAGS_foreign_hold_ms));
   options.foreign_check = absl::Milliseconds(absl::GetFlag(FLAGS_foreign_check_ms));
-  return absl::OkStatus();
 }
 
 // Access: the policy, forwarding, TLS or --plaintext.
@@ -337,9 +335,9 @@ absl::StatusOr<AgentConfig> ConfigFromFlags() {
   NodeOptions& options = config.node;
   FL_RETURN_IF_ERROR(ReadNode(options));
   FL_RETURN_IF_ERROR(ReadFabric(options));
-  FL_RETURN_IF_ERROR(ReadEngine(options));
+  ReadEngine(options);
   FL_RETURN_IF_ERROR(ReadLandingAndRelay(options));
-  FL_RETURN_IF_ERROR(ReadForeign(options));
+  ReadForeign(options);
   FL_RETURN_IF_ERROR(ReadSecurity(config));
   FL_RETURN_IF_ERROR(ReadEdges(config));
   FL_RETURN_IF_ERROR(ReadKubernetes(config));
